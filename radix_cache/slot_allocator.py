@@ -1,0 +1,87 @@
+"""The free list of KV slots.
+
+A *slot* is one row of every layer's K/V tensors: the storage for one token. The allocator
+only hands out integers; the worker owns the tensors they index.
+
+Slot 0 is reserved as a dummy slot (padding in batched kernels writes there), so an
+allocator built with ``num_slots`` rows can hand out ``num_slots - 1`` of them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from radix_cache.validation import as_index_tensor
+
+
+class SlotAllocator:
+    """Hands out and takes back KV slot indices in ``[1, num_slots)``.
+
+    Rules:
+      - ``alloc(n)`` returns exactly ``n`` distinct free slots (int64 tensor), or ``None`` when
+        fewer than ``n`` are free; it never evicts anything itself (the caller asks the cache).
+      - ``free(indices)`` takes back slots that were handed out. Freeing slot 0, a slot out of
+        range, a slot that is already free, or the same slot twice in one call raises
+        ``ValueError`` and changes nothing.
+      - ``available + (slots held by others) == capacity`` at all times.
+    """
+
+    def __init__(self, num_slots: int) -> None:
+        if not isinstance(num_slots, int) or num_slots < 2:
+            raise ValueError(f"num_slots must be an integer >= 2 (slot 0 is reserved), got {num_slots!r}")
+        self.num_slots = num_slots
+        self._is_free = torch.ones(num_slots, dtype=torch.bool)
+        self._is_free[0] = False
+        # Freed slots are kept as a list of chunks and merged only when an alloc needs them:
+        # eviction frees many small runs, and concatenating on every free would be quadratic.
+        self._free_chunks: list[torch.Tensor] = [torch.arange(1, num_slots, dtype=torch.int64)]
+        self._available = num_slots - 1
+
+    @property
+    def capacity(self) -> int:
+        """Slots that can ever be handed out (all but the reserved slot 0)."""
+        return self.num_slots - 1
+
+    @property
+    def available(self) -> int:
+        return self._available
+
+    def alloc(self, n: int) -> torch.Tensor | None:
+        if not isinstance(n, int) or n < 0:
+            raise ValueError(f"alloc size must be a non-negative integer, got {n!r}")
+        if n > self._available:
+            return None
+        if len(self._free_chunks) > 1:
+            self._free_chunks = [torch.cat(self._free_chunks)]
+        pool = self._free_chunks[0]
+        out, self._free_chunks[0] = pool[:n], pool[n:]
+        self._is_free[out] = False
+        self._available -= n
+        return out
+
+    def free(self, indices: object) -> None:
+        idx = as_index_tensor(indices, "indices")
+        if idx.numel() == 0:
+            return
+        lo, hi = int(idx.min()), int(idx.max())
+        if lo < 1 or hi >= self.num_slots:
+            raise ValueError(
+                f"cannot free slot {lo if lo < 1 else hi}: valid slots are 1..{self.num_slots - 1} "
+                "(slot 0 is the reserved padding slot)"
+            )
+        if bool(self._is_free[idx].any()):
+            bad = int(idx[self._is_free[idx]][0])
+            raise ValueError(f"double free of KV slot {bad}")
+        if torch.unique(idx).numel() != idx.numel():
+            raise ValueError("the same KV slot appears twice in one free() call")
+        self._is_free[idx] = True
+        self._free_chunks.append(idx.clone())
+        self._available += idx.numel()
+
+    def is_free(self, indices: torch.Tensor) -> torch.Tensor:
+        """Boolean mask: which of ``indices`` are currently free."""
+        return self._is_free[indices]
+
+    def reset(self) -> None:
+        """Forget every allocation: all slots become free again."""
+        self.__init__(self.num_slots)  # type: ignore[misc]
