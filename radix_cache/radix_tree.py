@@ -159,10 +159,10 @@ class RadixCache:
             if child is None:
                 break
             n = self._common_len(child.key, key[pos:end])
-            child.last_access = now
             ends_inside = n < len(child)
             if ends_inside:
                 child = self._split(child, n)
+            child.last_access = now  # after the split: the unmatched tail was not used
             values.append(child.value)
             node, pos = child, pos + n
             if ends_inside:
@@ -198,9 +198,9 @@ class RadixCache:
                 self._add_leaf(node, key[pos:end], value[pos:end].clone(), now)
                 return pos
             n = self._common_len(child.key, key[pos:end])
-            child.last_access = now
             if n < len(child):
                 child = self._split(child, n)
+            child.last_access = now  # after the split: the tail past the fork was not used
             node, pos = child, pos + n
         return pos
 
@@ -317,7 +317,7 @@ class RadixCache:
         parent = child.parent
         assert parent is not None and 0 < n < len(child)
         mid = TreeNode(parent, child.key[:n], child.value[:n])
-        mid.lock_ref = child.lock_ref
+        
         mid.last_access = child.last_access
         parent.children[self._child_key(child.key, 0)] = mid
         child.parent, child.key, child.value = mid, child.key[n:], child.value[n:]

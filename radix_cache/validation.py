@@ -32,7 +32,10 @@ def as_index_tensor(indices: object, name: str = "indices") -> torch.Tensor:
     if isinstance(indices, torch.Tensor):
         t = indices
     elif isinstance(indices, (np.ndarray, Sequence)) and not isinstance(indices, (str, bytes)):
-        t = torch.as_tensor(np.asarray(indices))
+        try:
+            t = torch.as_tensor(np.asarray(indices))
+        except (TypeError, ValueError) as e:  # strings, None, ragged lists
+            raise ValueError(f"{name} must be a 1-D integer sequence: {e}") from None
     else:
         raise ValueError(f"{name} must be a 1-D integer tensor, got {type(indices).__name__}")
     if t.dim() != 1:

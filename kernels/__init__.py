@@ -1,0 +1,1 @@
+"""Attention backends and small kernels. Heavy imports (Triton, FlashInfer) happen lazily."""

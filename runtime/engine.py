@@ -1,0 +1,173 @@
+"""The offline engine: the whole server in one process, driven by ``generate``.
+
+Where things happen: a request enters in ``Engine.generate`` (validated and tokenized
+here), gets its KV slots in ``runtime/scheduler/cache_manager.py`` and its tokens sampled
+in ``runtime/sampling/sampler.py`` via ``runtime/worker.py``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+from tqdm import tqdm
+
+from runtime.config import ServerArgs
+from runtime.model_loader import resolve_model_path
+from runtime.sampling.params import SamplingParams
+from runtime.scheduler.req import Req
+from runtime.scheduler.scheduler import Scheduler
+from runtime.tokenizer import Tokenizer
+from runtime.worker import ModelWorker
+
+_REQUEST_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
+
+
+class Engine:
+    """``Engine(model_path=None, **server_args)``; see ``forkserve --help`` for the arguments."""
+
+    def __init__(self, model_path: str | None = None, **server_args: Any) -> None:
+        self.args = ServerArgs.from_kwargs(model_path=model_path, **server_args)
+        self.model_dir = resolve_model_path(self.args.model_path)
+        self.tokenizer = Tokenizer(self.model_dir)
+        self.worker = ModelWorker(self.args, self.model_dir)
+        self.worker.eos_token_ids = tuple(
+            sorted(set(self.tokenizer.eos_token_ids) | set(self.worker.model_config.eos_token_ids))
+        )
+        self.scheduler = Scheduler(self.args, self.worker, self.tokenizer.decode)
+        self._rids = itertools.count()
+
+    # ------------------------------------------------------------------ public API
+    def generate(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        return_logprob: bool = False,
+        logprob_start_len: int = -1,
+        top_logprobs_num: int = 0,
+        return_text_in_logprobs: bool = False,
+        namespace: Any = None,
+        progress: bool = False,
+    ) -> dict[str, Any] | list[dict[str, Any]]:
+        """Generate for one prompt (returns a dict) or a batch (returns a list of dicts),
+        shaped like SGLang's ``/generate`` response. Invalid input raises ``ValueError``
+        before anything is queued."""
+        prompts, is_batch = self._prompt_ids(prompt, input_ids)
+        params = self._params(sampling_params, len(prompts))
+        opts = dict(
+            return_logprob=return_logprob,
+            logprob_start_len=logprob_start_len,
+            top_logprobs_num=top_logprobs_num,
+        )
+        _check_logprob_options(return_logprob, logprob_start_len, top_logprobs_num)
+        reqs = []
+        for ids, p in zip(prompts, params, strict=True):
+            for _ in range(p.n):
+                reqs.append(Req(f"req-{next(self._rids)}", ids, p, namespace=namespace, **opts))
+        for req in reqs:
+            self.scheduler.validate_request(req)
+        for req in reqs:
+            self.scheduler.add_request(req)
+        self._run_until_done(reqs, progress)
+        outs = [self.format_output(r, return_text_in_logprobs) for r in reqs]
+        return outs if is_batch or len(outs) > 1 else outs[0]
+
+    def flush_cache(self) -> bool:
+        """Drop every cached prefix; refused (False) while requests are queued or running."""
+        if self.scheduler.has_work:
+            return False
+        self.scheduler.tree.reset()
+        return True
+
+    def shutdown(self) -> None:
+        self.scheduler.check_invariants()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # ------------------------------------------------------------------ helpers
+    def _run_until_done(self, reqs: list[Req], progress: bool) -> None:
+        bar = tqdm(total=len(reqs), desc="generate", disable=not progress)
+        done = 0
+        while any(not r.is_finished for r in reqs):
+            self.scheduler.step()
+            now_done = sum(r.is_finished for r in reqs)
+            bar.update(now_done - done)
+            done = now_done
+        bar.close()
+
+    def _prompt_ids(self, prompt: Any, input_ids: Any) -> tuple[list[list[int]], bool]:
+        if (prompt is None) == (input_ids is None):
+            raise ValueError("give exactly one of prompt or input_ids")
+        if prompt is not None:
+            texts, is_batch = ([prompt], False) if isinstance(prompt, str) else (prompt, True)
+            if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+                raise ValueError("prompt must be a string or a list of strings")
+            if not texts:
+                raise ValueError("prompt is an empty list")
+            ids = [self.tokenizer.encode(t) for t in texts]
+        else:
+            is_batch = bool(input_ids) and isinstance(input_ids[0], list)
+            ids = input_ids if is_batch else [input_ids]
+            vocab = self.worker.model_config.vocab_size
+            for row in ids:
+                if not isinstance(row, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in row):
+                    raise ValueError("input_ids must be a list of token ids or a list of such lists")
+                if any(t < 0 or t >= vocab for t in row):
+                    raise ValueError(f"input_ids contains a token id outside the vocabulary [0, {vocab})")
+        for row in ids:
+            if not row:
+                raise ValueError("prompt is empty: at least one token is needed")
+        return ids, is_batch
+
+    def _params(self, sampling_params: Any, n: int) -> list[SamplingParams]:
+        if isinstance(sampling_params, list):
+            if len(sampling_params) != n:
+                raise ValueError(f"got {len(sampling_params)} sampling_params for {n} prompts")
+            return [SamplingParams.from_dict(p) for p in sampling_params]
+        if sampling_params is not None and not isinstance(sampling_params, dict):
+            raise ValueError("sampling_params must be a dict or a list of dicts")
+        return [SamplingParams.from_dict(sampling_params)] * n
+
+    def format_output(self, req: Req, text_in_logprobs: bool = False) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "id": req.rid,
+            "finish_reason": req.finished_reason,
+            "prompt_tokens": len(req.input_ids),
+            "completion_tokens": len(req.output_ids),
+            "cached_tokens": req.cached_tokens,
+            "e2e_latency": (req.finished_at or time.perf_counter()) - req.created_at,
+        }
+        if req.return_logprob:
+            def triple(lp: float | None, tid: int) -> list[Any]:
+                return [lp, tid, self.tokenizer.id_to_text(tid) if text_in_logprobs else None]
+
+            def tops(entries: list[Any]) -> list[Any]:
+                return [None if e is None else [triple(lp, t) for lp, t in e] for e in entries]
+
+            inputs = list(req.input_token_logprobs)
+            input_tops = list(req.input_top_logprobs)
+            if req.logprob_start_len == 0 and req.input_ids:
+                inputs.insert(0, (None, req.input_ids[0]))  # the first token has no context
+                input_tops.insert(0, None)
+            meta["input_token_logprobs"] = [triple(lp, t) for lp, t in inputs]
+            meta["output_token_logprobs"] = [triple(lp, t) for lp, t in req.output_token_logprobs]
+            meta["input_top_logprobs"] = tops(input_tops)
+            meta["output_top_logprobs"] = tops(req.output_top_logprobs)
+        return {
+            "text": self.tokenizer.output_text(req.output_ids, req.finished_reason, req.params),
+            "output_ids": list(req.output_ids),
+            "meta_info": meta,
+        }
+
+
+def _check_logprob_options(return_logprob: bool, logprob_start_len: int, top_logprobs_num: int) -> None:
+    if not isinstance(logprob_start_len, int) or logprob_start_len < -1:
+        raise ValueError(f"logprob_start_len must be an integer >= -1, got {logprob_start_len!r}")
+    if not isinstance(top_logprobs_num, int) or top_logprobs_num < 0:
+        raise ValueError(f"top_logprobs_num must be an integer >= 0, got {top_logprobs_num!r}")

@@ -1,0 +1,1 @@
+"""Building blocks shared by model files: norms, rotary embeddings, attention, fused linears."""

@@ -1,0 +1,115 @@
+"""The Llama family (Llama 2/3, SmolLM2, Mistral, Qwen2): structure only.
+
+Shapes are flat: a step's tokens from all requests are concatenated, ``[num_tokens, ...]``;
+which token belongs to which request lives in the forward context.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from runtime.layers.attention import RadixAttention
+from runtime.layers.linear import MergedLinear
+from runtime.layers.norm import RMSNorm
+from runtime.layers.rotary import RotaryEmbedding
+from runtime.models.config import ModelConfig
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.qkv_proj = MergedLinear(cfg.hidden_size, {"q": q_size, "k": kv_size, "v": kv_size}, cfg.qkv_bias)
+        self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=False)
+        self.rotary = rotary
+        self.attn = RadixAttention(layer_id, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+        self.split = (q_size, kv_size, kv_size)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        q, k = self.rotary(positions, q, k)
+        out = self.attn(q, k, v.view(-1, self.num_kv_heads, self.head_dim))
+        return self.o_proj(out.reshape(-1, self.num_heads * self.head_dim))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        width = cfg.intermediate_size
+        self.gate_up_proj = MergedLinear(cfg.hidden_size, {"gate": width, "up": width}, bias=False)
+        self.down_proj = nn.Linear(width, cfg.hidden_size, bias=False)
+        self.width = width
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.width, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = LlamaAttention(cfg, layer_id, rotary)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = LlamaMLP(cfg)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(positions, self.input_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaForCausalLM(nn.Module):
+    # Checkpoint names that are parts of one of our fused parameters: (ours, shard).
+    packed_modules: dict[str, tuple[str, str]] = {
+        "q_proj": ("qkv_proj", "q"),
+        "k_proj": ("qkv_proj", "k"),
+        "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", "gate"),
+        "up_proj": ("gate_up_proj", "up"),
+    }
+    # Checkpoint tensors that carry nothing we need (precomputed rotary tables).
+    ignored_weights: tuple[str, ...] = ("rotary_emb.inv_freq",)
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i, rotary) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        if cfg.tie_word_embeddings:
+            self.lm_head = None
+        else:
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Hidden states after the final norm, ``[num_tokens, hidden]``."""
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            x = layer(positions, x)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Float32 logits for the rows of ``hidden`` that need them."""
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()
+
+    @staticmethod
+    def checkpoint_name_map(name: str) -> tuple[str, str | None]:
+        """Map an HF checkpoint tensor name to (our parameter path, shard or None)."""
+        name = name.removeprefix("model.")
+        for ckpt, (ours, shard) in LlamaForCausalLM.packed_modules.items():
+            if f".{ckpt}." in name:
+                return name.replace(f".{ckpt}.", f".{ours}."), shard
+        return name, None
+
+    @classmethod
+    def from_hf_config(cls, hf: dict[str, Any]) -> LlamaForCausalLM:
+        return cls(ModelConfig.from_hf(hf))

@@ -1,0 +1,81 @@
+"""Per-request sampling parameters, SGLang's names and defaults, validated on the way in."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int = 128
+    min_new_tokens: int = 0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    no_stop_trim: bool = False
+    seed: int | None = None
+    n: int = 1
+    regex: str | None = None
+    json_schema: str | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> SamplingParams:
+        d = dict(d or {})
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"unknown sampling parameter(s): {', '.join(unknown)}")
+        # JSON clients send null for "use the default".
+        d = {k: v for k, v in d.items() if v is not None or k in ("seed", "regex", "json_schema")}
+        if isinstance(d.get("stop"), str):
+            d["stop"] = [d["stop"]]
+        params = cls(**d)
+        params.validate()
+        return params
+
+    def validate(self) -> None:
+        def need(cond: bool, name: str, what: str) -> None:
+            if not cond:
+                raise ValueError(f"{name} {what}, got {getattr(self, name)!r}")
+
+        def is_int(x: Any) -> bool:
+            return isinstance(x, int) and not isinstance(x, bool)
+
+        def is_num(x: Any) -> bool:
+            return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+        need(is_int(self.max_new_tokens) and self.max_new_tokens >= 0, "max_new_tokens", "must be an integer >= 0")
+        need(is_int(self.min_new_tokens) and self.min_new_tokens >= 0, "min_new_tokens", "must be an integer >= 0")
+        need(self.min_new_tokens <= self.max_new_tokens, "min_new_tokens", "must not exceed max_new_tokens")
+        need(is_num(self.temperature) and self.temperature >= 0, "temperature", "must be a number >= 0")
+        need(is_num(self.top_p) and 0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
+        need(is_int(self.top_k) and (self.top_k == -1 or self.top_k >= 1), "top_k", "must be -1 (off) or >= 1")
+        need(is_num(self.min_p) and 0 <= self.min_p <= 1, "min_p", "must be in [0, 1]")
+        need(is_num(self.frequency_penalty) and -2 <= self.frequency_penalty <= 2, "frequency_penalty", "must be in [-2, 2]")
+        need(is_num(self.presence_penalty) and -2 <= self.presence_penalty <= 2, "presence_penalty", "must be in [-2, 2]")
+        need(is_num(self.repetition_penalty) and self.repetition_penalty > 0, "repetition_penalty", "must be > 0")
+        need(isinstance(self.stop, list) and all(isinstance(s, str) and s for s in self.stop), "stop", "must be a string or a list of non-empty strings")
+        need(isinstance(self.stop_token_ids, list) and all(is_int(t) and t >= 0 for t in self.stop_token_ids), "stop_token_ids", "must be a list of token ids")
+        need(self.seed is None or is_int(self.seed), "seed", "must be an integer")
+        need(is_int(self.n) and self.n >= 1, "n", "must be an integer >= 1")
+        if self.regex is not None or self.json_schema is not None:
+            raise ValueError("constrained decoding (regex / json_schema) is not supported by this server yet")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature < 1e-6 or self.top_k == 1
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.frequency_penalty != 0 or self.presence_penalty != 0 or self.repetition_penalty != 1

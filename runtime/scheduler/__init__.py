@@ -1,0 +1,1 @@
+"""The scheduler: waiting/running queues, batch building with prefix reuse, stop checks."""

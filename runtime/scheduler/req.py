@@ -1,0 +1,88 @@
+"""One generation request as the scheduler tracks it, including which KV slots it owns.
+
+Positions of a running request's row in the request-to-token table::
+
+    0 .......... cache_protected_len ........... kv_len ...... alloc_len
+    | tree's slots (locked via last_node) | own slots, KV computed | own, granted this step |
+
+``kv_len`` advances to ``alloc_len`` when the step's forward has run. The slots in
+``[cache_protected_len, alloc_len)`` belong to the request until it hands them to the tree.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from runtime.sampling.params import SamplingParams
+
+if TYPE_CHECKING:
+    from radix_cache import TreeNode
+
+
+@dataclass(eq=False)
+class Req:
+    rid: str
+    input_ids: list[int]
+    params: SamplingParams
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    namespace: Any = None
+    stream: bool = False
+
+    output_ids: list[int] = field(default_factory=list)
+    finished_reason: dict[str, Any] | None = None
+    generator: torch.Generator | None = None
+
+    # KV ownership (see the module docstring)
+    row: int | None = None
+    last_node: TreeNode | None = None
+    cache_protected_len: int = 0
+    kv_len: int = 0
+    alloc_len: int = 0
+    cached_tokens: int = 0  # prompt tokens served from the cache at first admission
+    is_retracted: bool = False
+
+    # logprobs: [logprob, token_id] pairs (text is added by the detokenizer)
+    input_token_logprobs: list[tuple[float | None, int]] = field(default_factory=list)
+    input_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
+    output_token_logprobs: list[tuple[float, int]] = field(default_factory=list)
+    output_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
+
+    created_at: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+    finished_at: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.params.seed is not None:
+            self.generator = torch.Generator().manual_seed(self.params.seed)
+
+    @property
+    def fill_ids(self) -> list[int]:
+        """Tokens whose KV the request needs before it can sample its next token."""
+        return self.input_ids + self.output_ids
+
+    @property
+    def is_finished(self) -> bool:
+        return self.finished_reason is not None
+
+    @property
+    def num_owned_slots(self) -> int:
+        return self.alloc_len - self.cache_protected_len
+
+    @property
+    def wants_input_logprobs(self) -> bool:
+        return self.return_logprob and 0 <= self.logprob_start_len < len(self.input_ids) and not self.is_retracted
+
+    @property
+    def max_reusable_prefix(self) -> int:
+        """The longest cached prefix this request may use: its last token must be computed
+        to get logits, and prompt logprobs need the logits of every position they cover."""
+        limit = len(self.fill_ids) - 1
+        if self.wants_input_logprobs:
+            limit = min(limit, max(self.logprob_start_len - 1, 0))
+        return limit

@@ -1,0 +1,231 @@
+"""The scheduler: decides each step's batch, runs it on the worker, applies the results.
+
+The loop (``step``) is: pick a batch (prefill wins when it has work, else decode), run it,
+process the results (append tokens, stop checks, hand finished requests' KV to the tree).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+
+import torch
+
+from radix_cache import RadixCache, SlotAllocator
+from runtime.config import ServerArgs
+from runtime.scheduler.cache_manager import CacheManager
+from runtime.scheduler.policy import order_waiting
+from runtime.scheduler.req import Req
+from runtime.scheduler.stop import check_stop
+from runtime.worker import BatchResult, ForwardBatch, ModelWorker
+
+logger = logging.getLogger(__name__)
+
+# Reserve for running requests' future decode tokens, as a fraction of what they may still
+# generate: optimistic by default (finished requests free memory), raised after a retraction.
+_INIT_NEW_TOKEN_RATIO, _MIN_NEW_TOKEN_RATIO, _NEW_TOKEN_RATIO_DECAY = 0.7, 0.1, 0.001
+_RESERVE_CAP_PER_REQ = 4096
+
+
+class Scheduler:
+    def __init__(
+        self, args: ServerArgs, worker: ModelWorker, decode_tail: Callable[[list[int]], str]
+    ) -> None:
+        self.args = args
+        self.worker = worker
+        self.decode_tail = decode_tail  # token ids -> text, for stop strings
+        self.allocator = SlotAllocator(worker.num_slots)
+        self.tree = RadixCache(self.allocator, page_size=args.page_size, disable=args.disable_radix_cache)
+        self.cache = CacheManager(self.tree, self.allocator, worker.req_to_token)
+        self.waiting: deque[Req] = deque()
+        self.running: list[Req] = []
+        self.chunked: Req | None = None  # the request whose prompt is part-way through prefill
+        self.new_token_ratio = _INIT_NEW_TOKEN_RATIO
+        self.max_context_len = worker.max_context_len
+        self.eos_token_ids = worker.eos_token_ids
+        self.num_retractions = 0
+
+    # ------------------------------------------------------------------ the loop
+    def validate_request(self, req: Req) -> None:
+        """Raise ``ValueError`` if ``req`` can never run here (too long for the context or pool)."""
+        prompt_len, max_new = len(req.input_ids), req.params.max_new_tokens
+        if prompt_len >= self.max_context_len:
+            raise ValueError(f"prompt has {prompt_len} tokens; the context length is {self.max_context_len}")
+        if prompt_len + max_new > self.allocator.capacity:
+            raise ValueError(
+                f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new}) = {prompt_len + max_new} "
+                f"tokens cannot fit in the KV pool ({self.allocator.capacity} tokens)"
+            )
+
+    def add_request(self, req: Req) -> None:
+        self.validate_request(req)
+        self.waiting.append(req)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.chunked)
+
+    def step(self) -> list[Req]:
+        """Run one batch; return the requests that got a new token or finished."""
+        batch = self._prefill_batch() or self._decode_batch()
+        if batch is None:
+            if not self.has_work:
+                self.check_invariants()
+            return []
+        result = self.worker.run_batch(batch)
+        return self._process(batch, result)
+
+    def check_invariants(self) -> None:
+        held = sum(r.num_owned_slots for r in self._admitted())
+        self.tree.check_invariants(num_held_outside=held)
+
+    # ------------------------------------------------------------------ prefill
+    def _prefill_batch(self) -> ForwardBatch | None:
+        budget = self.args.chunked_prefill_size if self.args.chunked_prefill_size > 0 else 1 << 62
+        reserve = self._decode_reserve()
+        picked: list[tuple[Req, int]] = []
+        if self.chunked is not None:
+            req, self.chunked = self.chunked, None
+            n = min(len(req.fill_ids) - req.kv_len, budget)
+            if not self.cache.grant(req, n):
+                self.chunked = req  # wait for memory
+                return None
+            picked.append((req, n))
+            budget -= n
+        candidates = order_waiting(self.waiting, self.args.schedule_policy, self.cache) if self.waiting else []
+        for req in candidates:
+            if budget <= 0 or len(self.running) + len(picked) >= self.args.max_running_requests:
+                break
+            if self.chunked is not None:
+                break  # one chunked request at a time
+            need = len(req.fill_ids) - self.cache.match_len(req)
+            n = min(need, budget)
+            if self.cache.free_slots < n + reserve:
+                break
+            if not self.cache.admit(req):
+                break
+            if not self.cache.grant(req, len(req.fill_ids) - req.kv_len if n == need else n):
+                self.cache.release(req)
+                break
+            n = req.alloc_len - req.kv_len
+            self.waiting.remove(req)
+            picked.append((req, n))
+            budget -= n
+            reserve += min(req.params.max_new_tokens, _RESERVE_CAP_PER_REQ) * self.new_token_ratio
+        if not picked:
+            return None
+        return self._build_extend_batch(picked)
+
+    def _build_extend_batch(self, picked: list[tuple[Req, int]]) -> ForwardBatch:
+        reqs, ids, positions, prefix_lens, extend_lens, locs, logit_starts, samples = [], [], [], [], [], [], [], []
+        for req, n in picked:
+            start, end = req.kv_len, req.kv_len + n
+            fill = req.fill_ids
+            is_last_chunk = end == len(fill)
+            wants_sample = is_last_chunk and (req.params.max_new_tokens > 0 or req.is_retracted)
+            if not is_last_chunk:
+                self.chunked = req
+            if req.wants_input_logprobs:  # logits at p give the logprob of prompt token p + 1
+                logit_start = min(max(start, max(req.logprob_start_len, 1) - 1), end)
+            else:
+                logit_start = end - 1 if wants_sample else end
+            reqs.append(req)
+            ids.extend(fill[start:end])
+            positions.append(torch.arange(start, end))
+            prefix_lens.append(start)
+            extend_lens.append(n)
+            locs.append(self.cache.table.read(req.row, end, start))  # type: ignore[arg-type]
+            logit_starts.append(logit_start)
+            samples.append(wants_sample)
+        return ForwardBatch(
+            is_decode=False,
+            reqs=reqs,
+            input_ids=torch.tensor(ids, dtype=torch.int64),
+            positions=torch.cat(positions),
+            prefix_lens=prefix_lens,
+            extend_lens=extend_lens,
+            out_cache_loc=torch.cat(locs),
+            logit_starts=logit_starts,
+            samples=samples,
+        )
+
+    # ------------------------------------------------------------------ decode
+    def _decode_batch(self) -> ForwardBatch | None:
+        if not self.running:
+            return None
+        self.new_token_ratio = max(_MIN_NEW_TOKEN_RATIO, self.new_token_ratio - _NEW_TOKEN_RATIO_DECAY)
+        while self.cache.free_slots < len(self.running) and len(self.running) > 1:
+            self._retract_one()
+        for req in self.running:
+            if not self.cache.grant(req, 1):
+                raise RuntimeError("KV pool exhausted by a single request; this is a bug: admission checks its size")
+        reqs = list(self.running)
+        seq_lens = [r.alloc_len for r in reqs]
+        return ForwardBatch(
+            is_decode=True,
+            reqs=reqs,
+            input_ids=torch.tensor([r.output_ids[-1] for r in reqs], dtype=torch.int64),
+            positions=torch.tensor([s - 1 for s in seq_lens], dtype=torch.int64),
+            prefix_lens=[s - 1 for s in seq_lens],
+            extend_lens=[1] * len(reqs),
+            out_cache_loc=torch.cat([self.cache.table.read(r.row, s, s - 1) for r, s in zip(reqs, seq_lens, strict=True)]),  # type: ignore[arg-type]
+            logit_starts=[s - 1 for s in seq_lens],
+            samples=[True] * len(reqs),
+        )
+
+    def _retract_one(self) -> None:
+        """Free memory by sending the request with the least progress back to the queue;
+        its computed KV goes to the tree, so it may be reused when it comes back."""
+        victim = min(self.running, key=lambda r: (len(r.output_ids), -len(r.input_ids)))
+        self.running.remove(victim)
+        self.cache.release(victim)
+        victim.is_retracted = True
+        self.waiting.appendleft(victim)
+        self.num_retractions += 1
+        self.new_token_ratio = _INIT_NEW_TOKEN_RATIO
+        logger.info("retracted request %s to free KV memory", victim.rid)
+
+    def _decode_reserve(self) -> float:
+        reserve = 0.0
+        for r in self.running:
+            left = r.params.max_new_tokens - len(r.output_ids)
+            reserve += min(left, _RESERVE_CAP_PER_REQ) * self.new_token_ratio
+        return reserve
+
+    # ------------------------------------------------------------------ results
+    def _process(self, batch: ForwardBatch, result: BatchResult) -> list[Req]:
+        touched = []
+        for i, req in enumerate(batch.reqs):
+            req.kv_len = req.alloc_len
+            if not batch.is_decode:
+                req.input_token_logprobs.extend(result.input_logprobs[i])
+                req.input_top_logprobs.extend(result.input_top_logprobs[i])
+                if req is self.chunked:
+                    self.cache.cache_unfinished(req)
+                    continue
+            token = result.next_ids[i]
+            if token is None:  # prefill-only request (max_new_tokens == 0)
+                req.finished_reason = {"type": "length", "length": 0}
+            else:
+                req.output_ids.append(token)
+                if req.return_logprob:
+                    req.output_token_logprobs.append((result.output_logprobs[i], token))  # type: ignore[arg-type]
+                    req.output_top_logprobs.append(result.output_top_logprobs[i])
+                req.finished_reason = check_stop(req, self.eos_token_ids, self.max_context_len, self.decode_tail)
+            if req.first_token_at is None:
+                req.first_token_at = time.perf_counter()
+            if not batch.is_decode and not req.is_finished:
+                self.running.append(req)
+            if req.is_finished:
+                req.finished_at = time.perf_counter()
+                if req in self.running:
+                    self.running.remove(req)
+                self.cache.release(req)
+            touched.append(req)
+        return touched
+
+    def _admitted(self) -> list[Req]:
+        return self.running + ([self.chunked] if self.chunked is not None else [])
+

@@ -1,0 +1,34 @@
+"""When is a request done? Checked after every new token."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from runtime.scheduler.req import Req
+
+
+def check_stop(
+    req: Req, eos_token_ids: tuple[int, ...], max_context_len: int, decode: Callable[[list[int]], str]
+) -> dict[str, Any] | None:
+    """The finish reason in SGLang's shape, or None to keep going. Order: stop tokens, then
+    length, then stop strings (a stop string that completes on the last allowed token still
+    counts as a stop)."""
+    p = req.params
+    token = req.output_ids[-1]
+    num_out = len(req.output_ids)
+    if num_out >= p.min_new_tokens:
+        if token in p.stop_token_ids or (not p.ignore_eos and token in eos_token_ids):
+            return {"type": "stop", "matched": token}
+        if p.stop:
+            # A stop string can only end in the newest token: decode just enough of the tail.
+            longest = max(len(s) for s in p.stop)
+            tail = decode(req.output_ids[-(longest + 1) :])
+            for s in p.stop:
+                if s in tail:
+                    return {"type": "stop", "matched": s}
+    if num_out >= p.max_new_tokens:
+        return {"type": "length", "length": num_out}
+    if len(req.input_ids) + num_out >= max_context_len:
+        return {"type": "length", "length": num_out}
+    return None

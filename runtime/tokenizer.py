@@ -1,0 +1,55 @@
+"""The model's tokenizer and chat template, plus the detokenization rules responses use."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from transformers import AutoTokenizer
+
+
+class Tokenizer:
+    def __init__(self, model_dir: Path) -> None:
+        self.hf = AutoTokenizer.from_pretrained(str(model_dir))
+        self.eos_token_ids = self._eos_ids(model_dir)
+
+    def _eos_ids(self, model_dir: Path) -> tuple[int, ...]:
+        ids: set[int] = set()
+        if self.hf.eos_token_id is not None:
+            ids.add(self.hf.eos_token_id)
+        gen_cfg = model_dir / "generation_config.json"
+        if gen_cfg.exists():
+            eos = json.loads(gen_cfg.read_text()).get("eos_token_id")
+            ids.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        return tuple(sorted(ids))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.hf)
+
+    def encode(self, text: str) -> list[int]:
+        return self.hf.encode(text, add_special_tokens=True)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        if not self.hf.chat_template:
+            raise ValueError("this model has no chat template; use completions instead of chat")
+        return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def id_to_text(self, token_id: int) -> str:
+        return self.hf.decode([token_id], skip_special_tokens=False)
+
+    def output_text(self, output_ids: list[int], finished_reason: dict[str, Any] | None, params: Any) -> str:
+        """The response text: stop token dropped, cut before the first stop string."""
+        ids = output_ids
+        if finished_reason and isinstance(finished_reason.get("matched"), int) and not params.no_stop_trim:
+            ids = ids[:-1]
+        text = self.decode(ids, skip_special_tokens=params.skip_special_tokens)
+        if finished_reason and isinstance(finished_reason.get("matched"), str) and not params.no_stop_trim:
+            cut = text.find(finished_reason["matched"])
+            if cut >= 0:
+                text = text[:cut]
+        return text

@@ -1,0 +1,157 @@
+"""The model worker: owns the weights, the K/V tensors and the attention backend; runs one
+forward per step and samples. It never decides which KV slots to use; the batch says."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from kernels.attention import create_attention_backend
+from radix_cache import ReqToTokenTable
+from runtime.config import ServerArgs
+from runtime.forward_context import ForwardContext, forward_context
+from runtime.kv_pool import KVPool
+from runtime.models import load_model
+from runtime.sampling.sampler import sample
+from runtime.scheduler.req import Req
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class ForwardBatch:
+    """One step's work. Request ``i`` computes positions ``[prefix_lens[i], prefix_lens[i] +
+    extend_lens[i])`` and needs logits at positions ``[logit_starts[i], that end)``, an empty
+    range when it neither samples nor reports prompt logprobs in this chunk."""
+
+    is_decode: bool
+    reqs: list[Req]
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    prefix_lens: list[int]
+    extend_lens: list[int]
+    out_cache_loc: torch.Tensor
+    logit_starts: list[int]
+    samples: list[bool]  # whether request i samples a next token at its last position
+
+
+@dataclass
+class BatchResult:
+    next_ids: list[int | None]
+    output_logprobs: list[float | None]
+    output_top_logprobs: list[list[tuple[float, int]] | None]
+    # per request: (logprob, token id) of prompt tokens covered this step, and their top-k
+    input_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    input_top_logprobs: list[list[list[tuple[float, int]] | None]] = field(default_factory=list)
+
+
+class ModelWorker:
+    def __init__(self, args: ServerArgs, model_dir: Path) -> None:
+        self.args = args
+        self.device = args.resolved_device
+        self.dtype = _DTYPES[args.resolved_dtype]
+        if args.num_threads:
+            torch.set_num_threads(args.num_threads)
+        self.model, self.model_config = load_model(model_dir, self.dtype, self.device)
+        cfg = self.model_config
+        self.max_context_len = args.max_context_len or cfg.max_position_embeddings
+        if self.max_context_len > cfg.max_position_embeddings:
+            raise ValueError(
+                f"max_context_len {self.max_context_len} exceeds the model's "
+                f"max_position_embeddings {cfg.max_position_embeddings}"
+            )
+        per_slot = KVPool.bytes_per_slot(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.dtype)
+        num_tokens = args.max_total_tokens or int(args.kv_cache_memory * 2**30 // per_slot)
+        self.num_slots = num_tokens + 1  # plus the reserved padding slot 0
+        self.kv_pool = KVPool(self.num_slots, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.dtype, self.device)
+        # Rows for running requests plus headroom for requests admitted in the same step.
+        self.req_to_token = ReqToTokenTable(args.max_running_requests + 8, self.max_context_len)
+        self.attn_backend = create_attention_backend(args.resolved_attention_backend, self.device)
+        self.default_generator = torch.Generator().manual_seed(args.random_seed)
+
+    @torch.inference_mode()
+    def run_batch(self, batch: ForwardBatch) -> BatchResult:
+        logits = self.forward(batch)
+        return self._postprocess(batch, logits)
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """Float32 logits at each request's logit range, concatenated in batch order."""
+        rows = torch.tensor([r.row for r in batch.reqs], dtype=torch.int64)
+        ctx = ForwardContext(
+            is_decode=batch.is_decode,
+            req_rows=rows,
+            prefix_lens=batch.prefix_lens,
+            extend_lens=batch.extend_lens,
+            out_cache_loc=batch.out_cache_loc.to(self.device),
+            req_to_token=self.req_to_token.table,
+            kv_pool=self.kv_pool,
+            attn_backend=self.attn_backend,
+        )
+        with forward_context(ctx):
+            hidden = self.model(batch.input_ids.to(self.device), batch.positions.to(self.device))
+        picks, offset = [], 0
+        for prefix, ext, start in zip(batch.prefix_lens, batch.extend_lens, batch.logit_starts, strict=True):
+            picks.append(torch.arange(offset + start - prefix, offset + ext))
+            offset += ext
+        return self.model.compute_logits(hidden[torch.cat(picks).to(self.device)]).cpu()
+
+    def _postprocess(self, batch: ForwardBatch, logits: torch.Tensor) -> BatchResult:
+        sample_rows, sample_reqs, banned = [], [], []
+        result = BatchResult([None] * len(batch.reqs), [None] * len(batch.reqs), [None] * len(batch.reqs))
+        offset = 0
+        for i, req in enumerate(batch.reqs):
+            end = batch.prefix_lens[i] + batch.extend_lens[i]
+            n = end - batch.logit_starts[i]
+            n_prompt = n - 1 if batch.samples[i] else n
+            lp, tops = self._prompt_logprobs(req, logits[offset : offset + n_prompt], batch.logit_starts[i])
+            result.input_logprobs.append(lp)
+            result.input_top_logprobs.append(tops)
+            if batch.samples[i]:
+                sample_rows.append(offset + n - 1)
+                sample_reqs.append(req)
+                banned.append(self._banned_ids(req))
+            offset += n
+        if sample_reqs:
+            out = sample(logits[sample_rows], sample_reqs, banned, self.default_generator)
+            j = 0
+            for i, wants in enumerate(batch.samples):
+                if wants:
+                    result.next_ids[i] = out.next_ids[j]
+                    result.output_logprobs[i] = out.logprobs[j]
+                    result.output_top_logprobs[i] = out.top_logprobs[j]
+                    j += 1
+        return result
+
+    def _prompt_logprobs(
+        self, req: Req, logits: torch.Tensor, start: int
+    ) -> tuple[list[tuple[float, int]], list[list[tuple[float, int]] | None]]:
+        """Logprobs of prompt tokens ``start+1 ..`` from the logits at positions ``start ..``."""
+        if logits.shape[0] == 0:
+            return [], []
+        targets = torch.tensor(req.input_ids[start + 1 : start + 1 + logits.shape[0]])
+        logits = logits[: targets.numel()]  # a prefill-only request's last position has no target
+        if targets.numel() == 0:
+            return [], []
+        logprobs = torch.log_softmax(logits, dim=-1)
+        picked = logprobs.gather(1, targets.unsqueeze(1)).squeeze(1).tolist()
+        pairs = list(zip(picked, targets.tolist(), strict=True))
+        if req.top_logprobs_num > 0:
+            vals, idx = logprobs.topk(req.top_logprobs_num, dim=-1)
+            tops = [list(zip(v, i, strict=True)) for v, i in zip(vals.tolist(), idx.tolist(), strict=True)]
+        else:
+            tops = [None] * len(pairs)
+        return pairs, tops
+
+    def _banned_ids(self, req: Req) -> list[int]:
+        """Tokens that would end the request before ``min_new_tokens``."""
+        if len(req.output_ids) >= req.params.min_new_tokens:
+            return []
+        stops = list(req.params.stop_token_ids)
+        if not req.params.ignore_eos:
+            stops += list(self.eos_token_ids)
+        return stops
+
+    eos_token_ids: tuple[int, ...] = ()
