@@ -317,7 +317,7 @@ class RadixCache:
         parent = child.parent
         assert parent is not None and 0 < n < len(child)
         mid = TreeNode(parent, child.key[:n], child.value[:n])
-        
+        mid.lock_ref = child.lock_ref
         mid.last_access = child.last_access
         parent.children[self._child_key(child.key, 0)] = mid
         child.parent, child.key, child.value = mid, child.key[n:], child.value[n:]

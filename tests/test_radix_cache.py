@@ -143,7 +143,9 @@ class TestSlotAllocator:
             a.free(s[:1])
         assert a.available == 4
 
-    @pytest.mark.parametrize("bad", [[1.0], np.array([1.5]), torch.tensor([1.0]), [[1, 2]], "12", ["a"], [None]])
+    @pytest.mark.parametrize(
+        "bad", [[1.0], np.array([1.5]), torch.tensor([1.0]), [[1, 2]], "12", ["a"], [None]]
+    )
     def test_free_bad_types(self, bad):
         a = SlotAllocator(5)
         a.alloc(2)
@@ -233,7 +235,15 @@ def test_accepts_lists_tuples_numpy_and_tensors(make):
     slots = h.take(3)
     assert h.cache.insert(np.array([1, 2, 3], dtype=np.int32), slots.to(torch.int32)) == 0
     h.held -= 3
-    for q in ([1, 2, 3], (1, 2, 3), np.array([1, 2, 3]), torch.tensor([1, 2, 3]), range(1, 4)):
+    mixed = [np.int64(1), np.int32(2), 3]
+    for q in (
+        [1, 2, 3],
+        (1, 2, 3),
+        np.array([1, 2, 3]),
+        torch.tensor([1, 2, 3]),
+        range(1, 4),
+        mixed,
+    ):
         assert as_list(h.cache.match_prefix(q).indices) == as_list(slots)
 
 
@@ -664,6 +674,8 @@ def test_disabled_cache_keeps_nothing(make, page_size):
         b"abc",
         ["a", "b"],
         [True, False],
+        [1, True],  # a bool among ints
+        [1, 2.0],
         torch.tensor([True, False]),
         [1, None],
         None,

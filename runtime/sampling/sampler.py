@@ -58,9 +58,10 @@ def filter_probs(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, 
     ranks = torch.arange(probs.shape[-1], device=probs.device).unsqueeze(0)
     k = torch.where(top_k > 0, top_k, probs.shape[-1]).unsqueeze(1)
     drop = ranks >= k
-    # keep a token if the mass strictly before it is below top_p
+    # keep a token if the mass strictly before it is below top_p; top_p >= 1 is off (in
+    # float32 the cumulative sum reaches 1.0 before a peaked distribution's tail)
     mass_before = sorted_probs.cumsum(-1) - sorted_probs
-    drop |= mass_before >= top_p.unsqueeze(1)
+    drop |= (mass_before >= top_p.unsqueeze(1)) & (top_p.unsqueeze(1) < 1)
     drop |= sorted_probs < (min_p.unsqueeze(1) * sorted_probs[:, :1])
     drop[:, 0] = False
     sorted_probs = sorted_probs.masked_fill(drop, 0.0)
