@@ -1,0 +1,171 @@
+"""Offline engine throughput against transformers on the same weights, in one run.
+
+    python -m bench_agent.bench_offline            # full run (~10 min on 2 cores)
+    python -m bench_agent.bench_offline --quick    # smaller sizes, for a smoke check
+
+Reports ratios measured in the same process, because absolute times on shared machines
+drift: forkserve vs transformers' one-request-at-a-time ``generate`` (the raw baseline),
+vs its padded batched ``generate``, decode step time at batch 32 vs batch 1, and prefill
+tokens/s vs one plain transformers forward over the same tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from typing import Any
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def make_prompts(tokenizer, n: int, lo: int, hi: int, seed: int) -> list[list[int]]:
+    """Prompts of mixed lengths from seeded random English-like text (no datasets)."""
+    rng = random.Random(seed)
+    words = ["the", "agent", "reads", "a", "tool", "result", "then", "plans", "its", "next", "step", "and", "writes", "code", "to", "test", "it"]
+    prompts = []
+    for _ in range(n):
+        target = rng.randint(lo, hi)
+        ids = tokenizer.encode(" ".join(rng.choice(words) for _ in range(target)))
+        prompts.append(ids[:target])
+    return prompts
+
+
+def timed(fn) -> tuple[Any, float]:  # noqa: ANN001
+    start = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - start
+
+
+def bench_engine(engine, prompts: list[list[int]], new_tokens: int) -> float:
+    params = {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}
+    engine.flush_cache()
+    _, secs = timed(lambda: engine.generate(input_ids=prompts, sampling_params=params, progress=True))
+    return secs
+
+
+def bench_hf_one_at_a_time(model, prompts: list[list[int]], new_tokens: int) -> float:
+    with torch.inference_mode():
+        start = time.perf_counter()
+        for ids in prompts:
+            model.generate(
+                torch.tensor([ids]),
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                do_sample=False,
+                pad_token_id=0,
+            )
+        return time.perf_counter() - start
+
+
+def bench_hf_padded(model, prompts: list[list[int]], new_tokens: int, batch_size: int) -> float:
+    with torch.inference_mode():
+        start = time.perf_counter()
+        for b in range(0, len(prompts), batch_size):
+            chunk = prompts[b : b + batch_size]
+            width = max(map(len, chunk))
+            ids = torch.zeros(len(chunk), width, dtype=torch.long)
+            mask = torch.zeros(len(chunk), width, dtype=torch.long)
+            for i, p in enumerate(chunk):  # left padding, as decoder-only generate wants
+                ids[i, width - len(p) :] = torch.tensor(p)
+                mask[i, width - len(p) :] = 1
+            model.generate(
+                ids,
+                attention_mask=mask,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                do_sample=False,
+                pad_token_id=0,
+            )
+        return time.perf_counter() - start
+
+
+def decode_step_ms(engine, batch: int, steps: int, prompt_len: int, seed: int) -> float:
+    """Time per decode step at ``batch`` running requests (prompts prefilled beforehand)."""
+    prompts = make_prompts(engine.tokenizer, batch, prompt_len, prompt_len, seed)
+    engine.generate(input_ids=prompts, sampling_params={"max_new_tokens": 0})
+    params = {"temperature": 0, "max_new_tokens": steps + 1, "ignore_eos": True}
+    _, secs = timed(lambda: engine.generate(input_ids=prompts, sampling_params=params))
+    return secs / (steps + 1) * 1000
+
+
+def prefill_tok_s(engine, model, num: int, length: int, seed: int) -> tuple[float, float]:
+    prompts = make_prompts(engine.tokenizer, num, length, length, seed)
+    prompts = [p for p in prompts if len(p) == length] or prompts
+    tokens = sum(map(len, prompts))
+    engine.flush_cache()
+    _, ours = timed(lambda: engine.generate(input_ids=prompts, sampling_params={"max_new_tokens": 0}))
+    with torch.inference_mode():
+        batch = torch.tensor(prompts)
+        model(batch[:1, :8])  # warm-up
+        _, theirs = timed(lambda: model(batch, use_cache=False))
+    return tokens / ours, tokens / theirs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--num-prompts", type=int, default=64, help="Prompts in the throughput run.")
+    ap.add_argument("--min-len", type=int, default=50, help="Shortest prompt, in tokens.")
+    ap.add_argument("--max-len", type=int, default=1000, help="Longest prompt, in tokens.")
+    ap.add_argument("--new-tokens", type=int, default=128, help="Tokens generated per prompt (EOS ignored).")
+    ap.add_argument(
+        "--hf-sample",
+        type=int,
+        default=8,
+        help="Prompts timed with one-at-a-time transformers generate; its throughput is tokens/s "
+        "over this sample (the full set would take most of an hour).",
+    )
+    ap.add_argument("--hf-batch-size", type=int, default=16, help="Batch size of padded transformers generate.")
+    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="Dtype for both sides.")
+    ap.add_argument("--seed", type=int, default=0, help="Seed for the synthetic prompts.")
+    ap.add_argument("--quick", action="store_true", help="Small sizes for a fast smoke run.")
+    args = ap.parse_args()
+    if args.quick:
+        args.num_prompts, args.new_tokens, args.hf_sample, args.max_len = 8, 16, 2, 200
+
+    from transformers import AutoModelForCausalLM
+
+    from runtime.engine import Engine
+
+    engine = Engine(dtype=args.dtype, max_total_tokens=200_000, max_running_requests=64)
+    dtype_name = engine.args.resolved_dtype
+    model = AutoModelForCausalLM.from_pretrained(str(engine.model_dir), dtype=DTYPES[dtype_name]).eval()
+    prompts = make_prompts(engine.tokenizer, args.num_prompts, args.min_len, args.max_len, args.seed)
+    out_tokens = args.num_prompts * args.new_tokens
+    engine.generate("warm up", {"max_new_tokens": 2})
+
+    ours = bench_engine(engine, prompts, args.new_tokens)
+    sample = prompts[: args.hf_sample]
+    hf_one = bench_hf_one_at_a_time(model, sample, args.new_tokens)
+    hf_pad = bench_hf_padded(model, prompts, args.new_tokens, args.hf_batch_size)
+    ours_tps = out_tokens / ours
+    one_tps = len(sample) * args.new_tokens / hf_one
+    pad_tps = out_tokens / hf_pad
+
+    steps = 8 if args.quick else 32
+    step1 = decode_step_ms(engine, 1, steps, 200, args.seed + 1)
+    step32 = decode_step_ms(engine, 32, steps, 200, args.seed + 2)
+    pre_ours, pre_hf = prefill_tok_s(engine, model, 4, 512, args.seed + 3)
+
+    rows = [
+        ("output tokens/s, forkserve", f"{ours_tps:.1f}", ""),
+        ("output tokens/s, transformers one at a time", f"{one_tps:.1f}", f"forkserve = {ours_tps / one_tps:.1f}x (target >= 10x)"),
+        (f"output tokens/s, transformers padded batch {args.hf_batch_size}", f"{pad_tps:.1f}", f"forkserve = {ours_tps / pad_tps:.2f}x (target >= 1.5x)"),
+        ("decode step, batch 1 (ms)", f"{step1:.1f}", ""),
+        ("decode step, batch 32 (ms)", f"{step32:.1f}", f"batch 32 / batch 1 = {step32 / step1:.2f} (target <= 2)"),
+        ("prefill tokens/s, forkserve", f"{pre_ours:.0f}", ""),
+        ("prefill tokens/s, one transformers forward", f"{pre_hf:.0f}", f"forkserve = {pre_ours / pre_hf:.2f}x (target >= 0.8)"),
+    ]
+    print(f"\n{args.num_prompts} prompts of {args.min_len}-{args.max_len} tokens x {args.new_tokens} new tokens, "
+          f"dtype {dtype_name}, {torch.get_num_threads()} threads\n")
+    print("| measurement | value | ratio |\n|---|---|---|")
+    for name, value, ratio in rows:
+        print(f"| {name} | {value} | {ratio} |")
+    engine.shutdown()
+
+
+if __name__ == "__main__":
+    main()

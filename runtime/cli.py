@@ -1,0 +1,88 @@
+"""The ``forkserve`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from runtime.config import ServerArgs, add_cli_args, args_from_namespace
+
+
+def _generate_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "generate",
+        help="Complete one or more prompts with the offline engine and print the results.",
+        description="Complete prompts in-process (no server). Example: "
+        'forkserve generate --chat "Name three planets."',
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("prompts", nargs="+", help="Prompt text(s); several prompts run as one batch.")
+    p.add_argument("--chat", action="store_true", help="Wrap each prompt as a user message with the model's chat template.")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="Most tokens to generate per prompt.")
+    p.add_argument("--temperature", type=float, default=0.0, help="Sampling temperature; 0 is greedy.")
+    p.add_argument("--top-p", type=float, default=1.0, help="Nucleus sampling mass.")
+    p.add_argument("--top-k", type=int, default=-1, help="Sample among the k most likely tokens; -1 is off.")
+    p.add_argument("--seed", type=int, default=None, help="Per-request sampling seed.")
+    p.add_argument("--stop", action="append", default=[], help="Stop string (repeatable).")
+    p.add_argument("--json", action="store_true", help="Print the full SGLang-style result objects as JSON.")
+    add_cli_args(p.add_argument_group("engine arguments"), ServerArgs)
+    p.set_defaults(func=_run_generate)
+
+
+def _run_generate(ns: argparse.Namespace) -> int:
+    from runtime.engine import Engine
+
+    args: ServerArgs = args_from_namespace(ns, ServerArgs)
+    started = time.perf_counter()
+    engine = Engine(**{k: v for k, v in vars(args).items()})
+    print(f"[forkserve] model loaded in {time.perf_counter() - started:.1f}s", file=sys.stderr)
+    prompts = ns.prompts
+    if ns.chat:
+        prompts = [engine.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
+    params = {
+        "max_new_tokens": ns.max_new_tokens,
+        "temperature": ns.temperature,
+        "top_p": ns.top_p,
+        "top_k": ns.top_k,
+        "seed": ns.seed,
+        "stop": ns.stop,
+    }
+    try:
+        outs = engine.generate(prompts, params, progress=len(prompts) > 1)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for prompt, out in zip(ns.prompts, outs, strict=True):
+        if ns.json:
+            print(json.dumps(out))
+            continue
+        meta = out["meta_info"]
+        print(f"### {prompt}\n{out['text']}")
+        print(
+            f"[{meta['completion_tokens']} tokens, finish: {meta['finish_reason']}, "
+            f"{meta['e2e_latency']:.2f}s]",
+            file=sys.stderr,
+        )
+    engine.shutdown()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="forkserve",
+        description="forkserve: an LLM engine for agent programs, with a token-level radix KV cache.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _generate_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    return ns.func(ns)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
