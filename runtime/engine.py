@@ -97,8 +97,9 @@ class Engine:
         while any(not r.is_finished for r in reqs):
             self.scheduler.step()
             now_done = sum(r.is_finished for r in reqs)
-            bar.update(now_done - done)
-            done = now_done
+            if now_done > done:
+                bar.update(now_done - done)
+                done = now_done
         bar.close()
 
     def _prompt_ids(self, prompt: Any, input_ids: Any) -> tuple[list[list[int]], bool]:

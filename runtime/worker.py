@@ -65,10 +65,13 @@ class ModelWorker:
         per_slot = KVPool.bytes_per_slot(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.dtype)
         num_tokens = args.max_total_tokens or int(args.kv_cache_memory * 2**30 // per_slot)
         self.num_slots = num_tokens + 1  # plus the reserved padding slot 0
-        self.kv_pool = KVPool(self.num_slots, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.dtype, self.device)
         # Rows for running requests plus headroom for requests admitted in the same step.
         self.req_to_token = ReqToTokenTable(args.max_running_requests + 8, self.max_context_len)
         self.attn_backend = create_attention_backend(args.resolved_attention_backend, self.device)
+        self.kv_pool = KVPool(
+            self.num_slots, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.dtype, self.device,
+            layout=self.attn_backend.kv_layout,
+        )
         self.default_generator = torch.Generator().manual_seed(args.random_seed)
 
     @torch.inference_mode()

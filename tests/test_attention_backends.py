@@ -30,7 +30,8 @@ def _reference(q, k_all, v_all, prefix_lens, extend_lens, scale):
 def _run(backend_name, prefix_lens, extend_lens, heads, kv_heads, dim, decode=False, seed=0):
     gen = torch.Generator().manual_seed(seed)
     num_slots = sum(p + e for p, e in zip(prefix_lens, extend_lens, strict=True)) + 8
-    pool = KVPool(num_slots, 1, kv_heads, dim, torch.float32, "cpu")
+    backend = create_attention_backend(backend_name, "cpu")
+    pool = KVPool(num_slots, 1, kv_heads, dim, torch.float32, "cpu", layout=backend.kv_layout)
     bs = len(prefix_lens)
     table = torch.zeros(bs + 2, max(p + e for p, e in zip(prefix_lens, extend_lens, strict=True)) + 4, dtype=torch.int64)
     perm = torch.randperm(num_slots - 1, generator=gen) + 1  # scattered slots, never slot 0
@@ -42,14 +43,13 @@ def _run(backend_name, prefix_lens, extend_lens, heads, kv_heads, dim, decode=Fa
         table[rows[i], : p + e] = slots
         k = torch.randn(p + e, kv_heads, dim, generator=gen)
         v = torch.randn(p + e, kv_heads, dim, generator=gen)
-        pool.k[0][slots[:p]], pool.v[0][slots[:p]] = k[:p], v[:p]  # the cached prefix
+        pool.write(0, slots[:p], k[:p], v[:p])  # the cached prefix
         k_all.append(k)
         v_all.append(v)
         locs.append(slots[p:])
     q = torch.randn(sum(extend_lens), heads, dim, generator=gen)
     k_new = torch.cat([k[p:] for k, p in zip(k_all, prefix_lens, strict=True)])
     v_new = torch.cat([v[p:] for v, p in zip(v_all, prefix_lens, strict=True)])
-    backend = create_attention_backend(backend_name, "cpu")
     ctx = ForwardContext(decode, rows, list(prefix_lens), list(extend_lens), torch.cat(locs), table, pool, backend)
     scale = 1 / math.sqrt(dim)
     with forward_context(ctx):
@@ -57,12 +57,12 @@ def _run(backend_name, prefix_lens, extend_lens, heads, kv_heads, dim, decode=Fa
     want = _reference(q, k_all, v_all, prefix_lens, extend_lens, scale)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
     # the new tokens' K/V were stored where the scheduler said
-    torch.testing.assert_close(pool.k[0][ctx.out_cache_loc], k_new)
+    torch.testing.assert_close(pool.read(0, ctx.out_cache_loc)[0], k_new)
 
 
 @pytest.mark.parametrize(
     "prefix_lens,extend_lens",
-    [([0], [1]), ([0], [7]), ([5], [1]), ([0, 3, 10], [4, 1, 6]), ([20, 0, 1, 7], [1, 9, 2, 3]), ([33], [17])],
+    [([0], [1]), ([0], [7]), ([5], [1]), ([0, 3, 10], [4, 1, 6]), ([20, 0, 1, 7], [1, 9, 2, 3]), ([33], [17]), ([0, 12], [45, 40]), ([70, 0, 5], [33, 64, 2])],
 )
 @pytest.mark.parametrize("heads,kv_heads,dim", [(4, 4, 64), (9, 3, 64), (8, 2, 128)])
 def test_torch_native_extend(prefix_lens, extend_lens, heads, kv_heads, dim):

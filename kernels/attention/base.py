@@ -23,6 +23,8 @@ from runtime.forward_context import ForwardContext
 
 
 class AttentionBackend(ABC):
+    kv_layout: str = "NHD"  # the KV pool layout this backend reads (see runtime/kv_pool.py)
+
     @abstractmethod
     def init_forward_metadata(self, ctx: ForwardContext) -> None: ...
 

@@ -24,7 +24,19 @@ class _Metadata:
     query_valid: torch.Tensor  # [bs, max_ext] bool
 
 
+def _gather(cache: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """K or V of ``slots`` ([bs, seq]) from an HND cache, as ``[kv_heads, bs, seq, dim]``.
+
+    One ``index_select`` along the slot axis: it copies whole rows and is several times
+    faster on CPU than advanced indexing with a 2-D index."""
+    bs, seq = slots.shape
+    rows = cache.index_select(1, slots.reshape(-1))
+    return rows.view(cache.shape[0], bs, seq, cache.shape[2]).to(dtype)
+
+
 class TorchNativeBackend(AttentionBackend):
+    kv_layout = "HND"
+
     def init_forward_metadata(self, ctx: ForwardContext) -> None:
         device = ctx.req_to_token.device
         prefix = torch.tensor(ctx.prefix_lens, device=device)
@@ -51,17 +63,46 @@ class TorchNativeBackend(AttentionBackend):
     ) -> torch.Tensor:
         ctx.kv_pool.write(layer_id, ctx.out_cache_loc, k, v)
         meta: _Metadata = ctx.attn_metadata
-        # [bs, max_seq, kv_heads, dim] -> [bs, kv_heads, max_seq, dim]
-        keys = ctx.kv_pool.k[layer_id][meta.slots].transpose(1, 2).to(q.dtype)
-        values = ctx.kv_pool.v[layer_id][meta.slots].transpose(1, 2).to(q.dtype)
-        queries = q[meta.query_index].transpose(1, 2)  # [bs, heads, max_ext, dim]
-        out = F.scaled_dot_product_attention(
-            queries, keys, values, attn_mask=meta.mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
-        )
-        out = out.transpose(1, 2)  # [bs, max_ext, heads, dim]
+        keys = _gather(ctx.kv_pool.k[layer_id], meta.slots, q.dtype)  # [kv_heads, bs, seq, dim]
+        values = _gather(ctx.kv_pool.v[layer_id], meta.slots, q.dtype)
+        queries = q[meta.query_index]  # [bs, max_ext, heads, dim]
+        if queries.shape[1] > _SDPA_MIN_QUERIES:
+            out = F.scaled_dot_product_attention(
+                queries.transpose(1, 2),
+                keys.transpose(0, 1),
+                values.transpose(0, 1),
+                attn_mask=meta.mask,
+                scale=scale,
+                enable_gqa=q.shape[1] != k.shape[1],
+            ).transpose(1, 2)
+        else:
+            out = _matmul_attention(queries, keys, values, meta.mask, scale)
         if ctx.is_decode:
             return out.reshape(q.shape)
         return out[meta.query_valid]
 
     forward_extend = _attend
     forward_decode = _attend
+
+
+# PyTorch's CPU flash-attention kernel is tuned for long query blocks; for a few queries
+# per request (decode, short extends) two batched matmuls are several times faster.
+_SDPA_MIN_QUERIES = 32
+
+
+def _matmul_attention(
+    queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """``queries`` [bs, ext, heads, dim]; ``keys``/``values`` [kv_heads, bs, seq, dim];
+    ``mask`` [bs, 1, ext, seq]. Returns [bs, ext, heads, dim]."""
+    bs, ext, num_heads, dim = queries.shape
+    kv_heads, seq = keys.shape[0], keys.shape[2]
+    group = num_heads // kv_heads
+    # Rows of one matmul: every query head sharing a KV head, for every query position.
+    qs = queries.view(bs, ext, kv_heads, group, dim).permute(2, 0, 3, 1, 4).reshape(kv_heads, bs, group * ext, dim)
+    # K @ q^T keeps the big gathered operand contiguous on the left: no copy of it.
+    scores = torch.matmul(keys, qs.transpose(-1, -2)).transpose(-1, -2).float() * scale
+    scores = scores.view(kv_heads, bs, group, ext, seq).masked_fill_(~mask.view(1, bs, 1, ext, seq), float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(queries.dtype).view(kv_heads, bs, group * ext, seq)
+    out = torch.matmul(probs, values).view(kv_heads, bs, group, ext, dim)
+    return out.permute(1, 3, 0, 2, 4).reshape(bs, ext, num_heads, dim)

@@ -11,6 +11,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from radix_cache import RadixCache, SlotAllocator
@@ -71,8 +72,14 @@ class Scheduler:
         """Run one batch; return the requests that got a new token or finished."""
         batch = self._prefill_batch() or self._decode_batch()
         if batch is None:
-            if not self.has_work:
-                self.check_invariants()
+            if self.has_work:
+                # Admission guarantees every request fits an otherwise empty pool, so work
+                # with nothing runnable is a scheduler bug: fail loudly instead of spinning.
+                raise RuntimeError(
+                    f"scheduler stalled: {len(self.waiting)} waiting, chunked={self.chunked is not None}, "
+                    f"free slots {self.cache.free_slots}"
+                )
+            self.check_invariants()
             return []
         result = self.worker.run_batch(batch)
         return self._process(batch, result)
@@ -100,7 +107,10 @@ class Scheduler:
                 break
             if self.chunked is not None:
                 break  # one chunked request at a time
-            need = len(req.fill_ids) - self.cache.match_len(req)
+            cached = self.cache.match_len(req)
+            if _shares_uncached_prefix(req, cached, picked):
+                continue  # a request in this batch computes the same prefix; reuse it next step
+            need = len(req.fill_ids) - cached
             n = min(need, budget)
             if self.cache.free_slots < n + reserve:
                 break
@@ -202,8 +212,10 @@ class Scheduler:
             if not batch.is_decode:
                 req.input_token_logprobs.extend(result.input_logprobs[i])
                 req.input_top_logprobs.extend(result.input_top_logprobs[i])
+                # Share the prompt now, not at finish: siblings queued behind this request
+                # (forks, n > 1, a common system prompt) reuse it from their next step on.
+                self.cache.cache_unfinished(req)
                 if req is self.chunked:
-                    self.cache.cache_unfinished(req)
                     continue
             token = result.next_ids[i]
             if token is None:  # prefill-only request (max_new_tokens == 0)
@@ -229,3 +241,24 @@ class Scheduler:
     def _admitted(self) -> list[Req]:
         return self.running + ([self.chunked] if self.chunked is not None else [])
 
+
+# Deferring a request is worth a step of its latency only when it saves real prefill work.
+_MIN_SHARED_TO_DEFER = 32
+
+
+def _shares_uncached_prefix(req: Req, cached: int, picked: list[tuple[Req, int]]) -> bool:
+    """Whether a request already picked this step will compute at least
+    ``_MIN_SHARED_TO_DEFER`` tokens of ``req``'s prompt beyond what the cache holds."""
+    ids = np.asarray(req.fill_ids[: req.max_reusable_prefix], dtype=np.int64)
+    if len(ids) - cached < _MIN_SHARED_TO_DEFER:
+        return False
+    for other, n in picked:
+        if other.namespace != req.namespace:
+            continue
+        theirs = np.asarray(other.fill_ids[: other.kv_len + n], dtype=np.int64)
+        m = min(len(ids), len(theirs))
+        diff = np.flatnonzero(ids[:m] != theirs[:m])
+        common = int(diff[0]) if diff.size else m
+        if common - cached >= _MIN_SHARED_TO_DEFER:
+            return True
+    return False
