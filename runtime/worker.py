@@ -54,6 +54,8 @@ class ModelWorker:
         self.dtype = _DTYPES[args.resolved_dtype]
         if args.num_threads:
             torch.set_num_threads(args.num_threads)
+        if self.device == "cpu":
+            _keep_freed_memory_in_process()
         self.model, self.model_config = load_model(model_dir, self.dtype, self.device)
         cfg = self.model_config
         self.max_context_len = args.max_context_len or cfg.max_position_embeddings
@@ -158,3 +160,23 @@ class ModelWorker:
         return stops
 
     eos_token_ids: tuple[int, ...] = ()
+
+
+def _keep_freed_memory_in_process() -> None:
+    """Ask glibc to serve allocations up to 32 MiB from its heap and not return freed
+    memory to the OS. Each step allocates and frees tensors of a few MiB (activations,
+    gathered K/V); by default these are fresh mmap'd pages every time, and the page faults
+    cost more than the work (measured: ~25% of a batch-64 decode step)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return
+    try:
+        libc = ctypes.CDLL(name)
+        m_trim_threshold, m_mmap_threshold = -1, -3
+        libc.mallopt(m_mmap_threshold, 32 << 20)
+        libc.mallopt(m_trim_threshold, 1 << 30)
+    except (OSError, AttributeError):
+        pass  # not glibc: keep the allocator's defaults

@@ -69,7 +69,9 @@ def test_torch_native_extend(prefix_lens, extend_lens, heads, kv_heads, dim):
     _run("torch_native", prefix_lens, extend_lens, heads, kv_heads, dim)
 
 
-@pytest.mark.parametrize("prefix_lens", [[0], [6], [1, 15, 4, 40], [63] * 8])
+@pytest.mark.parametrize(
+    "prefix_lens", [[0], [6], [1, 15, 4, 40], [63] * 8, [3, 50, 7, 22, 1, 90, 14, 5, 33, 61, 2, 9, 40]]
+)
 @pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (8, 8, 128)])
 def test_torch_native_decode(prefix_lens, heads, kv_heads, dim):
     _run("torch_native", prefix_lens, [1] * len(prefix_lens), heads, kv_heads, dim, decode=True)

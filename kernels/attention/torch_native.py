@@ -1,8 +1,9 @@
 """Attention in plain PyTorch: the CPU path and the oracle for the fast backends.
 
-Per step, every request's slot list is padded to the batch's longest sequence (padding reads
-the reserved slot 0 and is masked out), so each layer costs one gather and one
-``scaled_dot_product_attention`` call for the whole batch rather than one per request.
+Per step, requests are sorted by length into a few groups; within a group every request's
+slot list is padded to the group's longest sequence (padding reads the reserved slot 0 and
+is masked out), so each layer costs one gather and one attention call per group rather
+than one per request. The KV pool is head-major (``HND``) so a gather is ready for bmm.
 """
 
 from __future__ import annotations
@@ -17,69 +18,101 @@ from runtime.forward_context import ForwardContext
 
 
 @dataclass
-class _Metadata:
-    slots: torch.Tensor  # [bs, max_seq] int64, padded with slot 0
-    mask: torch.Tensor  # [bs, 1, max_ext, max_seq] bool: query may attend key
-    query_index: torch.Tensor  # [bs, max_ext] flat token index of each (request, query), 0 for padding
-    query_valid: torch.Tensor  # [bs, max_ext] bool
+class _Group:
+    """Requests of similar length, padded together to the group's longest sequence."""
+
+    slots: torch.Tensor  # [n, max_seq] int64, padded with slot 0
+    mask: torch.Tensor  # [n, 1, max_ext, max_seq] bool: query may attend key
+    query_index: torch.Tensor  # [n, max_ext] flat token index of each (request, query), 0 for padding
+    query_valid: torch.Tensor  # [n, max_ext] bool
+    token_index: torch.Tensor  # flat token indices of the group's real queries, in order
+    # Gather targets reused by every layer of the step: fresh multi-MB tensors per layer
+    # would be new pages each time, and page faults cost more than the copy.
+    key_buf: torch.Tensor | None = None
+    value_buf: torch.Tensor | None = None
 
 
-def _gather(cache: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """K or V of ``slots`` ([bs, seq]) from an HND cache, as ``[kv_heads, bs, seq, dim]``.
+# Padding every request to the batch's longest sequence wastes up to half the KV reads in
+# a mixed-length batch; sorting by length and padding within a few groups keeps the
+# waste small at the cost of a few more (large) calls per layer.
+_REQS_PER_GROUP, _MAX_GROUPS = 4, 4
+
+
+def _build_group(
+    req_to_token: torch.Tensor, rows: torch.Tensor, prefix: torch.Tensor, extend: torch.Tensor, starts: torch.Tensor
+) -> _Group:
+    device = req_to_token.device
+    rows, prefix, extend, starts = (t.to(device) for t in (rows, prefix, extend, starts))
+    seq = prefix + extend
+    max_seq, max_ext = int(seq.max()), int(extend.max())
+    key_pos = torch.arange(max_seq, device=device)
+    slots = torch.where(key_pos < seq[:, None], req_to_token[rows, :max_seq], 0)
+    q_off = torch.arange(max_ext, device=device)
+    query_valid = q_off < extend[:, None]
+    q_pos = prefix[:, None] + q_off  # absolute position of each query
+    mask = (key_pos[None, None, :] <= q_pos[:, :, None]) & query_valid[:, :, None]
+    mask[:, :, 0] |= ~query_valid  # padded query rows see one key, or softmax gives NaN
+    query_index = torch.where(query_valid, starts[:, None] + q_off, 0)
+    return _Group(slots, mask.unsqueeze(1), query_index, query_valid, query_index[query_valid])
+
+
+def _gather(cache: torch.Tensor, slots: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """K or V of ``slots`` ([bs, seq]) from an HND cache into ``out``, viewed as
+    ``[kv_heads, bs, seq, dim]``.
 
     One ``index_select`` along the slot axis: it copies whole rows and is several times
     faster on CPU than advanced indexing with a 2-D index."""
     bs, seq = slots.shape
-    rows = cache.index_select(1, slots.reshape(-1))
-    return rows.view(cache.shape[0], bs, seq, cache.shape[2]).to(dtype)
+    torch.index_select(cache, 1, slots.reshape(-1), out=out)
+    return out.view(cache.shape[0], bs, seq, cache.shape[2])
 
 
 class TorchNativeBackend(AttentionBackend):
     kv_layout = "HND"
 
     def init_forward_metadata(self, ctx: ForwardContext) -> None:
-        device = ctx.req_to_token.device
-        prefix = torch.tensor(ctx.prefix_lens, device=device)
-        extend = torch.tensor(ctx.extend_lens, device=device)
-        seq = prefix + extend
-        max_seq, max_ext = int(seq.max()), int(extend.max())
-
-        key_pos = torch.arange(max_seq, device=device)
-        slots = ctx.req_to_token[ctx.req_rows.to(device), :max_seq]
-        slots = torch.where(key_pos < seq[:, None], slots, 0)
-
-        q_off = torch.arange(max_ext, device=device)
-        query_valid = q_off < extend[:, None]
-        q_pos = prefix[:, None] + q_off  # absolute position of each query
-        mask = (key_pos[None, None, :] <= q_pos[:, :, None]) & query_valid[:, :, None]
-        # Padded query rows must still see one key, or softmax over nothing gives NaN.
-        mask[:, :, 0] |= ~query_valid
+        prefix = torch.tensor(ctx.prefix_lens)
+        extend = torch.tensor(ctx.extend_lens)
         starts = torch.cumsum(extend, 0) - extend
-        query_index = torch.where(query_valid, starts[:, None] + q_off, 0)
-        ctx.attn_metadata = _Metadata(slots, mask.unsqueeze(1), query_index, query_valid)
+        rows = ctx.req_rows.cpu()
+        num_groups = min(_MAX_GROUPS, max(1, len(ctx.extend_lens) // _REQS_PER_GROUP))
+        order = torch.argsort(prefix + extend, stable=True)
+        ctx.attn_metadata = [
+            _build_group(ctx.req_to_token, rows[idx], prefix[idx], extend[idx], starts[idx])
+            for idx in torch.tensor_split(order, num_groups)
+        ]
 
     def _attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, scale: float, ctx: ForwardContext
     ) -> torch.Tensor:
         ctx.kv_pool.write(layer_id, ctx.out_cache_loc, k, v)
-        meta: _Metadata = ctx.attn_metadata
-        keys = _gather(ctx.kv_pool.k[layer_id], meta.slots, q.dtype)  # [kv_heads, bs, seq, dim]
-        values = _gather(ctx.kv_pool.v[layer_id], meta.slots, q.dtype)
-        queries = q[meta.query_index]  # [bs, max_ext, heads, dim]
+        groups: list[_Group] = ctx.attn_metadata
+        out = torch.empty_like(q)
+        for group in groups:
+            out[group.token_index] = self._attend_group(q, layer_id, scale, ctx, group)
+        return out
+
+    def _attend_group(self, q: torch.Tensor, layer_id: int, scale: float, ctx: ForwardContext, g: _Group) -> torch.Tensor:
+        """Attention output of the group's real query tokens, ``[len(g.token_index), heads, dim]``."""
+        cache_k, cache_v = ctx.kv_pool.k[layer_id], ctx.kv_pool.v[layer_id]
+        if g.key_buf is None:
+            shape = (cache_k.shape[0], g.slots.numel(), cache_k.shape[2])
+            g.key_buf, g.value_buf = cache_k.new_empty(shape), cache_v.new_empty(shape)
+        keys = _gather(cache_k, g.slots, g.key_buf).to(q.dtype)  # [kv_heads, n, seq, dim]
+        values = _gather(cache_v, g.slots, g.value_buf).to(q.dtype)  # type: ignore[arg-type]
+        queries = q[g.query_index]  # [n, max_ext, heads, dim]
         if queries.shape[1] > _SDPA_MIN_QUERIES:
             out = F.scaled_dot_product_attention(
                 queries.transpose(1, 2),
                 keys.transpose(0, 1),
                 values.transpose(0, 1),
-                attn_mask=meta.mask,
+                attn_mask=g.mask,
                 scale=scale,
-                enable_gqa=q.shape[1] != k.shape[1],
+                enable_gqa=queries.shape[2] != keys.shape[0],
             ).transpose(1, 2)
         else:
-            out = _matmul_attention(queries, keys, values, meta.mask, scale)
-        if ctx.is_decode:
-            return out.reshape(q.shape)
-        return out[meta.query_valid]
+            out = _matmul_attention(queries, keys, values, g.mask, scale)
+        return out[g.query_valid]
 
     forward_extend = _attend
     forward_decode = _attend
@@ -100,8 +133,7 @@ def _matmul_attention(
     group = num_heads // kv_heads
     # Rows of one matmul: every query head sharing a KV head, for every query position.
     qs = queries.view(bs, ext, kv_heads, group, dim).permute(2, 0, 3, 1, 4).reshape(kv_heads, bs, group * ext, dim)
-    # K @ q^T keeps the big gathered operand contiguous on the left: no copy of it.
-    scores = torch.matmul(keys, qs.transpose(-1, -2)).transpose(-1, -2).float() * scale
+    scores = torch.matmul(qs, keys.transpose(-1, -2)).float() * scale  # [kv_heads, bs, group*ext, seq]
     scores = scores.view(kv_heads, bs, group, ext, seq).masked_fill_(~mask.view(1, bs, 1, ext, seq), float("-inf"))
     probs = torch.softmax(scores, dim=-1).to(queries.dtype).view(kv_heads, bs, group * ext, seq)
     out = torch.matmul(probs, values).view(kv_heads, bs, group, ext, dim)

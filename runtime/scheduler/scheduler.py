@@ -136,6 +136,8 @@ class Scheduler:
             is_last_chunk = end == len(fill)
             wants_sample = is_last_chunk and (req.params.max_new_tokens > 0 or req.is_retracted)
             if not is_last_chunk:
+                # A chunk that is not the last uses the whole budget, so there is only one.
+                assert self.chunked is None, "two chunked requests in one batch"
                 self.chunked = req
             if req.wants_input_logprobs:  # logits at p give the logprob of prompt token p + 1
                 logit_start = min(max(start, max(req.logprob_start_len, 1) - 1), end)
