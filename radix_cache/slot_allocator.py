@@ -72,9 +72,12 @@ class SlotAllocator:
         if bool(self._is_free[idx].any()):
             bad = int(idx[self._is_free[idx]][0])
             raise ValueError(f"double free of KV slot {bad}")
-        if torch.unique(idx).numel() != idx.numel():
-            raise ValueError("the same KV slot appears twice in one free() call")
+        # Duplicates within the call: after marking, the free count must grow by exactly
+        # len(idx). (A vectorised sum is far cheaper than sorting idx with torch.unique.)
         self._is_free[idx] = True
+        if int(self._is_free.sum()) != self._available + idx.numel():
+            self._is_free[idx] = False  # all were in use before this call
+            raise ValueError("the same KV slot appears twice in one free() call")
         self._free_chunks.append(idx.clone())
         self._available += idx.numel()
 

@@ -33,9 +33,21 @@ class _Group:
 
 
 # Padding every request to the batch's longest sequence wastes up to half the KV reads in
-# a mixed-length batch; sorting by length and padding within a few groups keeps the
-# waste small at the cost of a few more (large) calls per layer.
-_REQS_PER_GROUP, _MAX_GROUPS = 4, 4
+# a mixed-length batch; sorting by length and padding within a few groups keeps the waste
+# small. Each group costs its own calls per layer, so split only as far as needed.
+_MAX_GROUPS, _MAX_PADDING = 4, 1.15
+
+
+def _length_groups(order: torch.Tensor, seq: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Split requests (``order``: sorted by ``seq``) into the fewest contiguous groups whose
+    padded size is within ``_MAX_PADDING`` of the real size (at most ``_MAX_GROUPS``)."""
+    real = int(seq.sum())
+    for k in range(1, min(_MAX_GROUPS, len(order)) + 1):
+        groups = torch.tensor_split(order, k)
+        padded = sum(len(g) * int(seq[g].max()) for g in groups)
+        if padded <= _MAX_PADDING * real:
+            break
+    return groups
 
 
 def _build_group(
@@ -75,11 +87,11 @@ class TorchNativeBackend(AttentionBackend):
         extend = torch.tensor(ctx.extend_lens)
         starts = torch.cumsum(extend, 0) - extend
         rows = ctx.req_rows.cpu()
-        num_groups = min(_MAX_GROUPS, max(1, len(ctx.extend_lens) // _REQS_PER_GROUP))
-        order = torch.argsort(prefix + extend, stable=True)
+        seq = prefix + extend
+        order = torch.argsort(seq, stable=True)
         ctx.attn_metadata = [
             _build_group(ctx.req_to_token, rows[idx], prefix[idx], extend[idx], starts[idx])
-            for idx in torch.tensor_split(order, num_groups)
+            for idx in _length_groups(order, seq)
         ]
 
     def _attend(
