@@ -31,10 +31,7 @@ class Engine:
         self.args = ServerArgs.from_kwargs(model_path=model_path, **server_args)
         self.model_dir = resolve_model_path(self.args.model_path)
         self.tokenizer = Tokenizer(self.model_dir)
-        self.worker = ModelWorker(self.args, self.model_dir)
-        self.worker.eos_token_ids = tuple(
-            sorted(set(self.tokenizer.eos_token_ids) | set(self.worker.model_config.eos_token_ids))
-        )
+        self.worker = ModelWorker(self.args, self.model_dir, self.tokenizer.eos_token_ids)
         self.scheduler = Scheduler(self.args, self.worker, self.tokenizer.decode)
         self._rids = itertools.count()
 

@@ -48,7 +48,7 @@ class BatchResult:
 
 
 class ModelWorker:
-    def __init__(self, args: ServerArgs, model_dir: Path) -> None:
+    def __init__(self, args: ServerArgs, model_dir: Path, eos_token_ids: tuple[int, ...] = ()) -> None:
         self.args = args
         self.device = args.resolved_device
         self.dtype = _DTYPES[args.resolved_dtype]
@@ -58,6 +58,8 @@ class ModelWorker:
             _keep_freed_memory_in_process()
         self.model, self.model_config = load_model(model_dir, self.dtype, self.device)
         cfg = self.model_config
+        # EOS ids: the tokenizer's and generation config's (passed in) and the model config's.
+        self.eos_token_ids = tuple(sorted(set(eos_token_ids) | set(cfg.eos_token_ids)))
         self.max_context_len = args.max_context_len or cfg.max_position_embeddings
         if self.max_context_len > cfg.max_position_embeddings:
             raise ValueError(
@@ -158,8 +160,6 @@ class ModelWorker:
         if not req.params.ignore_eos:
             stops += list(self.eos_token_ids)
         return stops
-
-    eos_token_ids: tuple[int, ...] = ()
 
 
 def _keep_freed_memory_in_process() -> None:
