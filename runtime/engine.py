@@ -21,8 +21,6 @@ from runtime.scheduler.scheduler import Scheduler
 from runtime.tokenizer import Tokenizer
 from runtime.worker import ModelWorker
 
-_REQUEST_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
-
 
 class Engine:
     """``Engine(model_path=None, **server_args)``; see ``forkserve --help`` for the arguments."""

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import pytest
+import torch
+
+from radix_cache import RadixCache, SlotAllocator
 
 
 @pytest.fixture(scope="session")
@@ -30,3 +33,54 @@ def _kv_pool_invariant(request):
         eng = request.getfixturevalue("engine")
         assert not eng.scheduler.has_work, "a test left requests queued or running"
         eng.scheduler.check_invariants()
+
+
+class Harness:
+    """A cache, its allocator, and the count of slots the test holds outside the tree."""
+
+    def __init__(self, num_slots: int = 64, page_size: int = 1, disable: bool = False) -> None:
+        self.allocator = SlotAllocator(num_slots)
+        self.cache = RadixCache(self.allocator, page_size=page_size, disable=disable)
+        self.held = 0
+
+    def take(self, n: int) -> torch.Tensor:
+        slots = self.allocator.alloc(n)
+        assert slots is not None, f"test pool too small for {n} slots"
+        self.held += n
+        return slots
+
+    def give_back(self, slots: torch.Tensor) -> None:
+        self.allocator.free(slots)
+        self.held -= slots.numel()
+
+    def insert(self, tokens, namespace=None) -> tuple[int, torch.Tensor]:
+        """Insert ``tokens`` with fresh slots, as a request finishing would; return
+        (already cached length, the slots handed in)."""
+        slots = self.take(len(tokens))
+        p = self.cache.insert(tokens, slots, namespace=namespace)
+        a = self.cache.aligned_len(len(tokens))
+        if self.cache.disable:
+            assert p == 0
+            self.held -= a  # the cache freed slots[:a] itself
+            self.give_back(slots[a:])
+        else:
+            self.held -= a - p  # the tree owns slots[p:a]
+            self.give_back(torch.cat([slots[:p], slots[a:]]))
+        return p, slots
+
+    def check(self) -> None:
+        self.cache.check_invariants(num_held_outside=self.held)
+
+
+@pytest.fixture
+def make():
+    made: list[Harness] = []
+
+    def factory(**kwargs) -> Harness:
+        h = Harness(**kwargs)
+        made.append(h)
+        return h
+
+    yield factory
+    for h in made:
+        h.check()
