@@ -99,6 +99,8 @@ class ModelWorker:
         )
         with forward_context(ctx):
             hidden = self.model(batch.input_ids.to(self.device), batch.positions.to(self.device))
+        if batch.is_decode:  # every token is the last of its request
+            return self.model.compute_logits(hidden).cpu()
         picks, offset = [], 0
         for prefix, ext, start in zip(batch.prefix_lens, batch.extend_lens, batch.logit_starts, strict=True):
             picks.append(torch.arange(offset + start - prefix, offset + ext))
@@ -122,7 +124,9 @@ class ModelWorker:
                 banned.append(self._banned_ids(req))
             offset += n
         if sample_reqs:
-            out = sample(logits[sample_rows], sample_reqs, banned, self.default_generator)
+            # Decode samples every row in order: skip copying the [bs, vocab] logits.
+            rows = logits if len(sample_rows) == logits.shape[0] else logits[sample_rows]
+            out = sample(rows, sample_reqs, banned, self.default_generator)
             j = 0
             for i, wants in enumerate(batch.samples):
                 if wants:

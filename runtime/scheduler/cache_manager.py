@@ -59,6 +59,19 @@ class CacheManager:
         req.alloc_len += n
         return True
 
+    def grant_one_each(self, reqs: list[Req]) -> torch.Tensor | None:
+        """One new slot per request (a decode step), in one allocation; returns the slots in
+        ``reqs`` order, or None (nothing changed) if memory is short."""
+        slots = self.alloc(len(reqs))
+        if slots is None:
+            return None
+        rows = torch.tensor([r.row for r in reqs], dtype=torch.int64)
+        positions = torch.tensor([r.alloc_len for r in reqs], dtype=torch.int64)
+        self.table.table[rows, positions] = slots.to(self.table.table.device)
+        for r in reqs:
+            r.alloc_len += 1
+        return slots
+
     def alloc(self, n: int) -> torch.Tensor | None:
         if n > self.allocator.available:
             self.tree.evict(n - self.allocator.available)

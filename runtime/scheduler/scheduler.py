@@ -170,10 +170,10 @@ class Scheduler:
         self.new_token_ratio = max(_MIN_NEW_TOKEN_RATIO, self.new_token_ratio - _NEW_TOKEN_RATIO_DECAY)
         while self.cache.free_slots < len(self.running) and len(self.running) > 1:
             self._retract_one()
-        for req in self.running:
-            if not self.cache.grant(req, 1):
-                raise RuntimeError("KV pool exhausted by a single request; this is a bug: admission checks its size")
         reqs = list(self.running)
+        out_cache_loc = self.cache.grant_one_each(reqs)
+        if out_cache_loc is None:
+            raise RuntimeError("KV pool exhausted by a single request; this is a bug: admission checks its size")
         seq_lens = [r.alloc_len for r in reqs]
         return ForwardBatch(
             is_decode=True,
@@ -182,7 +182,7 @@ class Scheduler:
             positions=torch.tensor([s - 1 for s in seq_lens], dtype=torch.int64),
             prefix_lens=[s - 1 for s in seq_lens],
             extend_lens=[1] * len(reqs),
-            out_cache_loc=torch.cat([self.cache.table.read(r.row, s, s - 1) for r, s in zip(reqs, seq_lens, strict=True)]),  # type: ignore[arg-type]
+            out_cache_loc=out_cache_loc,
             logit_starts=[s - 1 for s in seq_lens],
             samples=[True] * len(reqs),
         )
