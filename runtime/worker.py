@@ -140,12 +140,12 @@ class ModelWorker:
         self, req: Req, logits: torch.Tensor, start: int
     ) -> tuple[list[tuple[float, int]], list[list[tuple[float, int]] | None]]:
         """Logprobs of prompt tokens ``start+1 ..`` from the logits at positions ``start ..``."""
-        if logits.shape[0] == 0:
+        # A prefill-only request's last position has no prompt token after it.
+        n = min(logits.shape[0], len(req.input_ids) - start - 1)
+        if n <= 0:
             return [], []
-        targets = torch.tensor(req.input_ids[start + 1 : start + 1 + logits.shape[0]])
-        logits = logits[: targets.numel()]  # a prefill-only request's last position has no target
-        if targets.numel() == 0:
-            return [], []
+        targets = torch.tensor(req.input_ids[start + 1 : start + 1 + n])
+        logits = logits[:n]
         logprobs = torch.log_softmax(logits, dim=-1)
         picked = logprobs.gather(1, targets.unsqueeze(1)).squeeze(1).tolist()
         pairs = list(zip(picked, targets.tolist(), strict=True))
