@@ -1,0 +1,62 @@
+"""``SamplingParams.from_dict``: defaults, normalisation, and a ValueError naming the field
+for each bad value."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime.sampling.params import SamplingParams
+
+
+def test_from_dict_defaults_and_normalisation():
+    p = SamplingParams.from_dict(None)
+    assert p == SamplingParams()
+    p = SamplingParams.from_dict({"stop": "###", "temperature": None, "max_new_tokens": 0})
+    assert p.stop == ["###"] and p.temperature == 1.0 and p.max_new_tokens == 0
+    assert SamplingParams.from_dict({"temperature": 0}).is_greedy
+    assert SamplingParams.from_dict({"top_k": 1}).is_greedy
+    assert not SamplingParams.from_dict({"temperature": 0.5}).is_greedy
+
+
+@pytest.mark.parametrize(
+    ("bad", "field_name"),
+    [
+        ({"max_new_tokens": -1}, "max_new_tokens"),
+        ({"max_new_tokens": 2.5}, "max_new_tokens"),
+        ({"max_new_tokens": 3.0}, "max_new_tokens"),
+        ({"max_new_tokens": "8"}, "max_new_tokens"),
+        ({"max_new_tokens": True}, "max_new_tokens"),
+        ({"min_new_tokens": -2}, "min_new_tokens"),
+        ({"min_new_tokens": 5, "max_new_tokens": 4}, "min_new_tokens"),
+        ({"temperature": -0.1}, "temperature"),
+        ({"temperature": "hot"}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_p": -0.5}, "top_p"),
+        ({"top_k": 0}, "top_k"),
+        ({"top_k": -2}, "top_k"),
+        ({"top_k": 2.5}, "top_k"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"min_p": -0.1}, "min_p"),
+        ({"frequency_penalty": 2.5}, "frequency_penalty"),
+        ({"presence_penalty": -3}, "presence_penalty"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"stop": [1, 2]}, "stop"),
+        ({"stop": 7}, "stop"),
+        ({"stop": ["ok", ""]}, "stop"),
+        ({"stop": ["ok", None]}, "stop"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids"),
+        ({"stop_token_ids": ["2"]}, "stop_token_ids"),
+        ({"seed": 1.5}, "seed"),
+        ({"n": 0}, "n"),
+        ({"regex": "[a-z]+"}, "regex"),
+        ({"json_schema": "{}"}, "json_schema"),
+        ({"temprature": 0.5}, "temprature"),
+        ({"max_tokens": 5}, "max_tokens"),
+    ],
+    ids=lambda x: repr(x) if isinstance(x, dict) else None,
+)
+def test_from_dict_rejects_bad_values_naming_the_field(bad, field_name):
+    with pytest.raises(ValueError, match=rf"(?<![A-Za-z_]){field_name}(?![A-Za-z_])"):
+        SamplingParams.from_dict(bad)
