@@ -7,7 +7,7 @@ import json
 import sys
 import time
 
-from runtime.config import ServerArgs, add_cli_args, args_from_namespace
+from runtime.config import HttpArgs, ServerArgs, add_cli_args, args_from_namespace
 
 
 def _generate_parser(sub: argparse._SubParsersAction) -> None:
@@ -69,6 +69,32 @@ def _run_generate(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _serve_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="Serve a model over HTTP: the OpenAI API under /v1 and SGLang's native /generate.",
+        description="Start the HTTP server (tokenizer, scheduler and detokenizer processes). "
+        "Example: forkserve serve --port 30000, then point an OpenAI client at "
+        "http://127.0.0.1:30000/v1. Ready when it prints the URL; stop with Ctrl-C or SIGTERM.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add_cli_args(p.add_argument_group("HTTP server arguments"), HttpArgs)
+    add_cli_args(p.add_argument_group("engine arguments"), ServerArgs)
+    p.set_defaults(func=_run_serve)
+
+
+def _run_serve(ns: argparse.Namespace) -> int:
+    from runtime.serving.launch import serve
+
+    try:
+        args: ServerArgs = args_from_namespace(ns, ServerArgs)
+        http: HttpArgs = args_from_namespace(ns, HttpArgs)
+    except ValueError as err:
+        print(f"forkserve: {err}", file=sys.stderr)
+        return 2
+    return serve(args, http)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="forkserve",
@@ -76,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _generate_parser(sub)
+    _serve_parser(sub)
     return parser
 
 

@@ -122,6 +122,32 @@ class ServerArgs:
         return cls(**kwargs)
 
 
+@dataclass(frozen=True)
+class HttpArgs:
+    """Flags of ``forkserve serve`` only (the HTTP front); the engine's are in ``ServerArgs``."""
+
+    host: str = _arg("127.0.0.1", "Address to bind. The default serves this machine only; 0.0.0.0 serves all interfaces.")
+    port: int = _arg(30000, "HTTP port.")
+    api_key: str | None = _arg(
+        None, "Require 'Authorization: Bearer <key>' on every endpoint except /health and /health_generate."
+    )
+    served_model_name: str | None = _arg(
+        None, "Model name in the OpenAI API (default: the model folder's name, or SmolLM2-135M-Instruct)."
+    )
+    max_queued_requests: int | None = _arg(
+        None,
+        "Most requests allowed to wait beyond --max-running-requests; more get 503 with Retry-After. "
+        "Default: no limit.",
+    )
+    startup_timeout: float = _arg(600.0, "Seconds to wait for the model to load before giving up.")
+
+    def __post_init__(self) -> None:
+        if not 0 < self.port < 65536:
+            raise ValueError(f"port must be in 1..65535, got {self.port}")
+        if self.max_queued_requests is not None and self.max_queued_requests < 0:
+            raise ValueError("max_queued_requests must be >= 0")
+
+
 def cpu_has_native_bf16() -> bool:
     """True on x86 CPUs whose flags include avx512_bf16 or amx_bf16 (Linux only)."""
     try:

@@ -15,6 +15,7 @@ from tqdm import tqdm
 
 from runtime.config import ServerArgs
 from runtime.model_loader import resolve_model_path
+from runtime.output_format import logprob_meta
 from runtime.sampling.params import SamplingParams
 from runtime.scheduler.req import Req
 from runtime.scheduler.scheduler import Scheduler
@@ -140,21 +141,17 @@ class Engine:
             "e2e_latency": (req.finished_at or time.perf_counter()) - req.created_at,
         }
         if req.return_logprob:
-            def triple(lp: float | None, tid: int) -> list[Any]:
-                return [lp, tid, self.tokenizer.id_to_text(tid) if text_in_logprobs else None]
-
-            def tops(entries: list[Any]) -> list[Any]:
-                return [None if e is None else [triple(lp, t) for lp, t in e] for e in entries]
-
-            inputs = list(req.input_token_logprobs)
-            input_tops = list(req.input_top_logprobs)
-            if req.logprob_start_len == 0 and req.input_ids:
-                inputs.insert(0, (None, req.input_ids[0]))  # the first token has no context
-                input_tops.insert(0, None)
-            meta["input_token_logprobs"] = [triple(lp, t) for lp, t in inputs]
-            meta["output_token_logprobs"] = [triple(lp, t) for lp, t in req.output_token_logprobs]
-            meta["input_top_logprobs"] = tops(input_tops)
-            meta["output_top_logprobs"] = tops(req.output_top_logprobs)
+            meta.update(
+                logprob_meta(
+                    req.input_token_logprobs,
+                    req.input_top_logprobs,
+                    req.output_token_logprobs,
+                    req.output_top_logprobs,
+                    req.logprob_start_len,
+                    req.input_ids[0],
+                    self.tokenizer.id_to_text if text_in_logprobs else None,
+                )
+            )
         return {
             "text": self.tokenizer.output_text(req.output_ids, req.finished_reason, req.params),
             "output_ids": list(req.output_ids),

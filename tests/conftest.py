@@ -84,3 +84,18 @@ def make():
     yield factory
     for h in made:
         h.check()
+
+
+# Same engine settings as the ``engine`` fixture, so greedy outputs can be compared.
+SERVER_ENGINE_ARGS = ("--dtype", "float32", "--max-total-tokens", "40000", "--chunked-prefill-size", "256")
+
+
+@pytest.fixture(scope="session")
+def server():
+    """A real ``forkserve serve`` on the default model, shared by the HTTP tests."""
+    from tests.server_process import ServerProcess
+
+    proc = ServerProcess(*SERVER_ENGINE_ARGS).wait_ready()
+    yield proc
+    code = proc.stop()
+    assert code == 0, f"server exited with {code}:\n{proc.read_output()}"

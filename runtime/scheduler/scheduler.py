@@ -88,6 +88,40 @@ class Scheduler:
         held = sum(r.num_owned_slots for r in self._admitted())
         self.tree.check_invariants(num_held_outside=held)
 
+    def abort(self, rid: str, message: str = "aborted by the client") -> Req | None:
+        """Drop request ``rid`` wherever it is and free what it holds; its computed KV stays
+        in the tree. Returns the request (finished with an ``abort`` reason), or None if it
+        is not here (already finished)."""
+        req = next((r for r in self.waiting if r.rid == rid), None)
+        if req is not None:
+            self.waiting.remove(req)
+        else:
+            req = next((r for r in self._admitted() if r.rid == rid), None)
+            if req is None:
+                return None
+            if req is self.chunked:
+                self.chunked = None
+            else:
+                self.running.remove(req)
+            self.cache.release(req)
+        req.finished_reason = {"type": "abort", "message": message}
+        req.finished_at = time.perf_counter()
+        return req
+
+    def stats(self) -> dict[str, int]:
+        """Queue lengths and the KV pool's accounting (the terms of the invariant)."""
+        held = sum(r.num_owned_slots for r in self._admitted())
+        return {
+            "num_running_reqs": len(self._admitted()),
+            "num_waiting_reqs": len(self.waiting),
+            "kv_capacity": self.allocator.capacity,
+            "kv_free": self.allocator.available,
+            "kv_evictable": self.tree.evictable_size,
+            "kv_protected": self.tree.protected_size,
+            "kv_held_by_requests": held,
+            "num_retractions": self.num_retractions,
+        }
+
     # ------------------------------------------------------------------ prefill
     def _prefill_batch(self) -> ForwardBatch | None:
         budget = self.args.chunked_prefill_size if self.args.chunked_prefill_size > 0 else 1 << 62

@@ -1,0 +1,100 @@
+"""The detokenizer process: token ids in, text out, off the scheduler's hot path.
+
+Streaming text is decoded incrementally (only the last few tokens are re-decoded per
+update) and held back while it is incomplete: a partial UTF-8 character, or a tail that
+could be the start of a stop string. The finished text is decoded once in full with the
+same rule the offline engine uses (``Tokenizer.output_text``), so the two always agree.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import zmq
+
+from runtime import ipc
+from runtime.io_struct import BatchStrOut, BatchTokenOut, StrUpdate, TokenUpdate, split_ids
+from runtime.tokenizer import Tokenizer
+
+# Tokens re-decoded before the newest ones, so merges across the boundary come out right.
+_INITIAL_OFFSET = 5
+
+
+@dataclass
+class IncrementalText:
+    """One request's decode state (the prefix/read offset scheme)."""
+
+    ids: list[int] = field(default_factory=list)
+    prefix_offset: int = 0
+    read_offset: int = 0
+    text: str = ""
+
+    def feed(self, tokenizer: Tokenizer, new_ids: list[int], skip_special_tokens: bool) -> None:
+        if not self.ids:
+            self.prefix_offset = self.read_offset = 0
+        self.ids.extend(new_ids)
+        before = tokenizer.decode(self.ids[self.prefix_offset : self.read_offset], skip_special_tokens)
+        after = tokenizer.decode(self.ids[self.prefix_offset :], skip_special_tokens)
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            self.text += after[len(before) :]
+            self.prefix_offset = max(self.read_offset, len(self.ids) - _INITIAL_OFFSET)
+            self.read_offset = len(self.ids)
+
+
+def visible_text(text: str, stop: tuple[str, ...]) -> str:
+    """``text`` without a tail that may still grow into a stop string."""
+    held = 0
+    for s in stop:
+        for k in range(min(len(s) - 1, len(text)), held, -1):
+            if text.endswith(s[:k]):
+                held = k
+                break
+    return text[: len(text) - held] if held else text
+
+
+class Detokenizer:
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.states: dict[str, IncrementalText] = {}
+
+    def process(self, batch: BatchTokenOut) -> BatchStrOut:
+        out = []
+        for update, new_ids in zip(batch.updates, split_ids(batch.ids, batch.updates), strict=True):
+            out.append(StrUpdate(update, self.text_of(update, new_ids)))
+        return BatchStrOut(out, batch.ids)
+
+    def text_of(self, u: TokenUpdate, new_ids: np.ndarray) -> str:
+        state = self.states.get(u.rid)
+        if u.finished_reason is not None:
+            ids = (state.ids if state else []) + new_ids.tolist()
+            self.states.pop(u.rid, None)
+            if u.error is not None:
+                return ""
+            return self.tokenizer.output_text(ids, u.finished_reason, u)
+        if state is None:
+            state = self.states[u.rid] = IncrementalText()
+        state.feed(self.tokenizer, new_ids.tolist(), u.skip_special_tokens)
+        return visible_text(state.text, u.stop) if not u.no_stop_trim else state.text
+
+
+def run_detokenizer_process(model_dir: str, recv_from: str, send_to: str, parent_pid: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
+    logging.basicConfig(level=logging.INFO, format="[forkserve detokenizer] %(message)s")
+    ctx = zmq.Context()
+    recv_sock = ipc.bind(ctx, zmq.PULL, recv_from)
+    send_sock = ipc.connect(ctx, zmq.PUSH, send_to)
+    detok = Detokenizer(Tokenizer(Path(model_dir)))
+    poller = zmq.Poller()
+    poller.register(recv_sock, zmq.POLLIN)
+    while True:
+        if not poller.poll(1000):
+            if os.getppid() != parent_pid:
+                return  # the server is gone
+            continue
+        for msg in ipc.recv_all(recv_sock):
+            ipc.send(send_sock, detok.process(msg) if isinstance(msg, BatchTokenOut) else msg)

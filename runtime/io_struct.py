@@ -1,0 +1,105 @@
+"""Messages between the server's processes: small typed dataclasses, one codec (``runtime.ipc``).
+
+Flow::
+
+    tokenizer ──TokenizedGenerateReq / AbortReq / ControlReq──► scheduler
+    scheduler ──BatchTokenOut / ControlOut──► detokenizer ──BatchStrOut / ControlOut──► tokenizer
+
+Token ids travel as numpy arrays, which the codec sends as raw buffers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from runtime.sampling.params import SamplingParams
+
+
+@dataclass
+class TokenizedGenerateReq:
+    rid: str
+    input_ids: np.ndarray  # int32
+    params: SamplingParams
+    stream: bool = False
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    namespace: Any = None
+
+
+@dataclass
+class AbortReq:
+    rid: str
+
+
+@dataclass
+class ControlReq:
+    """A request/response call into the scheduler: ``kind`` is ``stats`` or ``flush_cache``."""
+
+    call_id: int
+    kind: str
+
+
+@dataclass
+class ControlOut:
+    call_id: int
+    result: Any
+
+
+@dataclass
+class ReadyOut:
+    """Sent once by the scheduler when the model is loaded, or with ``error`` when it failed."""
+
+    info: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+
+@dataclass
+class TokenUpdate:
+    """New tokens of one request since the previous update (all of them for non-streaming)."""
+
+    rid: str
+    num_new: int  # this update's share of the batch's ``ids``
+    finished_reason: dict[str, Any] | None
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    # only for the detokenizer's text rules
+    skip_special_tokens: bool = True
+    stop: tuple[str, ...] = ()
+    no_stop_trim: bool = False
+    # logprob deltas as (logprob, token_id) pairs; top lists as lists of pairs
+    input_token_logprobs: list[Any] | None = None
+    input_top_logprobs: list[Any] | None = None
+    output_token_logprobs: list[Any] | None = None
+    output_top_logprobs: list[Any] | None = None
+    error: str | None = None  # the request failed alone (set with an abort finish reason)
+
+
+def split_ids(ids: np.ndarray, updates: list[Any]) -> list[np.ndarray]:
+    """Cut a batch's concatenated token ids into one array per update."""
+    sizes = [u.num_new if isinstance(u, TokenUpdate) else u.token.num_new for u in updates]
+    return np.split(ids, np.cumsum(sizes)[:-1]) if updates else []
+
+
+@dataclass
+class BatchTokenOut:
+    updates: list[TokenUpdate]
+    ids: np.ndarray  # int32, every update's new tokens, concatenated in order
+
+
+@dataclass
+class StrUpdate:
+    """A ``TokenUpdate`` with its text: ``text`` is everything safe to show so far."""
+
+    token: TokenUpdate
+    text: str
+
+
+@dataclass
+class BatchStrOut:
+    updates: list[StrUpdate]
+    ids: np.ndarray  # as in BatchTokenOut

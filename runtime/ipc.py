@@ -1,0 +1,68 @@
+"""The one codec for messages between processes, and the ZMQ socket helpers.
+
+Messages are pickled with protocol 5 so numpy arrays (token ids) leave as out-of-band raw
+buffers: they travel as extra ZMQ frames, never as Python lists of ints.
+"""
+
+from __future__ import annotations
+
+import pickle
+import tempfile
+import uuid
+from typing import Any
+
+import zmq
+
+
+def encode(msg: Any) -> list[Any]:
+    buffers: list[pickle.PickleBuffer] = []
+    head = pickle.dumps(msg, protocol=5, buffer_callback=buffers.append)
+    return [head, *(b.raw() for b in buffers)]
+
+
+def decode(frames: list[Any]) -> Any:
+    head, *buffers = frames
+    return pickle.loads(head, buffers=buffers)
+
+
+def send(sock: zmq.Socket, msg: Any, flags: int = 0) -> None:
+    sock.send_multipart(encode(msg), flags=flags, copy=False)
+
+
+def recv(sock: zmq.Socket, flags: int = 0) -> Any:
+    return decode(sock.recv_multipart(flags=flags, copy=False))
+
+
+def recv_all(sock: zmq.Socket) -> list[Any]:
+    """Every message waiting on ``sock``, without blocking."""
+    out = []
+    while True:
+        try:
+            out.append(recv(sock, zmq.NOBLOCK))
+        except zmq.Again:
+            return out
+
+
+async def recv_async(sock: Any) -> Any:
+    """``recv`` for a ``zmq.asyncio`` socket."""
+    return decode(await sock.recv_multipart(copy=False))
+
+
+def new_ipc_names(count: int) -> list[str]:
+    """Fresh ``ipc://`` endpoints, unique per server start."""
+    base = f"{tempfile.gettempdir()}/forkserve-{uuid.uuid4().hex[:12]}"
+    return [f"ipc://{base}-{i}" for i in range(count)]
+
+
+def bind(ctx: zmq.Context, kind: int, endpoint: str) -> zmq.Socket:
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.bind(endpoint)
+    return sock
+
+
+def connect(ctx: zmq.Context, kind: int, endpoint: str) -> zmq.Socket:
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    return sock

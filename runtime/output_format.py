@@ -1,0 +1,36 @@
+"""The logprob part of a ``/generate`` result, shared by the offline engine and the server."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+
+def logprob_meta(
+    input_token_logprobs: Sequence[tuple[float | None, int]],
+    input_top_logprobs: Sequence[Any],
+    output_token_logprobs: Sequence[tuple[float, int]],
+    output_top_logprobs: Sequence[Any],
+    logprob_start_len: int,
+    first_prompt_token: int,
+    id_to_text: Callable[[int], str] | None,
+) -> dict[str, Any]:
+    """SGLang's ``[logprob, token_id, text | None]`` triples; text only when ``id_to_text``
+    is given (``return_text_in_logprobs``)."""
+
+    def triple(lp: float | None, tid: int) -> list[Any]:
+        return [lp, tid, id_to_text(tid) if id_to_text is not None else None]
+
+    def tops(entries: Sequence[Any]) -> list[Any]:
+        return [None if e is None else [triple(lp, t) for lp, t in e] for e in entries]
+
+    inputs, input_tops = list(input_token_logprobs), list(input_top_logprobs)
+    if logprob_start_len == 0:
+        inputs.insert(0, (None, first_prompt_token))  # the first token has no context
+        input_tops.insert(0, None)
+    return {
+        "input_token_logprobs": [triple(lp, t) for lp, t in inputs],
+        "output_token_logprobs": [triple(lp, t) for lp, t in output_token_logprobs],
+        "input_top_logprobs": tops(input_tops),
+        "output_top_logprobs": tops(output_top_logprobs),
+    }

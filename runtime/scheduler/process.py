@@ -1,0 +1,185 @@
+"""The scheduler process: receive, schedule, run, send results — one loop around ``Scheduler``.
+
+Requests arrive from the tokenizer process; token ids leave for the detokenizer. A request
+that cannot run (too long, bad parameters) fails alone with an error update; an exception
+inside a step is a bug and ends the process, so the HTTP server reports it and exits.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+import traceback
+from typing import Any
+
+import numpy as np
+import zmq
+
+from runtime import ipc
+from runtime.config import ServerArgs
+from runtime.io_struct import (
+    AbortReq,
+    BatchTokenOut,
+    ControlOut,
+    ControlReq,
+    ReadyOut,
+    TokenizedGenerateReq,
+    TokenUpdate,
+)
+from runtime.scheduler.req import Req
+from runtime.scheduler.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+_PARENT_CHECK_S = 1.0
+
+
+class SchedulerServer:
+    def __init__(self, scheduler: Scheduler, recv_sock: zmq.Socket, send_sock: zmq.Socket, parent_pid: int) -> None:
+        self.scheduler = scheduler
+        self.recv_sock = recv_sock
+        self.send_sock = send_sock
+        self.parent_pid = parent_pid
+        self.sent: dict[str, int] = {}  # rid -> output tokens already sent
+        self.num_finished = 0
+
+    def loop(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.recv_sock, zmq.POLLIN)
+        is_idle_checked = True
+        last_parent_check = time.monotonic()
+        while True:
+            if not self.scheduler.has_work:
+                if not is_idle_checked:
+                    self.scheduler.check_invariants()  # a leak is a bug: fail loudly
+                    is_idle_checked = True
+                poller.poll(int(_PARENT_CHECK_S * 1000))
+            if time.monotonic() - last_parent_check > _PARENT_CHECK_S:
+                if os.getppid() != self.parent_pid:
+                    return  # the server is gone; do not linger as an orphan
+                last_parent_check = time.monotonic()
+            for msg in ipc.recv_all(self.recv_sock):
+                self.handle(msg)
+            if self.scheduler.has_work:
+                is_idle_checked = False
+                self.send_updates(self.scheduler.step())
+
+    # ------------------------------------------------------------------ input
+    def handle(self, msg: Any) -> None:
+        if isinstance(msg, TokenizedGenerateReq):
+            self.add(msg)
+        elif isinstance(msg, AbortReq):
+            req = self.scheduler.abort(msg.rid)
+            if req is not None:
+                self.send_updates([req])
+        elif isinstance(msg, ControlReq):
+            ipc.send(self.send_sock, ControlOut(msg.call_id, self.control(msg.kind)))
+        else:
+            raise TypeError(f"scheduler got an unknown message {type(msg).__name__}")
+
+    def add(self, msg: TokenizedGenerateReq) -> None:
+        req = Req(
+            msg.rid,
+            msg.input_ids.tolist(),
+            msg.params,
+            return_logprob=msg.return_logprob,
+            logprob_start_len=msg.logprob_start_len,
+            top_logprobs_num=msg.top_logprobs_num,
+            namespace=msg.namespace,
+            stream=msg.stream,
+        )
+        try:
+            self.scheduler.add_request(req)
+        except ValueError as err:
+            req.finished_reason = {"type": "abort", "message": str(err)}
+            self.send_updates([req], error=str(err))
+            return
+        self.sent[req.rid] = 0
+
+    def control(self, kind: str) -> Any:
+        if kind == "stats":
+            return {**self.scheduler.stats(), "num_finished_reqs": self.num_finished}
+        if kind == "flush_cache":
+            if self.scheduler.has_work:
+                return False
+            self.scheduler.tree.reset()
+            return True
+        raise ValueError(f"unknown control call {kind!r}")
+
+    # ------------------------------------------------------------------ output
+    def send_updates(self, reqs: list[Req], error: str | None = None) -> None:
+        """Streaming requests get every new token; others only their finished result."""
+        updates: list[TokenUpdate] = []
+        ids: list[int] = []
+        for req in reqs:
+            if not (req.stream or req.is_finished):
+                continue
+            start = self.sent.get(req.rid, 0)
+            new = req.output_ids[start:]
+            ids.extend(new)
+            updates.append(_update(req, start, len(new), error))
+            if req.is_finished:
+                self.sent.pop(req.rid, None)
+                self.num_finished += 1
+            else:
+                self.sent[req.rid] = len(req.output_ids)
+        if updates:
+            ipc.send(self.send_sock, BatchTokenOut(updates, np.asarray(ids, dtype=np.int32)))
+
+
+def _update(req: Req, start: int, num_new: int, error: str | None) -> TokenUpdate:
+    p = req.params
+    update = TokenUpdate(
+        rid=req.rid,
+        num_new=num_new,
+        finished_reason=req.finished_reason,
+        prompt_tokens=len(req.input_ids),
+        cached_tokens=req.cached_tokens,
+        completion_tokens=len(req.output_ids),
+        skip_special_tokens=p.skip_special_tokens,
+        stop=tuple(p.stop),
+        no_stop_trim=p.no_stop_trim,
+        error=error,
+    )
+    if req.return_logprob:
+        if start == 0:
+            update.input_token_logprobs = list(req.input_token_logprobs)
+            update.input_top_logprobs = list(req.input_top_logprobs)
+        update.output_token_logprobs = req.output_token_logprobs[start:]
+        update.output_top_logprobs = req.output_top_logprobs[start:]
+    return update
+
+
+def run_scheduler_process(args: ServerArgs, model_dir: str, recv_from: str, send_to: str, parent_pid: int) -> None:
+    """Entry point of the scheduler process: load the model, report ready, serve."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
+    logging.basicConfig(level=logging.INFO, format="[forkserve scheduler] %(message)s")
+    ctx = zmq.Context()
+    recv_sock = ipc.bind(ctx, zmq.PULL, recv_from)
+    send_sock = ipc.connect(ctx, zmq.PUSH, send_to)
+    try:
+        from pathlib import Path
+
+        from runtime.tokenizer import Tokenizer
+        from runtime.worker import ModelWorker
+
+        tokenizer = Tokenizer(Path(model_dir))
+        worker = ModelWorker(args, Path(model_dir), tokenizer.eos_token_ids)
+        scheduler = Scheduler(args, worker, tokenizer.decode)
+    except Exception as err:  # report why, then exit: the server fails fast with the reason
+        ipc.send(send_sock, ReadyOut(error=f"{type(err).__name__}: {err}"))
+        logger.error("model load failed:\n%s", traceback.format_exc())
+        time.sleep(0.2)  # let the message leave
+        raise SystemExit(1) from err
+    info = {
+        "max_context_len": worker.max_context_len,
+        "max_total_tokens": scheduler.allocator.capacity,
+        "vocab_size": worker.model_config.vocab_size,
+        "dtype": args.resolved_dtype,
+        "device": args.resolved_device,
+        "attention_backend": args.resolved_attention_backend,
+    }
+    ipc.send(send_sock, ReadyOut(info=info))
+    SchedulerServer(scheduler, recv_sock, send_sock, parent_pid).loop()

@@ -1,0 +1,1 @@
+"""The HTTP server and the process launcher behind ``forkserve serve``."""

@@ -1,0 +1,215 @@
+"""What every HTTP handler shares: the server's context, input checks, submission of a
+group of requests, SSE framing and the SGLang-shaped result of one request."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+
+from runtime.config import HttpArgs, ServerArgs
+from runtime.output_format import logprob_meta
+from runtime.sampling.params import SamplingParams
+from runtime.serving.protocol import ApiError
+from runtime.serving.tokenizer_manager import ReqState, ServerUnavailable, TokenizerManager
+from runtime.tokenizer import Tokenizer
+
+
+@dataclass
+class ServerContext:
+    manager: TokenizerManager
+    tokenizer: Tokenizer
+    args: ServerArgs
+    http: HttpArgs
+    model_name: str
+    model_path: str
+    info: dict[str, Any] = field(default_factory=dict)  # from the scheduler at startup
+    process_ids: dict[str, int] = field(default_factory=dict)
+    is_ready: bool = False
+    is_shutting_down: bool = False
+    started_at: float = field(default_factory=time.time)
+
+    @property
+    def max_context_len(self) -> int:
+        return int(self.info["max_context_len"])
+
+    @property
+    def max_total_tokens(self) -> int:
+        return int(self.info["max_total_tokens"])
+
+    @property
+    def is_healthy(self) -> bool:
+        return self.is_ready and not self.is_shutting_down and self.manager.failure is None
+
+    # ------------------------------------------------------------------ checks
+    def check_model(self, model: str) -> None:
+        if model not in (self.model_name, self.model_path):
+            raise ApiError(404, f"The model '{model}' does not exist; this server serves '{self.model_name}'", param="model")
+
+    def check_lengths(self, prompt_len: int, max_new: int, *, within_context: bool) -> None:
+        """Refuse what can never run; ``within_context`` also refuses prompt + max_new beyond
+        the context (OpenAI's rule) instead of stopping there (the native API's rule)."""
+        ctx = self.max_context_len
+        if prompt_len >= ctx or (within_context and prompt_len + max_new > ctx):
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {ctx} tokens. However, you requested "
+                f"{prompt_len + max_new} tokens ({prompt_len} in the prompt, {max_new} for the completion).",
+                param="max_tokens" if prompt_len < ctx else "prompt",
+            )
+        if prompt_len + max_new > self.max_total_tokens:
+            raise ApiError(
+                400,
+                f"The request needs {prompt_len + max_new} tokens ({prompt_len} in the prompt, {max_new} "
+                f"for the completion) but the KV cache holds {self.max_total_tokens}.",
+                param="max_tokens",
+            )
+
+    def check_token_ids(self, ids: list[int], param: str) -> None:
+        vocab = int(self.info["vocab_size"])
+        if not ids:
+            raise ApiError(400, "the prompt is empty: at least one token is needed", param=param)
+        if any(t < 0 or t >= vocab for t in ids):
+            raise ApiError(400, f"token ids must be in [0, {vocab})", param=param)
+
+    def check_capacity(self, num_new: int) -> None:
+        limit = self.http.max_queued_requests
+        if limit is None:
+            return
+        if self.manager.num_open_requests + num_new > self.args.max_running_requests + limit:
+            raise ApiError(
+                503,
+                f"The server is at capacity ({self.manager.num_open_requests} requests open, at most "
+                f"{self.args.max_running_requests} running + {limit} queued); retry shortly.",
+                headers={"Retry-After": "1"},
+            )
+
+    def check_available(self) -> None:
+        if self.manager.failure is not None:
+            raise ApiError(500, f"The server cannot serve requests: {self.manager.failure}")
+        if self.is_shutting_down:
+            raise ApiError(503, "The server is shutting down.")
+
+    # ------------------------------------------------------------------ submission
+    def submit_group(
+        self, prompts: list[list[int]], params: list[SamplingParams], rids: list[str] | None = None, **opts: Any
+    ) -> list[ReqState]:
+        """Submit one request per (prompt, params) pair; every check passes before any is sent."""
+        self.check_available()
+        self.check_capacity(len(prompts))
+        rids = rids or [self.manager.new_rid() for _ in prompts]
+        try:
+            return [self.manager.submit(rid, ids, p, **opts) for rid, ids, p in zip(rids, prompts, params, strict=True)]
+        except ServerUnavailable as err:
+            raise ApiError(500, f"The server cannot serve requests: {err}") from err
+        except ValueError as err:
+            raise ApiError(400, str(err), param="rid") from err
+
+
+def sampling_params(d: dict[str, Any] | None, param: str = "sampling_params") -> SamplingParams:
+    try:
+        return SamplingParams.from_dict(d)
+    except (ValueError, TypeError) as err:
+        raise ApiError(400, str(err), param=param) from err
+
+
+async def read_body(request: Request, model: type[BaseModel]) -> Any:
+    """Parse the JSON body into ``model``; a 400 naming the field otherwise."""
+    raw = await request.body()
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as err:
+        raise ApiError(400, f"The request body is not valid JSON: {err}") from err
+    if not isinstance(data, dict):
+        raise ApiError(400, "The request body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        raise ApiError(400, f"{where}: {first['msg']}" + (f" ({len(err.errors())} errors)" if len(err.errors()) > 1 else ""), param=where) from err
+
+
+def sse(obj: Any) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def error_of(state: ReqState) -> ApiError | None:
+    if state.error is None:
+        return None
+    return ApiError(state.error_status, state.error)
+
+
+async def wait_all(manager: TokenizerManager, states: list[ReqState], request: Request) -> list[ReqState]:
+    """Wait for every state; abort all of them if the client goes away."""
+    return list(await asyncio.gather(*(manager.wait(s, request.is_disconnected) for s in states)))
+
+
+async def merged_updates(
+    manager: TokenizerManager, states: list[ReqState], is_disconnected: Callable[[], Awaitable[bool]] | None = None
+) -> AsyncIterator[tuple[int, ReqState]]:
+    """``(index, state)`` each time one of ``states`` changes, until all finish. Closing the
+    iterator (client gone) aborts the unfinished ones."""
+    if len(states) == 1:
+        async with contextlib.aclosing(manager.stream(states[0], is_disconnected)) as it:
+            async for s in it:
+                yield 0, s
+        return
+    queue: asyncio.Queue[tuple[int, ReqState] | None] = asyncio.Queue()
+
+    async def pump(i: int, state: ReqState) -> None:
+        async with contextlib.aclosing(manager.stream(state, is_disconnected)) as it:
+            async for s in it:
+                queue.put_nowait((i, s))
+        queue.put_nowait(None)
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(states)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            item = await queue.get()
+            if item is None:
+                remaining -= 1
+            else:
+                yield item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def native_output(state: ReqState, tokenizer: Tokenizer, text_in_logprobs: bool, logprob_start_len: int) -> dict[str, Any]:
+    """One request's result in SGLang's ``/generate`` shape."""
+    end = state.finished_at if state.is_finished else None
+    meta: dict[str, Any] = {
+        "id": state.rid,
+        "finish_reason": state.finished_reason,
+        "prompt_tokens": state.prompt_tokens,
+        "completion_tokens": len(state.output_ids),
+        "cached_tokens": state.cached_tokens,
+    }
+    if end is not None:
+        meta["e2e_latency"] = end - state.created_at
+    if state.return_logprob:
+        meta.update(
+            logprob_meta(
+                state.input_token_logprobs,
+                state.input_top_logprobs,
+                state.output_token_logprobs,
+                state.output_top_logprobs,
+                logprob_start_len,
+                state.first_prompt_token,
+                tokenizer.id_to_text if text_in_logprobs else None,
+            )
+        )
+    return {"text": state.text, "output_ids": list(state.output_ids), "meta_info": meta}

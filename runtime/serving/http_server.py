@@ -1,0 +1,234 @@
+"""The FastAPI app: SGLang's native API, health and introspection endpoints, and the
+OpenAI routes from ``openai_api``. Handlers validate and tokenize, then hand the request
+to the ``TokenizerManager``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import (
+    JSONResponse,
+    ORJSONResponse,
+    PlainTextResponse,
+    Response,
+    StreamingResponse,
+)
+
+from runtime.serving import openai_api
+from runtime.serving.common import (
+    SSE_DONE,
+    ServerContext,
+    error_of,
+    merged_updates,
+    native_output,
+    read_body,
+    sampling_params,
+    sse,
+    wait_all,
+)
+from runtime.serving.protocol import ApiError, GenerateReqInput, reject_unsupported
+
+_OPEN_PATHS = ("/health", "/health_generate")
+
+
+def create_app(ctx: ServerContext) -> FastAPI:
+    async def check_api_key(request: Request) -> None:
+        # A dependency, not a middleware: an HTTP middleware would hide client disconnects.
+        key = ctx.http.api_key
+        if key and request.url.path not in _OPEN_PATHS and request.headers.get("authorization") != f"Bearer {key}":
+            raise ApiError(401, "Missing or invalid API key: send 'Authorization: Bearer <key>'")
+
+    app = FastAPI(title="forkserve", default_response_class=ORJSONResponse, dependencies=[Depends(check_api_key)])
+    app.state.ctx = ctx
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, err: ApiError) -> JSONResponse:
+        return ORJSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, err: RequestValidationError) -> JSONResponse:
+        first = err.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        return ORJSONResponse(ApiError(400, f"{where}: {first['msg']}", param=where).body(), status_code=400)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, err: Exception) -> JSONResponse:
+        # Never a traceback in the body; the log has it.
+        return ORJSONResponse(ApiError(500, f"internal error: {type(err).__name__}").body(), status_code=500)
+
+    # ------------------------------------------------------------------ health and info
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200 if ctx.is_healthy else 503)
+
+    @app.get("/health_generate")
+    async def health_generate() -> Response:
+        return Response(status_code=200 if await probe_generate(ctx) else 503)
+
+    @app.get("/get_model_info")
+    async def get_model_info() -> dict[str, Any]:
+        return {
+            "model_path": ctx.model_path,
+            "tokenizer_path": ctx.model_path,
+            "served_model_name": ctx.model_name,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": "default",
+            "max_context_len": ctx.max_context_len,
+        }
+
+    @app.get("/get_server_info")
+    async def get_server_info() -> dict[str, Any]:
+        stats = await scheduler_call(ctx, "stats")
+        accounted = stats["kv_free"] + stats["kv_evictable"] + stats["kv_protected"] + stats["kv_held_by_requests"]
+        return {
+            **dataclasses.asdict(ctx.args),
+            **{k: v for k, v in dataclasses.asdict(ctx.http).items() if k != "api_key"},
+            **ctx.info,
+            "served_model_name": ctx.model_name,
+            "process_ids": ctx.process_ids,
+            "scheduler": {**stats, "kv_invariant_holds": accounted == stats["kv_capacity"]},
+            "version": _version(),
+        }
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache() -> Response:
+        if await scheduler_call(ctx, "flush_cache"):
+            return PlainTextResponse("Cache flushed.\n")
+        return PlainTextResponse("Cache not flushed: requests are queued or running.\n", status_code=400)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        stats = await scheduler_call(ctx, "stats")
+        text = ctx.manager.metrics.render(stats, ctx.model_name)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+    # ------------------------------------------------------------------ native generate
+    @app.api_route("/generate", methods=["POST", "PUT"])
+    async def generate(request: Request) -> Response:
+        req: GenerateReqInput = await read_body(request, GenerateReqInput)
+        return await handle_generate(ctx, req, request)
+
+    openai_api.add_routes(app, ctx)
+    return app
+
+
+async def scheduler_call(ctx: ServerContext, kind: str) -> Any:
+    ctx.check_available()
+    try:
+        return await ctx.manager.call(kind)
+    except asyncio.TimeoutError as err:
+        raise ApiError(503, f"the scheduler did not answer '{kind}' in time") from err
+    except Exception as err:
+        raise ApiError(500, f"the scheduler is unavailable: {err}") from err
+
+
+async def probe_generate(ctx: ServerContext, timeout: float = 20.0) -> bool:
+    """Run one token through the whole pipeline."""
+    if not ctx.is_ready or ctx.manager.failure is not None or ctx.is_shutting_down:
+        return False
+    ids = ctx.tokenizer.encode("ping") or [0]
+    state = ctx.manager.submit(f"health-{ctx.manager.new_rid()}", ids, sampling_params({"max_new_tokens": 1}))
+    try:
+        await asyncio.wait_for(ctx.manager.wait(state), timeout)
+    except asyncio.TimeoutError:
+        return False
+    return state.error is None
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("forkserve")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+async def handle_generate(ctx: ServerContext, req: GenerateReqInput, request: Request) -> Response:
+    reject_unsupported(req, ("image_data", "lora_path", "input_embeds", "token_ids_logprob"))
+    if (req.text is None) == (req.input_ids is None):
+        raise ApiError(400, "give exactly one of 'text' or 'input_ids'", param="text")
+    if req.text is not None:
+        is_batch = isinstance(req.text, list)
+        texts = req.text if is_batch else [req.text]
+        if not texts:
+            raise ApiError(400, "'text' is an empty list", param="text")
+        prompts = [ctx.tokenizer.encode(t) for t in texts]
+    else:
+        is_batch = bool(req.input_ids) and isinstance(req.input_ids[0], list)
+        prompts = req.input_ids if is_batch else [req.input_ids]  # type: ignore[list-item]
+    for ids in prompts:
+        ctx.check_token_ids(ids, "text" if req.text is not None else "input_ids")
+    if isinstance(req.sampling_params, list):
+        if len(req.sampling_params) != len(prompts):
+            raise ApiError(400, f"got {len(req.sampling_params)} sampling_params for {len(prompts)} prompts", param="sampling_params")
+        params = [sampling_params(p) for p in req.sampling_params]
+    else:
+        params = [sampling_params(req.sampling_params)] * len(prompts)
+    if req.logprob_start_len < -1:
+        raise ApiError(400, "logprob_start_len must be >= -1", param="logprob_start_len")
+    if req.top_logprobs_num < 0:
+        raise ApiError(400, "top_logprobs_num must be >= 0", param="top_logprobs_num")
+    # n > 1 expands into a batch, as in SGLang
+    flat_prompts, flat_params = [], []
+    for ids, p in zip(prompts, params, strict=True):
+        ctx.check_lengths(len(ids), p.max_new_tokens, within_context=False)
+        flat_prompts += [ids] * p.n
+        flat_params += [p] * p.n
+    is_batch = is_batch or len(flat_prompts) > 1
+    rids = _rids(req.rid, len(flat_prompts))
+    namespace = req.extra_key or req.cache_salt
+    states = ctx.submit_group(
+        flat_prompts,
+        flat_params,
+        rids,
+        stream=req.stream,
+        return_logprob=req.return_logprob,
+        logprob_start_len=req.logprob_start_len,
+        top_logprobs_num=req.top_logprobs_num,
+        namespace=namespace,
+    )
+
+    def render(state: Any) -> dict[str, Any]:
+        return native_output(state, ctx.tokenizer, req.return_text_in_logprobs, req.logprob_start_len)
+
+    if not req.stream:
+        await wait_all(ctx.manager, states, request)
+        for s in states:
+            err = error_of(s)
+            if err is not None:
+                raise err
+        outs = [render(s) for s in states]
+        return ORJSONResponse(outs if is_batch else outs[0])
+
+    async def events() -> AsyncIterator[bytes]:
+        async with contextlib.aclosing(merged_updates(ctx.manager, states)) as updates:
+            async for i, state in updates:
+                err = error_of(state)
+                if err is not None:
+                    yield sse(err.body())
+                    continue
+                out = render(state)
+                if is_batch:
+                    out["index"] = i
+                yield sse(out)
+        yield SSE_DONE
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def _rids(rid: str | list[str] | None, n: int) -> list[str] | None:
+    if rid is None:
+        return None
+    if isinstance(rid, list):
+        if len(rid) != n:
+            raise ApiError(400, f"got {len(rid)} rids for {n} requests", param="rid")
+        return rid
+    return [rid] if n == 1 else [f"{rid}_{i}" for i in range(n)]

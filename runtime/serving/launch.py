@@ -1,0 +1,196 @@
+"""``forkserve serve``: start the scheduler and detokenizer processes, serve HTTP here, and
+watch them.
+
+Startup order: bind the port (fail fast if taken), find the model (fail fast if missing),
+spawn the processes, wait for the scheduler's ready message (or its load error), start
+HTTP, push one token through the pipeline, then print the URL. If a child process dies,
+every open request gets a 500, ``/health`` turns 503 and the server exits with code 1 so a
+supervisor can restart it. SIGINT/SIGTERM stop everything within a few seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from runtime import ipc
+from runtime.config import HttpArgs, ServerArgs
+
+logger = logging.getLogger("forkserve")
+
+_CHILD_STOP_TIMEOUT_S = 3.0
+
+
+class StartupError(Exception):
+    pass
+
+
+def bind_port(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        raise StartupError(f"cannot listen on {host}:{port}: {err.strerror} (is another server running there?)") from err
+    sock.listen(2048)
+    sock.set_inheritable(False)
+    return sock
+
+
+def default_model_name(model_path: str | None, model_dir: Path) -> str:
+    if model_path is None:
+        return "SmolLM2-135M-Instruct"
+    return Path(model_path).name or str(model_dir)
+
+
+class Launcher:
+    def __init__(self, args: ServerArgs, http: HttpArgs) -> None:
+        self.args, self.http = args, http
+        self.children: dict[str, multiprocessing.process.BaseProcess] = {}
+        self.ipc_names = ipc.new_ipc_names(3)
+        self.exit_code = 0
+
+    def run(self) -> int:
+        sock = bind_port(self.http.host, self.http.port)
+        try:
+            from runtime.model_loader import resolve_model_path
+
+            try:
+                model_dir = resolve_model_path(self.args.model_path)
+            except Exception as err:
+                raise StartupError(f"the model could not be found or prepared: {err}") from err
+            self._spawn(model_dir)
+            runner: Any = asyncio.run
+            with contextlib.suppress(ImportError):
+                import uvloop
+
+                runner = uvloop.run
+            runner(self._serve(sock, model_dir))
+            return self.exit_code
+        finally:
+            sock.close()
+            self._stop_children()
+
+    def _spawn(self, model_dir: Path) -> None:
+        from runtime.detokenizer import run_detokenizer_process
+        from runtime.scheduler.process import run_scheduler_process
+
+        to_scheduler, to_detokenizer, _ = self.ipc_names
+        mp = multiprocessing.get_context("spawn")
+        pid = os.getpid()
+        self.children["scheduler"] = mp.Process(
+            target=run_scheduler_process,
+            args=(self.args, str(model_dir), to_scheduler, to_detokenizer, pid),
+            name="forkserve-scheduler",
+        )
+        self.children["detokenizer"] = mp.Process(
+            target=run_detokenizer_process,
+            args=(str(model_dir), to_detokenizer, self.ipc_names[2], pid),
+            name="forkserve-detokenizer",
+        )
+        for proc in self.children.values():
+            proc.start()
+
+    def dead_child(self) -> str | None:
+        for name, proc in self.children.items():
+            if not proc.is_alive():
+                return f"{name} (exit code {proc.exitcode})"
+        return None
+
+    async def _serve(self, sock: socket.socket, model_dir: Path) -> None:
+        import uvicorn
+
+        from runtime.serving.common import ServerContext
+        from runtime.serving.http_server import create_app, probe_generate
+        from runtime.serving.metrics import ServerMetrics
+        from runtime.serving.tokenizer_manager import TokenizerManager
+        from runtime.tokenizer import Tokenizer
+
+        to_scheduler, _, to_tokenizer = self.ipc_names
+        manager = TokenizerManager(to_scheduler, to_tokenizer, ServerMetrics())
+        tokenizer = Tokenizer(model_dir)
+        await manager.wait_ready(self.http.startup_timeout, self.dead_child)
+        name = self.http.served_model_name or default_model_name(self.args.model_path, model_dir)
+        ctx = ServerContext(manager, tokenizer, self.args, self.http, name, self.args.model_path or str(model_dir), manager.info)
+        ctx.process_ids = {"http": os.getpid(), **{n: p.pid for n, p in self.children.items() if p.pid}}
+        receiver = manager.start()
+        config = uvicorn.Config(
+            create_app(ctx), log_level="warning", timeout_graceful_shutdown=2, timeout_keep_alive=30, lifespan="off"
+        )
+        server = uvicorn.Server(config)
+        serving = asyncio.create_task(server.serve(sockets=[sock]))
+        monitor = asyncio.create_task(self._watch(ctx, server))
+        while not server.started and not serving.done():
+            await asyncio.sleep(0.05)
+        ctx.is_ready = True
+        if not serving.done():
+            if await probe_generate(ctx, timeout=max(60.0, self.http.startup_timeout)):
+                host = f"[{self.http.host}]" if ":" in self.http.host else self.http.host
+                print(f"forkserve ready: http://{host}:{self.http.port} (model {name}; OpenAI API under /v1)", flush=True)
+            else:
+                print("forkserve: the first test generation failed; shutting down", file=sys.stderr, flush=True)
+                self.exit_code = 1
+                server.should_exit = True
+        await serving
+        ctx.is_shutting_down = True
+        monitor.cancel()
+        receiver.cancel()
+
+    async def _watch(self, ctx: Any, server: Any) -> None:
+        while True:
+            await asyncio.sleep(0.25)
+            dead = self.dead_child()
+            if dead:
+                msg = f"the {dead} process died"
+                print(f"forkserve: {msg}; failing open requests and exiting", file=sys.stderr, flush=True)
+                ctx.manager.fail_all(msg)
+                self.exit_code = 1
+                await asyncio.sleep(0.2)  # let handlers answer before the server stops
+                server.should_exit = True
+                return
+
+    def _stop_children(self) -> None:
+        for proc in self.children.values():
+            if proc.is_alive():
+                proc.terminate()
+        deadline = time.monotonic() + _CHILD_STOP_TIMEOUT_S
+        for proc in self.children.values():
+            proc.join(max(0.0, deadline - time.monotonic()))
+            if proc.is_alive():
+                proc.kill()
+                proc.join(1.0)
+        for name in self.ipc_names:
+            with contextlib.suppress(OSError):
+                os.unlink(name.removeprefix("ipc://"))
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def serve(args: ServerArgs, http: HttpArgs) -> int:
+    """Run the server until SIGINT/SIGTERM (exit code 0) or a child process dies (1)."""
+    signal.signal(signal.SIGTERM, _interrupt)  # one shutdown path for both signals
+    launcher = Launcher(args, http)
+    try:
+        return launcher.run()
+    except KeyboardInterrupt:
+        print("forkserve: shut down", file=sys.stderr, flush=True)
+        return launcher.exit_code
+    except StartupError as err:
+        print(f"forkserve: {err}", file=sys.stderr)
+        return 1
+    except RuntimeError as err:  # the model failed to load, a process died during startup
+        print(f"forkserve: {err}", file=sys.stderr)
+        return 1

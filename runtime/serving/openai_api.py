@@ -1,0 +1,338 @@
+"""OpenAI-compatible routes: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import ORJSONResponse, Response, StreamingResponse
+
+from runtime.sampling.params import SamplingParams
+from runtime.serving.common import (
+    SSE_DONE,
+    ServerContext,
+    error_of,
+    merged_updates,
+    read_body,
+    sampling_params,
+    sse,
+    wait_all,
+)
+from runtime.serving.protocol import (
+    ApiError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    reject_unsupported,
+)
+from runtime.serving.tokenizer_manager import ReqState
+
+
+def add_routes(app: FastAPI, ctx: ServerContext) -> None:
+    def card() -> dict[str, Any]:
+        return {
+            "id": ctx.model_name,
+            "object": "model",
+            "created": int(ctx.started_at),
+            "owned_by": "forkserve",
+            "root": ctx.model_path,
+            "max_model_len": ctx.max_context_len,
+        }
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [card()]}
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str) -> dict[str, Any]:
+        ctx.check_model(model)
+        return card()
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        req: CompletionRequest = await read_body(request, CompletionRequest)
+        return await Completion(ctx, req, request).run()
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        req: ChatCompletionRequest = await read_body(request, ChatCompletionRequest)
+        return await ChatCompletion(ctx, req, request).run()
+
+
+def _finish_reason(state: ReqState) -> str | None:
+    reason = state.finished_reason
+    if reason is None:
+        return None
+    return {"stop": "stop", "length": "length"}.get(reason["type"], reason["type"])
+
+
+class _OpenAIHandler:
+    """The parts completions and chat share: sampling params, submission, usage, streaming."""
+
+    object_name = ""
+    id_prefix = ""
+
+    def __init__(self, ctx: ServerContext, req: Any, request: Request) -> None:
+        self.ctx, self.req, self.request = ctx, req, request
+        self.id = f"{self.id_prefix}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+
+    def params(self, max_new_tokens: int) -> SamplingParams:
+        r = self.req
+        d = {
+            "max_new_tokens": max_new_tokens,
+            "min_new_tokens": r.min_tokens,
+            "temperature": r.temperature,
+            "top_p": r.top_p,
+            "top_k": r.top_k,
+            "min_p": r.min_p,
+            "stop": r.stop,
+            "stop_token_ids": r.stop_token_ids,
+            "frequency_penalty": r.frequency_penalty,
+            "presence_penalty": r.presence_penalty,
+            "repetition_penalty": r.repetition_penalty,
+            "ignore_eos": r.ignore_eos,
+            "skip_special_tokens": r.skip_special_tokens,
+            "no_stop_trim": r.no_stop_trim,
+            "seed": r.seed,
+        }
+        return sampling_params(d, param="request")
+
+    def check_common(self) -> None:
+        self.ctx.check_model(self.req.model)
+        reject_unsupported(self.req, ("logit_bias", "regex"))
+        if self.req.best_of not in (None, 1):
+            raise ApiError(400, "'best_of' is not supported by this server", param="best_of")
+        if self.req.n < 1:
+            raise ApiError(400, "n must be at least 1", param="n")
+
+    def submit(self, prompts: list[list[int]], max_tokens: int | None, top_logprobs: int | None) -> list[ReqState]:
+        """``n`` requests per prompt, prompt-major (choice index = prompt * n + k)."""
+        ctx, n = self.ctx, self.req.n
+        flat, params = [], []
+        for ids in prompts:
+            ctx.check_token_ids(ids, "prompt")
+            room = min(ctx.max_context_len, ctx.max_total_tokens) - len(ids)
+            max_new = max(room, 0) if max_tokens is None else max_tokens
+            if max_new < 0:
+                raise ApiError(400, "max_tokens must be >= 0", param="max_tokens")
+            ctx.check_lengths(len(ids), max_new, within_context=True)
+            p = self.params(max_new)
+            flat += [ids] * n
+            params += [p] * n
+        self.num_prompts = len(prompts)
+        return ctx.submit_group(
+            flat,
+            params,
+            stream=self.req.stream,
+            return_logprob=top_logprobs is not None,
+            top_logprobs_num=top_logprobs or 0,
+        )
+
+    def usage(self, states: list[ReqState]) -> dict[str, Any]:
+        n = self.req.n
+        groups = [states[i * n : (i + 1) * n] for i in range(len(states) // n)]
+        prompt = sum(g[0].prompt_tokens for g in groups)
+        cached = sum(max(s.cached_tokens for s in g) for g in groups)
+        completion = sum(len(s.output_ids) for s in states)
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
+
+    async def respond(self, states: list[ReqState]) -> Response:
+        if not self.req.stream:
+            await wait_all(self.ctx.manager, states, self.request)
+            for s in states:
+                err = error_of(s)
+                if err is not None:
+                    raise err
+            choices = [self.choice(i, s) for i, s in enumerate(states)]
+            body = {
+                "id": self.id,
+                "object": self.object_name,
+                "created": self.created,
+                "model": self.ctx.model_name,
+                "choices": choices,
+                "usage": self.usage(states),
+            }
+            return ORJSONResponse(body)
+        return StreamingResponse(self.events(states), media_type="text/event-stream")
+
+    def chunk(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> bytes:
+        body: dict[str, Any] = {
+            "id": self.id,
+            "object": self.object_name + ".chunk" if self.object_name == "chat.completion" else self.object_name,
+            "created": self.created,
+            "model": self.ctx.model_name,
+            "choices": choices,
+        }
+        if self.include_usage:
+            body["usage"] = usage
+        return sse(body)
+
+    @property
+    def include_usage(self) -> bool:
+        opts = self.req.stream_options
+        return bool(opts and opts.include_usage)
+
+    async def events(self, states: list[ReqState]) -> AsyncIterator[bytes]:
+        sent_text = [0] * len(states)
+        sent_tokens = [0] * len(states)
+        for head in self.stream_start(len(states)):
+            yield self.chunk([head])
+        async with contextlib.aclosing(merged_updates(self.ctx.manager, states)) as updates:
+            async for i, s in updates:
+                err = error_of(s)
+                if err is not None:
+                    yield sse(err.body())
+                    continue
+                text = s.text[sent_text[i] :]
+                finish = _finish_reason(s)
+                if not text and finish is None:
+                    continue
+                logprobs = self.logprobs(s, sent_tokens[i], len(s.output_token_logprobs), sent_text[i])
+                sent_text[i], sent_tokens[i] = len(s.text), len(s.output_token_logprobs)
+                yield self.chunk([self.delta_choice(i, text, finish, logprobs)])
+        if self.include_usage:
+            yield self.chunk([], self.usage(states))
+        yield SSE_DONE
+
+    # subclass hooks
+    def choice(self, index: int, state: ReqState) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def stream_start(self, num_choices: int) -> list[dict[str, Any]]:
+        return []
+
+    def delta_choice(self, index: int, text: str, finish: str | None, logprobs: Any) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def logprobs(self, state: ReqState, start: int, end: int, text_offset: int) -> Any:
+        raise NotImplementedError
+
+
+class Completion(_OpenAIHandler):
+    object_name = "text_completion"
+    id_prefix = "cmpl"
+
+    async def run(self) -> Response:
+        r = self.req
+        self.check_common()
+        reject_unsupported(r, ("suffix",))
+        if r.echo and r.logprobs is not None:
+            raise ApiError(400, "'echo' together with 'logprobs' is not supported", param="echo")
+        prompt = r.prompt
+        if isinstance(prompt, str):
+            self.prompt_texts, prompts = [prompt], [self.ctx.tokenizer.encode(prompt)]
+        elif prompt and isinstance(prompt[0], str):
+            self.prompt_texts, prompts = list(prompt), [self.ctx.tokenizer.encode(p) for p in prompt]
+        elif prompt and isinstance(prompt[0], list):
+            prompts = list(prompt)
+            self.prompt_texts = [self.ctx.tokenizer.decode(p, False) for p in prompts]
+        else:
+            prompts = [list(prompt)]
+            self.prompt_texts = [self.ctx.tokenizer.decode(prompts[0], False)]
+        if not prompts:
+            raise ApiError(400, "'prompt' is an empty list", param="prompt")
+        return await self.respond(self.submit(prompts, r.max_tokens, r.logprobs))
+
+    def echo(self, index: int) -> str:
+        return self.prompt_texts[index // self.req.n] if self.req.echo else ""
+
+    def choice(self, index: int, state: ReqState) -> dict[str, Any]:
+        return {
+            "index": index,
+            "text": self.echo(index) + state.text,
+            "logprobs": self.logprobs(state, 0, len(state.output_token_logprobs), 0),
+            "finish_reason": _finish_reason(state),
+        }
+
+    def stream_start(self, num_choices: int) -> list[dict[str, Any]]:
+        if not self.req.echo:
+            return []
+        return [{"index": i, "text": self.echo(i), "logprobs": None, "finish_reason": None} for i in range(num_choices)]
+
+    def delta_choice(self, index: int, text: str, finish: str | None, logprobs: Any) -> dict[str, Any]:
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+
+    def logprobs(self, state: ReqState, start: int, end: int, text_offset: int) -> Any:
+        if self.req.logprobs is None:
+            return None
+        tok = self.ctx.tokenizer
+        tokens, lps, tops, offsets = [], [], [], []
+        offset = text_offset
+        for k in range(start, end):
+            lp, tid = state.output_token_logprobs[k]
+            piece = tok.id_to_text(tid)
+            tokens.append(piece)
+            lps.append(lp)
+            top = state.output_top_logprobs[k] or []
+            tops.append({tok.id_to_text(t): v for v, t in top} if self.req.logprobs else None)
+            offsets.append(offset)
+            offset += len(piece)
+        return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+class ChatCompletion(_OpenAIHandler):
+    object_name = "chat.completion"
+    id_prefix = "chatcmpl"
+
+    async def run(self) -> Response:
+        r = self.req
+        self.check_common()
+        reject_unsupported(r, ("tools", "tool_choice", "parallel_tool_calls"))
+        if r.response_format not in (None, {"type": "text"}):
+            raise ApiError(400, "'response_format' other than text is not supported", param="response_format")
+        if r.max_tokens is not None and r.max_completion_tokens is not None and r.max_tokens != r.max_completion_tokens:
+            raise ApiError(400, "give max_tokens or max_completion_tokens, not two different values", param="max_tokens")
+        if r.top_logprobs and not r.logprobs:
+            raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+        messages = [m.as_template_dict() for m in r.messages]
+        try:
+            text = self.ctx.tokenizer.apply_chat_template(messages)
+        except Exception as err:  # jinja errors name the template's complaint
+            raise ApiError(400, f"the chat template rejected the messages: {err}", param="messages") from err
+        prompts = [self.ctx.tokenizer.encode(text)]
+        max_tokens = r.max_completion_tokens if r.max_completion_tokens is not None else r.max_tokens
+        top = (r.top_logprobs or 0) if r.logprobs else None
+        return await self.respond(self.submit(prompts, max_tokens, top))
+
+    def choice(self, index: int, state: ReqState) -> dict[str, Any]:
+        return {
+            "index": index,
+            "message": {"role": "assistant", "content": state.text},
+            "logprobs": self.logprobs(state, 0, len(state.output_token_logprobs), 0),
+            "finish_reason": _finish_reason(state),
+        }
+
+    def stream_start(self, num_choices: int) -> list[dict[str, Any]]:
+        return [
+            {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+            for i in range(num_choices)
+        ]
+
+    def delta_choice(self, index: int, text: str, finish: str | None, logprobs: Any) -> dict[str, Any]:
+        delta = {"content": text} if text else {}
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+
+    def logprobs(self, state: ReqState, start: int, end: int, text_offset: int) -> Any:
+        if not self.req.logprobs:
+            return None
+        tok = self.ctx.tokenizer
+
+        def entry(lp: float, tid: int) -> dict[str, Any]:
+            piece = tok.id_to_text(tid)
+            return {"token": piece, "logprob": lp, "bytes": list(piece.encode("utf-8"))}
+
+        content = []
+        for k in range(start, end):
+            lp, tid = state.output_token_logprobs[k]
+            top = state.output_top_logprobs[k] or []
+            content.append({**entry(lp, tid), "top_logprobs": [entry(v, t) for v, t in top]})
+        return {"content": content}

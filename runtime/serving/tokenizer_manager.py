@@ -1,0 +1,235 @@
+"""The HTTP process's side of the pipeline: one state per request, ZMQ to the scheduler and
+back from the detokenizer.
+
+A request enters the server in ``submit`` (already validated and tokenized by the HTTP
+handlers), and its results arrive in ``_receive_loop``; ``wait`` and ``stream`` hand them to
+the handler and abort the request when its client goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import zmq
+import zmq.asyncio
+
+from runtime import ipc
+from runtime.io_struct import (
+    AbortReq,
+    BatchStrOut,
+    ControlOut,
+    ControlReq,
+    ReadyOut,
+    StrUpdate,
+    TokenizedGenerateReq,
+    split_ids,
+)
+from runtime.sampling.params import SamplingParams
+from runtime.serving.metrics import ServerMetrics
+
+
+class ServerUnavailable(Exception):
+    """The scheduler or detokenizer is gone, or the server is shutting down."""
+
+
+@dataclass(eq=False)
+class ReqState:
+    rid: str
+    prompt_tokens: int
+    return_logprob: bool
+    first_prompt_token: int
+    output_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finished_reason: dict[str, Any] | None = None
+    cached_tokens: int = 0
+    error: str | None = None
+    error_status: int = 400  # a request the scheduler refused; 500 when a process died
+    input_token_logprobs: list[Any] = field(default_factory=list)
+    input_top_logprobs: list[Any] = field(default_factory=list)
+    output_token_logprobs: list[Any] = field(default_factory=list)
+    output_top_logprobs: list[Any] = field(default_factory=list)
+    created_at: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    finished_at: float | None = None
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.finished_reason is not None or self.error is not None
+
+    def apply(self, u: StrUpdate, new_ids: np.ndarray) -> None:
+        t = u.token
+        self.output_ids.extend(new_ids.tolist())
+        self.text = u.text
+        self.cached_tokens = t.cached_tokens
+        if t.input_token_logprobs is not None:
+            self.input_token_logprobs = t.input_token_logprobs
+            self.input_top_logprobs = t.input_top_logprobs or []
+        if t.output_token_logprobs:
+            self.output_token_logprobs.extend(t.output_token_logprobs)
+            self.output_top_logprobs.extend(t.output_top_logprobs or [])
+        self.error = t.error
+        self.finished_reason = t.finished_reason
+        now = time.perf_counter()
+        if len(new_ids):
+            self.first_token_at = self.first_token_at or now
+            self.last_token_at = now
+        if self.is_finished:
+            self.finished_at = now
+        self.changed.set()
+
+
+class TokenizerManager:
+    def __init__(self, to_scheduler: str, from_detokenizer: str, metrics: ServerMetrics) -> None:
+        self.ctx = zmq.asyncio.Context()
+        self.send_sock = ipc.connect(self.ctx, zmq.PUSH, to_scheduler)
+        self.recv_sock = ipc.bind(self.ctx, zmq.PULL, from_detokenizer)
+        self.metrics = metrics
+        self.states: dict[str, ReqState] = {}
+        self.calls: dict[int, asyncio.Future[Any]] = {}
+        self._call_ids = itertools.count()
+        self._rids = itertools.count()
+        self.failure: str | None = None  # set when a backend process died
+        self.info: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ lifecycle
+    async def wait_ready(self, timeout: float, alive: Callable[[], str | None]) -> None:
+        """Wait for the scheduler's ``ReadyOut``; raise ``RuntimeError`` with the reason if
+        the model failed to load, a process died (``alive`` names it) or time ran out."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if await self.recv_sock.poll(500):
+                msg = await ipc.recv_async(self.recv_sock)
+                if isinstance(msg, ReadyOut):
+                    if msg.error:
+                        raise RuntimeError(f"the model could not be loaded: {msg.error}")
+                    self.info = msg.info
+                    return
+            dead = alive()
+            if dead:
+                raise RuntimeError(f"the {dead} process exited during startup")
+        raise RuntimeError(f"the scheduler was not ready after {timeout:.0f}s")
+
+    def start(self) -> asyncio.Task[None]:
+        return asyncio.get_running_loop().create_task(self._receive_loop())
+
+    def fail_all(self, reason: str) -> None:
+        """A backend process died: every open request ends with an error, none hangs."""
+        self.failure = reason
+        for state in self.states.values():
+            state.error, state.error_status = reason, 500
+            state.changed.set()
+        for fut in self.calls.values():
+            if not fut.done():
+                fut.set_exception(ServerUnavailable(reason))
+
+    # ------------------------------------------------------------------ requests
+    def new_rid(self) -> str:
+        return f"req-{next(self._rids)}"
+
+    @property
+    def num_open_requests(self) -> int:
+        return len(self.states)
+
+    def submit(
+        self,
+        rid: str,
+        input_ids: list[int],
+        params: SamplingParams,
+        stream: bool = False,
+        return_logprob: bool = False,
+        logprob_start_len: int = -1,
+        top_logprobs_num: int = 0,
+        namespace: Any = None,
+    ) -> ReqState:
+        if self.failure is not None:
+            raise ServerUnavailable(self.failure)
+        if rid in self.states:
+            raise ValueError(f"request id {rid!r} is already in use")
+        state = ReqState(rid, len(input_ids), return_logprob, input_ids[0])
+        self.states[rid] = state
+        self.metrics.on_submit(len(input_ids))
+        msg = TokenizedGenerateReq(
+            rid,
+            np.asarray(input_ids, dtype=np.int32),
+            params,
+            stream=stream,
+            return_logprob=return_logprob,
+            logprob_start_len=logprob_start_len,
+            top_logprobs_num=top_logprobs_num,
+            namespace=namespace,
+        )
+        self.send_sock.send_multipart(ipc.encode(msg), copy=False)
+        return state
+
+    def abort(self, state: ReqState) -> None:
+        if self.states.pop(state.rid, None) is not None and self.failure is None:
+            self.send_sock.send_multipart(ipc.encode(AbortReq(state.rid)), copy=False)
+            self.metrics.on_abort()
+
+    async def stream(
+        self, state: ReqState, is_disconnected: Callable[[], Awaitable[bool]] | None = None
+    ) -> AsyncIterator[ReqState]:
+        """Yield ``state`` after each update until it finishes. If the consumer stops early
+        (client gone, generator closed) or ``is_disconnected`` says so, abort it."""
+        try:
+            while True:
+                try:
+                    await asyncio.wait_for(state.changed.wait(), timeout=1.0)
+                except asyncio.TimeoutError:
+                    if is_disconnected is not None and await is_disconnected():
+                        return
+                    continue
+                state.changed.clear()
+                yield state
+                if state.is_finished:
+                    return
+        finally:
+            if not state.is_finished:
+                self.abort(state)
+
+    async def wait(self, state: ReqState, is_disconnected: Callable[[], Awaitable[bool]] | None = None) -> ReqState:
+        async for _ in self.stream(state, is_disconnected):
+            pass
+        return state
+
+    async def call(self, kind: str, timeout: float = 30.0) -> Any:
+        """A request/response call into the scheduler (``stats``, ``flush_cache``)."""
+        if self.failure is not None:
+            raise ServerUnavailable(self.failure)
+        call_id = next(self._call_ids)
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.calls[call_id] = fut
+        try:
+            self.send_sock.send_multipart(ipc.encode(ControlReq(call_id, kind)), copy=False)
+            return await asyncio.wait_for(fut, timeout)
+        finally:
+            self.calls.pop(call_id, None)
+
+    # ------------------------------------------------------------------ results
+    async def _receive_loop(self) -> None:
+        while True:
+            msg = await ipc.recv_async(self.recv_sock)
+            if isinstance(msg, BatchStrOut):
+                for u, new_ids in zip(msg.updates, split_ids(msg.ids, msg.updates), strict=True):
+                    state = self.states.get(u.token.rid)
+                    if state is None:
+                        continue  # aborted by us; the scheduler's last word on it
+                    first = state.first_token_at is None
+                    last_at = state.last_token_at
+                    state.apply(u, new_ids)
+                    self.metrics.on_tokens(state, len(new_ids), first, last_at)
+                    if state.is_finished:
+                        self.states.pop(state.rid, None)
+                        self.metrics.on_finish(state)
+            elif isinstance(msg, ControlOut):
+                fut = self.calls.get(msg.call_id)
+                if fut is not None and not fut.done():
+                    fut.set_result(msg.result)

@@ -1,0 +1,175 @@
+"""SGLang's native API over plain HTTP against a real server: ``/generate`` (single, batch,
+token ids, prefill-only, logprobs, SSE), introspection endpoints and client disconnects."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import orjson
+import pytest
+
+pytestmark = pytest.mark.slow
+
+GREEDY = {"max_new_tokens": 20, "temperature": 0}
+
+
+def post(server, path: str, body: dict, timeout: float = 120) -> httpx.Response:
+    return httpx.post(server.url + path, json=body, timeout=timeout)
+
+
+def sse_events(lines) -> list:
+    events = []
+    for line in lines:
+        if not line.startswith("data: "):
+            continue
+        payload = line[len("data: ") :]
+        events.append(payload if payload == "[DONE]" else orjson.loads(payload))
+    return events
+
+
+def wait_idle(server, timeout: float = 15.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        sched = server.info()["scheduler"]
+        if sched["num_running_reqs"] == 0 and sched["num_waiting_reqs"] == 0:
+            return sched
+        assert time.monotonic() < deadline, f"server never went idle: {sched}"
+        time.sleep(0.2)
+
+
+def test_single_and_batch_text_equal_offline_engine(server, engine):
+    prompts = ["The quick brown fox", "In 1492, Columbus", "import numpy as np\n"]
+    single = post(server, "/generate", {"text": prompts[0], "sampling_params": GREEDY}).json()
+    ref = engine.generate(prompts[0], GREEDY)
+    assert single["text"] == ref["text"] and single["output_ids"] == ref["output_ids"]
+    assert single["meta_info"]["prompt_tokens"] == ref["meta_info"]["prompt_tokens"]
+    assert single["meta_info"]["finish_reason"] == ref["meta_info"]["finish_reason"]
+    assert single["meta_info"]["e2e_latency"] > 0
+    batch = post(server, "/generate", {"text": prompts, "sampling_params": GREEDY}).json()
+    refs = engine.generate(prompts, GREEDY)
+    assert [b["text"] for b in batch] == [r["text"] for r in refs]
+
+
+def test_input_ids_and_per_prompt_params(server, engine):
+    ids = [engine.tokenizer.encode("Roses are red,"), engine.tokenizer.encode("Water boils at")]
+    params = [{"max_new_tokens": 5, "temperature": 0}, {"max_new_tokens": 9, "temperature": 0}]
+    out = post(server, "/generate", {"input_ids": ids, "sampling_params": params}).json()
+    refs = engine.generate(input_ids=ids, sampling_params=params)
+    assert [o["output_ids"] for o in out] == [r["output_ids"] for r in refs]
+    assert [o["meta_info"]["completion_tokens"] for o in out] == [5, 9]
+
+
+def test_prefill_only_then_reuse(server):
+    text = "A long shared context about agents and their tools. " * 12
+    first = post(server, "/generate", {"text": text, "sampling_params": {"max_new_tokens": 0}}).json()
+    assert first["text"] == "" and first["output_ids"] == []
+    assert first["meta_info"]["completion_tokens"] == 0
+    n = first["meta_info"]["prompt_tokens"]
+    second = post(server, "/generate", {"text": text + "Next,", "sampling_params": GREEDY}).json()
+    assert second["meta_info"]["cached_tokens"] >= n - 1
+
+
+def test_cache_keys_do_not_share(server):
+    text = "Tenant-private system prompt with many words in it. " * 6
+    post(server, "/generate", {"text": text, "sampling_params": {"max_new_tokens": 0}, "extra_key": "a"})
+    other = post(server, "/generate", {"text": text, "sampling_params": {"max_new_tokens": 1}, "extra_key": "b"})
+    same = post(server, "/generate", {"text": text, "sampling_params": {"max_new_tokens": 1}, "extra_key": "a"})
+    assert other.json()["meta_info"]["cached_tokens"] == 0
+    assert same.json()["meta_info"]["cached_tokens"] > 0
+
+
+def test_logprobs_equal_offline_engine(server, engine):
+    body = {
+        "text": "Paris is the capital of",
+        "sampling_params": {"max_new_tokens": 4, "temperature": 0},
+        "return_logprob": True,
+        "logprob_start_len": 0,
+        "top_logprobs_num": 2,
+        "return_text_in_logprobs": True,
+    }
+    got = post(server, "/generate", body).json()["meta_info"]
+    ref = engine.generate(
+        body["text"], body["sampling_params"], return_logprob=True, logprob_start_len=0, top_logprobs_num=2,
+        return_text_in_logprobs=True,
+    )["meta_info"]
+    for key in ("input_token_logprobs", "output_token_logprobs"):
+        assert len(got[key]) == len(ref[key])
+        for (glp, gid, gtext), (rlp, rid, rtext) in zip(got[key], ref[key], strict=True):
+            assert (gid, gtext) == (rid, rtext)
+            assert (glp is None and rlp is None) or glp == pytest.approx(rlp, abs=1e-4)
+    assert got["input_token_logprobs"][0][0] is None
+    assert [[t[1] for t in top] for top in got["output_top_logprobs"]] == [
+        [t[1] for t in top] for top in ref["output_top_logprobs"]
+    ]
+
+
+def test_stream_is_cumulative_and_ends_with_done(server, engine):
+    body = {"text": "Here is a short poem:", "sampling_params": {"max_new_tokens": 24, "temperature": 0}, "stream": True}
+    with httpx.stream("POST", server.url + "/generate", json=body, timeout=120) as resp:
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        events = sse_events(resp.iter_lines())
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    texts = [c["text"] for c in chunks]
+    assert all(b.startswith(a) for a, b in zip(texts, texts[1:], strict=False))  # cumulative
+    assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
+    ref = engine.generate(body["text"], body["sampling_params"])
+    assert chunks[-1]["text"] == ref["text"]
+    assert chunks[-1]["output_ids"] == ref["output_ids"]
+    assert chunks[-1]["meta_info"]["finish_reason"] == ref["meta_info"]["finish_reason"]
+
+
+def test_n_expands_into_a_batch(server):
+    out = post(server, "/generate", {"text": "Tell me a joke.", "sampling_params": {**GREEDY, "n": 2}}).json()
+    assert isinstance(out, list) and len(out) == 2 and out[0]["text"] == out[1]["text"]
+
+
+def test_info_endpoints(server):
+    assert httpx.get(server.url + "/health").status_code == 200
+    info = httpx.get(server.url + "/get_model_info").json()
+    assert info["is_generation"] is True and info["model_path"]
+    sched = wait_idle(server)
+    assert sched["kv_capacity"] == 40_000 - 1 or sched["kv_capacity"] > 0
+    assert sched["kv_invariant_holds"] is True
+    assert httpx.post(server.url + "/flush_cache").status_code == 200
+    assert wait_idle(server)["kv_evictable"] == 0
+
+
+def test_metrics_count_tokens_and_latency(server):
+    before = _metric(server, "forkserve:generation_tokens_total")
+    post(server, "/generate", {"text": "Metrics test", "sampling_params": {"max_new_tokens": 3, "ignore_eos": True}})
+    text = httpx.get(server.url + "/metrics").text
+    assert _metric(server, "forkserve:generation_tokens_total") == before + 3
+    for name in ("prompt_tokens_total", "cached_tokens_total", "cache_hit_rate", "num_running_reqs",
+                 "num_waiting_reqs", "kv_usage", "time_to_first_token_seconds_bucket",
+                 "inter_token_latency_seconds_count"):
+        assert f"forkserve:{name}" in text, name
+
+
+def _metric(server, name: str) -> float:
+    for line in httpx.get(server.url + "/metrics").text.splitlines():
+        if line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} missing")
+
+
+def test_stream_disconnect_frees_slots(server):
+    aborted = _metric(server, "forkserve:requests_aborted_total")
+    body = {"text": "Write a very long story.", "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}, "stream": True}
+    with httpx.stream("POST", server.url + "/generate", json=body, timeout=120) as resp:
+        lines = resp.iter_lines()
+        got = [next(lines) for _ in range(6)]  # a few tokens in
+    assert any(line.startswith("data: ") for line in got)
+    sched = wait_idle(server)
+    assert sched["kv_held_by_requests"] == 0 and sched["kv_protected"] == 0
+    assert sched["kv_invariant_holds"] is True
+    assert _metric(server, "forkserve:requests_aborted_total") == aborted + 1
+
+
+def test_non_stream_disconnect_frees_slots(server):
+    body = {"text": "Another long story.", "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}
+    with pytest.raises(httpx.ReadTimeout):
+        post(server, "/generate", body, timeout=1.5)
+    sched = wait_idle(server)
+    assert sched["kv_held_by_requests"] == 0 and sched["kv_invariant_holds"] is True

@@ -1,0 +1,144 @@
+"""The OpenAI API through the official ``openai`` client, against a real server; greedy
+outputs must equal the offline ``Engine``'s for the same prompts."""
+
+from __future__ import annotations
+
+import asyncio
+
+import openai
+import pytest
+
+pytestmark = pytest.mark.slow
+
+MODEL = "SmolLM2-135M-Instruct"
+PROMPTS = ["The capital of France is", "List three colors:", "def fibonacci(n):", "Once upon a time, a fox"]
+QUESTIONS = ["Name a planet.", "What is 2 + 2?", "Say hello in French.", "Give me a fruit."]
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def chat_prompt(engine, question: str) -> str:
+    return engine.tokenizer.apply_chat_template([{"role": "user", "content": question}])
+
+
+def greedy(engine, prompt: str, n: int) -> dict:
+    return engine.generate(prompt, {"max_new_tokens": n, "temperature": 0})
+
+
+def test_models_lists_the_served_model(client, server):
+    models = client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL
+
+
+def test_completions_equal_offline_engine(client, engine):
+    resp = client.completions.create(model=MODEL, prompt=PROMPTS, max_tokens=24, temperature=0)
+    assert [c.index for c in resp.choices] == list(range(len(PROMPTS)))
+    for prompt, choice in zip(PROMPTS, resp.choices, strict=True):
+        ref = greedy(engine, prompt, 24)
+        assert choice.text == ref["text"]
+        assert choice.finish_reason == ("length" if ref["meta_info"]["finish_reason"]["type"] == "length" else "stop")
+    assert resp.usage.prompt_tokens == sum(len(engine.tokenizer.encode(p)) for p in PROMPTS)
+
+
+def test_chat_equals_offline_engine_stream_and_not(client, engine):
+    for q in QUESTIONS[:2]:
+        ref = greedy(engine, chat_prompt(engine, q), 32)
+        msgs = [{"role": "user", "content": q}]
+        resp = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=32, temperature=0)
+        assert resp.choices[0].message.content == ref["text"]
+        assert resp.choices[0].message.role == "assistant"
+        assert resp.usage.completion_tokens == ref["meta_info"]["completion_tokens"]
+        chunks = list(
+            client.chat.completions.create(
+                model=MODEL, messages=msgs, max_tokens=32, temperature=0, stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text == ref["text"]
+        finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+        assert finishes == [resp.choices[0].finish_reason]
+        assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == resp.usage.completion_tokens
+
+
+def test_usage_reports_cached_tokens(client):
+    msgs = [{"role": "system", "content": "You are a terse assistant. " * 20}, {"role": "user", "content": "Hi"}]
+    first = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=4, temperature=0)
+    again = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=4, temperature=0)
+    assert again.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 1
+    assert again.usage.prompt_tokens_details.cached_tokens > first.usage.prompt_tokens_details.cached_tokens
+
+
+def test_n_choices_and_max_completion_tokens(client):
+    resp = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Count to ten."}], n=3, temperature=0,
+        max_completion_tokens=12,
+    )
+    assert [c.index for c in resp.choices] == [0, 1, 2]
+    assert len({c.message.content for c in resp.choices}) == 1  # greedy: all the same
+    assert 3 <= resp.usage.completion_tokens <= 36
+
+
+def test_stop_strings_and_seed(client):
+    resp = client.completions.create(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=30, temperature=0, stop=[" 7"])
+    assert resp.choices[0].finish_reason == "stop"
+    assert " 7" not in resp.choices[0].text and resp.choices[0].text.startswith(" 5")
+    kw = dict(model=MODEL, prompt="My favourite animal is", max_tokens=16, temperature=1.0, seed=1234)
+    assert client.completions.create(**kw).choices[0].text == client.completions.create(**kw).choices[0].text
+
+
+def test_extra_sampling_fields(client):
+    resp = client.completions.create(
+        model=MODEL, prompt="Hello", max_tokens=40, temperature=0,
+        extra_body={"ignore_eos": True, "top_k": 5, "min_p": 0.05, "repetition_penalty": 1.1, "min_tokens": 40},
+    )
+    assert resp.usage.completion_tokens == 40
+    assert resp.choices[0].finish_reason == "length"
+
+
+def test_chat_logprobs_match_offline_engine(client, engine):
+    q = QUESTIONS[2]
+    ref = engine.generate(
+        chat_prompt(engine, q), {"max_new_tokens": 8, "temperature": 0}, return_logprob=True, top_logprobs_num=3
+    )
+    resp = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": q}], max_tokens=8, temperature=0, logprobs=True,
+        top_logprobs=3,
+    )
+    content = resp.choices[0].logprobs.content
+    assert len(content) == ref["meta_info"]["completion_tokens"]
+    for got, (lp, _tid, _) in zip(content, ref["meta_info"]["output_token_logprobs"], strict=True):
+        assert got.logprob == pytest.approx(lp, abs=1e-3)
+        assert len(got.top_logprobs) == 3
+        assert got.top_logprobs[0].logprob == pytest.approx(got.logprob, abs=1e-3)  # greedy took the top one
+
+
+def test_completion_logprobs_shape(client):
+    resp = client.completions.create(model=MODEL, prompt="The sky is", max_tokens=6, temperature=0, logprobs=2)
+    lp = resp.choices[0].logprobs
+    assert "".join(lp.tokens) == resp.choices[0].text
+    assert len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 6
+    assert all(len(t) == 2 for t in lp.top_logprobs)
+
+
+def test_async_client_64_concurrent_streams_match_engine(server, engine):
+    refs = {q: greedy(engine, chat_prompt(engine, q), 16)["text"] for q in QUESTIONS}
+
+    async def one(client: openai.AsyncOpenAI, q: str) -> str:
+        stream = await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": q}], max_tokens=16, temperature=0, stream=True
+        )
+        return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+    async def main() -> list[str]:
+        async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as client:
+            return await asyncio.gather(*(one(client, QUESTIONS[i % 4]) for i in range(64)))
+
+    outs = asyncio.run(main())
+    assert len(outs) == 64
+    for i, text in enumerate(outs):
+        assert text == refs[QUESTIONS[i % 4]], f"client {i}"
