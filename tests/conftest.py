@@ -93,9 +93,12 @@ SERVER_ENGINE_ARGS = ("--dtype", "float32", "--max-total-tokens", "40000", "--ch
 @pytest.fixture(scope="session")
 def server():
     """A real ``forkserve serve`` on the default model, shared by the HTTP tests."""
-    from tests.server_process import ServerProcess
+    from tests.server_process import ServerProcess, pid_alive
 
     proc = ServerProcess(*SERVER_ENGINE_ARGS).wait_ready()
+    pids = proc.info()["process_ids"]
     yield proc
-    code = proc.stop()
+    code = proc.stop()  # SIGTERM
     assert code == 0, f"server exited with {code}:\n{proc.read_output()}"
+    left = [name for name, pid in pids.items() if pid_alive(pid)]
+    assert not left, f"processes left behind after SIGTERM: {left}"

@@ -1,0 +1,91 @@
+"""Startup failures, API keys, queue limits, and a dying scheduler: the server fails fast
+and loudly, never hangs, and leaves no process behind."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import time
+
+import httpx
+import pytest
+
+from tests.server_process import ServerProcess, pid_alive
+
+pytestmark = pytest.mark.slow
+
+KEY = {"Authorization": "Bearer s3cret"}
+
+
+def test_port_in_use_fails_fast(server):
+    proc = ServerProcess(port=server.port)
+    code = proc.proc.wait(60)
+    assert code == 1
+    assert "cannot listen" in proc.read_output() and str(server.port) in proc.output
+
+
+def test_missing_model_fails_fast(tmp_path):
+    proc = ServerProcess("--model-path", str(tmp_path / "no-such-model"))
+    code = proc.proc.wait(120)
+    assert code == 1
+    assert "model" in proc.read_output().lower() and "no-such-model" in proc.output
+
+
+@pytest.fixture(scope="module")
+def guarded():
+    """A server with an API key and no queue beyond two running requests."""
+    proc = ServerProcess("--api-key", "s3cret", "--max-running-requests", "2", "--max-queued-requests", "0")
+    deadline = time.monotonic() + 180
+    while True:  # /health_generate is open, so wait_ready works with a key too
+        try:
+            proc.wait_ready(timeout=5)
+            break
+        except TimeoutError:
+            assert time.monotonic() < deadline
+    yield proc
+    proc.stop()
+
+
+def test_api_key_required(guarded):
+    body = {"text": "hi", "sampling_params": {"max_new_tokens": 1}}
+    assert httpx.post(guarded.url + "/generate", json=body).status_code == 401
+    wrong = httpx.post(guarded.url + "/generate", json=body, headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401 and "API key" in wrong.json()["error"]["message"]
+    assert httpx.post(guarded.url + "/generate", json=body, headers=KEY).status_code == 200
+    assert httpx.get(guarded.url + "/v1/models").status_code == 401
+    assert httpx.get(guarded.url + "/health").status_code == 200
+
+
+def test_queue_limit_returns_503_with_retry_after(guarded):
+    body = {"text": "Count slowly:", "sampling_params": {"max_new_tokens": 60, "ignore_eos": True}}
+
+    def one(_: int) -> httpx.Response:
+        return httpx.post(guarded.url + "/generate", json=body, headers=KEY, timeout=120)
+
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        responses = list(pool.map(one, range(6)))
+    codes = sorted(r.status_code for r in responses)
+    assert 200 in codes and 503 in codes, codes
+    busy = next(r for r in responses if r.status_code == 503)
+    assert busy.headers["retry-after"] == "1"
+    assert "capacity" in busy.json()["error"]["message"]
+
+
+def test_scheduler_death_fails_requests_and_exits_nonzero(guarded):
+    info = httpx.get(guarded.url + "/get_server_info", headers=KEY).json()
+    pids = info["process_ids"]
+    body = {"text": "A long tale:", "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True}}
+
+    def long_request() -> httpx.Response:
+        return httpx.post(guarded.url + "/generate", json=body, headers=KEY, timeout=60)
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        fut = pool.submit(long_request)
+        time.sleep(1.0)
+        os.kill(pids["scheduler"], signal.SIGKILL)
+        resp = fut.result(timeout=30)  # an answer, not a hang
+    assert resp.status_code == 500
+    assert "scheduler" in resp.json()["error"]["message"]
+    assert guarded.proc.wait(20) != 0
+    assert not any(pid_alive(p) for p in pids.values())
