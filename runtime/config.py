@@ -63,6 +63,12 @@ class ServerArgs:
     )
     page_size: int = _arg(1, "Tokens per KV page; prefix matches are rounded down to whole pages.")
     random_seed: int = _arg(0, "Seed for sampling requests that do not give their own seed.")
+    tp_size: int = _arg(
+        1,
+        "Tensor parallel size: split every layer across this many worker processes (gloo on CPU, "
+        "NCCL on GPU). Must not exceed the model's KV heads.",
+        aliases=["--tp"],
+    )
     num_threads: int | None = _arg(
         None, "CPU threads for torch (default: torch's own choice, usually one per core)."
     )
@@ -90,6 +96,8 @@ class ServerArgs:
             )
         if self.page_size < 1:
             raise ValueError("page_size must be at least 1")
+        if self.tp_size < 1:
+            raise ValueError("tp_size must be at least 1")
 
     @property
     def resolved_device(self) -> str:
@@ -161,17 +169,17 @@ def cpu_has_native_bf16() -> bool:
 def add_cli_args(parser: argparse.ArgumentParser, cls: type = ServerArgs) -> None:
     """Add one ``--flag`` per dataclass field, with its type, default, choices and help."""
     for f in dataclasses.fields(cls):
-        flag = "--" + f.name.replace("_", "-")
+        flags = ["--" + f.name.replace("_", "-"), *f.metadata.get("aliases", [])]
         meta = f.metadata
         default = f.default
         if f.type in (bool, "bool"):
-            parser.add_argument(flag, action="store_true", help=meta["help"])
+            parser.add_argument(*flags, action="store_true", help=meta["help"])
             continue
         kind = _cli_type(f.type)
         kw: dict[str, Any] = {"type": kind, "default": default, "help": meta["help"]}
         if "choices" in meta:
             kw["choices"] = meta["choices"]
-        parser.add_argument(flag, **kw)
+        parser.add_argument(*flags, dest=f.name, **kw)
 
 
 def _cli_type(annotation: Any) -> type:

@@ -79,6 +79,7 @@ class Engine:
 
     def shutdown(self) -> None:
         self.scheduler.check_invariants()
+        self.worker.shutdown()
 
     def __enter__(self) -> Engine:
         return self

@@ -6,6 +6,8 @@ buffers: they travel as extra ZMQ frames, never as Python lists of ints.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import pickle
 import tempfile
 import uuid
@@ -52,6 +54,13 @@ def new_ipc_names(count: int) -> list[str]:
     """Fresh ``ipc://`` endpoints, unique per server start."""
     base = f"{tempfile.gettempdir()}/forkserve-{uuid.uuid4().hex[:12]}"
     return [f"ipc://{base}-{i}" for i in range(count)]
+
+
+def remove_ipc_files(names: list[str]) -> None:
+    """Delete the socket files that ``ipc://`` endpoints leave behind."""
+    for name in names:
+        with contextlib.suppress(OSError):
+            os.unlink(name.removeprefix("ipc://"))
 
 
 def bind(ctx: zmq.Context, kind: int, endpoint: str) -> zmq.Socket:

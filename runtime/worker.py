@@ -3,6 +3,7 @@ forward per step and samples. It never decides which KV slots to use; the batch 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,11 +12,13 @@ import torch
 from kernels.attention import create_attention_backend
 from radix_cache import ReqToTokenTable
 from runtime.config import ServerArgs
+from runtime.distributed import NO_TP, TPInfo, split_range
 from runtime.forward_context import ForwardContext, forward_context
 from runtime.kv_pool import KVPool
 from runtime.models import load_model
 from runtime.sampling.sampler import sample
 from runtime.scheduler.req import Req
+from runtime.tp_worker import TPPeers
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -48,15 +51,27 @@ class BatchResult:
 
 
 class ModelWorker:
-    def __init__(self, args: ServerArgs, model_dir: Path, eos_token_ids: tuple[int, ...] = ()) -> None:
+    """Rank 0 of the model. With ``--tp-size N`` it starts ranks 1..N-1 (``runtime/tp_worker``)
+    and sends each step's batch to them before its own forward; all ranks then run the same
+    layers on their slices and meet in the all-reduces."""
+
+    def __init__(
+        self, args: ServerArgs, model_dir: Path, eos_token_ids: tuple[int, ...] = (), tp: TPInfo | None = None
+    ) -> None:
         self.args = args
         self.device = args.resolved_device
         self.dtype = _DTYPES[args.resolved_dtype]
-        if args.num_threads:
-            torch.set_num_threads(args.num_threads)
+        threads = args.num_threads or (max(1, (os.cpu_count() or 1) // args.tp_size) if args.tp_size > 1 else None)
+        if threads:
+            torch.set_num_threads(threads)
         if self.device == "cpu":
             _keep_freed_memory_in_process()
-        self.model, self.model_config = load_model(model_dir, self.dtype, self.device)
+        self.peers: TPPeers | None = None
+        if tp is None and args.tp_size > 1:
+            self.peers = TPPeers(args, model_dir)
+            tp = self.peers.tp
+        self.tp = tp or NO_TP
+        self.model, self.model_config = load_model(model_dir, self.dtype, self.device, self.tp)
         cfg = self.model_config
         # EOS ids: the tokenizer's and generation config's (passed in) and the model config's.
         self.eos_token_ids = tuple(sorted(set(eos_token_ids) | set(cfg.eos_token_ids)))
@@ -66,14 +81,16 @@ class ModelWorker:
                 f"max_context_len {self.max_context_len} exceeds the model's "
                 f"max_position_embeddings {cfg.max_position_embeddings}"
             )
+        # Sized by the whole model's KV heads, so every TP rank has the same slots.
         per_slot = KVPool.bytes_per_slot(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.dtype)
         num_tokens = args.max_total_tokens or int(args.kv_cache_memory * 2**30 // per_slot)
         self.num_slots = num_tokens + 1  # plus the reserved padding slot 0
         # Rows for running requests plus headroom for requests admitted in the same step.
         self.req_to_token = ReqToTokenTable(args.max_running_requests + 8, self.max_context_len)
         self.attn_backend = create_attention_backend(args.resolved_attention_backend, self.device)
+        local_kv_heads = split_range(cfg.num_kv_heads, self.tp.size, self.tp.rank)[1]
         self.kv_pool = KVPool(
-            self.num_slots, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.dtype, self.device,
+            self.num_slots, cfg.num_layers, local_kv_heads, cfg.head_dim, self.dtype, self.device,
             layout=self.attn_backend.kv_layout,
         )
         self.default_generator = torch.Generator().manual_seed(args.random_seed)
@@ -87,18 +104,12 @@ class ModelWorker:
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Float32 logits at each request's logit range, concatenated in batch order."""
         rows = torch.tensor([r.row for r in batch.reqs], dtype=torch.int64)
-        ctx = ForwardContext(
-            is_decode=batch.is_decode,
-            req_rows=rows,
-            prefix_lens=batch.prefix_lens,
-            extend_lens=batch.extend_lens,
-            out_cache_loc=batch.out_cache_loc.to(self.device),
-            req_to_token=self.req_to_token.table,
-            kv_pool=self.kv_pool,
-            attn_backend=self.attn_backend,
+        if self.peers is not None:
+            self.peers.send_step(batch, rows, self.req_to_token.table)
+        hidden = self.run_model(
+            batch.is_decode, rows, batch.prefix_lens, batch.extend_lens, batch.out_cache_loc, batch.input_ids,
+            batch.positions,
         )
-        with forward_context(ctx):
-            hidden = self.model(batch.input_ids.to(self.device), batch.positions.to(self.device))
         if batch.is_decode:  # every token is the last of its request
             return self.model.compute_logits(hidden).cpu()
         picks, offset = [], 0
@@ -106,6 +117,35 @@ class ModelWorker:
             picks.append(torch.arange(offset + start - prefix, offset + ext))
             offset += ext
         return self.model.compute_logits(hidden[torch.cat(picks).to(self.device)]).cpu()
+
+    def run_model(
+        self,
+        is_decode: bool,
+        rows: torch.Tensor,
+        prefix_lens: list[int],
+        extend_lens: list[int],
+        out_cache_loc: torch.Tensor,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+    ) -> torch.Tensor:
+        """The model's hidden states for one step (every TP rank runs this)."""
+        ctx = ForwardContext(
+            is_decode=is_decode,
+            req_rows=rows,
+            prefix_lens=prefix_lens,
+            extend_lens=extend_lens,
+            out_cache_loc=out_cache_loc.to(self.device),
+            req_to_token=self.req_to_token.table,
+            kv_pool=self.kv_pool,
+            attn_backend=self.attn_backend,
+        )
+        with forward_context(ctx):
+            return self.model(input_ids.to(self.device), positions.to(self.device))
+
+    def shutdown(self) -> None:
+        if self.peers is not None:
+            self.peers.stop()
+            self.peers = None
 
     def _postprocess(self, batch: ForwardBatch, logits: torch.Tensor) -> BatchResult:
         sample_rows, sample_reqs, banned = [], [], []

@@ -93,7 +93,8 @@ SERVER_ENGINE_ARGS = ("--dtype", "float32", "--max-total-tokens", "40000", "--ch
 @pytest.fixture(scope="session")
 def server():
     """A real ``forkserve serve`` on the default model, shared by the HTTP tests."""
-    from tests.server_process import ServerProcess, pid_alive
+    from bench_agent.local_server import ServerProcess
+    from tests.proc_utils import pid_alive
 
     proc = ServerProcess(*SERVER_ENGINE_ARGS).wait_ready()
     pids = proc.info()["process_ids"]

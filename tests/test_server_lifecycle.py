@@ -11,7 +11,8 @@ import time
 import httpx
 import pytest
 
-from tests.server_process import ServerProcess, pid_alive
+from bench_agent.local_server import ServerProcess
+from tests.proc_utils import pid_alive
 
 pytestmark = pytest.mark.slow
 

@@ -6,16 +6,20 @@ from pathlib import Path
 
 import torch
 
+from runtime.distributed import NO_TP, TPInfo
 from runtime.models.config import ModelConfig
 from runtime.models.llama import LlamaForCausalLM
 
 
-def load_model(folder: Path, dtype: torch.dtype, device: str) -> tuple[LlamaForCausalLM, ModelConfig]:
+def load_model(
+    folder: Path, dtype: torch.dtype, device: str, tp: TPInfo = NO_TP
+) -> tuple[LlamaForCausalLM, ModelConfig]:
+    """The model with this rank's slice of every sharded weight (all of them at TP=1)."""
     from runtime.model_loader.weights import iter_safetensors, load_hf_config
 
     cfg = ModelConfig.from_hf(load_hf_config(folder))
     with torch.device("meta"):
-        model = LlamaForCausalLM(cfg)
+        model = LlamaForCausalLM(cfg, tp)
     model = model.to_empty(device="cpu").to(dtype)
     # Buffers (rotary tables) are not in checkpoints; compute them for real after the meta build.
     model.layers[0].self_attn.rotary.rebuild("cpu")
@@ -36,15 +40,19 @@ def _load_weights(model: LlamaForCausalLM, weights) -> None:  # noqa: ANN001
         name, shard = model.checkpoint_name_map(ckpt_name)
         if name not in params:
             raise ValueError(f"checkpoint tensor {ckpt_name!r} has no place in {type(model).__name__}")
-        if shard is None:
+        module_path, param_name = name.rsplit(".", 1) if "." in name else ("", name)
+        module = model.get_submodule(module_path)
+        if shard is None and hasattr(module, "load_weight"):  # takes its own slice
+            module.load_weight(param_name, tensor)
+            loaded.add(name)
+        elif shard is None:
             if params[name].shape != tensor.shape:
                 raise ValueError(f"{ckpt_name}: shape {tuple(tensor.shape)} != expected {tuple(params[name].shape)}")
             with torch.no_grad():
                 params[name].copy_(tensor)
             loaded.add(name)
         else:
-            module_path, param_name = name.rsplit(".", 1)
-            model.get_submodule(module_path).load_shard(shard, param_name, tensor)
+            module.load_shard(shard, param_name, tensor)
             loaded.add(f"{name}:{shard}")
     expected = set()
     for name, module in model.named_modules():

@@ -12,23 +12,31 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from runtime.distributed import NO_TP, TPInfo, split_range
 from runtime.layers.attention import RadixAttention
-from runtime.layers.linear import MergedLinear
+from runtime.layers.linear import MergedLinear, RowParallelLinear
 from runtime.layers.norm import RMSNorm
 from runtime.layers.rotary import RotaryEmbedding
 from runtime.models.config import ModelConfig
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int, rotary: RotaryEmbedding) -> None:
+    def __init__(self, cfg: ModelConfig, layer_id: int, rotary: RotaryEmbedding, tp: TPInfo) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        self.qkv_proj = MergedLinear(cfg.hidden_size, {"q": q_size, "k": kv_size, "v": kv_size}, cfg.qkv_bias)
-        self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=False)
+        hd = self.head_dim = cfg.head_dim
+        # This rank's KV-head groups and the query heads that read them.
+        kv_start, self.num_kv_heads = split_range(cfg.num_kv_heads, tp.size, tp.rank)
+        group = cfg.num_heads // cfg.num_kv_heads
+        q_start, self.num_heads = kv_start * group, self.num_kv_heads * group
+        q_part, kv_part = (q_start * hd, self.num_heads * hd), (kv_start * hd, self.num_kv_heads * hd)
+        q_size, kv_size = cfg.num_heads * hd, cfg.num_kv_heads * hd
+        self.qkv_proj = MergedLinear(
+            cfg.hidden_size, {"q": q_size, "k": kv_size, "v": kv_size}, cfg.qkv_bias, {"q": q_part, "k": kv_part, "v": kv_part}
+        )
+        self.o_proj = RowParallelLinear(q_size, cfg.hidden_size, q_part, tp)
         self.rotary = rotary
-        self.attn = RadixAttention(layer_id, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
-        self.split = (q_size, kv_size, kv_size)
+        self.attn = RadixAttention(layer_id, self.num_heads, self.num_kv_heads, hd)
+        self.split = (q_part[1], kv_part[1], kv_part[1])
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
@@ -40,12 +48,13 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, tp: TPInfo) -> None:
         super().__init__()
-        width = cfg.intermediate_size
-        self.gate_up_proj = MergedLinear(cfg.hidden_size, {"gate": width, "up": width}, bias=False)
-        self.down_proj = nn.Linear(width, cfg.hidden_size, bias=False)
-        self.width = width
+        full = cfg.intermediate_size
+        part = split_range(full, tp.size, tp.rank)
+        self.gate_up_proj = MergedLinear(cfg.hidden_size, {"gate": full, "up": full}, bias=False, parts={"gate": part, "up": part})
+        self.down_proj = RowParallelLinear(full, cfg.hidden_size, part, tp)
+        self.width = part[1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.width, dim=-1)
@@ -53,12 +62,12 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int, rotary: RotaryEmbedding) -> None:
+    def __init__(self, cfg: ModelConfig, layer_id: int, rotary: RotaryEmbedding, tp: TPInfo) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = LlamaAttention(cfg, layer_id, rotary)
+        self.self_attn = LlamaAttention(cfg, layer_id, rotary, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = LlamaMLP(cfg)
+        self.mlp = LlamaMLP(cfg, tp)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         x = x + self.self_attn(positions, self.input_layernorm(x))
@@ -77,12 +86,15 @@ class LlamaForCausalLM(nn.Module):
     # Checkpoint tensors that carry nothing we need (precomputed rotary tables).
     ignored_weights: tuple[str, ...] = ("rotary_emb.inv_freq",)
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, tp: TPInfo = NO_TP) -> None:
         super().__init__()
+        if cfg.num_kv_heads < tp.size:
+            raise ValueError(f"tensor parallel size {tp.size} exceeds the model's {cfg.num_kv_heads} KV heads")
         self.cfg = cfg
+        # Embedding and head are replicated: at these sizes a vocab split saves little.
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i, rotary) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i, rotary, tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         if cfg.tie_word_embeddings:
             self.lm_head = None

@@ -170,9 +170,7 @@ class Launcher:
             if proc.is_alive():
                 proc.kill()
                 proc.join(1.0)
-        for name in self.ipc_names:
-            with contextlib.suppress(OSError):
-                os.unlink(name.removeprefix("ipc://"))
+        ipc.remove_ipc_files(self.ipc_names)
 
 
 def _interrupt(signum: int, frame: Any) -> None:

@@ -1,8 +1,7 @@
-"""Start and stop a real ``forkserve serve`` process for tests."""
+"""Start and stop a real ``forkserve serve`` process (benchmarks and tests use it)."""
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
@@ -56,16 +55,3 @@ class ServerProcess:
             self.proc.kill()
             self.proc.wait()
             raise
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie is dead for our purposes
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[1][0] != "Z"
-    except FileNotFoundError:
-        return False

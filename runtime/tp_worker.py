@@ -1,0 +1,142 @@
+"""Tensor-parallel ranks 1..N-1: each is a process that receives every step's batch from
+rank 0 over ZMQ and runs the same forward on its slice of the model; the all-reduces inside
+the layers keep the ranks in lockstep. Only rank 0 computes logits and samples.
+
+A step message carries the batch plus the KV slots of every request in it (its rows of
+the request-to-token table), so a rank needs no scheduler state of its own.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+import zmq
+
+from runtime import ipc
+from runtime.distributed import destroy_tensor_parallel, init_tensor_parallel
+
+if TYPE_CHECKING:
+    from runtime.config import ServerArgs
+    from runtime.worker import ForwardBatch
+
+_STOP_TIMEOUT_S = 10.0
+
+
+@dataclass
+class TPStep:
+    is_decode: bool
+    rows: np.ndarray  # int64 [bs]
+    prefix_lens: list[int]
+    extend_lens: list[int]
+    out_cache_loc: np.ndarray  # int64
+    input_ids: np.ndarray  # int64
+    positions: np.ndarray  # int64
+    row_slots: np.ndarray  # int64, each request's slots [0, seq_len), concatenated
+
+
+@dataclass
+class TPStop:
+    pass
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class TPPeers:
+    """Rank 0's handle on the other ranks: starts them, joins the process group with them,
+    sends them each step, stops them."""
+
+    def __init__(self, args: ServerArgs, model_dir: Path) -> None:
+        size = args.tp_size
+        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        endpoints = ipc.new_ipc_names(size - 1)
+        mp = multiprocessing.get_context("spawn")
+        self.procs = [
+            mp.Process(
+                target=run_tp_worker_process,
+                args=(args, str(model_dir), rank, init_method, endpoints[rank - 1], os.getpid()),
+                name=f"forkserve-tp{rank}",
+            )
+            for rank in range(1, size)
+        ]
+        for p in self.procs:
+            p.start()
+        self.zmq = zmq.Context()
+        self.socks = [ipc.connect(self.zmq, zmq.PUSH, ep) for ep in endpoints]
+        self.endpoints = endpoints
+        self.tp = init_tensor_parallel(0, size, init_method, args.resolved_device)
+
+    def send_step(self, batch: ForwardBatch, rows: torch.Tensor, table: torch.Tensor) -> None:
+        seq_lens = [p + e for p, e in zip(batch.prefix_lens, batch.extend_lens, strict=True)]
+        slots = torch.cat([table[r, :n] for r, n in zip(rows.tolist(), seq_lens, strict=True)])
+        msg = TPStep(
+            batch.is_decode,
+            rows.numpy(),
+            batch.prefix_lens,
+            batch.extend_lens,
+            batch.out_cache_loc.cpu().numpy(),
+            batch.input_ids.cpu().numpy(),
+            batch.positions.cpu().numpy(),
+            slots.cpu().numpy(),
+        )
+        frames = ipc.encode(msg)
+        for sock in self.socks:
+            sock.send_multipart(frames, copy=False)
+
+    def stop(self) -> None:
+        for sock in self.socks:
+            ipc.send(sock, TPStop())
+        for p in self.procs:
+            p.join(_STOP_TIMEOUT_S)
+            if p.is_alive():
+                p.kill()
+                p.join(1.0)
+        destroy_tensor_parallel(self.tp)
+        for sock in self.socks:
+            sock.close()
+        ipc.remove_ipc_files(self.endpoints)
+
+
+def run_tp_worker_process(
+    args: ServerArgs, model_dir: str, rank: int, init_method: str, endpoint: str, parent_pid: int
+) -> None:
+    from runtime.worker import ModelWorker
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0's process decides when we stop
+    ctx = zmq.Context()
+    sock = ipc.bind(ctx, zmq.PULL, endpoint)
+    tp = init_tensor_parallel(rank, args.tp_size, init_method, args.resolved_device)
+    worker = ModelWorker(args, Path(model_dir), tp=tp)
+    table = worker.req_to_token.table
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    with torch.inference_mode():
+        while True:
+            if not poller.poll(1000):
+                if os.getppid() != parent_pid:
+                    break  # rank 0 is gone
+                continue
+            msg = ipc.recv(sock)
+            if isinstance(msg, TPStop):
+                break
+            rows = torch.from_numpy(msg.rows)
+            offset = 0
+            for r, p, e in zip(msg.rows.tolist(), msg.prefix_lens, msg.extend_lens, strict=True):
+                table[r, : p + e] = torch.from_numpy(msg.row_slots[offset : offset + p + e])
+                offset += p + e
+            worker.run_model(
+                msg.is_decode, rows, msg.prefix_lens, msg.extend_lens, torch.from_numpy(msg.out_cache_loc),
+                torch.from_numpy(msg.input_ids), torch.from_numpy(msg.positions),
+            )
+    destroy_tensor_parallel(tp)
