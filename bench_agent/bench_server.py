@@ -9,44 +9,37 @@
 2. Added latency at low load: one request at a time (short prompt, a few tokens), p50 of
    the client's wall time through HTTP minus p50 of ``Engine.generate``'s.
 
-Both sides use the same engine arguments; the server runs while the in-process engine is
-idle, so they do not compete for cores.
+Both sides use the same engine arguments and are loaded side by side; measurements
+alternate between them (one runs while the other idles), and medians are compared, so
+drift in the machine's speed affects both alike.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import statistics
 import time
 
 import httpx
+from tqdm import tqdm
 
 from bench_agent.bench_offline import make_prompts
 from bench_agent.local_server import ServerProcess
 
 
-def run_offline(engine_args: dict, prompts: list[list[int]], new_tokens: int, probe: list[int], probe_tokens: int, reps: int) -> tuple[float, list[float]]:
-    from runtime.engine import Engine
-
-    engine = Engine(**engine_args)
+def offline_batch(engine, prompts: list[list[int]], new_tokens: int) -> float:  # noqa: ANN001
     params = {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}
-    engine.generate(input_ids=prompts[:2], sampling_params={**params, "max_new_tokens": 2})  # warm-up
     engine.flush_cache()
     start = time.perf_counter()
-    engine.generate(input_ids=prompts, sampling_params=params, progress=True)
-    secs = time.perf_counter() - start
-    lat = []
-    probe_params = {"temperature": 0, "max_new_tokens": probe_tokens, "ignore_eos": True}
-    for _ in range(reps):
-        t = time.perf_counter()
-        engine.generate(input_ids=probe, sampling_params=probe_params)
-        lat.append(time.perf_counter() - t)
-    engine.shutdown()
-    del engine
-    gc.collect()
-    return secs, lat
+    outs = engine.generate(input_ids=prompts, sampling_params=params)
+    assert all(o["meta_info"]["completion_tokens"] == new_tokens for o in outs)
+    return time.perf_counter() - start
+
+
+def http_batch(url: str, prompts: list[list[int]], new_tokens: int, concurrency: int) -> float:
+    httpx.post(url + "/flush_cache", timeout=60).raise_for_status()
+    return asyncio.run(_http_batch(url, prompts, new_tokens, concurrency))
 
 
 async def _http_batch(url: str, prompts: list[list[int]], new_tokens: int, concurrency: int) -> float:
@@ -66,25 +59,6 @@ async def _http_batch(url: str, prompts: list[list[int]], new_tokens: int, concu
         return time.perf_counter() - start
 
 
-def run_http(cli_args: list[str], prompts: list[list[int]], new_tokens: int, probe: list[int], probe_tokens: int, reps: int, concurrency: int) -> tuple[float, list[float]]:
-    server = ServerProcess(*cli_args).wait_ready()
-    try:
-        params = {"temperature": 0, "max_new_tokens": 2, "ignore_eos": True}
-        httpx.post(server.url + "/generate", json={"input_ids": prompts[:2], "sampling_params": params}, timeout=600)
-        httpx.post(server.url + "/flush_cache", timeout=60)
-        secs = asyncio.run(_http_batch(server.url, prompts, new_tokens, concurrency))
-        lat = []
-        probe_params = {"temperature": 0, "max_new_tokens": probe_tokens, "ignore_eos": True}
-        with httpx.Client(base_url=server.url, timeout=600) as client:
-            for _ in range(reps):
-                t = time.perf_counter()
-                client.post("/generate", json={"input_ids": probe, "sampling_params": probe_params}).raise_for_status()
-                lat.append(time.perf_counter() - t)
-        return secs, lat
-    finally:
-        server.stop()
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="16 prompts, 32 new tokens, 10 latency probes")
@@ -93,9 +67,10 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--reps", type=int, default=30, help="latency probes per side")
+    ap.add_argument("--rounds", type=int, default=3, help="throughput runs per side, alternating")
     ns = ap.parse_args()
     if ns.quick:
-        ns.num_prompts, ns.new_tokens, ns.reps = 16, 32, 10
+        ns.num_prompts, ns.new_tokens, ns.reps, ns.rounds = 16, 32, 10, 2
 
     from runtime.model_loader import resolve_model_path
     from runtime.tokenizer import Tokenizer
@@ -106,12 +81,42 @@ def main() -> None:
     engine_args = {"dtype": ns.dtype, "max_running_requests": max(64, ns.concurrency)}
     cli = ["--dtype", ns.dtype, "--max-running-requests", str(engine_args["max_running_requests"])]
 
-    off_secs, off_lat = run_offline(engine_args, prompts, ns.new_tokens, probe, probe_tokens, ns.reps)
-    http_secs, http_lat = run_http(cli, prompts, ns.new_tokens, probe, probe_tokens, ns.reps, ns.concurrency)
+    from runtime.engine import Engine
+
+    engine = Engine(**engine_args)
+    server = ServerProcess(*cli).wait_ready()
+    probe_params = {"temperature": 0, "max_new_tokens": probe_tokens, "ignore_eos": True}
+    off_times, http_times, off_lat, http_lat = [], [], [], []
+    try:
+        with httpx.Client(base_url=server.url, timeout=600) as client:
+
+            def http_probe() -> float:
+                t = time.perf_counter()
+                client.post("/generate", json={"input_ids": probe, "sampling_params": probe_params}).raise_for_status()
+                return time.perf_counter() - t
+
+            def offline_probe() -> float:
+                t = time.perf_counter()
+                engine.generate(input_ids=probe, sampling_params=probe_params)
+                return time.perf_counter() - t
+
+            offline_batch(engine, prompts[:4], 2)  # warm-up both sides
+            http_batch(server.url, prompts[:4], 2, ns.concurrency)
+            # Alternate the two sides so drift in machine speed hits both alike.
+            for _ in tqdm(range(ns.rounds), desc="throughput rounds"):
+                off_times.append(offline_batch(engine, prompts, ns.new_tokens))
+                http_times.append(http_batch(server.url, prompts, ns.new_tokens, ns.concurrency))
+            for _ in tqdm(range(ns.reps), desc="latency probes"):
+                off_lat.append(offline_probe())
+                http_lat.append(http_probe())
+    finally:
+        server.stop()
+        engine.shutdown()
+    off_secs, http_secs = statistics.median(off_times), statistics.median(http_times)
 
     out_tokens = ns.num_prompts * ns.new_tokens
     off_p50, http_p50 = statistics.median(off_lat) * 1e3, statistics.median(http_lat) * 1e3
-    print(f"\n{ns.num_prompts} prompts of 50-500 tokens x {ns.new_tokens} new tokens, dtype {ns.dtype}")
+    print(f"\nmedians of {ns.rounds} alternating rounds; {ns.num_prompts} prompts of 50-500 tokens x {ns.new_tokens} new tokens, dtype {ns.dtype}")
     print("| measurement | offline Engine | HTTP server | ratio / difference |")
     print("|---|---|---|---|")
     print(
