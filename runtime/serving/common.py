@@ -105,6 +105,9 @@ class ServerContext:
         self.check_available()
         self.check_capacity(len(prompts))
         rids = rids or [self.manager.new_rid() for _ in prompts]
+        taken = [r for r in rids if r in self.manager.states]
+        if taken or len(set(rids)) != len(rids):
+            raise ApiError(400, f"request ids must be unique and not in use: {taken or rids}", param="rid")
         try:
             return [self.manager.submit(rid, ids, p, **opts) for rid, ids, p in zip(rids, prompts, params, strict=True)]
         except ServerUnavailable as err:
