@@ -46,36 +46,62 @@ class Engine:
         return_text_in_logprobs: bool = False,
         namespace: Any = None,
         progress: bool = False,
+        program_id: str | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]]:
         """Generate for one prompt (returns a dict) or a batch (returns a list of dicts),
         shaped like SGLang's ``/generate`` response. Invalid input raises ``ValueError``
-        before anything is queued."""
-        prompts, is_batch = self._prompt_ids(prompt, input_ids)
-        params = self._params(sampling_params, len(prompts))
-        opts = dict(
-            return_logprob=return_logprob,
-            logprob_start_len=logprob_start_len,
-            top_logprobs_num=top_logprobs_num,
+        before anything is queued. ``program_id`` keeps the prompt cached until
+        ``end_program(program_id)``."""
+        reqs, is_batch = self.build_requests(
+            prompt, sampling_params, input_ids, return_logprob, logprob_start_len, top_logprobs_num, namespace,
+            program_id=program_id,
         )
-        _check_logprob_options(return_logprob, logprob_start_len, top_logprobs_num)
-        reqs = []
-        for ids, p in zip(prompts, params, strict=True):
-            for _ in range(p.n):
-                reqs.append(Req(f"req-{next(self._rids)}", ids, p, namespace=namespace, **opts))
-        for req in reqs:
-            self.scheduler.validate_request(req)
         for req in reqs:
             self.scheduler.add_request(req)
         self._run_until_done(reqs, progress)
         outs = [self.format_output(r, return_text_in_logprobs) for r in reqs]
         return outs if is_batch or len(outs) > 1 else outs[0]
 
+    def build_requests(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        return_logprob: bool = False,
+        logprob_start_len: int = -1,
+        top_logprobs_num: int = 0,
+        namespace: Any = None,
+        stream: bool = False,
+        program_id: str | None = None,
+    ) -> tuple[list[Req], bool]:
+        """Validate and tokenize; the ``Req``s to queue (``n`` expanded) and whether the
+        input was a batch. Raises ``ValueError`` naming the problem."""
+        prompts, is_batch = self._prompt_ids(prompt, input_ids)
+        params = self._params(sampling_params, len(prompts))
+        _check_logprob_options(return_logprob, logprob_start_len, top_logprobs_num)
+        opts = dict(
+            return_logprob=return_logprob,
+            logprob_start_len=logprob_start_len,
+            top_logprobs_num=top_logprobs_num,
+            namespace=namespace,
+            stream=stream,
+            program_id=program_id,
+        )
+        reqs = []
+        for ids, p in zip(prompts, params, strict=True):
+            for _ in range(p.n):
+                reqs.append(Req(f"req-{next(self._rids)}", ids, p, **opts))
+        for req in reqs:
+            self.scheduler.validate_request(req)
+        return reqs, is_batch
+
+    def end_program(self, program_id: str) -> None:
+        """Release the cache pins of ``program_id`` (see ``runtime/scheduler/program_pins.py``)."""
+        self.scheduler.end_program(program_id)
+
     def flush_cache(self) -> bool:
         """Drop every cached prefix; refused (False) while requests are queued or running."""
-        if self.scheduler.has_work:
-            return False
-        self.scheduler.tree.reset()
-        return True
+        return self.scheduler.flush_cache()
 
     def shutdown(self) -> None:
         self.scheduler.check_invariants()

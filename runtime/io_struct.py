@@ -28,6 +28,7 @@ class TokenizedGenerateReq:
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
     namespace: Any = None
+    program_id: str | None = None
 
 
 @dataclass
@@ -37,10 +38,12 @@ class AbortReq:
 
 @dataclass
 class ControlReq:
-    """A request/response call into the scheduler: ``kind`` is ``stats`` or ``flush_cache``."""
+    """A request/response call into the scheduler: ``kind`` is ``stats``, ``flush_cache`` or
+    ``end_program`` (``arg``: the program id)."""
 
     call_id: int
     kind: str
+    arg: Any = None
 
 
 @dataclass

@@ -36,6 +36,39 @@ class Tokenizer:
             raise ValueError("this model has no chat template; use completions instead of chat")
         return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
 
+    def role_markers(self) -> dict[str, Any]:
+        """The text the chat template puts around each role's content, found by rendering
+        placeholder messages: ``{"system": [prefix, suffix], "user": [...], "assistant":
+        [...], "default_system": what the template inserts when no system message comes
+        first, "generation_prompt": what opens the assistant's turn}``. A role the template
+        refuses is missing. The DSL builds chat prompts from these."""
+        if not self.hf.chat_template:
+            return {}
+        mark = "\x1eCONTENT\x1e"
+        context = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+
+        def render(msgs: list[dict[str, str]], gen: bool = False) -> str:
+            if not msgs:
+                return ""
+            return self.hf.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)
+
+        out: dict[str, Any] = {}
+        for i, role in enumerate(("system", "user", "assistant")):
+            try:
+                before = render(context[:i])
+                block = render([*context[:i], {"role": role, "content": mark}])
+            except Exception:  # the template refuses this role here (e.g. no system role)
+                continue
+            if block.startswith(before) and mark in block:
+                out[role] = block[len(before) :].split(mark, 1)
+        if "user" in out:
+            with_gen = render(context[:2], gen=True)
+            out["generation_prompt"] = with_gen[len(render(context[:2])) :]
+            first = render([{"role": "user", "content": mark}]).split(mark, 1)[0]
+            prefix = out["user"][0]
+            out["default_system"] = first[: len(first) - len(prefix)] if first.endswith(prefix) else ""
+        return out
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
 

@@ -75,7 +75,7 @@ class SchedulerServer:
             if req is not None:
                 self.send_updates([req])
         elif isinstance(msg, ControlReq):
-            ipc.send(self.send_sock, ControlOut(msg.call_id, self.control(msg.kind)))
+            ipc.send(self.send_sock, ControlOut(msg.call_id, self.control(msg.kind, msg.arg)))
         else:
             raise TypeError(f"scheduler got an unknown message {type(msg).__name__}")
 
@@ -89,6 +89,7 @@ class SchedulerServer:
             top_logprobs_num=msg.top_logprobs_num,
             namespace=msg.namespace,
             stream=msg.stream,
+            program_id=msg.program_id,
         )
         try:
             self.scheduler.add_request(req)
@@ -98,14 +99,13 @@ class SchedulerServer:
             return
         self.sent[req.rid] = 0
 
-    def control(self, kind: str) -> Any:
+    def control(self, kind: str, arg: Any = None) -> Any:
         if kind == "stats":
             return {**self.scheduler.stats(), "num_finished_reqs": self.num_finished}
         if kind == "flush_cache":
-            if self.scheduler.has_work:
-                return False
-            self.scheduler.tree.reset()
-            return True
+            return self.scheduler.flush_cache()
+        if kind == "end_program":
+            return self.scheduler.end_program(arg)
         raise ValueError(f"unknown control call {kind!r}")
 
     # ------------------------------------------------------------------ output

@@ -33,6 +33,7 @@ class Req:
     top_logprobs_num: int = 0
     namespace: Any = None
     stream: bool = False
+    program_id: str | None = None  # pins its prefix in the cache until the program ends
 
     output_ids: list[int] = field(default_factory=list)
     finished_reason: dict[str, Any] | None = None

@@ -18,6 +18,7 @@ from radix_cache import RadixCache, SlotAllocator
 from runtime.config import ServerArgs
 from runtime.scheduler.cache_manager import CacheManager
 from runtime.scheduler.policy import order_waiting
+from runtime.scheduler.program_pins import ProgramPins
 from runtime.scheduler.req import Req
 from runtime.scheduler.stop import check_stop
 from runtime.worker import BatchResult, ForwardBatch, ModelWorker
@@ -47,6 +48,7 @@ class Scheduler:
         self.max_context_len = worker.max_context_len
         self.eos_token_ids = worker.eos_token_ids
         self.num_retractions = 0
+        self.pins = ProgramPins(self.tree, self.allocator.capacity)
 
     # ------------------------------------------------------------------ the loop
     def validate_request(self, req: Req) -> None:
@@ -72,6 +74,8 @@ class Scheduler:
         """Run one batch; return the requests that got a new token or finished."""
         batch = self._prefill_batch() or self._decode_batch()
         if batch is None:
+            if self.has_work and self.pins.release_oldest():
+                return self.step()  # programs' pinned prefixes held the memory: unpin, retry
             if self.has_work:
                 # Admission guarantees every request fits an otherwise empty pool, so work
                 # with nothing runnable is a scheduler bug: fail loudly instead of spinning.
@@ -108,6 +112,18 @@ class Scheduler:
         req.finished_at = time.perf_counter()
         return req
 
+    def end_program(self, program_id: str) -> int:
+        """Release the cache pins of a finished program (see ``program_pins.py``)."""
+        return self.pins.end(program_id)
+
+    def flush_cache(self) -> bool:
+        """Drop every cached prefix; refused (False) while requests are queued or running."""
+        if self.has_work:
+            return False
+        self.pins.release_all()
+        self.tree.reset()
+        return True
+
     def stats(self) -> dict[str, int]:
         """Queue lengths and the KV pool's accounting (the terms of the invariant)."""
         held = sum(r.num_owned_slots for r in self._admitted())
@@ -120,6 +136,7 @@ class Scheduler:
             "kv_protected": self.tree.protected_size,
             "kv_held_by_requests": held,
             "num_retractions": self.num_retractions,
+            "num_pinned_programs": len(self.pins.pins),
         }
 
     # ------------------------------------------------------------------ prefill
@@ -270,7 +287,10 @@ class Scheduler:
                 req.finished_at = time.perf_counter()
                 if req in self.running:
                     self.running.remove(req)
+                computed = req.fill_ids[: req.kv_len]
                 self.cache.release(req)
+                if req.program_id is not None:
+                    self.pins.pin(req.program_id, computed, req.namespace)
             touched.append(req)
         return touched
 

@@ -32,6 +32,7 @@ class ServerContext:
     model_path: str
     info: dict[str, Any] = field(default_factory=dict)  # from the scheduler at startup
     process_ids: dict[str, int] = field(default_factory=dict)
+    role_markers: dict[str, Any] = field(default_factory=dict)  # the chat template, for the DSL
     is_ready: bool = False
     is_shutting_down: bool = False
     started_at: float = field(default_factory=time.time)

@@ -32,7 +32,7 @@ from runtime.serving.common import (
     sse,
     wait_all,
 )
-from runtime.serving.protocol import ApiError, GenerateReqInput, reject_unsupported
+from runtime.serving.protocol import ApiError, EndProgramReq, GenerateReqInput, reject_unsupported
 
 _OPEN_PATHS = ("/health", "/health_generate")
 
@@ -81,6 +81,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
             "preferred_sampling_params": None,
             "weight_version": "default",
             "max_context_len": ctx.max_context_len,
+            "chat_template_roles": ctx.role_markers,
         }
 
     @app.get("/get_server_info")
@@ -103,6 +104,11 @@ def create_app(ctx: ServerContext) -> FastAPI:
             return PlainTextResponse("Cache flushed.\n")
         return PlainTextResponse("Cache not flushed: requests are queued or running.\n", status_code=400)
 
+    @app.post("/end_program")
+    async def end_program(request: Request) -> dict[str, Any]:
+        req: EndProgramReq = await read_body(request, EndProgramReq)
+        return {"released_nodes": await scheduler_call(ctx, "end_program", req.program_id)}
+
     @app.get("/metrics")
     async def metrics() -> Response:
         stats = await scheduler_call(ctx, "stats")
@@ -119,10 +125,10 @@ def create_app(ctx: ServerContext) -> FastAPI:
     return app
 
 
-async def scheduler_call(ctx: ServerContext, kind: str) -> Any:
+async def scheduler_call(ctx: ServerContext, kind: str, arg: Any = None) -> Any:
     ctx.check_available()
     try:
-        return await ctx.manager.call(kind)
+        return await ctx.manager.call(kind, arg)
     except asyncio.TimeoutError as err:
         raise ApiError(503, f"the scheduler did not answer '{kind}' in time") from err
     except Exception as err:
@@ -194,6 +200,7 @@ async def handle_generate(ctx: ServerContext, req: GenerateReqInput, request: Re
         logprob_start_len=req.logprob_start_len,
         top_logprobs_num=req.top_logprobs_num,
         namespace=namespace,
+        program_id=req.program_id,
     )
 
     def render(state: Any) -> dict[str, Any]:

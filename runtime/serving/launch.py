@@ -123,6 +123,7 @@ class Launcher:
         await manager.wait_ready(self.http.startup_timeout, self.dead_child)
         name = self.http.served_model_name or default_model_name(self.args.model_path, model_dir)
         ctx = ServerContext(manager, tokenizer, self.args, self.http, name, self.args.model_path or str(model_dir), manager.info)
+        ctx.role_markers = tokenizer.role_markers()
         ctx.process_ids = {"http": os.getpid(), **{n: p.pid for n, p in self.children.items() if p.pid}}
         receiver = manager.start()
         config = uvicorn.Config(

@@ -51,11 +51,17 @@ class GenerateReqInput(_Strict):
     # Requests with different keys never share cached prefixes (tenants, salts).
     extra_key: str | None = None
     cache_salt: str | None = None
+    # Keep this request's prefix cached until POST /end_program with the same id.
+    program_id: str | None = None
     # accepted at their neutral value only
     image_data: Any = None
     lora_path: Any = None
     input_embeds: Any = None
     token_ids_logprob: Any = None
+
+
+class EndProgramReq(_Strict):
+    program_id: str
 
 
 # ---------------------------------------------------------------- OpenAI API

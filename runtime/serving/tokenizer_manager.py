@@ -148,6 +148,7 @@ class TokenizerManager:
         logprob_start_len: int = -1,
         top_logprobs_num: int = 0,
         namespace: Any = None,
+        program_id: str | None = None,
     ) -> ReqState:
         if self.failure is not None:
             raise ServerUnavailable(self.failure)
@@ -165,6 +166,7 @@ class TokenizerManager:
             logprob_start_len=logprob_start_len,
             top_logprobs_num=top_logprobs_num,
             namespace=namespace,
+            program_id=program_id,
         )
         self.send_sock.send_multipart(ipc.encode(msg), copy=False)
         return state
@@ -200,7 +202,7 @@ class TokenizerManager:
             pass
         return state
 
-    async def call(self, kind: str, timeout: float = 30.0) -> Any:
+    async def call(self, kind: str, arg: Any = None, timeout: float = 30.0) -> Any:
         """A request/response call into the scheduler (``stats``, ``flush_cache``)."""
         if self.failure is not None:
             raise ServerUnavailable(self.failure)
@@ -208,7 +210,7 @@ class TokenizerManager:
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.calls[call_id] = fut
         try:
-            self.send_sock.send_multipart(ipc.encode(ControlReq(call_id, kind)), copy=False)
+            self.send_sock.send_multipart(ipc.encode(ControlReq(call_id, kind, arg)), copy=False)
             return await asyncio.wait_for(fut, timeout)
         finally:
             self.calls.pop(call_id, None)

@@ -1,0 +1,65 @@
+"""forkserve's DSL for branching agent programs, with SGLang's frontend surface:
+
+    import frontend_lang as sgl
+
+    @sgl.function
+    def qa(s, question):
+        s += sgl.user(question)
+        s += sgl.assistant(sgl.gen("answer", max_tokens=64))
+
+    sgl.set_default_backend(sgl.RuntimeEndpoint("http://127.0.0.1:30000"))  # or sgl.EngineBackend()
+    print(qa.run(question="Name a planet.")["answer"])
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from frontend_lang.ir import (
+    assistant,
+    assistant_begin,
+    assistant_end,
+    gen,
+    select,
+    system,
+    system_begin,
+    system_end,
+    user,
+    user_begin,
+    user_end,
+)
+from frontend_lang.program import SglFunction, function, get_default_backend, set_default_backend
+from frontend_lang.state import ProgramError, ProgramState, ProgramStateGroup
+
+__all__ = [
+    "BackendError",
+    "EngineBackend",
+    "ProgramError",
+    "ProgramState",
+    "ProgramStateGroup",
+    "RuntimeEndpoint",
+    "SglFunction",
+    "assistant",
+    "assistant_begin",
+    "assistant_end",
+    "function",
+    "gen",
+    "get_default_backend",
+    "select",
+    "set_default_backend",
+    "system",
+    "system_begin",
+    "system_end",
+    "user",
+    "user_begin",
+    "user_end",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # Backends import httpx / the engine: load them on first use.
+    if name in ("EngineBackend", "RuntimeEndpoint", "BackendError", "Backend"):
+        from frontend_lang import backend
+
+        return getattr(backend, name)
+    raise AttributeError(name)

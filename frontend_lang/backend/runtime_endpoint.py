@@ -1,0 +1,104 @@
+"""The HTTP backend: a forkserve (or SGLang) server's native API."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import orjson
+
+from frontend_lang.backend.base import Backend, BackendError
+
+
+class RuntimeEndpoint(Backend):
+    def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 600.0) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.base_url = base_url.rstrip("/")
+        self.client = httpx.Client(
+            base_url=self.base_url, headers=headers, timeout=timeout, limits=httpx.Limits(max_connections=512)
+        )
+        self.model_info = self._get("/get_model_info")
+
+    def _check(self, resp: httpx.Response) -> Any:
+        if resp.status_code != 200:
+            try:
+                message = resp.json()["error"]["message"]
+            except Exception:
+                message = resp.text[:500]
+            raise BackendError(f"{self.base_url} answered {resp.status_code}: {message}")
+        return resp.json()
+
+    def _get(self, path: str) -> Any:
+        try:
+            return self._check(self.client.get(path))
+        except httpx.HTTPError as err:
+            raise BackendError(f"cannot reach {self.base_url}{path}: {err}") from err
+
+    def _post(self, path: str, body: dict[str, Any]) -> Any:
+        try:
+            return self._check(self.client.post(path, json=body))
+        except httpx.HTTPError as err:
+            raise BackendError(f"cannot reach {self.base_url}{path}: {err}") from err
+
+    def generate(
+        self,
+        prompt: str | list[str],
+        sampling_params: dict[str, Any],
+        *,
+        return_logprob: bool = False,
+        logprob_start_len: int = -1,
+        top_logprobs_num: int = 0,
+        return_text_in_logprobs: bool = False,
+        program_id: str | None = None,
+    ) -> dict[str, Any] | list[dict[str, Any]]:
+        body: dict[str, Any] = {"text": prompt, "sampling_params": sampling_params}
+        if return_logprob:
+            body.update(
+                return_logprob=True,
+                logprob_start_len=logprob_start_len,
+                top_logprobs_num=top_logprobs_num,
+                return_text_in_logprobs=return_text_in_logprobs,
+            )
+        if program_id is not None:
+            body["program_id"] = program_id
+        return self._post("/generate", body)
+
+    def generate_stream(
+        self, prompt: str, sampling_params: dict[str, Any], *, program_id: str | None = None
+    ) -> Iterator[dict[str, Any]]:
+        body: dict[str, Any] = {"text": prompt, "sampling_params": sampling_params, "stream": True}
+        if program_id is not None:
+            body["program_id"] = program_id
+        try:
+            with self.client.stream("POST", "/generate", json=body) as resp:
+                if resp.status_code != 200:
+                    resp.read()
+                    self._check(resp)
+                for line in resp.iter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    payload = line[len("data: ") :]
+                    if payload == "[DONE]":
+                        return
+                    chunk = orjson.loads(payload)
+                    if "error" in chunk:
+                        raise BackendError(f"{self.base_url} stream failed: {chunk['error'].get('message')}")
+                    yield chunk
+        except httpx.HTTPError as err:
+            raise BackendError(f"cannot reach {self.base_url}/generate: {err}") from err
+
+    def role_markers(self) -> dict[str, Any]:
+        roles = self.model_info.get("chat_template_roles")
+        if not roles:
+            raise BackendError(f"{self.base_url} does not publish its chat template roles; roles need a forkserve server")
+        return roles
+
+    def end_program(self, program_id: str) -> None:
+        self._post("/end_program", {"program_id": program_id})
+
+    def flush_cache(self) -> bool:
+        return self.client.post("/flush_cache").status_code == 200
+
+    def shutdown(self) -> None:
+        self.client.close()

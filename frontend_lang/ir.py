@@ -1,0 +1,186 @@
+"""What a program appends to its state: text, ``gen``, ``select`` and role markers.
+
+``s += "text" + gen("x")`` builds a list of these; the state's executor runs them in order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+ROLES = ("system", "user", "assistant")
+
+
+class Expr:
+    def __add__(self, other: Any) -> ExprList:
+        return ExprList([self, as_expr(other)])
+
+    def __radd__(self, other: Any) -> ExprList:
+        return ExprList([as_expr(other), self])
+
+    def describe(self) -> str:
+        return type(self).__name__.lower()
+
+
+@dataclass
+class Constant(Expr):
+    text: str
+
+    def describe(self) -> str:
+        short = self.text if len(self.text) <= 30 else self.text[:27] + "..."
+        return f"text {short!r}"
+
+
+@dataclass
+class Gen(Expr):
+    name: str | None
+    sampling: dict[str, Any]  # native sampling-parameter names; None means "the run's default"
+    return_logprob: bool | None = None
+    logprob_start_len: int | None = None
+    top_logprobs_num: int | None = None
+    return_text_in_logprobs: bool | None = None
+
+    def describe(self) -> str:
+        return f"gen({self.name!r})"
+
+
+@dataclass
+class Select(Expr):
+    name: str | None
+    choices: list[str]
+    temperature: float = 0.0
+
+    def describe(self) -> str:
+        return f"select({self.name!r})"
+
+
+@dataclass
+class RoleBegin(Expr):
+    role: str
+
+    def describe(self) -> str:
+        return f"{self.role}() begin"
+
+
+@dataclass
+class RoleEnd(Expr):
+    role: str
+
+    def describe(self) -> str:
+        return f"{self.role}() end"
+
+
+@dataclass
+class ExprList(Expr):
+    items: list[Expr] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        flat: list[Expr] = []
+        for item in self.items:
+            flat.extend(item.items if isinstance(item, ExprList) else [item])
+        self.items = flat
+
+
+def as_expr(value: Any) -> Expr:
+    if isinstance(value, Expr):
+        return value
+    if isinstance(value, str):
+        return Constant(value)
+    raise TypeError(f"cannot append {type(value).__name__} to a program state; use a str, gen(), select() or a role")
+
+
+def gen(
+    name: str | None = None,
+    max_tokens: int | None = None,
+    min_tokens: int | None = None,
+    stop: str | list[str] | None = None,
+    stop_token_ids: list[int] | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    min_p: float | None = None,
+    frequency_penalty: float | None = None,
+    presence_penalty: float | None = None,
+    repetition_penalty: float | None = None,
+    ignore_eos: bool | None = None,
+    return_logprob: bool | None = None,
+    logprob_start_len: int | None = None,
+    top_logprobs_num: int | None = None,
+    return_text_in_logprobs: bool | None = None,
+    choices: list[str] | None = None,
+    regex: str | None = None,
+    json_schema: str | None = None,
+    dtype: type | None = None,
+    seed: int | None = None,
+) -> Expr:
+    """Generate text into variable ``name``. With ``choices`` it is ``select``."""
+    if choices is not None:
+        return select(name, choices, temperature=temperature or 0.0)
+    if regex is not None or json_schema is not None or dtype is not None:
+        raise ValueError("gen(): constrained decoding (regex, json_schema, dtype) is not supported by forkserve yet")
+    sampling = {
+        "max_new_tokens": max_tokens,
+        "min_new_tokens": min_tokens,
+        "stop": stop,
+        "stop_token_ids": stop_token_ids,
+        "temperature": temperature,
+        "top_p": top_p,
+        "top_k": top_k,
+        "min_p": min_p,
+        "frequency_penalty": frequency_penalty,
+        "presence_penalty": presence_penalty,
+        "repetition_penalty": repetition_penalty,
+        "ignore_eos": ignore_eos,
+        "seed": seed,
+    }
+    return Gen(name, sampling, return_logprob, logprob_start_len, top_logprobs_num, return_text_in_logprobs)
+
+
+def select(name: str | None = None, choices: list[str] | None = None, temperature: float = 0.0) -> Select:
+    """Append the choice with the highest token-length-normalised logprob (greedy only)."""
+    if not choices or not all(isinstance(c, str) for c in choices):
+        raise ValueError("select(): choices must be a non-empty list of strings")
+    if temperature > 1e-5:
+        raise ValueError("select(): only temperature 0 is supported (the choice is an argmax)")
+    return Select(name, list(choices), temperature)
+
+
+def _role(role: str, expr: Any = None) -> ExprList:
+    inner = [] if expr is None else [as_expr(expr)]
+    return ExprList([RoleBegin(role), *inner, RoleEnd(role)])
+
+
+def system(expr: Any = None) -> ExprList:
+    return _role("system", expr)
+
+
+def user(expr: Any = None) -> ExprList:
+    return _role("user", expr)
+
+
+def assistant(expr: Any = None) -> ExprList:
+    return _role("assistant", expr)
+
+
+def system_begin() -> RoleBegin:
+    return RoleBegin("system")
+
+
+def system_end() -> RoleEnd:
+    return RoleEnd("system")
+
+
+def user_begin() -> RoleBegin:
+    return RoleBegin("user")
+
+
+def user_end() -> RoleEnd:
+    return RoleEnd("user")
+
+
+def assistant_begin() -> RoleBegin:
+    return RoleBegin("assistant")
+
+
+def assistant_end() -> RoleEnd:
+    return RoleEnd("assistant")

@@ -1,0 +1,178 @@
+"""``@function`` programs, ``run`` and ``run_batch``, and the default backend."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from tqdm import tqdm
+
+from frontend_lang.backend.base import Backend
+from frontend_lang.state import Program, ProgramState
+
+_default_backend: Backend | None = None
+
+
+def set_default_backend(backend: Any) -> None:
+    """The backend programs use when ``run`` is given none: a ``RuntimeEndpoint``, an
+    ``EngineBackend``, or a ``runtime.Engine`` (wrapped in an ``EngineBackend``)."""
+    global _default_backend
+    _default_backend = _as_backend(backend)
+
+
+def get_default_backend() -> Backend | None:
+    return _default_backend
+
+
+def _as_backend(backend: Any) -> Backend:
+    if isinstance(backend, Backend):
+        return backend
+    from runtime.engine import Engine
+
+    if isinstance(backend, Engine):
+        from frontend_lang.backend.engine import EngineBackend
+
+        return EngineBackend(backend)
+    raise TypeError(f"not a backend: {type(backend).__name__}; use RuntimeEndpoint(url) or EngineBackend()")
+
+
+def _run_defaults(
+    max_new_tokens: int = 128,
+    stop: str | list[str] | None = None,
+    stop_token_ids: list[int] | None = None,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = -1,
+    min_p: float = 0.0,
+    frequency_penalty: float = 0.0,
+    presence_penalty: float = 0.0,
+    ignore_eos: bool = False,
+    return_logprob: bool = False,
+    logprob_start_len: int = -1,
+    top_logprobs_num: int = 0,
+    return_text_in_logprobs: bool = False,
+) -> dict[str, Any]:
+    return {
+        "sampling": {
+            "max_new_tokens": max_new_tokens,
+            "stop": stop,
+            "stop_token_ids": stop_token_ids,
+            "temperature": temperature,
+            "top_p": top_p,
+            "top_k": top_k,
+            "min_p": min_p,
+            "frequency_penalty": frequency_penalty,
+            "presence_penalty": presence_penalty,
+            "ignore_eos": ignore_eos,
+        },
+        "return_logprob": return_logprob,
+        "logprob_start_len": logprob_start_len,
+        "top_logprobs_num": top_logprobs_num,
+        "return_text_in_logprobs": return_text_in_logprobs,
+    }
+
+
+class SglFunction:
+    """A program: a Python function whose first parameter is the state ``s``."""
+
+    def __init__(self, func: Callable[..., Any]) -> None:
+        self.func = func
+        functools.update_wrapper(self, func)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if args and isinstance(args[0], ProgramState):  # called from inside another program
+            return self.func(*args, **kwargs)
+        return self.run(*args, **kwargs)
+
+    def run(
+        self,
+        *args: Any,
+        backend: Any = None,
+        stream: bool = False,
+        pin_cache: bool = True,
+        **kwargs: Any,
+    ) -> ProgramState:
+        """Run the program; returns its state (``s.text()``, ``s["var"]``, ``s.ret_value``).
+        Sampling defaults (``max_new_tokens=128``, ``temperature=1.0``, ``stop``, ...) apply
+        to every ``gen`` that does not set them. ``pin_cache`` keeps the program's prefixes
+        in the server's cache while it runs. With ``stream=True`` the program runs in the
+        background; read it with ``s.text_iter()``."""
+        defaults_kw = {k: kwargs.pop(k) for k in list(kwargs) if k in _run_defaults.__code__.co_varnames}
+        chosen = _as_backend(backend) if backend is not None else _default_backend
+        if chosen is None:
+            raise RuntimeError("no backend: pass backend=... or call set_default_backend(...) first")
+        program = Program(chosen, _run_defaults(**defaults_kw), pin_cache, stream)
+        state = ProgramState(program)
+
+        def body() -> None:
+            try:
+                state.ret_value = self.func(state, *args, **kwargs)
+            except Exception as err:
+                state._error = err  # noqa: SLF001 - the body itself failed
+            finally:
+                program.sync_all()
+                try:
+                    program.end()
+                finally:
+                    for st in list(program.states):
+                        st.mark_finished()
+
+        if stream:
+            threading.Thread(target=body, daemon=True, name=f"program-{self.__name__}").start()
+            return state
+        body()
+        state.sync()
+        return state
+
+    def run_batch(
+        self,
+        batch_kwargs: list[dict[str, Any]],
+        *,
+        num_threads: int | str = "auto",
+        progress_bar: bool = False,
+        backend: Any = None,
+        **defaults: Any,
+    ) -> list[ProgramState]:
+        """Run the program once per kwargs dict, ``num_threads`` at a time (``auto``: all of
+        them up to 256, so their requests batch together). A program that fails does not
+        stop the others: its state's ``error()`` says why and reading it raises."""
+        if num_threads == "auto":
+            workers = max(1, min(len(batch_kwargs), 256))
+        elif isinstance(num_threads, int) and num_threads >= 1:
+            workers = num_threads
+        else:
+            raise ValueError(f"num_threads must be 'auto' or a positive integer, got {num_threads!r}")
+
+        def one(kw: dict[str, Any]) -> ProgramState:
+            try:
+                return self.run(backend=backend, **defaults, **kw)
+            except Exception as err:  # kept in the state; the caller inspects error()
+                return _failed_state(err, backend)
+
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+            futures = [pool.submit(one, kw) for kw in batch_kwargs]
+            with tqdm(total=len(futures), desc=self.__name__, disable=not progress_bar) as bar:
+                for f in concurrent.futures.as_completed(futures):
+                    bar.update(1)
+                    del f
+            return [f.result() for f in futures]
+
+
+def _failed_state(err: Exception, backend: Any) -> ProgramState:
+    chosen = _as_backend(backend) if backend is not None else _default_backend
+    state = ProgramState(Program(chosen, _run_defaults(), pin_cache=False, stream=False))  # type: ignore[arg-type]
+    state._error = err  # noqa: SLF001
+    state.mark_finished()
+    return state
+
+
+def function(func: Callable[..., Any] | None = None, **_: Any) -> Any:
+    """Decorator: ``@function`` makes a program of ``def prog(s, ...)``."""
+    if func is None:
+        return lambda f: SglFunction(f)
+    return SglFunction(func)
+
+

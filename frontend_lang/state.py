@@ -1,0 +1,353 @@
+"""A running program's state: its text, variables and chat messages, and the executor
+that runs what the program appends.
+
+``s += expr`` only queues ``expr``; a worker thread per state runs the queue in order
+against the backend. So the branches of a fork run at the same time and their requests
+reach the scheduler together. Reading (``s["x"]``, ``s.text()``) waits for the queue.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import threading
+import traceback
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+from frontend_lang.backend.base import Backend
+from frontend_lang.choices import select_choice
+from frontend_lang.ir import Constant, Expr, ExprList, Gen, RoleBegin, RoleEnd, Select, as_expr
+
+
+class ProgramError(RuntimeError):
+    """An operation of a program failed; the message names it and the program line."""
+
+
+class Program:
+    """What all states of one ``run`` share: backend, defaults, the id that pins the
+    program's prefixes in the server's cache, and every state (to wait for them at the end)."""
+
+    def __init__(self, backend: Backend, defaults: dict[str, Any], pin_cache: bool, stream: bool) -> None:
+        self.backend = backend
+        self.defaults = defaults
+        self.program_id = f"prog-{uuid.uuid4().hex[:16]}" if pin_cache else None
+        self.stream = stream
+        self.states: list[ProgramState] = []
+        self.lock = threading.Lock()
+        self._markers: dict[str, Any] | None = None
+
+    @property
+    def markers(self) -> dict[str, Any]:
+        if self._markers is None:
+            self._markers = self.backend.role_markers()
+        return self._markers
+
+    def sync_all(self) -> None:
+        with self.lock:
+            states = list(self.states)
+        for s in states:
+            s.sync(raise_error=False)
+
+    def end(self) -> None:
+        if self.program_id is not None:
+            self.backend.end_program(self.program_id)
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _caller_line() -> str:
+    """``file:line: code`` of the program line that appended the expression."""
+    for frame in reversed(traceback.extract_stack()):
+        if not os.path.abspath(frame.filename).startswith(_PACKAGE_DIR + os.sep) and "contextlib" not in frame.filename:
+            return f"{frame.filename}:{frame.lineno}: {(frame.line or '').strip()}"
+    return "<unknown>"
+
+
+class ProgramState:
+    def __init__(self, program: Program, parent: ProgramState | None = None) -> None:
+        self.program = program
+        self.text_ = parent.text_ if parent else ""
+        self.variables: dict[str, Any] = dict(parent.variables) if parent else {}
+        self.meta_info: dict[str, Any] = dict(parent.meta_info) if parent else {}
+        self.messages_: list[dict[str, str]] = list(parent.messages_) if parent else []
+        self.role: str | None = parent.role if parent else None
+        self.role_start = parent.role_start if parent else 0
+        self.ret_value: Any = None
+        self._error: BaseException | None = None
+        self._pending: collections.deque[tuple[Expr, str]] = collections.deque()
+        self._running = False
+        self._cond = threading.Condition()
+        self._chunks: list[tuple[str | None, str]] = []  # streaming: (variable or None, text)
+        self._finished = False
+        with program.lock:
+            program.states.append(self)
+
+    # ------------------------------------------------------------------ appending
+    def __iadd__(self, other: Any) -> ProgramState:
+        self.submit(as_expr(other), _caller_line())
+        return self
+
+    def submit(self, expr: Expr, where: str) -> None:
+        items = expr.items if isinstance(expr, ExprList) else [expr]
+        with self._cond:
+            self._pending.extend((item, where) for item in items)
+            if not self._running:
+                self._running = True
+                threading.Thread(target=self._drain, daemon=True, name="forkserve-program").start()
+
+    @contextlib.contextmanager
+    def _role_scope(self, role: str) -> Iterator[None]:
+        where = _caller_line()
+        self.submit(RoleBegin(role), where)
+        yield
+        self.submit(RoleEnd(role), where)
+
+    def system(self) -> contextlib.AbstractContextManager[None]:
+        return self._role_scope("system")
+
+    def user(self) -> contextlib.AbstractContextManager[None]:
+        return self._role_scope("user")
+
+    def assistant(self) -> contextlib.AbstractContextManager[None]:
+        return self._role_scope("assistant")
+
+    # ------------------------------------------------------------------ reading
+    def sync(self, raise_error: bool = True) -> None:
+        with self._cond:
+            while self._running:
+                self._cond.wait()
+        if raise_error and self._error is not None:
+            raise self._error
+
+    def error(self) -> BaseException | None:
+        self.sync(raise_error=False)
+        return self._error
+
+    def text(self) -> str:
+        self.sync()
+        return self.text_
+
+    def __getitem__(self, name: str) -> Any:
+        self.sync()
+        if name not in self.variables:
+            raise KeyError(f"no variable {name!r} in this program state (have: {sorted(self.variables)})")
+        return self.variables[name]
+
+    def get_var(self, name: str) -> Any:
+        return self[name]
+
+    def set_var(self, name: str, value: Any) -> None:
+        self.sync()
+        self.variables[name] = value
+
+    def get_meta_info(self, name: str) -> Any:
+        self.sync()
+        return self.meta_info.get(name)
+
+    def messages(self) -> list[dict[str, str]]:
+        self.sync()
+        return list(self.messages_)
+
+    def __contains__(self, name: str) -> bool:
+        self.sync()
+        return name in self.variables
+
+    def __repr__(self) -> str:
+        return f"ProgramState({self.text()!r})"
+
+    # ------------------------------------------------------------------ forking
+    def fork(self, size: int = 1) -> ProgramStateGroup:
+        """``size`` copies that continue independently. The shared text is prefilled once
+        first, so every branch reuses it from the cache."""
+        if not isinstance(size, int) or size < 1:
+            raise ValueError(f"fork(): size must be a positive integer, got {size!r}")
+        self.sync()
+        if size > 1 and self.text_:
+            try:
+                self.program.backend.cache_prefix(self.text_, self.program.program_id)
+            except Exception as err:
+                raise ProgramError(f"fork({size}) at {_caller_line()} failed: {err}") from err
+        return ProgramStateGroup([ProgramState(self.program, parent=self) for _ in range(size)], self)
+
+    # ------------------------------------------------------------------ streaming
+    def text_iter(self, var_name: str | None = None) -> Iterator[str]:
+        """Text as it is produced (only ``var_name``'s if given), until the program ends.
+        Needs ``run(..., stream=True)``."""
+        if not self.program.stream:
+            raise ValueError("text_iter() needs run(..., stream=True)")
+        i = 0
+        while True:
+            with self._cond:
+                while i >= len(self._chunks) and not self._finished:
+                    self._cond.wait()
+                chunks, done = self._chunks[i:], self._finished
+            i += len(chunks)
+            for var, text in chunks:
+                if var_name is None or var == var_name:
+                    yield text
+            if done and i >= len(self._chunks):
+                if self._error is not None:
+                    raise self._error
+                return
+
+    async def text_async_iter(self, var_name: str | None = None) -> AsyncIterator[str]:
+        import asyncio
+
+        it = self.text_iter(var_name)
+        done = object()
+        while True:
+            chunk = await asyncio.to_thread(next, it, done)
+            if chunk is done:
+                return
+            yield chunk  # type: ignore[misc]
+
+    def _emit(self, var: str | None, text: str) -> None:
+        if self.program.stream and text:
+            with self._cond:
+                self._chunks.append((var, text))
+                self._cond.notify_all()
+
+    def mark_finished(self) -> None:
+        with self._cond:
+            self._finished = True
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------------ executor
+    def _drain(self) -> None:
+        while True:
+            with self._cond:
+                if not self._pending:
+                    self._running = False
+                    self._cond.notify_all()
+                    return
+                expr, where = self._pending.popleft()
+            if self._error is not None:
+                continue  # an earlier operation failed: the rest of the program is skipped
+            try:
+                self._execute(expr)
+            except Exception as err:
+                self._error = ProgramError(f"{expr.describe()} at {where} failed: {err}")
+                self._error.__cause__ = err
+
+    def _append(self, text: str, var: str | None = None) -> None:
+        self.text_ += text
+        self._emit(var, text)
+
+    def _execute(self, expr: Expr) -> None:
+        if isinstance(expr, Constant):
+            self._append(expr.text)
+        elif isinstance(expr, Gen):
+            self._gen(expr)
+        elif isinstance(expr, Select):
+            decision, meta = select_choice(self.program.backend, self.text_, expr.choices, self.program.program_id)
+            self._append(decision, expr.name)
+            if expr.name:
+                self.variables[expr.name], self.meta_info[expr.name] = decision, meta
+        elif isinstance(expr, RoleBegin):
+            self._role_begin(expr.role)
+        elif isinstance(expr, RoleEnd):
+            self._role_end(expr.role)
+        else:
+            raise TypeError(f"unknown expression {expr!r}")
+
+    def _gen(self, expr: Gen) -> None:
+        defaults = self.program.defaults
+        params = {k: v for k, v in defaults["sampling"].items() if v is not None}
+        params.update({k: v for k, v in expr.sampling.items() if v is not None})
+        opts = {
+            k: (getattr(expr, k) if getattr(expr, k) is not None else defaults[k])
+            for k in ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
+        }
+        backend, pid = self.program.backend, self.program.program_id
+        if self.program.stream and not opts["return_logprob"]:
+            out: dict[str, Any] = {}
+            shown = 0
+            for out in backend.generate_stream(self.text_, params, program_id=pid):
+                self._emit(expr.name, out["text"][shown:])
+                shown = max(shown, len(out["text"]))
+            self.text_ += out["text"]
+        else:
+            out = backend.generate(self.text_, params, program_id=pid, **opts)  # type: ignore[assignment]
+            self._append(out["text"], expr.name)
+        if expr.name:
+            self.variables[expr.name] = out["text"]
+            self.meta_info[expr.name] = out["meta_info"]
+
+    def _markers_for(self, role: str) -> list[str]:
+        markers = self.program.markers
+        if role not in markers:
+            raise ValueError(f"the model's chat template has no {role!r} role")
+        return markers[role]
+
+    def _role_begin(self, role: str) -> None:
+        if self.role is not None:
+            raise ValueError(f"{role}() started inside {self.role}(); roles do not nest")
+        prefix, _ = self._markers_for(role)
+        if not self.messages_ and role != "system":
+            default = self.program.markers.get("default_system", "")
+            if default:  # what the template inserts when a chat does not start with a system turn
+                self._append(default)
+                sys_prefix, sys_suffix = self.program.markers.get("system", ["", ""])
+                content = default.removeprefix(sys_prefix).removesuffix(sys_suffix)
+                self.messages_.append({"role": "system", "content": content})
+        self._append(prefix)
+        self.role, self.role_start = role, len(self.text_)
+
+    def _role_end(self, role: str) -> None:
+        if self.role != role:
+            raise ValueError(f"{role}() ended while in {self.role or 'no'} role")
+        _, suffix = self._markers_for(role)
+        content = self.text_[self.role_start :]
+        self._append(suffix)
+        self.messages_.append({"role": role, "content": content})
+        self.role = None
+
+
+class ProgramStateGroup:
+    """The branches of a fork. ``+=`` appends to every branch: one expression for all, a
+    list (one each), or a function of the branch index."""
+
+    def __init__(self, states: list[ProgramState], parent: ProgramState) -> None:
+        self.states = states
+        self.parent = parent
+
+    def __getitem__(self, i: int) -> ProgramState:
+        return self.states[i]
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+    def __iter__(self) -> Iterator[ProgramState]:
+        return iter(self.states)
+
+    def __iadd__(self, other: Any) -> ProgramStateGroup:
+        where = _caller_line()
+        if isinstance(other, list):
+            if len(other) != len(self.states):
+                raise ValueError(f"appending {len(other)} expressions to {len(self.states)} branches")
+            parts: list[Any] = other
+        elif callable(other) and not isinstance(other, Expr):
+            fn: Callable[[int], Any] = other
+            parts = [fn(i) for i in range(len(self.states))]
+        else:
+            parts = [other] * len(self.states)
+        for state, part in zip(self.states, parts, strict=True):
+            state.submit(as_expr(part), where)
+        return self
+
+    def join(self, mode: str = "gather_variable") -> None:
+        """Wait for every branch; copy each variable the branches set into the parent as a
+        list (one value per branch)."""
+        if mode != "gather_variable":
+            raise ValueError(f"join(): only mode 'gather_variable' is supported, got {mode!r}")
+        for s in self.states:
+            s.sync()
+        names = {n for s in self.states for n in s.variables}
+        self.parent.sync()
+        for name in sorted(names):
+            self.parent.variables[name] = [s.variables.get(name) for s in self.states]
+            self.parent.meta_info[name] = [s.meta_info.get(name) for s in self.states]

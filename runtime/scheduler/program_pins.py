@@ -1,0 +1,78 @@
+"""Program-aware caching: keep a running program's conversation in the radix cache.
+
+An agent program calls the server many times; between its calls, other traffic may push
+its prefix out of an LRU cache, and the next call recomputes it. While a program runs,
+each of its finished requests pins the tree node its tokens end at (a lock, as a running
+request holds), so the program's prefixes cannot be evicted. A newer pin on a descendant
+replaces the pin on its ancestor (the lock covers the whole path). ``end`` releases them.
+
+Pins are a priority, never a reason to fail: a pin that would lock more than
+``max_fraction`` of the pool is not taken, and when the scheduler cannot admit work
+because of pins, the oldest program's pins are dropped (``release_oldest``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+from radix_cache import RadixCache, TreeNode
+
+
+class ProgramPins:
+    def __init__(self, tree: RadixCache, capacity: int, max_fraction: float = 0.5) -> None:
+        self.tree = tree
+        self.max_locked = int(capacity * max_fraction)
+        self.pins: dict[str, list[TreeNode]] = {}  # oldest program first
+
+    @property
+    def num_pinned_nodes(self) -> int:
+        return sum(len(nodes) for nodes in self.pins.values())
+
+    def pin(self, program_id: str, token_ids: Sequence[int], namespace: Hashable = None) -> bool:
+        """Pin the cached prefix of ``token_ids`` for ``program_id``; False if not pinned."""
+        if self.tree.disable or not token_ids:
+            return False
+        node = self.tree.match_prefix(token_ids, namespace).last_node
+        if node.is_root:
+            return False
+        nodes = self.pins.setdefault(program_id, [])
+        if node in nodes:
+            return True
+        self.tree.inc_lock_ref(node)
+        if self.tree.protected_size > self.max_locked:
+            self.tree.dec_lock_ref(node)
+            if not nodes:
+                del self.pins[program_id]
+            return False
+        ancestors = _ancestors(node)
+        for old in [n for n in nodes if n in ancestors]:
+            self.tree.dec_lock_ref(old)
+            nodes.remove(old)
+        nodes.append(node)
+        return True
+
+    def end(self, program_id: str) -> int:
+        """Release every pin of ``program_id``; returns how many nodes were released."""
+        nodes = self.pins.pop(program_id, [])
+        for node in nodes:
+            self.tree.dec_lock_ref(node)
+        return len(nodes)
+
+    def release_oldest(self) -> bool:
+        if not self.pins:
+            return False
+        self.end(next(iter(self.pins)))
+        return True
+
+    def release_all(self) -> None:
+        while self.release_oldest():
+            pass
+
+
+def _ancestors(node: TreeNode) -> set[TreeNode]:
+    out = set()
+    parent = node.parent
+    while parent is not None:
+        out.add(parent)
+        parent = parent.parent
+    return out
