@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -12,6 +13,8 @@ from tqdm import tqdm
 
 from frontend_lang.backend.base import Backend
 from frontend_lang.state import Program, ProgramState
+
+logger = logging.getLogger(__name__)
 
 _default_backend: Backend | None = None
 
@@ -116,6 +119,8 @@ class SglFunction:
                 program.sync_all()
                 try:
                     program.end()
+                except Exception as err:  # the pins expire under pressure anyway; say so
+                    logger.warning("could not release the cache pins of %s: %s", self.__name__, err)
                 finally:
                     for st in list(program.states):
                         st.mark_finished()

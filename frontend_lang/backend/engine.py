@@ -33,6 +33,7 @@ class EngineBackend(Backend):
     def __init__(self, engine: Any = None, **server_args: Any) -> None:
         from runtime.engine import Engine
 
+        self.owns_engine = engine is None  # shut down only an engine we started
         self.engine = engine if engine is not None else Engine(**server_args)
         self._inbox: queue.Queue[Any] = queue.Queue()
         self._calls: dict[Req, _Call] = {}
@@ -104,7 +105,8 @@ class EngineBackend(Backend):
             self._stopped = True
             self._inbox.put(None)
             self._thread.join(30)
-            self.engine.shutdown()
+            if self.owns_engine:
+                self.engine.shutdown()
 
     # ------------------------------------------------------------------ driver
     def _build(self, prompt: str | list[str], sampling_params: dict[str, Any], **opts: Any) -> tuple[list[Req], bool]:

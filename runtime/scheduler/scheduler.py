@@ -48,6 +48,7 @@ class Scheduler:
         self.max_context_len = worker.max_context_len
         self.eos_token_ids = worker.eos_token_ids
         self.num_retractions = 0
+        self.num_prefill_tokens = 0  # prompt tokens computed (not served from the cache)
         self.pins = ProgramPins(self.tree, self.allocator.capacity)
 
     # ------------------------------------------------------------------ the loop
@@ -86,6 +87,8 @@ class Scheduler:
             self.check_invariants()
             return []
         result = self.worker.run_batch(batch)
+        if not batch.is_decode:
+            self.num_prefill_tokens += sum(batch.extend_lens)
         return self._process(batch, result)
 
     def check_invariants(self) -> None:
@@ -137,6 +140,7 @@ class Scheduler:
             "kv_held_by_requests": held,
             "num_retractions": self.num_retractions,
             "num_pinned_programs": len(self.pins.pins),
+            "num_prefill_tokens": self.num_prefill_tokens,
         }
 
     # ------------------------------------------------------------------ prefill

@@ -1,0 +1,210 @@
+"""The DSL against the in-process engine and a real server: the examples give the same
+text on both, fork prefills its prefix once, select agrees with transformers, errors name
+the program line, run_batch keeps going past a failed program, streaming works."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+import torch
+
+import frontend_lang as sgl
+from examples.llm_judge import llm_judge
+from examples.react_tool import react
+from examples.self_critique import self_critique
+from examples.tree_of_thought import tree_of_thought
+
+pytestmark = pytest.mark.slow
+
+EXAMPLES = [
+    (self_critique, {"task": "Explain rain to a child.", "good_enough": 11}),
+    (tree_of_thought, {"question": "How can I sleep better?", "width": 2, "depth": 2}),
+    (llm_judge, {"question": "What is 2 + 2?", "answer": "4, because two pairs make four."}),
+    (react, {"question": "How many people live in the capital of Japan?"}),
+]
+
+
+@pytest.fixture(scope="module")
+def local(engine):
+    backend = sgl.EngineBackend(engine)
+    yield backend
+    backend.shutdown()  # stops the driver thread; the shared engine stays up
+
+
+@pytest.fixture(scope="module")
+def remote(server):
+    backend = sgl.RuntimeEndpoint(server.url)
+    yield backend
+    backend.shutdown()
+
+
+@pytest.mark.parametrize(("program", "kwargs"), EXAMPLES, ids=lambda x: getattr(x, "__name__", ""))
+def test_examples_same_text_in_process_and_over_http(program, kwargs, local, remote):
+    a = program.run(**kwargs, temperature=0, backend=local)
+    b = program.run(**kwargs, temperature=0, backend=remote)
+    assert a.text() == b.text()
+    assert a.ret_value == b.ret_value
+    assert a.messages() == b.messages()
+    assert len(a.text()) > 200
+
+
+def test_role_text_matches_the_chat_template(local, engine):
+    @sgl.function
+    def chat(s):
+        s += sgl.user("Hello there")
+        s += sgl.assistant("Hi!")
+        s += sgl.user("Bye")
+
+    state = chat.run(backend=local)
+    assert state.text() == engine.tokenizer.hf.apply_chat_template(state.messages(), tokenize=False)
+    assert [m["role"] for m in state.messages()] == ["system", "user", "assistant", "user"]
+
+
+def test_fork_prefills_the_shared_prefix_once(local, engine):
+    prefix = "Background: " + " ".join(f"fact {i} is about agents." for i in range(70))
+
+    @sgl.function
+    def fan_out(s):
+        s += prefix
+        branches = s.fork(8)
+        branches += lambda i: f"\nBranch {i} says:" + sgl.gen("x", max_tokens=4, ignore_eos=True)
+        branches.join()
+
+    engine.flush_cache()
+    before = engine.scheduler.num_prefill_tokens
+    state = fan_out.run(temperature=0, backend=local)
+    prefix_len = len(engine.tokenizer.encode(prefix))
+    assert prefix_len >= 400
+    metas = state.get_meta_info("x")
+    assert all(m["cached_tokens"] >= prefix_len - 1 for m in metas), [m["cached_tokens"] for m in metas]
+    computed = engine.scheduler.num_prefill_tokens - before
+    assert computed < prefix_len + 8 * 20, computed  # the prefix once, plus each branch's own few tokens
+
+
+def test_nested_forks(local):
+    @sgl.function
+    def nested(s):
+        s += "Colours:"
+        outer = s.fork(2)
+        outer += lambda i: f" group {i}:"
+        inner = [b.fork(2) for b in outer]
+        for grp in inner:
+            grp += sgl.gen("c", max_tokens=3, ignore_eos=True)
+            grp.join()
+        return [[b["c"] for b in grp] for grp in inner]
+
+    out = nested.run(temperature=0, backend=local).ret_value
+    assert len(out) == 2 and all(len(g) == 2 and all(isinstance(x, str) for x in g) for g in out)
+
+
+def test_select_matches_transformers(local, engine, model_dir):
+    from transformers import AutoModelForCausalLM
+
+    prefix = "Q: Is the sun a star? Answer yes or no.\nA:"
+    choices = [" yes", " no", " maybe not"]
+
+    @sgl.function
+    def pick(s):
+        s += prefix + sgl.select("answer", choices)
+
+    state = pick.run(backend=local)
+    meta = state.get_meta_info("answer")
+    hf = AutoModelForCausalLM.from_pretrained(str(model_dir), torch_dtype=torch.float32).eval()
+    tok = engine.tokenizer
+    expected = []
+    for c in choices:
+        ids = tok.encode(prefix + c)
+        with torch.no_grad():
+            logprobs = torch.log_softmax(hf(torch.tensor([ids])).logits[0].float(), -1)
+        # the choice's tokens: those whose text reaches past the prefix
+        scores, offset = [], 0
+        for pos in range(1, len(ids)):
+            offset = len(tok.decode(ids[: pos + 1], skip_special_tokens=False))
+            if offset > len(prefix):
+                scores.append(logprobs[pos - 1, ids[pos]].item())
+        expected.append(sum(scores) / len(scores))
+    assert meta["normalized_prompt_logprobs"] == pytest.approx(expected, abs=1e-3)
+    assert state["answer"] == choices[max(range(len(choices)), key=lambda i: expected[i])]
+
+
+def test_errors_name_the_operation_and_line(local, server):
+    @sgl.function
+    def bad(s):
+        s += "Hello" + sgl.gen("x", max_tokens=-5)
+
+    with pytest.raises(sgl.ProgramError, match=r"gen\('x'\) at .*test_frontend_lang.py:\d+: .*max_tokens=-5.*max_new_tokens"):
+        bad.run(backend=local)
+
+    down = sgl.RuntimeEndpoint(server.url)
+    down.client = httpx.Client(base_url="http://127.0.0.1:9", timeout=5)  # nothing listens there
+
+    @sgl.function
+    def ok(s):
+        s += "Hi" + sgl.gen("y", max_tokens=2)
+
+    with pytest.raises(sgl.ProgramError, match=r"gen\('y'\) at .*cannot reach"):
+        ok.run(backend=down)
+    with pytest.raises(ValueError, match="constrained decoding"):
+        sgl.gen("z", regex="[0-9]+")
+
+
+def test_run_batch_reports_errors_per_program(local):
+    @sgl.function
+    def maybe(s, n):
+        s += f"Count to {n}:" + sgl.gen("out", max_tokens=n, ignore_eos=True)
+
+    states = maybe.run_batch([{"n": 3}, {"n": -1}, {"n": 5}], temperature=0, backend=local, progress_bar=True)
+    assert states[0].error() is None and states[2].error() is None
+    assert isinstance(states[1].error(), sgl.ProgramError)
+    assert states[0].get_meta_info("out")["completion_tokens"] == 3
+    assert states[2].get_meta_info("out")["completion_tokens"] == 5
+    with pytest.raises(sgl.ProgramError):
+        states[1].text()
+
+
+@pytest.mark.parametrize("which", ["local", "remote"])
+def test_streaming_text_iter(which, request):
+    backend = request.getfixturevalue(which)
+
+    @sgl.function
+    def story(s):
+        s += "Once upon a time" + sgl.gen("story", max_tokens=12, ignore_eos=True) + "."
+
+    state = story.run(temperature=0, backend=backend, stream=True)
+    pieces = list(state.text_iter())
+    assert len(pieces) >= 3
+    assert "".join(pieces) == state.text()
+    state2 = story.run(temperature=0, backend=backend, stream=True)
+
+    async def collect() -> list[str]:
+        return [p async for p in state2.text_async_iter("story")]
+
+    assert "".join(asyncio.run(collect())) == state2["story"]
+
+
+def test_program_pins_survive_memory_pressure(model_dir):
+    """With pinning, a program's prefix survives other traffic filling the cache."""
+    backend = sgl.EngineBackend(model_path=str(model_dir), dtype="float32", max_total_tokens=3000)
+    context = "Notes: " + " ".join(f"item {i} matters." for i in range(150))
+    noise = [f"Unrelated document {k}: " + " ".join(f"word{k}x{i}" for i in range(300)) for k in range(6)]
+
+    @sgl.function
+    def two_calls(s):
+        s += context + sgl.gen("a", max_tokens=2, ignore_eos=True)
+        for text in noise:  # other traffic between the program's calls
+            backend.generate(text, {"max_new_tokens": 1})
+        s += "\nAgain:" + sgl.gen("b", max_tokens=2, ignore_eos=True)
+
+    try:
+        pinned = two_calls.run(temperature=0, backend=backend)
+        backend.flush_cache()
+        unpinned = two_calls.run(temperature=0, backend=backend, pin_cache=False)
+        context_len = len(backend.engine.tokenizer.encode(context))
+        assert pinned.get_meta_info("b")["cached_tokens"] >= context_len
+        assert unpinned.get_meta_info("b")["cached_tokens"] < context_len // 2
+        assert backend.run_in_driver(lambda: backend.engine.scheduler.stats())["num_pinned_programs"] == 0
+        backend.run_in_driver(backend.engine.scheduler.check_invariants)
+    finally:
+        backend.shutdown()
