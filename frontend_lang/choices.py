@@ -38,8 +38,10 @@ def choice_token_logprobs(prefix: str, choice: str, triples: list[list[Any]], st
 def select_choice(
     backend: Backend, prefix: str, choices: list[str], program_id: str | None = None
 ) -> tuple[str, dict[str, Any]]:
-    head = backend.cache_prefix(prefix, program_id)
-    n = head["meta_info"]["prompt_tokens"]
+    if backend.can_cache_prefix:
+        n = backend.cache_prefix(prefix, program_id)["meta_info"]["prompt_tokens"]
+    else:
+        n = 0  # nothing to reuse: score from the first token
     start = max(n - _LOOKBACK, 0)
     outs = backend.generate(
         [prefix + c for c in choices],

@@ -166,7 +166,7 @@ class ProgramState:
         if not isinstance(size, int) or size < 1:
             raise ValueError(f"fork(): size must be a positive integer, got {size!r}")
         self.sync()
-        if size > 1 and self.text_:
+        if size > 1 and self.text_ and self.program.backend.can_cache_prefix:
             try:
                 self.program.backend.cache_prefix(self.text_, self.program.program_id)
             except Exception as err:

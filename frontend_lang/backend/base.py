@@ -22,6 +22,10 @@ class BackendError(RuntimeError):
 
 
 class Backend(ABC):
+    # Whether prefilling a shared prefix pays off (the server reuses cached prefixes). If
+    # not, fork() sends nothing ahead and select() scores each choice's whole prompt.
+    can_cache_prefix = True
+
     @abstractmethod
     def generate(
         self,

@@ -47,6 +47,7 @@ class Req:
     alloc_len: int = 0
     cached_tokens: int = 0  # prompt tokens served from the cache at first admission
     is_retracted: bool = False
+    num_passed_over: int = 0  # prefill batches formed while it waited (for fairness)
 
     # logprobs: [logprob, token_id] pairs (text is added by the detokenizer)
     input_token_logprobs: list[tuple[float | None, int]] = field(default_factory=list)

@@ -181,6 +181,8 @@ class Scheduler:
             reserve += min(req.params.max_new_tokens, _RESERVE_CAP_PER_REQ) * self.new_token_ratio
         if not picked:
             return None
+        for req in self.waiting:
+            req.num_passed_over += 1
         return self._build_extend_batch(picked)
 
     def _build_extend_batch(self, picked: list[tuple[Req, int]]) -> ForwardBatch:

@@ -1,0 +1,28 @@
+"""Longest-prefix-first ordering must not starve a request that shares nothing cached."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime.sampling.params import SamplingParams
+from runtime.scheduler.req import Req
+
+pytestmark = pytest.mark.slow
+
+
+def test_lpm_does_not_starve_a_request_without_a_cached_prefix(engine):
+    sched = engine.scheduler
+    shared = engine.tokenizer.encode("A shared system prompt that every hot request starts with. " * 6)
+    assert len(shared) >= 64
+    engine.generate(input_ids=shared + [5], sampling_params={"max_new_tokens": 0})  # now cached
+    loner = Req("loner", list(range(1000, 1300)), SamplingParams(max_new_tokens=1))
+    sched.add_request(loner)
+    steps = 0
+    while not loner.is_finished:
+        # a new request matching the cached prefix arrives every step and would always win
+        sched.add_request(Req(f"hot-{steps}", shared + [200 + steps] * 300, SamplingParams(max_new_tokens=1)))
+        sched.step()
+        steps += 1
+        assert steps < 40, "the request without a cached prefix was starved"
+    while sched.has_work:
+        sched.step()
