@@ -113,7 +113,7 @@ def part_pins(ns: argparse.Namespace) -> list[str]:
     def noise(stop: threading.Event, seed: int) -> None:
         k = 0
         while not stop.is_set():
-            text = f"Unrelated {seed}-{k}: " + " ".join(f"w{seed}x{k}x{i}" for i in range(400))
+            text = f"Unrelated {seed}-{k}: " + " ".join(f"w{seed}x{k}x{i}" for i in range(ns.noise_words))
             backend.generate(text, {"max_new_tokens": 1})
             k += 1
 
@@ -165,7 +165,8 @@ def main() -> None:
     ap.add_argument("--part", choices=["all", "dsl", "pins"], default="all")
     ap.add_argument("--programs", type=int, default=4, help="programs of each kind in part 1")
     ap.add_argument("--dtype", default="auto")
-    ap.add_argument("--pool-tokens", type=int, default=4000)
+    ap.add_argument("--pool-tokens", type=int, default=6000)
+    ap.add_argument("--noise-words", type=int, default=200, help="length of each noise prompt (~8 tokens per word)")
     ap.add_argument("--pin-programs", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--pin-repeats", type=int, default=3)

@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import httpx
@@ -22,8 +23,9 @@ class ServerProcess:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "runtime.cli", "serve", "--port", str(self.port), *args]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.output = ""
+        # A file, not a pipe: a pipe nobody reads fills up and blocks the server's logging.
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="forkserve-", suffix=".log")  # noqa: SIM115
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, text=True)
 
     def wait_ready(self, timeout: float = 180.0) -> ServerProcess:
         deadline = time.monotonic() + timeout
@@ -39,8 +41,8 @@ class ServerProcess:
         raise TimeoutError(f"server not ready after {timeout}s")
 
     def read_output(self) -> str:
-        if self.proc.poll() is not None and self.proc.stdout is not None:
-            self.output += self.proc.stdout.read()
+        with open(self.log.name) as f:
+            self.output = f.read()
         return self.output
 
     def info(self) -> dict:

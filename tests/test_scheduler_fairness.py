@@ -26,3 +26,20 @@ def test_lpm_does_not_starve_a_request_without_a_cached_prefix(engine):
         assert steps < 40, "the request without a cached prefix was starved"
     while sched.has_work:
         sched.step()
+
+
+def test_long_prompts_arriving_nonstop_do_not_stop_decoding(engine):
+    sched = engine.scheduler
+    runner = Req("runner", engine.tokenizer.encode("Count: one, two,"), SamplingParams(max_new_tokens=6, ignore_eos=True))
+    sched.add_request(runner)
+    sched.step()  # its prefill; it is running now
+    assert runner in sched.running
+    steps = 0
+    while not runner.is_finished:
+        if len(sched.waiting) < 2:  # two long prompts always waiting, each several chunks long
+            sched.add_request(Req(f"long-{steps}", [300 + steps] * 900, SamplingParams(max_new_tokens=1)))
+        sched.step()
+        steps += 1
+        assert steps < 60, "a running request never got to decode"
+    while sched.has_work:
+        sched.step()

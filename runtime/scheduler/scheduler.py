@@ -29,6 +29,8 @@ logger = logging.getLogger(__name__)
 # generate: optimistic by default (finished requests free memory), raised after a retraction.
 _INIT_NEW_TOKEN_RATIO, _MIN_NEW_TOKEN_RATIO, _NEW_TOKEN_RATIO_DECAY = 0.7, 0.1, 0.001
 _RESERVE_CAP_PER_REQ = 4096
+# Most prefill steps in a row while requests wait to decode.
+MAX_PREFILL_STREAK = 4
 
 
 class Scheduler:
@@ -49,6 +51,7 @@ class Scheduler:
         self.eos_token_ids = worker.eos_token_ids
         self.num_retractions = 0
         self.num_prefill_tokens = 0  # prompt tokens computed (not served from the cache)
+        self.prefill_streak = 0  # prefill steps since the last decode step
         self.pins = ProgramPins(self.tree, self.allocator.capacity)
 
     # ------------------------------------------------------------------ the loop
@@ -73,7 +76,12 @@ class Scheduler:
 
     def step(self) -> list[Req]:
         """Run one batch; return the requests that got a new token or finished."""
-        batch = self._prefill_batch() or self._decode_batch()
+        # Prefill wins (it grows the decode batch), but not forever: a stream of long
+        # prompts would otherwise keep running requests from ever decoding.
+        decode_first = bool(self.running) and self.prefill_streak >= MAX_PREFILL_STREAK
+        batch = (self._decode_batch() if decode_first else None) or self._prefill_batch() or self._decode_batch()
+        if batch is not None:
+            self.prefill_streak = 0 if batch.is_decode else self.prefill_streak + 1
         if batch is None:
             if self.has_work and self.pins.release_oldest():
                 return self.step()  # programs' pinned prefixes held the memory: unpin, retry

@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 from fastapi import Request
+from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 
 from runtime.config import HttpArgs, ServerArgs
@@ -139,6 +140,15 @@ async def read_body(request: Request, model: type[BaseModel]) -> Any:
         first = err.errors()[0]
         where = ".".join(str(x) for x in first["loc"])
         raise ApiError(400, f"{where}: {first['msg']}" + (f" ({len(err.errors())} errors)" if len(err.errors()) > 1 else ""), param=where) from err
+
+
+class JsonResponse(Response):
+    """JSON via orjson (fast, and handles numpy scalars)."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
 
 
 def sse(obj: Any) -> bytes:

@@ -14,7 +14,6 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import (
     JSONResponse,
-    ORJSONResponse,
     PlainTextResponse,
     Response,
     StreamingResponse,
@@ -23,6 +22,7 @@ from fastapi.responses import (
 from runtime.serving import openai_api
 from runtime.serving.common import (
     SSE_DONE,
+    JsonResponse,
     ServerContext,
     error_of,
     merged_updates,
@@ -44,23 +44,23 @@ def create_app(ctx: ServerContext) -> FastAPI:
         if key and request.url.path not in _OPEN_PATHS and request.headers.get("authorization") != f"Bearer {key}":
             raise ApiError(401, "Missing or invalid API key: send 'Authorization: Bearer <key>'")
 
-    app = FastAPI(title="forkserve", default_response_class=ORJSONResponse, dependencies=[Depends(check_api_key)])
+    app = FastAPI(title="forkserve", default_response_class=JsonResponse, dependencies=[Depends(check_api_key)])
     app.state.ctx = ctx
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, err: ApiError) -> JSONResponse:
-        return ORJSONResponse(err.body(), status_code=err.status, headers=err.headers)
+        return JsonResponse(err.body(), status_code=err.status, headers=err.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, err: RequestValidationError) -> JSONResponse:
         first = err.errors()[0]
         where = ".".join(str(x) for x in first["loc"])
-        return ORJSONResponse(ApiError(400, f"{where}: {first['msg']}", param=where).body(), status_code=400)
+        return JsonResponse(ApiError(400, f"{where}: {first['msg']}", param=where).body(), status_code=400)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, err: Exception) -> JSONResponse:
         # Never a traceback in the body; the log has it.
-        return ORJSONResponse(ApiError(500, f"internal error: {type(err).__name__}").body(), status_code=500)
+        return JsonResponse(ApiError(500, f"internal error: {type(err).__name__}").body(), status_code=500)
 
     # ------------------------------------------------------------------ health and info
     @app.get("/health")
@@ -213,7 +213,7 @@ async def handle_generate(ctx: ServerContext, req: GenerateReqInput, request: Re
             if err is not None:
                 raise err
         outs = [render(s) for s in states]
-        return ORJSONResponse(outs if is_batch else outs[0])
+        return JsonResponse(outs if is_batch else outs[0])
 
     async def events() -> AsyncIterator[bytes]:
         async with contextlib.aclosing(merged_updates(ctx.manager, states)) as updates:

@@ -9,11 +9,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import ORJSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from runtime.sampling.params import SamplingParams
 from runtime.serving.common import (
     SSE_DONE,
+    JsonResponse,
     ServerContext,
     error_of,
     merged_updates,
@@ -161,7 +162,7 @@ class _OpenAIHandler:
                 "choices": choices,
                 "usage": self.usage(states),
             }
-            return ORJSONResponse(body)
+            return JsonResponse(body)
         return StreamingResponse(self.events(states), media_type="text/event-stream")
 
     def chunk(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> bytes:
