@@ -11,7 +11,8 @@ whole prompt) to a server with the radix cache off. Both servers are up side by 
 idle while the other is measured.
 
 Part 2: program-aware caching under memory pressure. Programs that resend a long private
-context run while other traffic (unique long prompts) fills a small KV pool; the same
+context, with a tool pause between calls, run while other traffic (unique long prompts)
+fills a small KV pool; the same
 workload runs with and without pins (``run(..., pin_cache=...)``), alternately; reported:
 the programs' prompt tokens served from the cache, and programs/s.
 """
@@ -108,6 +109,9 @@ def part_pins(ns: argparse.Namespace) -> list[str]:
     def revisit(s, k: int, rounds: int):
         s += f"Private notes {k}: " + " ".join(f"note{k}-{i} holds." for i in range(ctx_words))
         for r in range(rounds):
+            if r:
+                s.sync()
+                time.sleep(ns.tool_seconds)  # a tool call between the program's requests
             s += f"\nQuestion {r}: summarise." + sgl.gen(f"a{r}", max_tokens=8, ignore_eos=True)
 
     def noise(stop: threading.Event, seed: int) -> None:
@@ -152,7 +156,8 @@ def part_pins(ns: argparse.Namespace) -> list[str]:
         return vals[len(vals) // 2]
 
     return [
-        f"| {ns.pin_programs} programs x {ns.rounds} calls on a {ns.pool_tokens}-token pool, 2 noise clients | "
+        f"| {ns.pin_programs} programs x {ns.rounds} calls ({ns.tool_seconds:g} s tool pause) on a "
+        f"{ns.pool_tokens}-token pool, 2 noise clients | "
         f"pins off | hit rate {med(False, 0):.1%}, {med(False, 1):.3f} programs/s |",
         f"| same | pins on | hit rate {med(True, 0):.1%}, {med(True, 1):.3f} programs/s |",
         f"| ratio (programs/s) | | **{med(True, 1) / med(False, 1):.2f}x** |",
@@ -166,10 +171,11 @@ def main() -> None:
     ap.add_argument("--programs", type=int, default=4, help="programs of each kind in part 1")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--pool-tokens", type=int, default=6000)
+    ap.add_argument("--tool-seconds", type=float, default=3.0, help="pause between a program's calls")
     ap.add_argument("--noise-words", type=int, default=200, help="length of each noise prompt (~8 tokens per word)")
     ap.add_argument("--pin-programs", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--pin-repeats", type=int, default=3)
+    ap.add_argument("--pin-repeats", type=int, default=2)
     ns = ap.parse_args()
     if ns.quick:
         ns.programs, ns.pin_programs, ns.rounds, ns.pin_repeats = 1, 2, 3, 1
