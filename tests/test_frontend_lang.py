@@ -193,6 +193,7 @@ def test_program_pins_survive_memory_pressure(model_dir):
     @sgl.function
     def two_calls(s):
         s += context + sgl.gen("a", max_tokens=2, ignore_eos=True)
+        s.sync()  # the first call is done (and pinned) before the other traffic starts
         for text in noise:  # other traffic between the program's calls
             backend.generate(text, {"max_new_tokens": 1})
         s += "\nAgain:" + sgl.gen("b", max_tokens=2, ignore_eos=True)

@@ -6,8 +6,8 @@ each of its finished requests pins the tree node its tokens end at (a lock, as a
 request holds), so the program's prefixes cannot be evicted. A newer pin on a descendant
 replaces the pin on its ancestor (the lock covers the whole path). ``end`` releases them.
 
-Pins are a priority, never a reason to fail: a pin that would lock more than
-``max_fraction`` of the pool is not taken, and when the scheduler cannot admit work
+Pins are a priority, never a reason to fail: a pin that would take the pinned tokens
+past ``max_fraction`` of the pool is not taken, and when the scheduler cannot admit work
 because of pins, the oldest program's pins are dropped (``release_oldest``).
 """
 
@@ -23,6 +23,8 @@ class ProgramPins:
         self.tree = tree
         self.max_locked = int(capacity * max_fraction)
         self.pins: dict[str, list[TreeNode]] = {}  # oldest program first
+        self.lengths: dict[TreeNode, int] = {}  # pinned node -> tokens on its path
+        self.pinned_tokens = 0  # sum of those (shared prefixes counted once per pin)
 
     @property
     def num_pinned_nodes(self) -> int:
@@ -32,23 +34,28 @@ class ProgramPins:
         """Pin the cached prefix of ``token_ids`` for ``program_id``; False if not pinned."""
         if self.tree.disable or not token_ids:
             return False
-        node = self.tree.match_prefix(token_ids, namespace).last_node
+        match = self.tree.match_prefix(token_ids, namespace)
+        node, length = match.last_node, match.prefix_len
         if node.is_root:
             return False
         nodes = self.pins.setdefault(program_id, [])
         if node in nodes:
             return True
-        self.tree.inc_lock_ref(node)
-        if self.tree.protected_size > self.max_locked:
-            self.tree.dec_lock_ref(node)
+        ancestors = _ancestors(node)
+        replaced = [n for n in nodes if n in ancestors]
+        # The cap counts pinned tokens only (not requests' own transient locks).
+        if self.pinned_tokens - sum(self.lengths[n] for n in replaced) + length > self.max_locked:
             if not nodes:
                 del self.pins[program_id]
             return False
-        ancestors = _ancestors(node)
-        for old in [n for n in nodes if n in ancestors]:
+        self.tree.inc_lock_ref(node)
+        for old in replaced:
             self.tree.dec_lock_ref(old)
             nodes.remove(old)
+            self.pinned_tokens -= self.lengths.pop(old)
         nodes.append(node)
+        self.lengths[node] = length
+        self.pinned_tokens += length
         return True
 
     def end(self, program_id: str) -> int:
@@ -56,6 +63,7 @@ class ProgramPins:
         nodes = self.pins.pop(program_id, [])
         for node in nodes:
             self.tree.dec_lock_ref(node)
+            self.pinned_tokens -= self.lengths.pop(node)
         return len(nodes)
 
     def release_oldest(self) -> bool:
