@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -11,16 +10,12 @@ import time
 
 import httpx
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from runtime.ipc import free_tcp_port
 
 
 class ServerProcess:
     def __init__(self, *args: str, port: int | None = None) -> None:
-        self.port = port or free_port()
+        self.port = port or free_tcp_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "runtime.cli", "serve", "--port", str(self.port), *args]
         # A file, not a pipe: a pipe nobody reads fills up and blocks the server's logging.

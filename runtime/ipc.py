@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import socket
 import tempfile
 import uuid
 from typing import Any
@@ -54,6 +55,13 @@ def new_ipc_names(count: int) -> list[str]:
     """Fresh ``ipc://`` endpoints, unique per server start."""
     base = f"{tempfile.gettempdir()}/forkserve-{uuid.uuid4().hex[:12]}"
     return [f"ipc://{base}-{i}" for i in range(count)]
+
+
+def free_tcp_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on right now (another process may take it later)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 def remove_ipc_files(names: list[str]) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -47,19 +46,13 @@ class TPStop:
     pass
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class TPPeers:
     """Rank 0's handle on the other ranks: starts them, joins the process group with them,
     sends them each step, stops them."""
 
     def __init__(self, args: ServerArgs, model_dir: Path) -> None:
         size = args.tp_size
-        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        init_method = f"tcp://127.0.0.1:{ipc.free_tcp_port()}"
         endpoints = ipc.new_ipc_names(size - 1)
         mp = multiprocessing.get_context("spawn")
         self.procs = [
