@@ -103,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _generate_parser(sub)
     _serve_parser(sub)
+    from bench_agent.cli import add_bench_parser
+
+    add_bench_parser(sub)
     return parser
 
 

@@ -1,0 +1,82 @@
+"""The drivers a workload can run on, and how to watch a server's KV usage meanwhile.
+
+- ``dsl``: the DSL's own backends: a forkserve (or SGLang) server's native API over HTTP,
+  or the engine in-process. Forks prefill their shared prefix once; programs and branches
+  run concurrently.
+- ``openai``: any OpenAI-compatible chat server, one chat request per ``gen``.
+- ``hf``: transformers in-process, one request at a time (the raw baseline).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from frontend_lang.backend.base import Backend, BackendError
+
+DRIVERS = ("dsl", "openai", "hf")
+
+KVProbe = Callable[[], float | None]
+
+
+# Sampling parameters the DSL always passes; at these values they change nothing.
+_NEUTRAL: dict[str, Any] = {
+    "min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
+    "top_k": -1, "top_p": 1.0, "stop": None, "stop_token_ids": None, "seed": None,
+}
+
+
+def check_sampling_params(params: dict[str, Any], supported: set[str], driver: str) -> None:
+    """Refuse parameters a driver cannot honour, unless they are at their neutral value."""
+    bad = sorted(k for k, v in params.items() if k not in supported and v not in (_NEUTRAL.get(k, object()), []))
+    if bad:
+        raise BackendError(f"the {driver} driver does not support {', '.join(bad)}")
+
+
+def kv_usage_from_stats(stats: dict[str, Any]) -> float:
+    """Fraction of the KV pool held by running requests (their own slots plus the cached
+    prefixes they lock); evictable cache does not count, it is free to reclaim."""
+    return (stats["kv_held_by_requests"] + stats["kv_protected"]) / stats["kv_capacity"]
+
+
+# Gauges other servers export on /metrics, as fractions of their KV pool.
+_FOREIGN_GAUGES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")
+
+
+def kv_probe_for_url(url: str) -> KVProbe | None:
+    """A probe reading a server's KV usage: forkserve's ``/get_server_info``, else a known
+    gauge on ``/metrics``; ``None`` when the server shows neither."""
+    root = url.rstrip("/").removesuffix("/v1")
+    client = httpx.Client(base_url=root, timeout=10)
+
+    def forkserve() -> float | None:
+        return kv_usage_from_stats(client.get("/get_server_info").json()["scheduler"])
+
+    def gauge(name: str) -> float | None:
+        match = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.eE+-]+)$", client.get("/metrics").text, re.M)
+        return float(match.group(1)) if match else None
+
+    try:
+        if client.get("/get_server_info").status_code == 200:
+            forkserve()
+            return forkserve
+        metrics = client.get("/metrics")
+        for name in _FOREIGN_GAUGES:
+            if metrics.status_code == 200 and re.search(rf"^{re.escape(name)}\b", metrics.text, re.M):
+                return lambda name=name: gauge(name)
+    except (httpx.HTTPError, KeyError, ValueError):
+        pass
+    return None
+
+
+def kv_probe_for_engine(backend: Any) -> KVProbe:
+    return lambda: kv_usage_from_stats(backend.run_in_driver(backend.engine.scheduler.stats))
+
+
+def flush_cache(backend: Backend) -> bool:
+    """Empty the server's prefix cache between runs where the driver can (forkserve)."""
+    flush = getattr(backend, "flush_cache", None)
+    return bool(flush()) if flush is not None else False

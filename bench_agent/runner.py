@@ -1,0 +1,125 @@
+"""Run a workload's programs against a backend and collect what happened.
+
+Two ways to send load:
+  - concurrency ``C``: ``C`` programs in flight at any time, the next starting as one ends;
+  - request rate ``R`` (programs/s): programs arrive as a Poisson process (seeded), each
+    starting on arrival (capped at ``C`` in flight if both are given); a program's
+    latency then counts from its arrival, so queueing shows.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from typing import Any
+
+from tqdm import tqdm
+
+from bench_agent.drivers import KVProbe
+from bench_agent.recording import CallLog, CallRecord, RecordingBackend
+from bench_agent.workloads import Workload
+from frontend_lang.backend.base import Backend
+
+
+@dataclass
+class RunResult:
+    records: list[CallRecord]
+    program_latencies: list[float]
+    wall_s: float
+    num_programs: int
+    errors: list[str] = field(default_factory=list)
+    peak_kv_usage: float | None = None
+
+
+class _PeakSampler:
+    """Polls a KV probe in the background and keeps the highest reading."""
+
+    def __init__(self, probe: KVProbe | None, interval: float = 0.25) -> None:
+        self.probe, self.interval, self.peak = probe, interval, None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _read(self) -> None:
+        try:
+            value = self.probe() if self.probe else None
+        except Exception:  # a probe failing mid-run loses a sample, not the run
+            return
+        if value is not None:
+            self.peak = value if self.peak is None else max(self.peak, value)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._read()
+
+    def __enter__(self) -> _PeakSampler:
+        if self.probe is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+            self._read()
+
+
+def run_workload(
+    workload: Workload,
+    backend: Backend,
+    program_args: list[dict[str, Any]],
+    *,
+    concurrency: int | None = 8,
+    request_rate: float | None = None,
+    seed: int = 0,
+    kv_probe: KVProbe | None = None,
+    progress: bool = True,
+    desc: str = "",
+) -> RunResult:
+    """Run every program once (greedy, outputs of fixed length) and time it all."""
+    if concurrency is None and request_rate is None:
+        raise ValueError("give a concurrency, a request rate, or both")
+    if concurrency is not None and concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    if request_rate is not None and request_rate <= 0:
+        raise ValueError(f"request rate must be > 0 programs/s, got {request_rate}")
+    log = CallLog()
+    n = len(program_args)
+    latencies: list[float] = []
+    errors: list[str] = []
+    arrivals = _arrival_offsets(n, request_rate, seed)
+
+    def one(i: int, t0: float) -> None:
+        if request_rate is not None:
+            time.sleep(max(0.0, t0 + arrivals[i] - time.perf_counter()))
+        began = t0 + arrivals[i] if request_rate is not None else time.perf_counter()
+        state = workload.program.run(
+            **program_args[i], backend=RecordingBackend(backend, log, i), temperature=0, ignore_eos=True
+        )
+        state.sync()
+        latencies.append(time.perf_counter() - began)
+
+    workers = concurrency if concurrency is not None else n
+    bar = tqdm(total=n, desc=desc or workload.name, unit="prog", disable=not progress, leave=False)
+    with _PeakSampler(kv_probe) as sampler, ThreadPoolExecutor(max(1, min(workers, n))) as pool:
+        t0 = time.perf_counter()
+        futures = {pool.submit(one, i, t0): i for i in range(n)}
+        for fut in as_completed(futures):
+            if fut.exception() is not None:
+                errors.append(f"program {futures[fut]}: {fut.exception()}")
+            bar.update()
+        wall = time.perf_counter() - t0
+    bar.close()
+    return RunResult(log.records, latencies, wall, n, errors, sampler.peak)
+
+
+def _arrival_offsets(n: int, rate: float | None, seed: int) -> list[float]:
+    if rate is None:
+        return [0.0] * n
+    rng, t, out = random.Random(seed), 0.0, []
+    for _ in range(n):
+        out.append(t)
+        t += rng.expovariate(rate)
+    return out

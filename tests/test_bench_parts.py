@@ -1,0 +1,108 @@
+"""The benchmark's own pieces, without a model: synthetic text, the OpenAI driver's
+message encoding, per-call timing, percentiles and Poisson arrivals."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bench_agent.drivers.openai_chat import ROLE_MARKERS, messages_from_text
+from bench_agent.metrics import summarise
+from bench_agent.recording import CallLog, RecordingBackend
+from bench_agent.runner import RunResult, _arrival_offsets
+from bench_agent.synth import rng_for, text
+from bench_agent.workloads import NAMES, get_workload
+from frontend_lang.backend.base import Backend, BackendError
+
+
+def test_synthetic_text_is_deterministic_and_sized():
+    assert text(rng_for("a", 0), 200) == text(rng_for("a", 0), 200)
+    assert text(rng_for("a", 0), 200) != text(rng_for("a", 1), 200)
+    words = len(text(rng_for("b", 3), 1200).split())
+    assert 900 <= words <= 1100
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_program_args_differ_per_program_and_repeat_per_seed(name):
+    w = get_workload(name)
+    a, b = w.program_args(2, 0, "quick")
+    assert a != b
+    assert w.program_args(2, 0, "quick") == [a, b]
+
+
+def _encode(messages: list[dict[str, str]]) -> str:
+    out = "".join(ROLE_MARKERS[m["role"]][0] + m["content"] + ROLE_MARKERS[m["role"]][1] for m in messages)
+    return out + ROLE_MARKERS["assistant"][0]
+
+
+@given(st.lists(st.tuples(st.sampled_from(["system", "user", "assistant"]), st.text()), max_size=6))
+def test_messages_round_trip_through_role_markers(pairs):
+    messages = [{"role": r, "content": c.replace("\x1e", "")} for r, c in pairs]
+    assert messages_from_text(_encode(messages)) == messages
+
+
+def test_chat_driver_refuses_what_a_chat_api_cannot_do():
+    with pytest.raises(BackendError, match="whole assistant turns"):
+        messages_from_text(_encode([{"role": "user", "content": "hi"}]) + "Sure,")
+    with pytest.raises(BackendError, match="outside a chat role"):
+        messages_from_text("loose text" + _encode([{"role": "user", "content": "hi"}]))
+
+
+class _Scripted(Backend):
+    """Streams chunks of the given token counts with the given pauses (seconds)."""
+
+    def __init__(self, script: list[tuple[float, int]]) -> None:
+        self.script = script
+
+    def generate(self, *a, **k):
+        raise NotImplementedError
+
+    def generate_stream(self, prompt, sampling_params, *, program_id=None):
+        ids: list[int] = []
+        for pause, n in self.script:
+            time.sleep(pause)
+            ids += [0] * n
+            yield {"text": "x" * len(ids), "output_ids": list(ids)}
+        yield {"text": "x" * len(ids), "output_ids": ids,
+               "meta_info": {"prompt_tokens": 10, "cached_tokens": 4, "completion_tokens": len(ids)}}
+
+    def role_markers(self):
+        return {}
+
+    def end_program(self, program_id):
+        pass
+
+
+def test_recording_times_first_token_and_gaps():
+    log = CallLog()
+    RecordingBackend(_Scripted([(0.05, 1), (0.02, 1), (0.04, 2)]), log, 0).generate("p", {"max_new_tokens": 4})
+    (rec,) = log.records
+    assert rec.first_token - rec.start == pytest.approx(0.05, abs=0.02)
+    assert len(rec.itls) == 3  # tokens 2, 3 and 4
+    assert rec.itls[0] == pytest.approx(0.02, abs=0.015)
+    assert rec.itls[1] == rec.itls[2] == pytest.approx(0.02, abs=0.015)  # a 2-token chunk after 0.04 s
+    assert (rec.prompt_tokens, rec.cached_tokens, rec.completion_tokens, rec.max_new_tokens) == (10, 4, 4, 4)
+    summary = summarise(RunResult(log.records, [0.2], 1.0, 1))
+    assert summary["cache_hit_rate"] == pytest.approx(0.4)
+    assert summary["itl_ms_p50"] == pytest.approx(np.percentile([g * 1000 for g in rec.itls], 50))
+
+
+def test_hit_rate_is_unknown_when_the_server_does_not_say():
+    log = CallLog()
+    backend = RecordingBackend(_Scripted([(0, 1)]), log, 0)
+    backend.generate("p", {"max_new_tokens": 1})
+    log.records[0].cached_tokens = None
+    assert summarise(RunResult(log.records, [0.1], 1.0, 1))["cache_hit_rate"] is None
+
+
+def test_poisson_arrivals_are_seeded_with_the_right_mean():
+    a = _arrival_offsets(4000, 5.0, seed=1)
+    assert a == _arrival_offsets(4000, 5.0, seed=1)
+    gaps = np.diff(a)
+    assert statistics.mean(gaps) == pytest.approx(0.2, rel=0.05)
+    assert statistics.stdev(gaps) == pytest.approx(0.2, rel=0.1)  # exponential: sd = mean
