@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from kernels.attention import create_attention_backend
+from kernels.attention.base import AttentionShape
 from runtime.forward_context import ForwardContext, forward_context
 from runtime.kv_pool import KVPool
 
@@ -30,7 +31,7 @@ def _reference(q, k_all, v_all, prefix_lens, extend_lens, scale):
 def _run(backend_name, prefix_lens, extend_lens, heads, kv_heads, dim, decode=False, seed=0):
     gen = torch.Generator().manual_seed(seed)
     num_slots = sum(p + e for p, e in zip(prefix_lens, extend_lens, strict=True)) + 8
-    backend = create_attention_backend(backend_name, "cpu")
+    backend = create_attention_backend(backend_name, "cpu", AttentionShape(heads, kv_heads, dim))
     pool = KVPool(num_slots, 1, kv_heads, dim, torch.float32, "cpu", layout=backend.kv_layout)
     bs = len(prefix_lens)
     table = torch.zeros(bs + 2, max(p + e for p, e in zip(prefix_lens, extend_lens, strict=True)) + 4, dtype=torch.int64)
@@ -58,6 +59,7 @@ def _run(backend_name, prefix_lens, extend_lens, heads, kv_heads, dim, decode=Fa
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
     # the new tokens' K/V were stored where the scheduler said
     torch.testing.assert_close(pool.read(0, ctx.out_cache_loc)[0], k_new)
+    return got
 
 
 @pytest.mark.parametrize(
