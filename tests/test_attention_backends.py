@@ -38,7 +38,11 @@ def _run(backend_name, prefix_lens, extend_lens, heads, kv_heads, dim, decode=Fa
     in float32 from the same (rounded) inputs. Returns the backend's output."""
     gen = torch.Generator().manual_seed(seed)
     num_slots = sum(p + e for p, e in zip(prefix_lens, extend_lens, strict=True)) + 8
-    backend = create_attention_backend(backend_name, device, AttentionShape(heads, kv_heads, dim))
+    backend = (
+        create_attention_backend(backend_name, device, AttentionShape(heads, kv_heads, dim))
+        if isinstance(backend_name, str)
+        else backend_name  # an already built backend
+    )
     pool = KVPool(num_slots, 1, kv_heads, dim, dtype, device, layout=backend.kv_layout)
     bs = len(prefix_lens)
     table = torch.zeros(bs + 2, max(p + e for p, e in zip(prefix_lens, extend_lens, strict=True)) + 4, dtype=torch.int64)

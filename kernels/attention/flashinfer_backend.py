@@ -117,7 +117,8 @@ class FlashInferBackend(AttentionBackend):
         """Flatten ``req_to_token[req_rows[i], :kv_lens[i]]`` on the device (into ``out`` if given)."""
         total = int(indptr[-1])
         cols = torch.tensor([ctx.req_rows.tolist(), kv_lens, indptr[:-1].tolist()], dtype=torch.int64)
-        cols = cols.pin_memory().to(self.device, non_blocking=True)
+        if self.device.type == "cuda":
+            cols = cols.pin_memory().to(self.device, non_blocking=True)
         indices = out[:total] if out is not None else torch.empty(total, dtype=torch.int32, device=self.device)
         return build_kv_indices(ctx.req_to_token, cols[0], cols[1], cols[2], indices)
 
