@@ -3,8 +3,13 @@
 Two correct backends round differently, so their logits differ by a little; where the
 reference's top two tokens are closer than that, either choice is right and the texts may
 part. ``agreed_prefix`` therefore checks token equality only up to the first such near-tie
-of the reference, and the logprobs of the prompt tokens (same inputs for both, so a direct
-comparison of the logits) carry the numeric check.
+of the reference.
+
+The numeric check is on the prompt tokens' logprobs (the same inputs for every engine, so a
+direct comparison of the logits). How far bfloat16 moves them depends on the model (a
+random-weight model's logits span tens of nats), so the bound is relative: a backend in
+bfloat16 must stay about as close to the float32 reference as ``torch_native`` in bfloat16
+does (``within_bf16_noise``).
 """
 
 from __future__ import annotations
@@ -14,9 +19,10 @@ from typing import Any
 # Smallest gap (nats) between the reference's top two tokens at which both engines must
 # still pick the same one.
 NEAR_TIE = 0.5
-# Prompt-token logprobs (nats): worst single token and the mean over all.
-LOGPROB_MAX_DIFF = 0.3
-LOGPROB_MEAN_DIFF = 0.03
+# A backend's distance from the float32 reference may exceed torch_native-in-bfloat16's by
+# this factor plus a small absolute slack (nats), for the worst token and for the mean.
+NOISE_FACTOR = 2.0
+MAX_SLACK, MEAN_SLACK = 0.1, 0.01
 
 
 def near_tie_position(reference: dict[str, Any]) -> int:
@@ -30,8 +36,8 @@ def near_tie_position(reference: dict[str, Any]) -> int:
 
 
 def agreed_prefix(reference: dict[str, Any], other: dict[str, Any]) -> tuple[bool, str]:
-    """Whether ``other`` picks the reference's tokens up to (and including) the first
-    near-tie; and a line describing where they part, for the failure message and logs."""
+    """Whether ``other`` picks the reference's tokens at every position before the first
+    near-tie; and a line saying where they part, for failure messages and logs."""
     ref_ids, ids = reference["output_ids"], other["output_ids"]
     limit = near_tie_position(reference)
     first_diff = next((i for i, (a, b) in enumerate(zip(ref_ids, ids, strict=False)) if a != b), None)
@@ -46,3 +52,8 @@ def prompt_logprob_diffs(reference: dict[str, Any], other: dict[str, Any]) -> tu
     assert len(a) == len(b) and a, "prompt logprobs missing"
     diffs = [abs(x - y) for x, y in zip(a, b, strict=True)]
     return max(diffs), sum(diffs) / len(diffs)
+
+
+def within_bf16_noise(got: tuple[float, float], baseline: tuple[float, float]) -> bool:
+    """``got`` and ``baseline`` are (max, mean) distances from the float32 reference."""
+    return got[0] <= NOISE_FACTOR * baseline[0] + MAX_SLACK and got[1] <= NOISE_FACTOR * baseline[1] + MEAN_SLACK
