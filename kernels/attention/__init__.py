@@ -58,10 +58,8 @@ def create_attention_backend(name: str, device: str, shape: AttentionShape | Non
     """The backend ``name`` for ``device``. ``shape`` (this rank's heads and head size) is
     required by the fast backends, which plan their kernels before the first layer runs."""
     check_backend_can_run(name, device)
+    if name != "torch_native" and shape is None:
+        raise ValueError(f"attention backend {name!r} needs the attention shape (heads, KV heads, head size)")
     module, cls = _BACKENDS[name]
     backend_cls = getattr(importlib.import_module(module), cls)
-    if name == "torch_native":
-        return backend_cls()
-    if shape is None:
-        raise ValueError(f"attention backend {name!r} needs the attention shape (heads, KV heads, head size)")
-    return backend_cls(shape, device)
+    return backend_cls() if name == "torch_native" else backend_cls(shape, device)
