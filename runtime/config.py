@@ -63,7 +63,9 @@ class ServerArgs:
     attention_backend: str | None = _arg(
         None,
         "Attention implementation: torch_native (CPU, reference), triton or flashinfer. "
-        "Default: flashinfer on CUDA, torch_native on CPU.",
+        "Default: flashinfer on CUDA, torch_native on CPU. triton on CPU needs TRITON_INTERPRET=1 "
+        "(Triton's interpreter, slow: for tests).",
+        choices=["torch_native", "triton", "flashinfer"],
     )
     page_size: int = _arg(1, "Tokens per KV page; prefix matches are rounded down to whole pages.")
     disable_cuda_graph: bool = _arg(
