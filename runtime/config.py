@@ -12,6 +12,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+# Each captured size keeps its own graph; past a few hundred requests a decode step is long
+# enough that launch overhead no longer matters.
+_DEFAULT_MAX_GRAPH_BS = 256
+
 
 def _arg(default: Any, help: str, **extra: Any) -> Any:
     return field(default=default, metadata={"help": help, **extra})
@@ -59,9 +63,21 @@ class ServerArgs:
     attention_backend: str | None = _arg(
         None,
         "Attention implementation: torch_native (CPU, reference), triton or flashinfer. "
-        "Default: flashinfer on CUDA, torch_native on CPU.",
+        "Default: flashinfer on CUDA, torch_native on CPU. triton on CPU needs TRITON_INTERPRET=1 "
+        "(Triton's interpreter, slow: for tests).",
+        choices=["torch_native", "triton", "flashinfer"],
     )
     page_size: int = _arg(1, "Tokens per KV page; prefix matches are rounded down to whole pages.")
+    disable_cuda_graph: bool = _arg(
+        False,
+        "Run every decode step eagerly instead of replaying CUDA graphs captured per batch size. "
+        "Graphs are used only on CUDA, at --tp-size 1, with the triton or flashinfer backend.",
+    )
+    cuda_graph_max_bs: int | None = _arg(
+        None,
+        "Largest decode batch replayed from a CUDA graph (sizes 1, 2, 4, 8, then steps of 8 and 16 "
+        "are captured up to it); larger batches run eagerly. Default: --max-running-requests, at most 256.",
+    )
     random_seed: int = _arg(0, "Seed for sampling requests that do not give their own seed.")
     tp_size: int = _arg(
         1,
@@ -96,6 +112,8 @@ class ServerArgs:
             )
         if self.page_size < 1:
             raise ValueError("page_size must be at least 1")
+        if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs < 1:
+            raise ValueError("cuda_graph_max_bs must be at least 1")
         if self.tp_size < 1:
             raise ValueError("tp_size must be at least 1")
 
@@ -120,6 +138,12 @@ class ServerArgs:
         if self.attention_backend is not None:
             return self.attention_backend
         return "flashinfer" if self.resolved_device.startswith("cuda") else "torch_native"
+
+    @property
+    def resolved_cuda_graph_max_bs(self) -> int:
+        if self.cuda_graph_max_bs is not None:
+            return self.cuda_graph_max_bs
+        return min(self.max_running_requests, _DEFAULT_MAX_GRAPH_BS)
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> ServerArgs:

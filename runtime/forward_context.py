@@ -56,11 +56,14 @@ _current: ForwardContext | None = None
 
 
 @contextlib.contextmanager
-def forward_context(ctx: ForwardContext) -> Iterator[ForwardContext]:
+def forward_context(ctx: ForwardContext, init_metadata: bool = True) -> Iterator[ForwardContext]:
+    """Install ``ctx`` for one forward. ``init_metadata=False`` is for CUDA-graph capture,
+    whose metadata the backend has already pointed at its graph buffers."""
     global _current
     if _current is not None:
         raise RuntimeError("forward contexts do not nest: a forward is already running")
-    ctx.attn_backend.init_forward_metadata(ctx)
+    if init_metadata:
+        ctx.attn_backend.init_forward_metadata(ctx)
     _current = ctx
     try:
         yield ctx

@@ -9,9 +9,12 @@ from pathlib import Path
 
 import torch
 
-from kernels.attention import create_attention_backend
+from kernels.attention import check_backend_can_run, create_attention_backend
+from kernels.attention.base import AttentionShape
 from radix_cache import ReqToTokenTable
 from runtime.config import ServerArgs
+from runtime.cuda_graph_runner import CudaGraphRunner
+from runtime.device_req_to_token import DeviceReqToToken
 from runtime.distributed import NO_TP, TPInfo, split_range
 from runtime.forward_context import ForwardContext, forward_context
 from runtime.kv_pool import KVPool
@@ -66,6 +69,8 @@ class ModelWorker:
             torch.set_num_threads(threads)
         if self.device == "cpu":
             _keep_freed_memory_in_process()
+        # Before loading anything: a backend that cannot run here is a config error.
+        check_backend_can_run(args.resolved_attention_backend, self.device)
         self.peers: TPPeers | None = None
         if tp is None and args.tp_size > 1:
             self.peers = TPPeers(args, model_dir)
@@ -87,13 +92,36 @@ class ModelWorker:
         self.num_slots = num_tokens + 1  # plus the reserved padding slot 0
         # Rows for running requests plus headroom for requests admitted in the same step.
         self.req_to_token = ReqToTokenTable(args.max_running_requests + 8, self.max_context_len)
-        self.attn_backend = create_attention_backend(args.resolved_attention_backend, self.device)
         local_kv_heads = split_range(cfg.num_kv_heads, self.tp.size, self.tp.rank)[1]
+        shape = AttentionShape(local_kv_heads * (cfg.num_heads // cfg.num_kv_heads), local_kv_heads, cfg.head_dim)
+        self.attn_backend = create_attention_backend(args.resolved_attention_backend, self.device, shape)
         self.kv_pool = KVPool(
             self.num_slots, cfg.num_layers, local_kv_heads, cfg.head_dim, self.dtype, self.device,
             layout=self.attn_backend.kv_layout,
         )
+        # On CUDA the kernels read the batch's table rows from a device mirror; on CPU the
+        # scheduler's own table is read directly.
+        self.device_table = DeviceReqToToken(self.req_to_token.table, self.device) if self._on_cuda else None
+        self.graph_runner = self._build_graph_runner(cfg.hidden_size)
         self.default_generator = torch.Generator().manual_seed(args.random_seed)
+
+    @property
+    def _on_cuda(self) -> bool:
+        return self.device.startswith("cuda")
+
+    def _build_graph_runner(self, hidden_size: int) -> CudaGraphRunner | None:
+        """Decode CUDA graphs: on CUDA, at TP=1 (ranks would have to replay in lockstep),
+        with a backend that supports them, unless ``--disable-cuda-graph``."""
+        args = self.args
+        if not self._on_cuda or args.disable_cuda_graph or self.tp.size > 1:
+            return None
+        if not self.attn_backend.supports_cuda_graph:
+            return None
+        assert self.device_table is not None
+        max_bs = min(args.resolved_cuda_graph_max_bs, self.req_to_token.max_requests)
+        return CudaGraphRunner(
+            self.model, self.attn_backend, self.kv_pool, self.device_table, max_bs, hidden_size, self.dtype
+        )
 
     @torch.inference_mode()
     def run_batch(self, batch: ForwardBatch) -> BatchResult:
@@ -129,13 +157,20 @@ class ModelWorker:
         positions: torch.Tensor,
     ) -> torch.Tensor:
         """The model's hidden states for one step (every TP rank runs this)."""
+        table = self.req_to_token.table
+        if self.device_table is not None:
+            seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]
+            self.device_table.sync(rows, max(seq_lens, default=0))
+            table = self.device_table.table
+        if is_decode and self.graph_runner is not None and self.graph_runner.can_run(len(extend_lens)):
+            return self.graph_runner.replay(rows, prefix_lens, out_cache_loc, input_ids, positions)
         ctx = ForwardContext(
             is_decode=is_decode,
             req_rows=rows,
             prefix_lens=prefix_lens,
             extend_lens=extend_lens,
             out_cache_loc=out_cache_loc.to(self.device),
-            req_to_token=self.req_to_token.table,
+            req_to_token=table,
             kv_pool=self.kv_pool,
             attn_backend=self.attn_backend,
         )

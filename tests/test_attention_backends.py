@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from kernels.attention import create_attention_backend
+from kernels.attention.base import AttentionShape
 from runtime.forward_context import ForwardContext, forward_context
 from runtime.kv_pool import KVPool
 
@@ -27,11 +28,22 @@ def _reference(q, k_all, v_all, prefix_lens, extend_lens, scale):
     return torch.stack(out)
 
 
-def _run(backend_name, prefix_lens, extend_lens, heads, kv_heads, dim, decode=False, seed=0):
+# Tolerances against the float32 reference, by the dtype the backend computes in.
+TOLERANCE = {torch.float32: dict(atol=1e-5, rtol=1e-4), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
+
+
+def _run(backend_name, prefix_lens, extend_lens, heads, kv_heads, dim, decode=False, seed=0, device="cpu", dtype=torch.float32, tolerance=None):
+    """Run one attention call of ``backend_name`` on random inputs (scattered slots, cached
+    prefixes already in the pool) and check it against the brute-force reference computed
+    in float32 from the same (rounded) inputs. Returns the backend's output."""
     gen = torch.Generator().manual_seed(seed)
     num_slots = sum(p + e for p, e in zip(prefix_lens, extend_lens, strict=True)) + 8
-    backend = create_attention_backend(backend_name, "cpu")
-    pool = KVPool(num_slots, 1, kv_heads, dim, torch.float32, "cpu", layout=backend.kv_layout)
+    backend = (
+        create_attention_backend(backend_name, device, AttentionShape(heads, kv_heads, dim))
+        if isinstance(backend_name, str)
+        else backend_name  # an already built backend
+    )
+    pool = KVPool(num_slots, 1, kv_heads, dim, dtype, device, layout=backend.kv_layout)
     bs = len(prefix_lens)
     table = torch.zeros(bs + 2, max(p + e for p, e in zip(prefix_lens, extend_lens, strict=True)) + 4, dtype=torch.int64)
     perm = torch.randperm(num_slots - 1, generator=gen) + 1  # scattered slots, never slot 0
@@ -41,23 +53,28 @@ def _run(backend_name, prefix_lens, extend_lens, heads, kv_heads, dim, decode=Fa
         slots = perm[used : used + p + e]
         used += p + e
         table[rows[i], : p + e] = slots
-        k = torch.randn(p + e, kv_heads, dim, generator=gen)
-        v = torch.randn(p + e, kv_heads, dim, generator=gen)
-        pool.write(0, slots[:p], k[:p], v[:p])  # the cached prefix
+        k = torch.randn(p + e, kv_heads, dim, generator=gen).to(dtype)
+        v = torch.randn(p + e, kv_heads, dim, generator=gen).to(dtype)
+        pool.write(0, slots[:p].to(device), k[:p].to(device), v[:p].to(device))  # the cached prefix
         k_all.append(k)
         v_all.append(v)
         locs.append(slots[p:])
-    q = torch.randn(sum(extend_lens), heads, dim, generator=gen)
+    q = torch.randn(sum(extend_lens), heads, dim, generator=gen).to(dtype)
     k_new = torch.cat([k[p:] for k, p in zip(k_all, prefix_lens, strict=True)])
     v_new = torch.cat([v[p:] for v, p in zip(v_all, prefix_lens, strict=True)])
-    ctx = ForwardContext(decode, rows, list(prefix_lens), list(extend_lens), torch.cat(locs), table, pool, backend)
+    ctx = ForwardContext(
+        decode, rows, list(prefix_lens), list(extend_lens), torch.cat(locs).to(device), table.to(device), pool, backend
+    )
     scale = 1 / math.sqrt(dim)
     with forward_context(ctx):
-        got = backend.forward(q, k_new, v_new, 0, scale, ctx)
-    want = _reference(q, k_all, v_all, prefix_lens, extend_lens, scale)
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+        got = backend.forward(q.to(device), k_new.to(device), v_new.to(device), 0, scale, ctx).cpu()
+    want = _reference(
+        q.float(), [k.float() for k in k_all], [v.float() for v in v_all], prefix_lens, extend_lens, scale
+    )
+    torch.testing.assert_close(got.float(), want, **(tolerance or TOLERANCE[dtype]))
     # the new tokens' K/V were stored where the scheduler said
-    torch.testing.assert_close(pool.read(0, ctx.out_cache_loc)[0], k_new)
+    torch.testing.assert_close(pool.read(0, ctx.out_cache_loc)[0].cpu(), k_new)
+    return got
 
 
 @pytest.mark.parametrize(

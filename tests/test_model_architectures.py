@@ -10,26 +10,17 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
-VOCAB = 49152  # the default (SmolLM2) tokenizer's vocabulary, so its files can be reused
+from tests.tiny_models import VOCAB, build_hf_model, random_prompts, save_hf_folder
+
 NEW_TOKENS = 12
 PROMPT_LENS = (5, 40, 90)
 LOGPROB_TOL = 1e-4
 GREEDY = {"temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
-_SIZES = dict(
-    hidden_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    intermediate_size=128,
-    vocab_size=VOCAB,
-    max_position_embeddings=2048,
-)
 _LLAMA3_SCALING = {
     "rope_type": "llama3",
     "factor": 8.0,
@@ -58,43 +49,17 @@ def _one_thread():
     torch.set_num_threads(before)
 
 
-def _build_hf_model(family: str, extra: dict) -> torch.nn.Module:
-    import transformers
-
-    config_cls = getattr(transformers, f"{family}Config")
-    model_cls = getattr(transformers, f"{family}ForCausalLM")
-    config = config_cls(**_SIZES, **extra)
-    torch.manual_seed(0)
-    model = model_cls(config).float().eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.copy_(1.0 + 0.1 * torch.randn_like(param))
-            else:  # includes the q/k/v biases of Qwen2: non-zero, random
-                param.normal_(0.0, 0.5)
-    if config.tie_word_embeddings:
-        assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
-    return model
-
-
 @pytest.fixture(scope="module")
 def build_case(tmp_path_factory, model_dir):
     """Build (once per module) a case's HF folder: safetensors weights, config, generation
     config and the default model's tokenizer files. Returns (folder, transformers model)."""
-    from transformers import GenerationConfig
-
     built: dict[str, tuple[Path, torch.nn.Module]] = {}
 
     def build(name: str) -> tuple[Path, torch.nn.Module]:
         if name not in built:
             family, extra = CASES[name]
-            hf_model = _build_hf_model(family, extra)
-            folder = tmp_path_factory.mktemp(name)
-            hf_model.save_pretrained(folder, safe_serialization=True)
-            GenerationConfig.from_model_config(hf_model.config).save_pretrained(folder)
-            for tok_file in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-                if (Path(model_dir) / tok_file).is_file():
-                    shutil.copy(Path(model_dir) / tok_file, folder / tok_file)
+            hf_model = build_hf_model(family, extra)
+            folder = save_hf_folder(hf_model, tmp_path_factory.mktemp(name), model_dir)
             built[name] = (folder, hf_model)
         return built[name]
 
@@ -105,11 +70,6 @@ def build_case(tmp_path_factory, model_dir):
 def arch(request, build_case):
     """(name, folder, transformers model) for one architecture case."""
     return (request.param, *build_case(request.param))
-
-
-def _random_prompts(seed: int, lens: tuple[int, ...]) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(VOCAB) for _ in range(n)] for n in lens]
 
 
 def hf_oracle(hf_model, ids: list[int], num_tokens: int = NEW_TOKENS) -> tuple[list[int], torch.Tensor]:
@@ -160,7 +120,7 @@ def test_greedy_and_prompt_logprobs_match_transformers(arch):
     from runtime.engine import Engine
 
     name, folder, hf_model = arch
-    prompts = _random_prompts(1, PROMPT_LENS)
+    prompts = random_prompts(1, PROMPT_LENS)
     engine = Engine(str(folder), dtype="float32", max_total_tokens=4096)
     outs = engine.generate(
         input_ids=prompts, sampling_params=GREEDY, return_logprob=True, logprob_start_len=0
