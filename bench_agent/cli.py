@@ -201,6 +201,8 @@ def measure(
     for err in result.errors:
         print(f"  {workload.name} / {label}: {err}", file=sys.stderr)
     summary = summarise(result)
+    print(f"  {workload.name} / {label}: {n} programs in {result.wall_s:.1f} s, "
+          f"{summary['programs_per_s']:.3f} programs/s", file=sys.stderr)
     if summary["short_calls"]:
         print(f"  {workload.name} / {label}: {summary['short_calls']} calls stopped before their fixed "
               "length (does the server honour ignore_eos?); the sides did different work", file=sys.stderr)

@@ -30,7 +30,7 @@ from frontend_lang.backend.runtime_endpoint import RuntimeEndpoint
 QUICK = {
     "critique": (16, 16, 2),
     "tree_of_thought": (8, 8, 1),
-    "no_reuse": (48, 16, 6),
+    "no_reuse": (32, 16, 6),
 }
 CONTROL = "no_reuse"
 ON, OFF, HF = "forkserve, radix on", "forkserve, radix off", "transformers, one at a time"

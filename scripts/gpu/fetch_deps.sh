@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run HERE, on a machine with the package registry and the default model installed.
-# Gathers into .gpu_carry/ (git-ignored) what the GPU machine lacks, within the 64 MiB that
-# can travel with the working tree:
+# Gathers into .gpu_carry/ (git-ignored) what an offline GPU machine lacks, keeping the
+# repository plus this folder under 64 MiB so both can be copied over together:
 #   wheels/        flashinfer-python (repacked without other kernel families' sources, see
 #                  slim_flashinfer_wheel.py), apache-tvm-ffi (FlashInfer's binding layer,
 #                  compiled: built for the GPU machine's Python), pyzmq, platformdirs
