@@ -18,8 +18,6 @@ from typing import Any
 
 import torch
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
 
 def make_prompts(tokenizer, n: int, lo: int, hi: int, seed: int) -> list[list[int]]:
     """Prompts of mixed lengths from seeded random English-like text (no datasets)."""
@@ -129,10 +127,11 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     from runtime.engine import Engine
+    from runtime.worker import TORCH_DTYPES
 
     engine = Engine(dtype=args.dtype, max_total_tokens=200_000, max_running_requests=64)
     dtype_name = engine.args.resolved_dtype
-    model = AutoModelForCausalLM.from_pretrained(str(engine.model_dir), dtype=DTYPES[dtype_name]).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(engine.model_dir), dtype=TORCH_DTYPES[dtype_name]).eval()
     prompts = make_prompts(engine.tokenizer, args.num_prompts, args.min_len, args.max_len, args.seed)
     out_tokens = args.num_prompts * args.new_tokens
     engine.generate("warm up", {"max_new_tokens": 2})

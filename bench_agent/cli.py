@@ -139,8 +139,10 @@ def open_driver(ns: argparse.Namespace) -> Iterator[tuple[Backend, KVProbe | Non
     try:
         backend = _http_backend(ns.backend, url, ns.model, ns.api_key)
         where = "local forkserve" if server else url
-        yield backend, kv_probe_for_url(url), label or _label(f"{ns.backend} @ {where}", ns.server_args if server else "")
-        backend.shutdown()
+        try:
+            yield backend, kv_probe_for_url(url), label or _label(f"{ns.backend} @ {where}", ns.server_args if server else "")
+        finally:
+            backend.shutdown()
     finally:
         if server is not None:
             server.stop()

@@ -25,6 +25,9 @@ def summarise(result: RunResult) -> dict[str, Any]:
     gens = [r for r in result.records if r.kind == "gen"]
     prompt = sum(r.prompt_tokens for r in result.records)
     reported = [r for r in result.records if r.cached_tokens is not None]
+    cached = sum(r.cached_tokens or 0 for r in reported)
+    # a hit rate only when every request said how much of its prompt was cached
+    every_call_reported = bool(reported) and len(reported) == len(result.records)
     output = sum(r.completion_tokens for r in gens)
     done = len(result.program_latencies)
     out: dict[str, Any] = {
@@ -41,12 +44,8 @@ def summarise(result: RunResult) -> dict[str, Any]:
         "output_tok_per_s": output / result.wall_s if result.wall_s > 0 else 0.0,
         "prompt_tokens": prompt,
         "output_tokens": output,
-        "cached_tokens": sum(r.cached_tokens or 0 for r in reported) if reported else None,
-        "cache_hit_rate": (
-            sum(r.cached_tokens or 0 for r in reported) / max(1, sum(r.prompt_tokens for r in reported))
-            if reported and len(reported) == len(result.records)
-            else None
-        ),
+        "cached_tokens": cached if reported else None,
+        "cache_hit_rate": cached / max(1, prompt) if every_call_reported else None,
         "peak_kv_usage": result.peak_kv_usage,
     }
     out |= _percentiles([r.first_token - r.start for r in gens if r.first_token is not None], 1000, "ttft_ms")

@@ -23,7 +23,7 @@ from runtime.sampling.sampler import sample
 from runtime.scheduler.req import Req
 from runtime.tp_worker import TPPeers
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 @dataclass
@@ -63,7 +63,7 @@ class ModelWorker:
     ) -> None:
         self.args = args
         self.device = args.resolved_device
-        self.dtype = _DTYPES[args.resolved_dtype]
+        self.dtype = TORCH_DTYPES[args.resolved_dtype]
         threads = args.num_threads or (max(1, (os.cpu_count() or 1) // args.tp_size) if args.tp_size > 1 else None)
         if threads:
             torch.set_num_threads(threads)

@@ -60,9 +60,11 @@ def kv_probe_for_url(url: str) -> KVProbe | None:
         return float(match.group(1)) if match else None
 
     try:
-        if client.get("/get_server_info").status_code == 200:
-            forkserve()
-            return forkserve
+        forkserve()
+        return forkserve
+    except (httpx.HTTPError, KeyError, TypeError, ValueError):
+        pass  # not forkserve
+    try:
         metrics = client.get("/metrics")
         for name in _FOREIGN_GAUGES:
             if metrics.status_code == 200 and re.search(rf"^{re.escape(name)}\b", metrics.text, re.M):

@@ -25,8 +25,8 @@ from frontend_lang.backend.base import BackendError
 from runtime.config import ServerArgs
 from runtime.model_loader.default_model import resolve_model_path
 from runtime.tokenizer import Tokenizer
+from runtime.worker import TORCH_DTYPES
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _DONE = object()
 
 
@@ -57,7 +57,7 @@ class HFBackend(StreamingBackend):
         self.dtype = args.resolved_dtype
         folder = resolve_model_path(model_path)
         self.tokenizer = Tokenizer(folder)
-        self.model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=_DTYPES[self.dtype]).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=TORCH_DTYPES[self.dtype]).eval()
         self._one_at_a_time = threading.Lock()
 
     def role_markers(self) -> dict[str, Any]:
