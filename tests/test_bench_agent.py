@@ -54,7 +54,12 @@ def test_every_workload_in_process(name, local):
     local.flush_cache()
     workload, result, summary = run_tiny(name, local, kv_probe_for_engine(local))
     check_counts(workload, result, summary)
-    assert 0 < summary["cache_hit_rate"] < 1
+    if name == "no_reuse":
+        # Only the chat template's default system turn can be shared, and only when one
+        # program's prompt is cached before the other's is scheduled: timing decides.
+        assert 0 <= summary["cache_hit_rate"] < 0.5
+    else:
+        assert 0 < summary["cache_hit_rate"] < 1
     assert 0 < summary["peak_kv_usage"] <= 1
     forks = name in ("tree_of_thought", "judge")
     assert (summary["prefill_calls"] > 0) == forks, "only forks send their prefix ahead"
