@@ -62,10 +62,12 @@ class ServerArgs:
     )
     attention_backend: str | None = _arg(
         None,
-        "Attention implementation: torch_native (CPU, reference), triton or flashinfer. "
-        "Default: flashinfer on CUDA, torch_native on CPU. triton on CPU needs TRITON_INTERPRET=1 "
+        "Attention implementation: cpu (compiled CPU kernel, built once with the system C++ "
+        "compiler), torch_native (plain PyTorch: the reference, and the CPU path without a "
+        "compiler), triton or flashinfer (CUDA). Default: flashinfer on CUDA; on CPU, cpu when a "
+        "C++ compiler is found, else torch_native. triton on CPU needs TRITON_INTERPRET=1 "
         "(Triton's interpreter, slow: for tests).",
-        choices=["torch_native", "triton", "flashinfer"],
+        choices=["cpu", "torch_native", "triton", "flashinfer"],
     )
     page_size: int = _arg(1, "Tokens per KV page; prefix matches are rounded down to whole pages.")
     disable_cuda_graph: bool = _arg(
@@ -106,9 +108,9 @@ class ServerArgs:
             raise ValueError("max_context_len must be at least 2")
         if self.schedule_policy not in ("lpm", "fcfs"):
             raise ValueError(f"schedule_policy must be lpm or fcfs, got {self.schedule_policy!r}")
-        if self.attention_backend not in (None, "torch_native", "triton", "flashinfer"):
+        if self.attention_backend not in (None, "cpu", "torch_native", "triton", "flashinfer"):
             raise ValueError(
-                f"attention_backend must be torch_native, triton or flashinfer, got {self.attention_backend!r}"
+                f"attention_backend must be cpu, torch_native, triton or flashinfer, got {self.attention_backend!r}"
             )
         if self.page_size < 1:
             raise ValueError("page_size must be at least 1")
@@ -137,7 +139,11 @@ class ServerArgs:
     def resolved_attention_backend(self) -> str:
         if self.attention_backend is not None:
             return self.attention_backend
-        return "flashinfer" if self.resolved_device.startswith("cuda") else "torch_native"
+        if self.resolved_device.startswith("cuda"):
+            return "flashinfer"
+        from kernels.cpu.build import find_compiler
+
+        return "cpu" if find_compiler() is not None else "torch_native"
 
     @property
     def resolved_cuda_graph_max_bs(self) -> int:

@@ -3,6 +3,7 @@ forward per step and samples. It never decides which KV slots to use; the batch 
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,8 @@ from runtime.models import load_model
 from runtime.sampling.sampler import sample
 from runtime.scheduler.req import Req
 from runtime.tp_worker import TPPeers
+
+logger = logging.getLogger(__name__)
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -71,6 +74,9 @@ class ModelWorker:
             _keep_freed_memory_in_process()
         # Before loading anything: a backend that cannot run here is a config error.
         check_backend_can_run(args.resolved_attention_backend, self.device)
+        if self.device == "cpu" and args.attention_backend is None and args.resolved_attention_backend == "torch_native":
+            logger.warning("no C++ compiler on PATH: decode attention uses torch_native, which copies K/V each "
+                           "step; install g++ (or set CXX) to get the compiled cpu backend")
         self.peers: TPPeers | None = None
         if tp is None and args.tp_size > 1:
             self.peers = TPPeers(args, model_dir)

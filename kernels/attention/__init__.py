@@ -2,7 +2,8 @@
 Triton or FlashInfer.
 
 Where each backend runs:
-  - ``torch_native``: anywhere (the CPU path and the reference);
+  - ``torch_native``: anywhere (the reference, and the CPU path without a C++ compiler);
+  - ``cpu``: CPU, with a C++ compiler to build its kernel once (``kernels/cpu/build.py``);
   - ``triton``: CUDA; on CPU only inside Triton's interpreter (``TRITON_INTERPRET=1``, tests);
   - ``flashinfer``: CUDA with the ``flashinfer-python`` package (``pip install .[cuda]``).
 Asking for a backend where it cannot run is a ``ValueError`` that says what is missing.
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
 
 _BACKENDS: dict[str, tuple[str, str]] = {
     "torch_native": ("kernels.attention.torch_native", "TorchNativeBackend"),
+    "cpu": ("kernels.attention.cpu_backend", "CpuBackend"),
     "triton": ("kernels.attention.triton_backend", "TritonBackend"),
     "flashinfer": ("kernels.attention.flashinfer_backend", "FlashInferBackend"),
 }
@@ -35,7 +37,16 @@ def check_backend_can_run(name: str, device: str) -> None:
     if name not in _BACKENDS:
         raise ValueError(f"attention backend {name!r} is unknown; available: {', '.join(available_backends())}")
     on_cuda = device.startswith("cuda")
-    if name == "triton":
+    if name == "cpu":
+        from kernels.cpu.build import CpuKernelsUnavailable, load_kernels
+
+        if device != "cpu":
+            raise ValueError(f"attention backend 'cpu' runs on the CPU only; got device {device!r}")
+        try:
+            load_kernels()
+        except CpuKernelsUnavailable as exc:
+            raise ValueError(f"attention backend 'cpu' cannot run here: {exc}") from exc
+    elif name == "triton":
         if not triton_installed():
             raise ValueError("attention backend 'triton' needs the triton package: pip install triton")
         if not on_cuda and not interpreter_requested():
@@ -58,8 +69,9 @@ def create_attention_backend(name: str, device: str, shape: AttentionShape | Non
     """The backend ``name`` for ``device``. ``shape`` (this rank's heads and head size) is
     required by the fast backends, which plan their kernels before the first layer runs."""
     check_backend_can_run(name, device)
-    if name != "torch_native" and shape is None:
+    simple = name in ("torch_native", "cpu")
+    if not simple and shape is None:
         raise ValueError(f"attention backend {name!r} needs the attention shape (heads, KV heads, head size)")
     module, cls = _BACKENDS[name]
     backend_cls = getattr(importlib.import_module(module), cls)
-    return backend_cls() if name == "torch_native" else backend_cls(shape, device)
+    return backend_cls() if simple else backend_cls(shape, device)

@@ -1,0 +1,118 @@
+"""Compile the C++ CPU kernels once per machine and load them with ctypes.
+
+The source ships with the package (``paged_attention.cpp``); on first use it is compiled
+with the system C++ compiler (``$CXX``, else ``c++``/``g++``/``clang++``) for this CPU
+(``-march=native``) with OpenMP, into ``<user cache>/forkserve/kernels/``. The file name
+carries a hash of the source, the flags, the compiler and the CPU's feature flags, so an
+edit, another compiler or a cache folder shared with a different CPU gets a fresh build.
+A build takes about a second; later starts load the cached library.
+
+OpenMP: the library links ``libgomp.so.1``. Loaded after torch, it binds to the runtime
+torch already loaded, so its threads are torch's threads, not a second pool fighting for
+the same cores.
+
+There is no fallback: if no compiler is found or the build fails, :func:`load_kernels`
+raises ``CpuKernelsUnavailable`` with the compiler's message, and the caller decides
+(``--attention-backend torch_native`` needs no compiler).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import platformdirs
+
+SOURCE = Path(__file__).with_name("paged_attention.cpp")
+FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-std=c++17", "-shared", "-fPIC")
+_COMPILERS = ("c++", "g++", "clang++")
+
+
+class CpuKernelsUnavailable(RuntimeError):
+    """The CPU kernels cannot be built or loaded here; the message says why."""
+
+
+def find_compiler() -> str | None:
+    """The C++ compiler to use: ``$CXX`` if set, else the first of c++/g++/clang++ on PATH."""
+    if os.environ.get("CXX"):
+        return shutil.which(os.environ["CXX"])
+    return next((path for name in _COMPILERS if (path := shutil.which(name))), None)
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        return platform.processor()
+
+
+def library_path(compiler: str) -> Path:
+    key = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), compiler.encode(), _cpu_flags().encode(),
+                 platform.machine().encode()):
+        key.update(part)
+    cache = Path(os.environ.get("FORKSERVE_KERNEL_CACHE") or Path(platformdirs.user_cache_dir("forkserve")) / "kernels")
+    return cache / f"paged_attention-{key.hexdigest()[:16]}.so"
+
+
+def _compile(compiler: str, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    print(f"forkserve: compiling the CPU attention kernel into {target} (once)", file=sys.stderr)
+    # Build beside the target and rename: concurrent starts never load a half-written file.
+    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
+    os.close(fd)
+    try:
+        done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise CpuKernelsUnavailable(
+                f"compiling {SOURCE.name} with {compiler} failed:\n{done.stderr.strip()}\n"
+                "Use --attention-backend torch_native to run without compiled kernels."
+            )
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+_P, _I64 = ctypes.c_void_p, ctypes.c_int64
+_ARGTYPES = [_P, _P, _P, _I64, _P, _I64, _P, _P, _P, _P, _I64, _I64, _I64, _I64, ctypes.c_float, _I64, _P, ctypes.c_int]
+
+
+@functools.cache
+def load_kernels() -> ctypes.CDLL:
+    """The compiled kernel library (built on first call), with argument types declared."""
+    import torch  # noqa: F401  (torch's OpenMP runtime must be loaded first; see above)
+
+    compiler = find_compiler()
+    if compiler is None:
+        raise CpuKernelsUnavailable(
+            "the CPU attention kernel needs a C++ compiler with OpenMP (g++ or clang++; or set CXX), and none "
+            "was found on PATH. Install one (e.g. `apt install g++`) or use --attention-backend torch_native."
+        )
+    path = library_path(compiler)
+    if not path.exists():
+        _compile(compiler, path)
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as exc:
+        raise CpuKernelsUnavailable(f"loading {path} failed: {exc}") from exc
+    for fn in (lib.paged_attention_f32, lib.paged_attention_bf16):
+        fn.argtypes, fn.restype = _ARGTYPES, ctypes.c_int
+    return lib
+
+
+def kernels_available() -> bool:
+    try:
+        load_kernels()
+    except CpuKernelsUnavailable:
+        return False
+    return True

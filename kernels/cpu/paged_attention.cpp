@@ -1,0 +1,162 @@
+// Paged attention on the CPU, read straight from the KV pool through the slot table.
+//
+// Query token j of request b (absolute position prefix[b] + j) attends to the request's
+// first prefix[b] + j + 1 tokens, whose pool slots are req_to_token[rows[b]][0, 1, ...].
+// Decode is the case of one query token per request.
+//
+// Layouts (all contiguous):
+//   q, out        [num_tokens, num_heads, dim]   the tokens of request b start at q_start[b]
+//   k/v cache     [kv_heads, num_slots, dim]     the pool's HND layout
+//   req_to_token  [*, r2t_stride] int64
+//   token_req     [num_tokens] int64             the request each query token belongs to
+//
+// One task is one (query token, KV head). It scores the group of query heads sharing that
+// KV head against every visible key (fp32 dot products), takes the softmax in fp32 and sums
+// the values. Reading K/V rows in place avoids the gather copy a batched matmul needs, and
+// each K/V row is loaded once for all query heads of its group.
+//
+// Built and loaded by kernels/cpu/build.py; called from kernels/attention/cpu_backend.py.
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kMaxDim = 256;
+constexpr int64_t kMaxGroup = 16;
+
+struct Bf16 {
+    uint16_t bits;
+};
+
+inline float to_f32(float x) { return x; }
+
+inline float to_f32(Bf16 x) {
+    uint32_t u = static_cast<uint32_t>(x.bits) << 16;
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+inline void from_f32(float x, float *dst) { *dst = x; }
+
+inline void from_f32(float x, Bf16 *dst) {
+    uint32_t u;
+    std::memcpy(&u, &x, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {  // NaN stays a (quiet) NaN
+        dst->bits = static_cast<uint16_t>((u >> 16) | 0x40);
+        return;
+    }
+    u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+    dst->bits = static_cast<uint16_t>(u >> 16);
+}
+
+template <typename T>
+inline void load_row(const T *src, float *dst, int64_t n) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) dst[i] = to_f32(src[i]);
+}
+
+// Slots are scattered in the pool (shared prefixes, freed and reused slots), so the
+// hardware prefetcher cannot guess the next row: ask for the row a few keys ahead.
+constexpr int64_t kPrefetch = 8;
+
+template <typename T>
+inline void prefetch_row(const T *row, int64_t n) {
+    const char *p = reinterpret_cast<const char *>(row);
+    for (int64_t off = 0; off < n * static_cast<int64_t>(sizeof(T)); off += 64) __builtin_prefetch(p + off);
+}
+
+struct Batch {
+    int64_t num_slots, r2t_stride, num_tokens, num_heads, kv_heads, dim, max_keys;
+    const int64_t *req_to_token, *rows, *prefix, *q_start, *token_req;
+    float scale;
+};
+
+// One (query token, KV head): `scores` has room for group * max_keys floats.
+template <typename T>
+void attend_one(const Batch &bt, const T *q, const T *k_cache, const T *v_cache, T *out, int64_t tok,
+                int64_t h, float *scores) {
+    const int64_t group = bt.num_heads / bt.kv_heads, dim = bt.dim;
+    const int64_t b = bt.token_req[tok];
+    const int64_t n = bt.prefix[b] + (tok - bt.q_start[b]) + 1;
+    const int64_t *slots = bt.req_to_token + bt.rows[b] * bt.r2t_stride;
+    const T *kh = k_cache + h * bt.num_slots * dim, *vh = v_cache + h * bt.num_slots * dim;
+
+    alignas(64) float qf[kMaxGroup][kMaxDim], acc[kMaxGroup][kMaxDim], row[kMaxDim];
+    float best[kMaxGroup], total[kMaxGroup];
+    for (int64_t g = 0; g < group; g++) {
+        load_row(q + (tok * bt.num_heads + h * group + g) * dim, qf[g], dim);
+        for (int64_t d = 0; d < dim; d++) qf[g][d] *= bt.scale;
+        best[g] = -3.0e38f;
+    }
+    for (int64_t t = 0; t < n; t++) {
+        if (t + kPrefetch < n) prefetch_row(kh + slots[t + kPrefetch] * dim, dim);
+        load_row(kh + slots[t] * dim, row, dim);
+        for (int64_t g = 0; g < group; g++) {
+            float s = 0.f;
+#pragma omp simd reduction(+ : s)
+            for (int64_t d = 0; d < dim; d++) s += qf[g][d] * row[d];
+            scores[g * n + t] = s;
+            best[g] = s > best[g] ? s : best[g];
+        }
+    }
+    for (int64_t g = 0; g < group; g++) {
+        float sum = 0.f;
+        for (int64_t t = 0; t < n; t++) {
+            const float e = std::exp(scores[g * n + t] - best[g]);
+            scores[g * n + t] = e;
+            sum += e;
+        }
+        total[g] = sum;
+        std::memset(acc[g], 0, sizeof(float) * dim);
+    }
+    for (int64_t t = 0; t < n; t++) {
+        if (t + kPrefetch < n) prefetch_row(vh + slots[t + kPrefetch] * dim, dim);
+        load_row(vh + slots[t] * dim, row, dim);
+        for (int64_t g = 0; g < group; g++) {
+            const float p = scores[g * n + t];
+#pragma omp simd
+            for (int64_t d = 0; d < dim; d++) acc[g][d] += p * row[d];
+        }
+    }
+    for (int64_t g = 0; g < group; g++) {
+        const float inv = 1.f / total[g];
+        T *dst = out + (tok * bt.num_heads + h * group + g) * dim;
+        for (int64_t d = 0; d < dim; d++) from_f32(acc[g][d] * inv, dst + d);
+    }
+}
+
+template <typename T>
+int paged_attention(const Batch &bt, const T *q, const T *k_cache, const T *v_cache, T *out, int num_threads) {
+    const int64_t group = bt.num_heads / bt.kv_heads;
+    if (bt.dim > kMaxDim || group > kMaxGroup || group * bt.kv_heads != bt.num_heads) return 1;
+    const int64_t tasks = bt.num_tokens * bt.kv_heads;
+#pragma omp parallel num_threads(num_threads)
+    {
+        std::vector<float> scores(static_cast<size_t>(group * (bt.max_keys > 0 ? bt.max_keys : 1)));
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < tasks; task++)
+            attend_one(bt, q, k_cache, v_cache, out, task / bt.kv_heads, task % bt.kv_heads, scores.data());
+    }
+    return 0;
+}
+
+}  // namespace
+
+// The C entry points, one per storage dtype; they return 0, or 1 for an unsupported shape.
+#define FORKSERVE_ENTRY(NAME, T)                                                                 \
+    extern "C" int NAME(const T *q, const T *k_cache, const T *v_cache, int64_t num_slots,         \
+                        const int64_t *req_to_token, int64_t r2t_stride, const int64_t *rows,     \
+                        const int64_t *prefix, const int64_t *q_start, const int64_t *token_req,  \
+                        int64_t num_tokens, int64_t num_heads, int64_t kv_heads, int64_t dim,     \
+                        float scale, int64_t max_keys, T *out, int num_threads) {                 \
+        const Batch bt{num_slots, r2t_stride, num_tokens, num_heads, kv_heads, dim, max_keys,     \
+                       req_to_token, rows, prefix, q_start, token_req, scale};                     \
+        return paged_attention(bt, q, k_cache, v_cache, out, num_threads);                        \
+    }
+
+FORKSERVE_ENTRY(paged_attention_f32, float)
+FORKSERVE_ENTRY(paged_attention_bf16, Bf16)

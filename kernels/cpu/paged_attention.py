@@ -1,0 +1,83 @@
+"""Python entry point of the compiled paged-attention kernel (``paged_attention.cpp``).
+
+The kernel gets raw pointers, so everything it reads is checked here first: dtypes,
+contiguity, devices and shapes. A mistake becomes a ``ValueError``, never a stray read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels.cpu.build import load_kernels
+
+
+@dataclass
+class PagedBatch:
+    """Which keys each query token sees, as int64 CPU tensors.
+
+    Query token ``t`` belongs to request ``b = token_req[t]``; it is token
+    ``t - q_start[b]`` of that request's new tokens and sees the request's first
+    ``prefix[b] + (t - q_start[b]) + 1`` tokens, at slots ``req_to_token[rows[b], :]``.
+    """
+
+    req_to_token: torch.Tensor  # [max_requests, max_context_len]
+    rows: torch.Tensor  # [bs]
+    prefix: torch.Tensor  # [bs]
+    q_start: torch.Tensor  # [bs]
+    token_req: torch.Tensor  # [num_tokens]
+    max_keys: int  # the most keys any query token sees
+
+    @classmethod
+    def build(cls, req_to_token: torch.Tensor, rows: torch.Tensor, prefix_lens: list[int],
+              extend_lens: list[int]) -> PagedBatch:
+        if len(rows) and not 0 <= int(rows.min()) <= int(rows.max()) < req_to_token.shape[0]:
+            raise ValueError(f"request rows {rows.tolist()} outside the table's {req_to_token.shape[0]} rows")
+        extend = torch.tensor(extend_lens, dtype=torch.int64)
+        prefix = torch.tensor(prefix_lens, dtype=torch.int64)
+        return cls(
+            req_to_token=req_to_token,
+            rows=rows.to(device="cpu", dtype=torch.int64).contiguous(),
+            prefix=prefix,
+            q_start=torch.cumsum(extend, 0) - extend,
+            token_req=torch.repeat_interleave(torch.arange(len(extend_lens)), extend),
+            max_keys=max((p + e for p, e in zip(prefix_lens, extend_lens, strict=True)), default=0),
+        )
+
+
+_ENTRY = {torch.float32: "paged_attention_f32", torch.bfloat16: "paged_attention_bf16"}
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: PagedBatch,
+                    scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention of ``q`` (``[num_tokens, heads, dim]``) over the K/V pool of one layer
+    (``[kv_heads, num_slots, dim]``, the HND layout) through ``batch``'s slots."""
+    num_tokens, num_heads, dim = q.shape
+    kv_heads, num_slots, cache_dim = k_cache.shape
+    if q.dtype not in _ENTRY or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        raise ValueError(f"paged_attention needs q and K/V of one dtype among float32/bfloat16, got "
+                         f"{q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    if v_cache.shape != k_cache.shape or cache_dim != dim or num_heads % kv_heads:
+        raise ValueError(f"shapes do not fit: q {tuple(q.shape)}, k {tuple(k_cache.shape)}, v {tuple(v_cache.shape)}")
+    if len(batch.token_req) != num_tokens:
+        raise ValueError(f"batch has {len(batch.token_req)} query tokens, q has {num_tokens}")
+    if batch.max_keys > batch.req_to_token.shape[1]:
+        raise ValueError(f"a request sees {batch.max_keys} keys, more than the table's {batch.req_to_token.shape[1]} columns")
+    out = torch.empty_like(q) if out is None else out
+    index = (batch.req_to_token, batch.rows, batch.prefix, batch.q_start, batch.token_req)
+    for t in (q, k_cache, v_cache, out, *index):
+        if t.device.type != "cpu" or not t.is_contiguous():
+            raise ValueError("paged_attention reads contiguous CPU tensors only")
+    if any(t.dtype != torch.int64 for t in index) or out.shape != q.shape or out.dtype != q.dtype:
+        raise ValueError("paged_attention: index tensors must be int64 and out shaped like q")
+    kernel = getattr(load_kernels(), _ENTRY[q.dtype])
+    status = kernel(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), num_slots,
+                    batch.req_to_token.data_ptr(), batch.req_to_token.shape[1], batch.rows.data_ptr(),
+                    batch.prefix.data_ptr(), batch.q_start.data_ptr(), batch.token_req.data_ptr(),
+                    num_tokens, num_heads, kv_heads, dim, scale, batch.max_keys, out.data_ptr(),
+                    torch.get_num_threads())
+    if status:
+        raise ValueError(f"paged_attention supports head_dim <= 256 and <= 16 query heads per KV head; "
+                         f"got head_dim {dim}, {num_heads // kv_heads} per KV head")
+    return out

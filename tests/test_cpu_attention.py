@@ -1,0 +1,151 @@
+"""The compiled CPU attention kernel (``kernels/cpu``) and the ``cpu`` backend, against the
+brute-force reference and against ``torch_native``; then whole greedy generations."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kernels.cpu import build
+from kernels.cpu.build import CpuKernelsUnavailable
+from tests.test_attention_backends import TOLERANCE, _reference, _run
+from tests.tiny_models import build_hf_model, random_prompts, save_hf_folder
+
+if build.find_compiler() is None:
+    pytest.skip("no C++ compiler on PATH: the cpu backend cannot be built", allow_module_level=True)
+
+from kernels.cpu.paged_attention import PagedBatch, paged_attention  # noqa: E402
+
+# (query heads, KV heads, head dim): GQA ratios 1, 3, 4 and 8, head dims 64 and 128
+GEOMETRIES = [(4, 4, 64), (9, 3, 64), (8, 2, 128), (8, 1, 64)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "prefix_lens,geometry",
+    [
+        ([0], GEOMETRIES[0]),  # a one-token prompt
+        ([1, 15, 4, 40], GEOMETRIES[1]),
+        ([3, 50, 7, 22, 1, 90, 14, 5], GEOMETRIES[3]),
+        ([600, 2], GEOMETRIES[2]),  # longer than the prefetch distance many times over
+        ([63] * 17, GEOMETRIES[1]),  # more tasks than threads
+        ([1100, 0, 300], GEOMETRIES[1]),
+    ],
+)
+def test_decode_matches_the_reference(prefix_lens, geometry, dtype):
+    got = _run("cpu", prefix_lens, [1] * len(prefix_lens), *geometry, decode=True, dtype=dtype)
+    if dtype == torch.float32:
+        want = _run("torch_native", prefix_lens, [1] * len(prefix_lens), *geometry, decode=True)
+        torch.testing.assert_close(got, want, **TOLERANCE[torch.float32])
+
+
+def _random_pool(seqs, kv_heads, dim, dtype, gen):
+    """A pool holding each request's K/V at scattered slots, and its table."""
+    num_slots = sum(seqs) + 5
+    perm = torch.randperm(num_slots - 1, generator=gen) + 1
+    k_cache = torch.randn(kv_heads, num_slots, dim, generator=gen).to(dtype)
+    v_cache = torch.randn(kv_heads, num_slots, dim, generator=gen).to(dtype)
+    table = torch.zeros(len(seqs) + 1, max(seqs) + 3, dtype=torch.int64)
+    ks, vs, used = [], [], 0
+    for i, n in enumerate(seqs):
+        slots = perm[used : used + n]
+        used += n
+        table[i + 1, :n] = slots
+        ks.append(k_cache[:, slots].transpose(0, 1).float())
+        vs.append(v_cache[:, slots].transpose(0, 1).float())
+    return k_cache, v_cache, table, ks, vs
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("seed", range(6))
+def test_kernel_with_several_queries_per_request(seed, dtype):
+    """The kernel's general case, query j of a request seeing prefix + j + 1 keys: random
+    prefix and extend lengths (0 and 1 included), GQA ratios and head sizes."""
+    gen = torch.Generator().manual_seed(seed)
+    heads, kv_heads, dim = GEOMETRIES[seed % len(GEOMETRIES)]
+    bs = 1 + seed % 4
+    prefix = torch.randint(0, 80, (bs,), generator=gen).tolist()
+    prefix[0] = seed % 2
+    extend = torch.randint(1, 20, (bs,), generator=gen).tolist()
+    k_cache, v_cache, table, ks, vs = _random_pool([p + e for p, e in zip(prefix, extend, strict=True)], kv_heads, dim, dtype, gen)
+    q = torch.randn(sum(extend), heads, dim, generator=gen).to(dtype)
+    batch = PagedBatch.build(table, torch.arange(1, bs + 1), prefix, extend)
+    scale = 1 / math.sqrt(dim)
+    got = paged_attention(q, k_cache, v_cache, batch, scale)
+    want = _reference(q.float(), ks, vs, prefix, extend, scale)
+    torch.testing.assert_close(got.float(), want, **TOLERANCE[dtype])
+
+
+def test_kernel_rejects_what_it_cannot_read():
+    table = torch.zeros(2, 8, dtype=torch.int64)
+    batch = PagedBatch.build(table, torch.tensor([1]), [3], [1])
+    k = torch.zeros(2, 10, 64)
+    with pytest.raises(ValueError, match="dtype"):
+        paged_attention(torch.zeros(1, 4, 64, dtype=torch.float64), k, k, batch, 0.1)
+    with pytest.raises(ValueError, match="shapes"):
+        paged_attention(torch.zeros(1, 4, 32), k, k, batch, 0.1)
+    with pytest.raises(ValueError, match="contiguous"):
+        paged_attention(torch.zeros(1, 4, 128)[:, :, :64], k, k, batch, 0.1)
+    with pytest.raises(ValueError, match="head_dim"):
+        big = torch.zeros(2, 10, 512)
+        paged_attention(torch.zeros(1, 4, 512), big, big, batch, 0.1)
+    with pytest.raises(ValueError, match="rows"):
+        PagedBatch.build(table, torch.tensor([2]), [3], [1])
+    with pytest.raises(ValueError, match="columns"):
+        paged_attention(torch.zeros(1, 4, 64), k, k, PagedBatch.build(table, torch.tensor([1]), [8], [1]), 0.1)
+
+
+def test_missing_or_failing_compiler_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("FORKSERVE_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setenv("CXX", "no-such-compiler-here")
+    with pytest.raises(CpuKernelsUnavailable, match="C\\+\\+ compiler"):
+        build.load_kernels.__wrapped__()
+    monkeypatch.delenv("CXX")
+    broken = tmp_path / "broken.cpp"
+    broken.write_text("this is not C++\n")
+    monkeypatch.setattr(build, "SOURCE", broken)
+    with pytest.raises(CpuKernelsUnavailable, match="failed") as err:
+        build.load_kernels.__wrapped__()
+    assert "torch_native" in str(err.value)
+    assert not list(tmp_path.glob("*.so*")), "a failed build leaves nothing behind"
+
+
+def test_default_backend_on_cpu_follows_the_compiler(monkeypatch):
+    from runtime.config import ServerArgs
+
+    assert ServerArgs(device="cpu").resolved_attention_backend == "cpu"
+    monkeypatch.setenv("CXX", "no-such-compiler-here")
+    assert ServerArgs(device="cpu").resolved_attention_backend == "torch_native"
+    assert ServerArgs(device="cpu", attention_backend="cpu").resolved_attention_backend == "cpu"
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory, model_dir):
+    """A 2-layer Llama with head size 64 and 3 query heads per KV head (SmolLM2's ratio)."""
+    sizes = dict(hidden_size=192, num_attention_heads=3, num_key_value_heads=1, intermediate_size=256)
+    model = build_hf_model("Llama", dict(tie_word_embeddings=True), sizes)
+    return save_hf_folder(model, tmp_path_factory.mktemp("tiny_llama_cpu"), model_dir)
+
+
+def test_engine_greedy_tokens_match_torch_native(tiny_llama):
+    """Batched decode over prompts of mixed lengths, one sharing a cached prefix: the cpu
+    backend picks the same tokens as torch_native, and the pool stays consistent."""
+    from runtime.engine import Engine
+
+    prompts = random_prompts(5, (5, 40, 90, 200))
+    prompts.append(prompts[2][:60] + random_prompts(6, (9,))[0])
+    greedy = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
+    outputs = {}
+    for backend in ("torch_native", "cpu"):
+        engine = Engine(str(tiny_llama), dtype="float32", max_total_tokens=2048, chunked_prefill_size=64,
+                        attention_backend=backend)
+        first = engine.generate(input_ids=prompts[:4], sampling_params=greedy)
+        second = engine.generate(input_ids=prompts[4], sampling_params=greedy)
+        assert second["meta_info"]["cached_tokens"] >= 60
+        outputs[backend] = [o["output_ids"] for o in first] + [second["output_ids"]]
+        engine.scheduler.check_invariants()
+        engine.shutdown()
+    assert outputs["cpu"] == outputs["torch_native"]
+    assert len({tuple(o) for o in outputs["cpu"]}) == len(outputs["cpu"])  # not one degenerate answer
