@@ -8,13 +8,19 @@ import pytest
 
 from kernels.attention import check_backend_can_run, create_attention_backend
 from kernels.attention.base import AttentionShape
+from kernels.cpu.build import find_compiler
 from runtime.config import ServerArgs
 
 SHAPE = AttentionShape(num_heads=9, num_kv_heads=3, head_dim=64)
 
 
-def test_defaults_flashinfer_on_cuda_torch_native_on_cpu():
+def test_defaults_flashinfer_on_cuda_cpu_or_torch_native_on_cpu(monkeypatch):
+    monkeypatch.setenv("CXX", "no-such-compiler-here")  # no compiler: the plain PyTorch path
     assert ServerArgs(device="cpu").resolved_attention_backend == "torch_native"
+    assert ServerArgs(device="cpu", attention_backend="cpu").resolved_attention_backend == "cpu"
+    monkeypatch.setenv("CXX", "g++")
+    if find_compiler() is not None:
+        assert ServerArgs(device="cpu").resolved_attention_backend == "cpu"
     assert ServerArgs(device="cuda").resolved_attention_backend == "flashinfer"
     assert ServerArgs(device="cuda:1").resolved_attention_backend == "flashinfer"
     assert ServerArgs(device="cuda", attention_backend="triton").resolved_attention_backend == "triton"
@@ -25,6 +31,11 @@ def test_unknown_backend():
         create_attention_backend("flash", "cpu", SHAPE)
     with pytest.raises(ValueError, match="attention_backend must be"):
         ServerArgs(attention_backend="flash")
+
+
+def test_cpu_backend_runs_on_the_cpu_only():
+    with pytest.raises(ValueError, match="CPU only"):
+        check_backend_can_run("cpu", "cuda")
 
 
 def test_flashinfer_needs_cuda():

@@ -112,15 +112,6 @@ def test_missing_or_failing_compiler_is_a_clear_error(monkeypatch, tmp_path):
     assert not list(tmp_path.glob("*.so*")), "a failed build leaves nothing behind"
 
 
-def test_default_backend_on_cpu_follows_the_compiler(monkeypatch):
-    from runtime.config import ServerArgs
-
-    assert ServerArgs(device="cpu").resolved_attention_backend == "cpu"
-    monkeypatch.setenv("CXX", "no-such-compiler-here")
-    assert ServerArgs(device="cpu").resolved_attention_backend == "torch_native"
-    assert ServerArgs(device="cpu", attention_backend="cpu").resolved_attention_backend == "cpu"
-
-
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory, model_dir):
     """A 2-layer Llama with head size 64 and 3 query heads per KV head (SmolLM2's ratio)."""

@@ -75,11 +75,12 @@ struct Batch {
     float scale;
 };
 
-// One (query token, KV head): `scores` has room for group * max_keys floats.
-template <typename T>
+// One (query token, KV head): `scores` has room for group * max_keys floats. DIM is the
+// head size when known at compile time (the common 64 and 128: fully unrolled rows), else 0.
+template <typename T, int64_t DIM>
 void attend_one(const Batch &bt, const T *q, const T *k_cache, const T *v_cache, T *out, int64_t tok,
                 int64_t h, float *scores) {
-    const int64_t group = bt.num_heads / bt.kv_heads, dim = bt.dim;
+    const int64_t group = bt.num_heads / bt.kv_heads, dim = DIM > 0 ? DIM : bt.dim;
     const int64_t b = bt.token_req[tok];
     const int64_t n = bt.prefix[b] + (tok - bt.q_start[b]) + 1;
     const int64_t *slots = bt.req_to_token + bt.rows[b] * bt.r2t_stride;
@@ -137,9 +138,12 @@ int paged_attention(const Batch &bt, const T *q, const T *k_cache, const T *v_ca
 #pragma omp parallel num_threads(num_threads)
     {
         std::vector<float> scores(static_cast<size_t>(group * (bt.max_keys > 0 ? bt.max_keys : 1)));
+        auto *attend = bt.dim == 64    ? attend_one<T, 64>
+                       : bt.dim == 128 ? attend_one<T, 128>
+                                       : attend_one<T, 0>;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < tasks; task++)
-            attend_one(bt, q, k_cache, v_cache, out, task / bt.kv_heads, task % bt.kv_heads, scores.data());
+            attend(bt, q, k_cache, v_cache, out, task / bt.kv_heads, task % bt.kv_heads, scores.data());
     }
     return 0;
 }
