@@ -19,6 +19,7 @@ from runtime.device_req_to_token import DeviceReqToToken
 from runtime.distributed import NO_TP, TPInfo, split_range
 from runtime.forward_context import ForwardContext, forward_context
 from runtime.kv_pool import KVPool
+from runtime.layers import enable_cpu_kernels
 from runtime.models import load_model
 from runtime.sampling.sampler import sample
 from runtime.scheduler.req import Req
@@ -101,6 +102,8 @@ class ModelWorker:
         local_kv_heads = split_range(cfg.num_kv_heads, self.tp.size, self.tp.rank)[1]
         shape = AttentionShape(local_kv_heads * (cfg.num_heads // cfg.num_kv_heads), local_kv_heads, cfg.head_dim)
         self.attn_backend = create_attention_backend(args.resolved_attention_backend, self.device, shape)
+        if args.resolved_attention_backend == "cpu":  # the same compiled library has the elementwise kernels
+            enable_cpu_kernels(self.model)
         self.kv_pool = KVPool(
             self.num_slots, cfg.num_layers, local_kv_heads, cfg.head_dim, self.dtype, self.device,
             layout=self.attn_backend.kv_layout,

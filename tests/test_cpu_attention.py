@@ -103,13 +103,15 @@ def test_missing_or_failing_compiler_is_a_clear_error(monkeypatch, tmp_path):
     with pytest.raises(CpuKernelsUnavailable, match="C\\+\\+ compiler"):
         build.load_kernels.__wrapped__()
     monkeypatch.delenv("CXX")
-    broken = tmp_path / "broken.cpp"
-    broken.write_text("this is not C++\n")
-    monkeypatch.setattr(build, "SOURCE", broken)
+    (tmp_path / "broken.cpp").write_text("this is not C++\n")
+    (tmp_path / "bf16.h").write_text("")
+    monkeypatch.setattr(build, "SOURCE_DIR", tmp_path)
+    monkeypatch.setattr(build, "SOURCES", ("broken.cpp",))
     with pytest.raises(CpuKernelsUnavailable, match="failed") as err:
         build.load_kernels.__wrapped__()
     assert "torch_native" in str(err.value)
     assert not list(tmp_path.glob("*.so*")), "a failed build leaves nothing behind"
+    assert "broken.cpp" in str(err.value)
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,9 @@
 """Compile the C++ CPU kernels once per machine and load them with ctypes.
 
-The source ships with the package (``paged_attention.cpp``); on first use it is compiled
+The sources ship with the package (``*.cpp``, ``bf16.h``); on first use they are compiled
 with the system C++ compiler (``$CXX``, else ``c++``/``g++``/``clang++``) for this CPU
-(``-march=native``) with OpenMP, into ``<user cache>/forkserve/kernels/``. The file name
-carries a hash of the source, the flags, the compiler and the CPU's feature flags, so an
+(``-march=native``) with OpenMP, into one library under ``<user cache>/forkserve/kernels/``.
+The file name carries a hash of the sources, the flags, the compiler and the CPU's feature flags, so an
 edit, another compiler or a cache folder shared with a different CPU gets a fresh build.
 A build takes about a second; later starts load the cached library.
 
@@ -31,7 +31,9 @@ from pathlib import Path
 
 import platformdirs
 
-SOURCE = Path(__file__).with_name("paged_attention.cpp")
+SOURCE_DIR = Path(__file__).parent
+SOURCES = ("paged_attention.cpp", "elementwise.cpp")
+HEADERS = ("bf16.h",)
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-std=c++17", "-shared", "-fPIC")
 _COMPILERS = ("c++", "g++", "clang++")
 
@@ -57,24 +59,25 @@ def _cpu_flags() -> str:
 
 def library_path(compiler: str) -> Path:
     key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), compiler.encode(), _cpu_flags().encode(),
-                 platform.machine().encode()):
+    texts = [(SOURCE_DIR / name).read_bytes() for name in (*SOURCES, *HEADERS)]
+    for part in (*texts, " ".join(FLAGS).encode(), compiler.encode(), _cpu_flags().encode(), platform.machine().encode()):
         key.update(part)
     cache = Path(os.environ.get("FORKSERVE_KERNEL_CACHE") or Path(platformdirs.user_cache_dir("forkserve")) / "kernels")
-    return cache / f"paged_attention-{key.hexdigest()[:16]}.so"
+    return cache / f"forkserve_cpu-{key.hexdigest()[:16]}.so"
 
 
 def _compile(compiler: str, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
-    print(f"forkserve: compiling the CPU attention kernel into {target} (once)", file=sys.stderr)
+    print(f"forkserve: compiling the CPU kernels into {target} (once)", file=sys.stderr)
     # Build beside the target and rename: concurrent starts never load a half-written file.
     fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
     os.close(fd)
     try:
-        done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True)
+        sources = [str(SOURCE_DIR / name) for name in SOURCES]
+        done = subprocess.run([compiler, *FLAGS, *sources, "-o", tmp], capture_output=True, text=True)
         if done.returncode != 0:
             raise CpuKernelsUnavailable(
-                f"compiling {SOURCE.name} with {compiler} failed:\n{done.stderr.strip()}\n"
+                f"compiling {', '.join(SOURCES)} with {compiler} failed:\n{done.stderr.strip()}\n"
                 "Use --attention-backend torch_native to run without compiled kernels."
             )
         os.replace(tmp, target)
@@ -83,8 +86,14 @@ def _compile(compiler: str, target: Path) -> None:
             os.unlink(tmp)
 
 
-_P, _I64 = ctypes.c_void_p, ctypes.c_int64
-_ARGTYPES = [_P, _P, _P, _I64, _P, _I64, _P, _P, _P, _P, _I64, _I64, _I64, _I64, ctypes.c_float, _I64, _P, ctypes.c_int]
+_P, _I64, _F, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
+# Argument types of each entry point (one per dtype suffix: _f32, _bf16), as in the sources.
+_SIGNATURES = {
+    "paged_attention": ([_P, _P, _P, _I64, _P, _I64, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _F, _I64, _P, _INT], _INT),
+    "rms_norm": ([_P, _P, _P, _I64, _I64, _F, _INT], None),
+    "rotary": ([_P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _I64, _INT], None),
+    "silu_and_mul": ([_P, _P, _I64, _I64, _INT], None),
+}
 
 
 @functools.cache
@@ -105,8 +114,10 @@ def load_kernels() -> ctypes.CDLL:
         lib = ctypes.CDLL(str(path))
     except OSError as exc:
         raise CpuKernelsUnavailable(f"loading {path} failed: {exc}") from exc
-    for fn in (lib.paged_attention_f32, lib.paged_attention_bf16):
-        fn.argtypes, fn.restype = _ARGTYPES, ctypes.c_int
+    for name, (argtypes, restype) in _SIGNATURES.items():
+        for suffix in ("f32", "bf16"):
+            fn = getattr(lib, f"{name}_{suffix}")
+            fn.argtypes, fn.restype = argtypes, restype
     return lib
 
 

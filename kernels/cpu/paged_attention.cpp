@@ -15,49 +15,21 @@
 // the values. Reading K/V rows in place avoids the gather copy a batched matmul needs, and
 // each K/V row is loaded once for all query heads of its group.
 //
-// Built and loaded by kernels/cpu/build.py; called from kernels/attention/cpu_backend.py.
+// Built (with elementwise.cpp, into one library) and loaded by kernels/cpu/build.py; called from kernels/attention/cpu_backend.py.
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
 
+#include "bf16.h"
+
 namespace {
+
+using namespace forkserve;
 
 constexpr int64_t kMaxDim = 256;
 constexpr int64_t kMaxGroup = 16;
-
-struct Bf16 {
-    uint16_t bits;
-};
-
-inline float to_f32(float x) { return x; }
-
-inline float to_f32(Bf16 x) {
-    uint32_t u = static_cast<uint32_t>(x.bits) << 16;
-    float f;
-    std::memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-inline void from_f32(float x, float *dst) { *dst = x; }
-
-inline void from_f32(float x, Bf16 *dst) {
-    uint32_t u;
-    std::memcpy(&u, &x, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) {  // NaN stays a (quiet) NaN
-        dst->bits = static_cast<uint16_t>((u >> 16) | 0x40);
-        return;
-    }
-    u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
-    dst->bits = static_cast<uint16_t>(u >> 16);
-}
-
-template <typename T>
-inline void load_row(const T *src, float *dst, int64_t n) {
-#pragma omp simd
-    for (int64_t i = 0; i < n; i++) dst[i] = to_f32(src[i]);
-}
 
 // Slots are scattered in the pool (shared prefixes, freed and reused slots), so the
 // hardware prefetcher cannot guess the next row: ask for the row a few keys ahead.

@@ -9,6 +9,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from kernels.cpu.elementwise import rotary_
+
 
 def _inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
@@ -50,10 +52,16 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", emb.cos().to(device), persistent=False)
         self.register_buffer("sin", emb.sin().to(device), persistent=False)
 
+    use_cpu_kernels = False  # set by runtime.layers.enable_cpu_kernels
+
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``q``: [tokens, heads, dim], ``k``: [tokens, kv_heads, dim]."""
+        """``q``: [tokens, heads, dim], ``k``: [tokens, kv_heads, dim]. The compiled kernel
+        rotates them in place (they are fresh projections); the PyTorch path returns copies."""
+        if self.use_cpu_kernels:
+            rotary_(q, k, positions, self.cos, self.sin)
+            return q, k
         cos = self.cos[positions].unsqueeze(1)
         sin = self.sin[positions].unsqueeze(1)
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)

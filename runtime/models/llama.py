@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.cpu.elementwise import silu_and_mul
 from runtime.distributed import NO_TP, TPInfo, split_range
 from runtime.layers.attention import RadixAttention
 from runtime.layers.linear import MergedLinear, RowParallelLinear
@@ -56,7 +57,11 @@ class LlamaMLP(nn.Module):
         self.down_proj = RowParallelLinear(full, cfg.hidden_size, part, tp)
         self.width = part[1]
 
+    use_cpu_kernels = False  # set by runtime.layers.enable_cpu_kernels
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.use_cpu_kernels:
+            return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
         gate, up = self.gate_up_proj(x).split(self.width, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 

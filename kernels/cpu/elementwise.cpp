@@ -1,0 +1,101 @@
+// The Llama family's elementwise layers, one pass each instead of PyTorch's chain of small
+// ops (each a full pass over the tensor, a temporary and a thread-pool wake-up): at decode
+// batch sizes those chains cost more than the arithmetic.
+//
+// Each kernel rounds where the PyTorch layer it replaces stores an intermediate in the
+// model dtype (runtime/layers/), so both paths agree to the last bit or nearly so; tests
+// compare them (tests/test_cpu_elementwise.py). Arithmetic is float32.
+#include <cmath>
+#include <cstdint>
+
+#include "bf16.h"
+
+namespace {
+
+using namespace forkserve;
+
+// Below this many elements a thread-pool wake-up costs more than the work.
+constexpr int64_t kParallelMin = 1 << 14;
+
+// runtime/layers/norm.py: y = x / sqrt(mean(x^2) + eps) in float32, rounded to T, times weight.
+template <typename T>
+void rms_norm(const T *x, const T *weight, T *out, int64_t rows, int64_t hidden, float eps, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows * hidden >= kParallelMin)
+    for (int64_t r = 0; r < rows; r++) {
+        const T *xr = x + r * hidden;
+        T *o = out + r * hidden;
+        float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t d = 0; d < hidden; d++) {
+            const float v = to_f32(xr[d]);
+            sum += v * v;
+        }
+        const float inv = 1.f / std::sqrt(sum / static_cast<float>(hidden) + eps);
+#pragma omp simd
+        for (int64_t d = 0; d < hidden; d++) from_f32(to_f32(weight[d]) * rounded<T>(to_f32(xr[d]) * inv), o + d);
+    }
+}
+
+// runtime/layers/rotary.py, in place: the "rotate half" layout, float32 tables indexed by
+// position ([max_positions, dim], cos and sin). Heads of a token are `dim` apart; tokens are
+// `stride` apart (q and k may be views into the fused QKV projection).
+template <typename T>
+void rotate_heads(T *x, int64_t heads, int64_t dim, const float *c, const float *s) {
+    const int64_t half = dim / 2;
+    for (int64_t h = 0; h < heads; h++) {
+        T *xh = x + h * dim;
+#pragma omp simd
+        for (int64_t i = 0; i < half; i++) {
+            const float x1 = to_f32(xh[i]), x2 = to_f32(xh[i + half]);
+            from_f32(x1 * c[i] - x2 * s[i], xh + i);
+            from_f32(x2 * c[i + half] + x1 * s[i + half], xh + i + half);
+        }
+    }
+}
+
+template <typename T>
+void rotary(T *q, T *k, const int64_t *positions, const float *cos, const float *sin, int64_t tokens,
+            int64_t q_heads, int64_t k_heads, int64_t dim, int64_t q_stride, int64_t k_stride, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (tokens * (q_heads + k_heads) * dim >= kParallelMin)
+    for (int64_t t = 0; t < tokens; t++) {
+        const float *c = cos + positions[t] * dim, *s = sin + positions[t] * dim;
+        rotate_heads(q + t * q_stride, q_heads, dim, c, s);
+        rotate_heads(k + t * k_stride, k_heads, dim, c, s);
+    }
+}
+
+// runtime/models/llama.py's MLP middle: silu(gate) * up, gate and up side by side in one
+// row of `2 * width` (the fused gate_up projection). silu(gate) is rounded to T first.
+template <typename T>
+void silu_and_mul(const T *gate_up, T *out, int64_t rows, int64_t width, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows * width >= kParallelMin)
+    for (int64_t r = 0; r < rows; r++) {
+        const T *gate = gate_up + r * 2 * width, *up = gate + width;
+        T *o = out + r * width;
+#pragma omp simd
+        for (int64_t d = 0; d < width; d++) {
+            const float g = to_f32(gate[d]);
+            from_f32(rounded<T>(g / (1.f + std::exp(-g))) * to_f32(up[d]), o + d);
+        }
+    }
+}
+
+}  // namespace
+
+#define FORKSERVE_ELEMENTWISE(SUFFIX, T)                                                                   \
+    extern "C" void rms_norm_##SUFFIX(const T *x, const T *weight, T *out, int64_t rows, int64_t hidden,    \
+                                      float eps, int threads) {                                            \
+        rms_norm(x, weight, out, rows, hidden, eps, threads);                                              \
+    }                                                                                                      \
+    extern "C" void rotary_##SUFFIX(T *q, T *k, const int64_t *positions, const float *cos,                \
+                                    const float *sin, int64_t tokens, int64_t q_heads, int64_t k_heads,    \
+                                    int64_t dim, int64_t q_stride, int64_t k_stride, int threads) {        \
+        rotary(q, k, positions, cos, sin, tokens, q_heads, k_heads, dim, q_stride, k_stride, threads);     \
+    }                                                                                                      \
+    extern "C" void silu_and_mul_##SUFFIX(const T *gate_up, T *out, int64_t rows, int64_t width,           \
+                                          int threads) {                                                   \
+        silu_and_mul(gate_up, out, rows, width, threads);                                                  \
+    }
+
+FORKSERVE_ELEMENTWISE(f32, float)
+FORKSERVE_ELEMENTWISE(bf16, Bf16)

@@ -1,0 +1,76 @@
+"""Python entry points of the fused elementwise kernels (``elementwise.cpp``).
+
+Each replaces a chain of small PyTorch ops in ``runtime/layers`` and is checked against it
+by ``tests/test_cpu_elementwise.py``. Inputs are checked before their pointers are passed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.cpu.build import load_kernels
+
+_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
+
+
+def _kernel(name: str, dtype: torch.dtype):  # noqa: ANN202
+    if dtype not in _SUFFIX:
+        raise ValueError(f"{name}: the CPU kernels take float32 or bfloat16, got {dtype}")
+    return getattr(load_kernels(), f"{name}_{_SUFFIX[dtype]}")
+
+
+def _check_cpu(*tensors: torch.Tensor) -> None:
+    if any(t.device.type != "cpu" for t in tensors):
+        raise ValueError("the CPU kernels take CPU tensors only")
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``weight * (x / sqrt(mean(x**2, -1) + eps))`` over the last dimension."""
+    _check_cpu(x, weight)
+    x = x.contiguous()
+    hidden = x.shape[-1]
+    if weight.shape != (hidden,) or weight.dtype != x.dtype or not weight.is_contiguous():
+        raise ValueError(f"rms_norm: weight must be a contiguous [{hidden}] tensor of {x.dtype}")
+    out = torch.empty_like(x)
+    _kernel("rms_norm", x.dtype)(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // hidden, hidden, eps,
+                                 torch.get_num_threads())
+    return out
+
+
+def _rows_of_heads(t: torch.Tensor, name: str) -> int:
+    """Token stride of ``t`` ([tokens, heads, dim]) whose heads are packed within a token."""
+    if t.dim() != 3 or t.stride(2) != 1 or t.stride(1) != t.shape[2]:
+        raise ValueError(f"rotary: {name} must be [tokens, heads, dim] with each token's heads packed")
+    return t.stride(0)
+
+
+def rotary_(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """Rotate ``q`` and ``k`` in place ("rotate half" layout); ``cos``/``sin`` are float32
+    ``[max_positions, dim]`` tables, ``positions`` int64 ``[tokens]``."""
+    _check_cpu(q, k, positions, cos, sin)
+    tokens, dim = q.shape[0], q.shape[-1]
+    q_stride, k_stride = _rows_of_heads(q, "q"), _rows_of_heads(k, "k")
+    if k.dtype != q.dtype or k.shape[0] != tokens or k.shape[2] != dim or dim % 2:
+        raise ValueError(f"rotary: q {tuple(q.shape)} and k {tuple(k.shape)} do not fit together")
+    if positions.dtype != torch.int64 or positions.shape != (tokens,) or not positions.is_contiguous():
+        raise ValueError("rotary: positions must be a contiguous int64 [tokens] tensor")
+    for table in (cos, sin):
+        if table.dtype != torch.float32 or table.dim() != 2 or table.shape[1] != dim or not table.is_contiguous():
+            raise ValueError(f"rotary: cos/sin must be contiguous float32 [max_positions, {dim}] tables")
+    if tokens and not 0 <= int(positions.min()) <= int(positions.max()) < cos.shape[0]:
+        raise ValueError(f"rotary: positions outside the table's {cos.shape[0]} rows")
+    _kernel("rotary", q.dtype)(q.data_ptr(), k.data_ptr(), positions.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+                               tokens, q.shape[1], k.shape[1], dim, q_stride, k_stride, torch.get_num_threads())
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` where ``gate_up`` is ``[..., 2 * width]`` = gate then up."""
+    _check_cpu(gate_up)
+    gate_up = gate_up.contiguous()
+    width = gate_up.shape[-1] // 2
+    if gate_up.shape[-1] != 2 * width:
+        raise ValueError(f"silu_and_mul: last dimension {gate_up.shape[-1]} is not even")
+    out = gate_up.new_empty((*gate_up.shape[:-1], width))
+    _kernel("silu_and_mul", gate_up.dtype)(gate_up.data_ptr(), out.data_ptr(), out.numel() // max(width, 1), width,
+                                           torch.get_num_threads())
+    return out
