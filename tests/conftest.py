@@ -25,6 +25,17 @@ def engine(model_dir):
     eng.shutdown()
 
 
+@pytest.fixture(scope="session")
+def tiny_gqa_llama(tmp_path_factory, model_dir):
+    """A 2-layer random-weight Llama with head size 64 and 3 query heads per KV head
+    (SmolLM2's ratio), saved as an HF folder with the default model's tokenizer."""
+    from tests.tiny_models import build_hf_model, save_hf_folder
+
+    sizes = dict(hidden_size=192, num_attention_heads=3, num_key_value_heads=1, intermediate_size=256)
+    model = build_hf_model("Llama", dict(tie_word_embeddings=True), sizes)
+    return save_hf_folder(model, tmp_path_factory.mktemp("tiny_gqa_llama"), model_dir)
+
+
 @pytest.fixture(autouse=True)
 def _kv_pool_invariant(request):
     """After every test that used the shared engine, the KV pool must be whole again."""

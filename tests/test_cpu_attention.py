@@ -11,7 +11,7 @@ import torch
 from kernels.cpu import build
 from kernels.cpu.build import CpuKernelsUnavailable
 from tests.test_attention_backends import TOLERANCE, _reference, _run
-from tests.tiny_models import build_hf_model, random_prompts, save_hf_folder
+from tests.tiny_models import random_prompts
 
 if build.find_compiler() is None:
     pytest.skip("no C++ compiler on PATH: the cpu backend cannot be built", allow_module_level=True)
@@ -114,15 +114,7 @@ def test_missing_or_failing_compiler_is_a_clear_error(monkeypatch, tmp_path):
     assert "broken.cpp" in str(err.value)
 
 
-@pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory, model_dir):
-    """A 2-layer Llama with head size 64 and 3 query heads per KV head (SmolLM2's ratio)."""
-    sizes = dict(hidden_size=192, num_attention_heads=3, num_key_value_heads=1, intermediate_size=256)
-    model = build_hf_model("Llama", dict(tie_word_embeddings=True), sizes)
-    return save_hf_folder(model, tmp_path_factory.mktemp("tiny_llama_cpu"), model_dir)
-
-
-def test_engine_greedy_tokens_match_torch_native(tiny_llama):
+def test_engine_greedy_tokens_match_torch_native(tiny_gqa_llama):
     """Batched decode over prompts of mixed lengths, one sharing a cached prefix: the cpu
     backend picks the same tokens as torch_native, and the pool stays consistent."""
     from runtime.engine import Engine
@@ -132,7 +124,7 @@ def test_engine_greedy_tokens_match_torch_native(tiny_llama):
     greedy = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
     outputs = {}
     for backend in ("torch_native", "cpu"):
-        engine = Engine(str(tiny_llama), dtype="float32", max_total_tokens=2048, chunked_prefill_size=64,
+        engine = Engine(str(tiny_gqa_llama), dtype="float32", max_total_tokens=2048, chunked_prefill_size=64,
                         attention_backend=backend)
         first = engine.generate(input_ids=prompts[:4], sampling_params=greedy)
         second = engine.generate(input_ids=prompts[4], sampling_params=greedy)

@@ -28,7 +28,7 @@ from kernels.triton import interpreter_requested  # noqa: E402
 from kernels.triton.kv_indices import build_kv_indices  # noqa: E402
 from kernels.triton.store_kv import _store_kv_kernel, store_kv  # noqa: E402
 from tests.test_attention_backends import _run  # noqa: E402
-from tests.tiny_models import build_hf_model, random_prompts, save_hf_folder  # noqa: E402
+from tests.tiny_models import random_prompts  # noqa: E402
 
 if not interpreter_requested() or type(_store_kv_kernel).__name__ != "InterpretedFunction":
     pytest.skip(
@@ -103,15 +103,7 @@ def test_kv_indices_flatten_table_rows():
     assert torch.equal(indices, want)
 
 
-@pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory, model_dir):
-    """A 2-layer Llama with head size 64 and 3 query heads per KV head (SmolLM2's ratio)."""
-    sizes = dict(hidden_size=192, num_attention_heads=3, num_key_value_heads=1, intermediate_size=256)
-    model = build_hf_model("Llama", dict(tie_word_embeddings=True), sizes)
-    return save_hf_folder(model, tmp_path_factory.mktemp("tiny_llama_gqa3"), model_dir)
-
-
-def test_engine_greedy_tokens_match_torch_native(tiny_llama):
+def test_engine_greedy_tokens_match_torch_native(tiny_gqa_llama):
     """Prefill (whole prompts, a reused prefix, a second chunk) and batched decode through the
     real engine: the interpreted Triton backend picks the same tokens as torch_native."""
     from runtime.engine import Engine
@@ -122,7 +114,7 @@ def test_engine_greedy_tokens_match_torch_native(tiny_llama):
     outputs = {}
     for backend in ("torch_native", "triton"):
         engine = Engine(
-            str(tiny_llama), dtype="float32", max_total_tokens=2048, chunked_prefill_size=64,
+            str(tiny_gqa_llama), dtype="float32", max_total_tokens=2048, chunked_prefill_size=64,
             attention_backend=backend,
         )
         assert type(engine.worker.attn_backend).__name__ == {"triton": "TritonBackend"}.get(backend, "TorchNativeBackend")
