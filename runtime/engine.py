@@ -16,7 +16,7 @@ from tqdm import tqdm
 from runtime.config import ServerArgs
 from runtime.model_loader import resolve_model_path
 from runtime.output_format import logprob_meta
-from runtime.sampling.params import SamplingParams
+from runtime.sampling.params import SamplingParams, check_logprob_options
 from runtime.scheduler.req import Req
 from runtime.scheduler.scheduler import Scheduler
 from runtime.tokenizer import Tokenizer
@@ -78,7 +78,7 @@ class Engine:
         input was a batch. Raises ``ValueError`` naming the problem."""
         prompts, is_batch = self._prompt_ids(prompt, input_ids)
         params = self._params(sampling_params, len(prompts))
-        _check_logprob_options(return_logprob, logprob_start_len, top_logprobs_num)
+        check_logprob_options(logprob_start_len, top_logprobs_num)
         opts = dict(
             return_logprob=return_logprob,
             logprob_start_len=logprob_start_len,
@@ -185,9 +185,3 @@ class Engine:
             "meta_info": meta,
         }
 
-
-def _check_logprob_options(return_logprob: bool, logprob_start_len: int, top_logprobs_num: int) -> None:
-    if not isinstance(logprob_start_len, int) or logprob_start_len < -1:
-        raise ValueError(f"logprob_start_len must be an integer >= -1, got {logprob_start_len!r}")
-    if not isinstance(top_logprobs_num, int) or top_logprobs_num < 0:
-        raise ValueError(f"top_logprobs_num must be an integer >= 0, got {top_logprobs_num!r}")

@@ -198,6 +198,14 @@ BAD_CALLS = {
         lambda e: e.generate(input_ids=[1, -3], sampling_params={"max_new_tokens": 1}),
         "input_ids",
     ),
+    "logprob_start_len below -1": (
+        lambda e: e.generate("Hi", {"max_new_tokens": 1}, return_logprob=True, logprob_start_len=-2),
+        "logprob_start_len",
+    ),
+    "non-integer top_logprobs_num": (
+        lambda e: e.generate("Hi", {"max_new_tokens": 1}, return_logprob=True, top_logprobs_num=1.5),
+        "top_logprobs_num",
+    ),
     "bad params in a batch": (
         lambda e: e.generate(["Hi", "Yo"], [{"max_new_tokens": 1}, {"top_p": 0}]),
         "top_p",

@@ -7,6 +7,26 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+class InvalidField(ValueError):
+    """Bad user input in one named field; the HTTP layer turns it into a 400 with ``param=field``."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def check_logprob_options(logprob_start_len: Any, top_logprobs_num: Any) -> None:
+    """The logprob options of a request (``Engine.generate`` and ``/generate`` share this)."""
+    if not _is_int(logprob_start_len) or logprob_start_len < -1:
+        raise InvalidField("logprob_start_len", f"logprob_start_len must be an integer >= -1, got {logprob_start_len!r}")
+    if not _is_int(top_logprobs_num) or top_logprobs_num < 0:
+        raise InvalidField("top_logprobs_num", f"top_logprobs_num must be an integer >= 0, got {top_logprobs_num!r}")
+
+
 @dataclass
 class SamplingParams:
     max_new_tokens: int = 128
@@ -47,10 +67,9 @@ class SamplingParams:
     def validate(self) -> None:
         def need(cond: bool, name: str, what: str) -> None:
             if not cond:
-                raise ValueError(f"{name} {what}, got {getattr(self, name)!r}")
+                raise InvalidField(name, f"{name} {what}, got {getattr(self, name)!r}")
 
-        def is_int(x: Any) -> bool:
-            return isinstance(x, int) and not isinstance(x, bool)
+        is_int = _is_int
 
         def is_num(x: Any) -> bool:
             return isinstance(x, (int, float)) and not isinstance(x, bool)

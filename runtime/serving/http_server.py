@@ -19,6 +19,7 @@ from fastapi.responses import (
     StreamingResponse,
 )
 
+from runtime.sampling.params import InvalidField, check_logprob_options
 from runtime.serving import openai_api
 from runtime.serving.common import (
     SSE_DONE,
@@ -178,10 +179,10 @@ async def handle_generate(ctx: ServerContext, req: GenerateReqInput, request: Re
         params = [sampling_params(p) for p in req.sampling_params]
     else:
         params = [sampling_params(req.sampling_params)] * len(prompts)
-    if req.logprob_start_len < -1:
-        raise ApiError(400, "logprob_start_len must be >= -1", param="logprob_start_len")
-    if req.top_logprobs_num < 0:
-        raise ApiError(400, "top_logprobs_num must be >= 0", param="top_logprobs_num")
+    try:
+        check_logprob_options(req.logprob_start_len, req.top_logprobs_num)
+    except InvalidField as err:
+        raise ApiError(400, str(err), param=err.field) from err
     # n > 1 expands into a batch, as in SGLang
     flat_prompts, flat_params = [], []
     for ids, p in zip(prompts, params, strict=True):
