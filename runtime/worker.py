@@ -12,6 +12,7 @@ import torch
 
 from kernels.attention import check_backend_can_run, create_attention_backend
 from kernels.attention.base import AttentionShape
+from kernels.cpu.packed_linear import PackedLinearUnavailable
 from radix_cache import ReqToTokenTable
 from runtime.config import ServerArgs
 from runtime.cuda_graph_runner import CudaGraphRunner
@@ -19,7 +20,7 @@ from runtime.device_req_to_token import DeviceReqToToken
 from runtime.distributed import NO_TP, TPInfo, split_range
 from runtime.forward_context import ForwardContext, forward_context
 from runtime.kv_pool import KVPool
-from runtime.layers import enable_cpu_kernels
+from runtime.layers import enable_cpu_kernels, pack_linear_weights
 from runtime.models import load_model
 from runtime.sampling.sampler import sample
 from runtime.scheduler.req import Req
@@ -104,6 +105,10 @@ class ModelWorker:
         self.attn_backend = create_attention_backend(args.resolved_attention_backend, self.device, shape)
         if args.resolved_attention_backend == "cpu":  # the same compiled library has the elementwise kernels
             enable_cpu_kernels(self.model)
+            try:
+                pack_linear_weights(self.model)
+            except PackedLinearUnavailable as err:
+                logger.warning("linear layers use plain F.linear (slower): %s", err)
         self.kv_pool = KVPool(
             self.num_slots, cfg.num_layers, local_kv_heads, cfg.head_dim, self.dtype, self.device,
             layout=self.attn_backend.kv_layout,

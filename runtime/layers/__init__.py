@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from torch import nn
 
+from kernels.cpu.packed_linear import check_packing_available
+
 
 def enable_cpu_kernels(model: nn.Module) -> int:
     """Switch every module that has a compiled CPU kernel (``kernels/cpu``: RMSNorm, rotary,
@@ -14,3 +16,14 @@ def enable_cpu_kernels(model: nn.Module) -> int:
             module.use_cpu_kernels = True
             switched += 1
     return switched
+
+
+def pack_linear_weights(model: nn.Module) -> int:
+    """Reorder every linear weight (and a tied output head) once into oneDNN's blocked
+    layout (``kernels/cpu/packed_linear.py``). Raises ``PackedLinearUnavailable`` when this
+    PyTorch build cannot. Returns how many weights were packed."""
+    check_packing_available()
+    packable = [m for m in model.modules() if hasattr(m, "pack_for_cpu")]
+    for module in packable:
+        module.pack_for_cpu()
+    return len(packable)

@@ -5,10 +5,29 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from kernels.cpu.packed_linear import pack_weight, packed_linear
 from runtime.distributed import NO_TP, TPInfo
 
 
-class MergedLinear(nn.Linear):
+class Linear(nn.Linear):
+    """``nn.Linear`` that can switch, after loading, to a weight packed for oneDNN on CPU
+    (``kernels/cpu/packed_linear.py``): ``pack_for_cpu`` packs it and frees the plain copy."""
+
+    packed_weight: torch.Tensor | None = None
+
+    def pack_for_cpu(self) -> None:
+        if self.packed_weight is not None:
+            return
+        self.packed_weight = pack_weight(self.weight)
+        self.weight = None  # type: ignore[assignment]  # only the packed copy is used from now on
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed_weight is not None:
+            return packed_linear(x, self.packed_weight, self.bias)
+        return super().forward(x)
+
+
+class MergedLinear(Linear):
     """Several projections of the same input stored as one matrix (one GEMM instead of
     several), column-parallel: ``shards`` names each part and its full output width, in
     order; ``parts`` gives this rank's ``(start, count)`` rows of each (default: all).
@@ -37,7 +56,7 @@ class MergedLinear(nn.Linear):
             getattr(self, param_name)[start : start + width].copy_(tensor[first : first + count])
 
 
-class RowParallelLinear(nn.Linear):
+class RowParallelLinear(Linear):
     """``y = x W^T`` where this rank holds input columns ``[start, start + count)`` of ``W``:
     each rank multiplies its slice and the all-reduce sums the partial results."""
 

@@ -13,9 +13,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.cpu.elementwise import silu_and_mul
+from kernels.cpu.packed_linear import pack_weight, packed_linear
 from runtime.distributed import NO_TP, TPInfo, split_range
 from runtime.layers.attention import RadixAttention
-from runtime.layers.linear import MergedLinear, RowParallelLinear
+from runtime.layers.linear import Linear, MergedLinear, RowParallelLinear
 from runtime.layers.norm import RMSNorm
 from runtime.layers.rotary import RotaryEmbedding
 from runtime.models.config import ModelConfig
@@ -104,7 +105,8 @@ class LlamaForCausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head = None
         else:
-            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+            self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.packed_tied_head: torch.Tensor | None = None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Hidden states after the final norm, ``[num_tokens, hidden]``."""
@@ -115,8 +117,17 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits for the rows of ``hidden`` that need them."""
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        if self.lm_head is not None:
+            return self.lm_head(hidden).float()
+        if self.packed_tied_head is not None:
+            return packed_linear(hidden, self.packed_tied_head).float()
+        return F.linear(hidden, self.embed_tokens.weight).float()
+
+    def pack_for_cpu(self) -> None:
+        """A tied head gets its own packed copy (the embedding keeps the plain one); an
+        untied ``lm_head`` is a ``Linear`` and packs itself."""
+        if self.lm_head is None and self.packed_tied_head is None:
+            self.packed_tied_head = pack_weight(self.embed_tokens.weight)
 
     @staticmethod
     def checkpoint_name_map(name: str) -> tuple[str, str | None]:
