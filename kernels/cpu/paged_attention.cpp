@@ -20,9 +20,14 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "bf16.h"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -40,6 +45,72 @@ inline void prefetch_row(const T *row, int64_t n) {
     const char *p = reinterpret_cast<const char *>(row);
     for (int64_t off = 0; off < n * static_cast<int64_t>(sizeof(T)); off += 64) __builtin_prefetch(p + off);
 }
+
+#if defined(__AVX512F__)
+// Lane k of the result is the sum of the 16 lanes of v[k]: a transpose-and-add tree, about
+// three instructions per vector instead of a full horizontal reduction for each.
+inline __m512 sum_each16(const __m512 *v) {
+    __m512 pairs[8], quads[4];
+    for (int i = 0; i < 8; i++)  // per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3]
+        pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int j = 0; j < 4; j++) {  // per 128-bit lane: that lane's partial sum of vectors 4j .. 4j+3
+        const __m512d x = _mm512_castps_pd(pairs[2 * j]), y = _mm512_castps_pd(pairs[2 * j + 1]);
+        quads[j] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    }
+    // Add the four 128-bit lanes: even with odd lanes, twice.
+    const __m512 lo = _mm512_add_ps(_mm512_shuffle_f32x4(quads[0], quads[1], 0x88), _mm512_shuffle_f32x4(quads[0], quads[1], 0xDD));
+    const __m512 hi = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2], quads[3], 0x88), _mm512_shuffle_f32x4(quads[2], quads[3], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(lo, hi, 0x88), _mm512_shuffle_f32x4(lo, hi, 0xDD));
+}
+
+// Scores of one query head against up to 16 keys (rows `slots[0 .. count)` of `kh`),
+// written to out[0 .. count). Float32: fused multiply-adds on the pre-scaled query.
+template <int64_t DIM>
+inline void score16(const float *qf, const float *, float, const float *kh, const int64_t *slots, int64_t count,
+                    float *out) {
+    constexpr int64_t kVecs = DIM / 16;
+    __m512 acc[16];
+    for (int64_t j = 0; j < 16; j++) {
+        acc[j] = _mm512_setzero_ps();
+        if (j >= count) continue;
+        const float *row = kh + slots[j] * DIM;
+        for (int64_t i = 0; i < kVecs; i++)
+            acc[j] = _mm512_fmadd_ps(_mm512_load_ps(qf + 16 * i), _mm512_loadu_ps(row + 16 * i), acc[j]);
+    }
+    _mm512_mask_storeu_ps(out, static_cast<__mmask16>((1u << count) - 1), sum_each16(acc));
+}
+
+#if defined(__AVX512BF16__)
+// Bfloat16: pairwise dot products straight from the stored rows (vdpbf16ps: exact products,
+// float32 sums); the query is the unscaled bf16 row and the scale is applied to the sums.
+template <int64_t DIM>
+inline void score16(const float *, const Bf16 *q, float scale, const Bf16 *kh, const int64_t *slots, int64_t count,
+                    float *out) {
+    constexpr int64_t kVecs = DIM / 32;
+    __m512bh qv[kVecs];
+    for (int64_t i = 0; i < kVecs; i++) qv[i] = (__m512bh)_mm512_loadu_si512(q + 32 * i);
+    __m512 acc[16];
+    for (int64_t j = 0; j < 16; j++) {
+        acc[j] = _mm512_setzero_ps();
+        if (j >= count) continue;
+        const Bf16 *row = kh + slots[j] * DIM;
+        for (int64_t i = 0; i < kVecs; i++) acc[j] = _mm512_dpbf16_ps(acc[j], qv[i], (__m512bh)_mm512_loadu_si512(row + 32 * i));
+    }
+    const __m512 sums = _mm512_mul_ps(sum_each16(acc), _mm512_set1_ps(scale));
+    _mm512_mask_storeu_ps(out, static_cast<__mmask16>((1u << count) - 1), sums);
+}
+constexpr bool kBf16Blocks = true;
+#else
+constexpr bool kBf16Blocks = false;
+#endif
+
+// Whether keys are scored 16 at a time by score16 for this storage type and head size.
+template <typename T, int64_t DIM>
+constexpr bool kBlockScores = (DIM == 64 || DIM == 128) && (std::is_same_v<T, float> || kBf16Blocks);
+#else
+template <typename T, int64_t DIM>
+constexpr bool kBlockScores = false;
+#endif
 
 struct Batch {
     int64_t num_slots, r2t_stride, num_tokens, num_heads, kv_heads, dim, max_keys;
@@ -65,15 +136,31 @@ void attend_one(const Batch &bt, const T *q, const T *k_cache, const T *v_cache,
         for (int64_t d = 0; d < dim; d++) qf[g][d] *= bt.scale;
         best[g] = -3.0e38f;
     }
-    for (int64_t t = 0; t < n; t++) {
-        if (t + kPrefetch < n) prefetch_row(kh + slots[t + kPrefetch] * dim, dim);
-        load_row(kh + slots[t] * dim, row, dim);
+    if constexpr (kBlockScores<T, DIM>) {
+        for (int64_t t = 0; t < n; t += 16) {
+            const int64_t count = n - t < 16 ? n - t : 16;
+            for (int64_t j = t + 16; j < t + 32 && j < n; j++) prefetch_row(kh + slots[j] * dim, dim);
+            for (int64_t g = 0; g < group; g++)
+                score16<DIM>(qf[g], q + (tok * bt.num_heads + h * group + g) * dim, bt.scale, kh, slots + t, count,
+                             scores + g * n + t);
+        }
         for (int64_t g = 0; g < group; g++) {
-            float s = 0.f;
+            float m = best[g];
+#pragma omp simd reduction(max : m)
+            for (int64_t t = 0; t < n; t++) m = scores[g * n + t] > m ? scores[g * n + t] : m;
+            best[g] = m;
+        }
+    } else {
+        for (int64_t t = 0; t < n; t++) {
+            if (t + kPrefetch < n) prefetch_row(kh + slots[t + kPrefetch] * dim, dim);
+            load_row(kh + slots[t] * dim, row, dim);
+            for (int64_t g = 0; g < group; g++) {
+                float s = 0.f;
 #pragma omp simd reduction(+ : s)
-            for (int64_t d = 0; d < dim; d++) s += qf[g][d] * row[d];
-            scores[g * n + t] = s;
-            best[g] = s > best[g] ? s : best[g];
+                for (int64_t d = 0; d < dim; d++) s += qf[g][d] * row[d];
+                scores[g * n + t] = s;
+                best[g] = s > best[g] ? s : best[g];
+            }
         }
     }
     for (int64_t g = 0; g < group; g++) {
