@@ -107,9 +107,49 @@ constexpr bool kBf16Blocks = false;
 // Whether keys are scored 16 at a time by score16 for this storage type and head size.
 template <typename T, int64_t DIM>
 constexpr bool kBlockScores = (DIM == 64 || DIM == 128) && (std::is_same_v<T, float> || kBf16Blocks);
+
+// A row of 16 values as float32 (bf16 widens exactly: its bits are the top half).
+inline __m512 load16(const float *p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const Bf16 *p) {
+    const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+// acc[g] = sum over keys t of probs[g * n + t] * V[t], for every query head g of the group.
+// The accumulators of up to 16 / (DIM / 16) heads stay in registers while one pass over
+// the value rows widens each row once for all of them.
+template <typename T, int64_t DIM>
+void sum_values16(const T *vh, const int64_t *slots, int64_t n, const float *probs, int64_t group,
+                  float (*acc)[kMaxDim]) {
+    constexpr int64_t kVecs = DIM / 16, kHeads = 16 / kVecs;
+    for (int64_t g0 = 0; g0 < group; g0 += kHeads) {
+        const int64_t heads = group - g0 < kHeads ? group - g0 : kHeads;
+        __m512 sums[kHeads][kVecs];
+        for (int64_t c = 0; c < kHeads; c++)
+            for (int64_t i = 0; i < kVecs; i++) sums[c][i] = _mm512_setzero_ps();
+        for (int64_t t = 0; t < n; t++) {
+            if (t + kPrefetch < n) prefetch_row(vh + slots[t + kPrefetch] * DIM, DIM);
+            const T *row = vh + slots[t] * DIM;
+            __m512 v[kVecs];
+            for (int64_t i = 0; i < kVecs; i++) v[i] = load16(row + 16 * i);
+            for (int64_t c = 0; c < kHeads && c < heads; c++) {
+                const __m512 p = _mm512_set1_ps(probs[(g0 + c) * n + t]);
+                for (int64_t i = 0; i < kVecs; i++) sums[c][i] = _mm512_fmadd_ps(p, v[i], sums[c][i]);
+            }
+        }
+        for (int64_t c = 0; c < heads; c++)
+            for (int64_t i = 0; i < kVecs; i++) _mm512_store_ps(acc[g0 + c] + 16 * i, sums[c][i]);
+    }
+}
+
+// Whether the values are summed by sum_values16 for this head size.
+template <int64_t DIM>
+constexpr bool kBlockValues = DIM == 64 || DIM == 128;
 #else
 template <typename T, int64_t DIM>
 constexpr bool kBlockScores = false;
+template <int64_t DIM>
+constexpr bool kBlockValues = false;
 #endif
 
 struct Batch {
@@ -171,15 +211,19 @@ void attend_one(const Batch &bt, const T *q, const T *k_cache, const T *v_cache,
             sum += e;
         }
         total[g] = sum;
-        std::memset(acc[g], 0, sizeof(float) * dim);
     }
-    for (int64_t t = 0; t < n; t++) {
-        if (t + kPrefetch < n) prefetch_row(vh + slots[t + kPrefetch] * dim, dim);
-        load_row(vh + slots[t] * dim, row, dim);
-        for (int64_t g = 0; g < group; g++) {
-            const float p = scores[g * n + t];
+    if constexpr (kBlockValues<DIM>) {
+        sum_values16<T, DIM>(vh, slots, n, scores, group, acc);
+    } else {
+        for (int64_t g = 0; g < group; g++) std::memset(acc[g], 0, sizeof(float) * dim);
+        for (int64_t t = 0; t < n; t++) {
+            if (t + kPrefetch < n) prefetch_row(vh + slots[t + kPrefetch] * dim, dim);
+            load_row(vh + slots[t] * dim, row, dim);
+            for (int64_t g = 0; g < group; g++) {
+                const float p = scores[g * n + t];
 #pragma omp simd
-            for (int64_t d = 0; d < dim; d++) acc[g][d] += p * row[d];
+                for (int64_t d = 0; d < dim; d++) acc[g][d] += p * row[d];
+            }
         }
     }
     for (int64_t g = 0; g < group; g++) {
