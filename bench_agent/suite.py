@@ -30,7 +30,7 @@ from frontend_lang.backend.runtime_endpoint import RuntimeEndpoint
 # workload -> (programs on forkserve, programs in flight, programs on transformers)
 QUICK = {
     "critique": (16, 16, 2),
-    "tree_of_thought": (8, 8, 1),
+    "tree_of_thought": (16, 16, 1),
     "no_reuse": (32, 16, 6),
 }
 CONTROL = "no_reuse"
