@@ -81,8 +81,11 @@ def test_bad_inputs_are_value_errors():
         rms_norm(x.double(), torch.ones(8, dtype=torch.float64), 1e-5)
     rope = RotaryEmbedding(8, 16, 10000.0)
     q, k = torch.randn(2, 2, 8), torch.randn(2, 1, 8)
-    with pytest.raises(ValueError, match="positions outside"):
-        rotary_(q, k, torch.tensor([0, 16]), rope.cos, rope.sin)
+    before = q.clone()
+    for bad in ([0, 16], [-1, 3]):
+        with pytest.raises(ValueError, match="positions outside"):
+            rotary_(q, k, torch.tensor(bad), rope.cos, rope.sin)
+    assert torch.equal(q, before)  # checked before anything was rotated
     with pytest.raises(ValueError, match="packed"):
         rotary_(q.transpose(0, 1), k, torch.tensor([0, 1]), rope.cos, rope.sin)
     with pytest.raises(ValueError, match="even"):

@@ -53,15 +53,20 @@ void rotate_heads(T *x, int64_t heads, int64_t dim, const float *c, const float 
     }
 }
 
+// Returns 1 (and touches nothing) if a position is outside the tables' `max_positions` rows.
 template <typename T>
-void rotary(T *q, T *k, const int64_t *positions, const float *cos, const float *sin, int64_t tokens,
-            int64_t q_heads, int64_t k_heads, int64_t dim, int64_t q_stride, int64_t k_stride, int threads) {
+int rotary(T *q, T *k, const int64_t *positions, const float *cos, const float *sin, int64_t max_positions,
+           int64_t tokens, int64_t q_heads, int64_t k_heads, int64_t dim, int64_t q_stride, int64_t k_stride,
+           int threads) {
+    for (int64_t t = 0; t < tokens; t++)
+        if (positions[t] < 0 || positions[t] >= max_positions) return 1;
 #pragma omp parallel for num_threads(threads) schedule(static) if (tokens * (q_heads + k_heads) * dim >= kParallelMin)
     for (int64_t t = 0; t < tokens; t++) {
         const float *c = cos + positions[t] * dim, *s = sin + positions[t] * dim;
         rotate_heads(q + t * q_stride, q_heads, dim, c, s);
         rotate_heads(k + t * k_stride, k_heads, dim, c, s);
     }
+    return 0;
 }
 
 // runtime/models/llama.py's MLP middle: silu(gate) * up, gate and up side by side in one
@@ -87,10 +92,11 @@ void silu_and_mul(const T *gate_up, T *out, int64_t rows, int64_t width, int thr
                                       float eps, int threads) {                                            \
         rms_norm(x, weight, out, rows, hidden, eps, threads);                                              \
     }                                                                                                      \
-    extern "C" void rotary_##SUFFIX(T *q, T *k, const int64_t *positions, const float *cos,                \
-                                    const float *sin, int64_t tokens, int64_t q_heads, int64_t k_heads,    \
-                                    int64_t dim, int64_t q_stride, int64_t k_stride, int threads) {        \
-        rotary(q, k, positions, cos, sin, tokens, q_heads, k_heads, dim, q_stride, k_stride, threads);     \
+    extern "C" int rotary_##SUFFIX(T *q, T *k, const int64_t *positions, const float *cos, const float *sin, \
+                                   int64_t max_positions, int64_t tokens, int64_t q_heads, int64_t k_heads,  \
+                                   int64_t dim, int64_t q_stride, int64_t k_stride, int threads) {           \
+        return rotary(q, k, positions, cos, sin, max_positions, tokens, q_heads, k_heads, dim, q_stride,     \
+                      k_stride, threads);                                                                    \
     }                                                                                                      \
     extern "C" void silu_and_mul_##SUFFIX(const T *gate_up, T *out, int64_t rows, int64_t width,           \
                                           int threads) {                                                   \

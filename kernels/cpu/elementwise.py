@@ -57,10 +57,14 @@ def rotary_(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torc
     for table in (cos, sin):
         if table.dtype != torch.float32 or table.dim() != 2 or table.shape[1] != dim or not table.is_contiguous():
             raise ValueError(f"rotary: cos/sin must be contiguous float32 [max_positions, {dim}] tables")
-    if tokens and not 0 <= int(positions.min()) <= int(positions.max()) < cos.shape[0]:
+    if cos.shape != sin.shape:
+        raise ValueError(f"rotary: cos {tuple(cos.shape)} and sin {tuple(sin.shape)} differ")
+    # The kernel checks every position against the tables' rows before touching anything.
+    status = _kernel("rotary", q.dtype)(q.data_ptr(), k.data_ptr(), positions.data_ptr(), cos.data_ptr(),
+                                        sin.data_ptr(), cos.shape[0], tokens, q.shape[1], k.shape[1], dim, q_stride,
+                                        k_stride, torch.get_num_threads())
+    if status:
         raise ValueError(f"rotary: positions outside the table's {cos.shape[0]} rows")
-    _kernel("rotary", q.dtype)(q.data_ptr(), k.data_ptr(), positions.data_ptr(), cos.data_ptr(), sin.data_ptr(),
-                               tokens, q.shape[1], k.shape[1], dim, q_stride, k_stride, torch.get_num_threads())
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
