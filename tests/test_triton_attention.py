@@ -28,7 +28,7 @@ from kernels.triton import interpreter_requested  # noqa: E402
 from kernels.triton.kv_indices import build_kv_indices  # noqa: E402
 from kernels.triton.store_kv import _store_kv_kernel, store_kv  # noqa: E402
 from tests.test_attention_backends import _run  # noqa: E402
-from tests.tiny_models import random_prompts  # noqa: E402
+from tests.tiny_models import greedy_tokens_by_backend  # noqa: E402
 
 if not interpreter_requested() or type(_store_kv_kernel).__name__ != "InterpretedFunction":
     pytest.skip(
@@ -106,23 +106,5 @@ def test_kv_indices_flatten_table_rows():
 def test_engine_greedy_tokens_match_torch_native(tiny_gqa_llama):
     """Prefill (whole prompts, a reused prefix, a second chunk) and batched decode through the
     real engine: the interpreted Triton backend picks the same tokens as torch_native."""
-    from runtime.engine import Engine
-
-    prompts = random_prompts(3, (5, 40, 90))
-    prompts.append(prompts[2][:60] + random_prompts(4, (9,))[0])  # shares 60 tokens with the third
-    greedy = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
-    outputs = {}
-    for backend in ("torch_native", "triton"):
-        engine = Engine(
-            str(tiny_gqa_llama), dtype="float32", max_total_tokens=2048, chunked_prefill_size=64,
-            attention_backend=backend,
-        )
-        assert type(engine.worker.attn_backend).__name__ == {"triton": "TritonBackend"}.get(backend, "TorchNativeBackend")
-        first = engine.generate(input_ids=prompts[:3], sampling_params=greedy)
-        second = engine.generate(input_ids=prompts[3], sampling_params=greedy)
-        assert second["meta_info"]["cached_tokens"] >= 60
-        outputs[backend] = [o["output_ids"] for o in first] + [second["output_ids"]]
-        engine.scheduler.check_invariants()
-        engine.shutdown()
+    outputs = greedy_tokens_by_backend(tiny_gqa_llama, ("torch_native", "triton"), (5, 40, 90), 6, seed=3)
     assert outputs["triton"] == outputs["torch_native"]
-    assert len({tuple(o) for o in outputs["triton"]}) == len(prompts)  # not one degenerate answer

@@ -59,3 +59,31 @@ def save_hf_folder(model: torch.nn.Module, folder: Path, tokenizer_dir: Path) ->
 def random_prompts(seed: int, lens: tuple[int, ...]) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(VOCAB) for _ in range(n)] for n in lens]
+
+
+def greedy_tokens_by_backend(
+    model_dir: Path, backends: tuple[str, ...], prompt_lens: tuple[int, ...], new_tokens: int, seed: int
+) -> dict[str, list[list[int]]]:
+    """Greedy output ids per attention backend for prompts of ``prompt_lens`` run as one
+    batch (chunked prefill of 64, batched decode), then one more prompt that shares 60
+    tokens with the third and must find them cached. Checks the KV pool after each."""
+    from runtime.engine import Engine
+
+    prompts = random_prompts(seed, prompt_lens)
+    prompts.append(prompts[2][:60] + random_prompts(seed + 1, (9,))[0])
+    greedy = {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}
+    outputs = {}
+    for backend in backends:
+        engine = Engine(str(model_dir), dtype="float32", max_total_tokens=2048, chunked_prefill_size=64,
+                        attention_backend=backend)
+        try:
+            first = engine.generate(input_ids=prompts[:-1], sampling_params=greedy)
+            second = engine.generate(input_ids=prompts[-1], sampling_params=greedy)
+            assert second["meta_info"]["cached_tokens"] >= 60
+            outputs[backend] = [o["output_ids"] for o in first] + [second["output_ids"]]
+            engine.scheduler.check_invariants()
+        finally:
+            engine.shutdown()
+    for backend, tokens in outputs.items():
+        assert len({tuple(o) for o in tokens}) == len(prompts), f"{backend}: one degenerate answer for all"
+    return outputs
