@@ -4,6 +4,7 @@ brute-force reference and against ``torch_native``; then whole greedy generation
 from __future__ import annotations
 
 import math
+import platform
 
 import pytest
 import torch
@@ -16,10 +17,33 @@ from tests.tiny_models import greedy_tokens_by_backend
 if build.find_compiler() is None:
     pytest.skip("no C++ compiler on PATH: the cpu backend cannot be built", allow_module_level=True)
 
+import kernels.cpu.paged_attention as pa  # noqa: E402
 from kernels.cpu.paged_attention import PagedBatch, paged_attention  # noqa: E402
 
 # (query heads, KV heads, head dim): GQA ratios 1, 3, 4 and 8, head dims 64 and 128
 GEOMETRIES = [(4, 4, 64), (9, 3, 64), (8, 2, 128), (8, 1, 64)]
+
+
+# Builds other than this CPU's own (x86 only): without AVX-512 the kernel runs plain loops
+# instead of the 16-key blocks; with AVX-512 but not its bf16 dot products, bf16 rows take
+# the plain loop for scores and the blocked sums for values.
+OTHER_BUILDS = {"no_avx512": "-mno-avx512f", "no_avx512_bf16": "-mno-avx512bf16"}
+
+
+@pytest.fixture(scope="module", params=["native", *OTHER_BUILDS])
+def kernel_build(request, tmp_path_factory):
+    """The kernel library these tests call: this CPU's build, or one of ``OTHER_BUILDS``."""
+    if request.param == "native":
+        yield
+        return
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("the AVX-512 paths exist on x86 only")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FORKSERVE_KERNEL_CACHE", str(tmp_path_factory.mktemp(request.param)))
+        mp.setattr(build, "FLAGS", (*build.FLAGS, OTHER_BUILDS[request.param]))
+        lib = build.load_kernels.__wrapped__()
+        mp.setattr(pa, "load_kernels", lambda: lib)
+        yield
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -34,7 +58,7 @@ GEOMETRIES = [(4, 4, 64), (9, 3, 64), (8, 2, 128), (8, 1, 64)]
         ([1100, 0, 300], GEOMETRIES[1]),
     ],
 )
-def test_decode_matches_the_reference(prefix_lens, geometry, dtype):
+def test_decode_matches_the_reference(prefix_lens, geometry, dtype, kernel_build):
     got = _run("cpu", prefix_lens, [1] * len(prefix_lens), *geometry, decode=True, dtype=dtype)
     if dtype == torch.float32:
         want = _run("torch_native", prefix_lens, [1] * len(prefix_lens), *geometry, decode=True)
@@ -60,7 +84,7 @@ def _random_pool(seqs, kv_heads, dim, dtype, gen):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("seed", range(6))
-def test_kernel_with_several_queries_per_request(seed, dtype):
+def test_kernel_with_several_queries_per_request(seed, dtype, kernel_build):
     """The kernel's general case, query j of a request seeing prefix + j + 1 keys: random
     prefix and extend lengths (0 and 1 included), GQA ratios and head sizes."""
     gen = torch.Generator().manual_seed(seed)
@@ -132,7 +156,7 @@ def test_engine_greedy_tokens_match_torch_native(tiny_gqa_llama):
         ([70, 0, 5], [33, 64, 2], GEOMETRIES[1]),  # chunks of a long prompt beside a new turn
     ],
 )
-def test_extend_through_the_backend_matches_torch_native(prefix_lens, extend_lens, geometry, dtype):
+def test_extend_through_the_backend_matches_torch_native(prefix_lens, extend_lens, geometry, dtype, kernel_build):
     """Extend steps go through the same kernel; the backend stores the new K/V first."""
     got = _run("cpu", prefix_lens, extend_lens, *geometry, dtype=dtype)
     if dtype == torch.float32:

@@ -150,6 +150,12 @@ template <typename T, int64_t DIM>
 constexpr bool kBlockScores = false;
 template <int64_t DIM>
 constexpr bool kBlockValues = false;
+// Never called without AVX-512 (both flags above are false); declared so that the
+// discarded branches of attend_one still name something.
+template <int64_t DIM, typename... Args>
+void score16(Args...);
+template <typename T, int64_t DIM, typename... Args>
+void sum_values16(Args...);
 #endif
 
 struct Batch {
