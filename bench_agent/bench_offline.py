@@ -5,8 +5,9 @@
 
 Reports ratios measured in the same process, because absolute times on shared machines
 drift: forkserve vs transformers' one-request-at-a-time ``generate`` (the raw baseline),
-vs its padded batched ``generate``, decode step time at batch 32 vs batch 1, and prefill
-tokens/s vs one plain transformers forward over the same tokens.
+vs its padded batched ``generate``, decode step time at batch 32 vs batch 1 (and the
+same ratio for the step's matrix products alone, the floor under it), and prefill tokens/s
+vs one plain transformers forward over the same tokens.
 """
 
 from __future__ import annotations
@@ -90,6 +91,27 @@ def decode_step_ms(engine, batch: int, steps: int, prompt_len: int, seed: int) -
     return secs / (steps + 1) * 1000
 
 
+@torch.inference_mode()
+def matmul_ms(engine, batch: int, reps: int = 3) -> float:
+    """One decode step's matrix products alone at ``batch`` tokens: every linear layer of the
+    engine's model (as the worker set them up) and the output head, on random inputs."""
+    from runtime.layers.linear import Linear
+
+    model = engine.worker.model
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    dtype = engine.worker.dtype
+    inputs = [torch.randn(batch, m.in_features, dtype=dtype) for m in linears]
+    hidden = torch.randn(batch, model.cfg.hidden_size, dtype=dtype)
+
+    def step() -> None:
+        for m, x in zip(linears, inputs, strict=True):
+            m(x)
+        model.compute_logits(hidden)
+
+    step()
+    return min(timed(step)[1] for _ in range(reps)) * 1000
+
+
 def prefill_tok_s(engine, model, num: int, length: int, seed: int) -> tuple[float, float]:
     prompts = make_prompts(engine.tokenizer, num, length, length, seed)
     prompts = [p for p in prompts if len(p) == length] or prompts
@@ -147,6 +169,7 @@ def main() -> None:
     steps = 8 if args.quick else 32
     step1 = decode_step_ms(engine, 1, steps, 200, args.seed + 1)
     step32 = decode_step_ms(engine, 32, steps, 200, args.seed + 2)
+    mm1, mm32 = matmul_ms(engine, 1), matmul_ms(engine, 32)
     pre_ours, pre_hf = prefill_tok_s(engine, model, 4, 512, args.seed + 3)
 
     rows = [
@@ -155,6 +178,7 @@ def main() -> None:
         (f"output tokens/s, transformers padded batch {args.hf_batch_size}", f"{pad_tps:.1f}", f"forkserve = {ours_tps / pad_tps:.2f}x (target >= 1.5x)"),
         ("decode step, batch 1 (ms)", f"{step1:.1f}", ""),
         ("decode step, batch 32 (ms)", f"{step32:.1f}", f"batch 32 / batch 1 = {step32 / step1:.2f} (target <= 2)"),
+        ("its matrix products alone, batch 1 / batch 32 (ms)", f"{mm1:.1f} / {mm32:.1f}", f"batch 32 / batch 1 = {mm32 / mm1:.2f}"),
         ("prefill tokens/s, forkserve", f"{pre_ours:.0f}", ""),
         ("prefill tokens/s, one transformers forward", f"{pre_hf:.0f}", f"forkserve = {pre_ours / pre_hf:.2f}x (target >= 0.8)"),
     ]
