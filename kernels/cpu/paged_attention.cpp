@@ -11,9 +11,11 @@
 //   token_req     [num_tokens] int64             the request each query token belongs to
 //
 // One task is one (query token, KV head). It scores the group of query heads sharing that
-// KV head against every visible key (fp32 dot products), takes the softmax in fp32 and sums
-// the values. Reading K/V rows in place avoids the gather copy a batched matmul needs, and
-// each K/V row is loaded once for all query heads of its group.
+// KV head against every visible key (float32 sums; with AVX-512, 16 keys at a time, see
+// score16), takes the softmax in float32 and sums the values (sum_values16: each value row
+// widened once for all heads of the group). Reading K/V rows in place avoids the gather
+// copy a batched matmul needs, and a query token reads only the keys it may see, so extend
+// steps (many query tokens per request) do no masked work.
 //
 // Built (with elementwise.cpp, into one library) and loaded by kernels/cpu/build.py; called from kernels/attention/cpu_backend.py.
 #include <cmath>
