@@ -78,7 +78,7 @@ class Engine:
         input was a batch. Raises ``ValueError`` naming the problem."""
         prompts, is_batch = self._prompt_ids(prompt, input_ids)
         params = self._params(sampling_params, len(prompts))
-        check_logprob_options(logprob_start_len, top_logprobs_num)
+        check_logprob_options(logprob_start_len, top_logprobs_num, self.worker.model_config.vocab_size)
         opts = dict(
             return_logprob=return_logprob,
             logprob_start_len=logprob_start_len,

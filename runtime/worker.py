@@ -106,7 +106,7 @@ class ModelWorker:
         if args.resolved_attention_backend == "cpu":  # the same compiled library has the elementwise kernels
             enable_cpu_kernels(self.model)
             try:
-                pack_linear_weights(self.model)
+                pack_linear_weights(self.model, self.dtype)
             except PackedLinearUnavailable as err:
                 logger.warning("linear layers use plain F.linear (slower): %s", err)
         self.kv_pool = KVPool(

@@ -4,6 +4,10 @@
 from __future__ import annotations
 
 import copy
+import os
+import platform
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -17,9 +21,16 @@ from runtime.models.config import ModelConfig
 from runtime.models.llama import LlamaForCausalLM
 
 try:
-    pl.check_packing_available()
+    pl.check_packing_available(torch.float32)
 except PackedLinearUnavailable as err:
     pytest.skip(f"no oneDNN packing in this PyTorch build: {err}", allow_module_level=True)
+
+
+def _skip_unless_packable(dtype: torch.dtype) -> None:
+    try:
+        pl.check_packing_available(dtype)
+    except PackedLinearUnavailable as err:
+        pytest.skip(str(err))
 
 
 def _agree(ours: torch.Tensor, ref: torch.Tensor) -> None:
@@ -34,6 +45,7 @@ def _agree(ours: torch.Tensor, ref: torch.Tensor) -> None:
 @pytest.mark.parametrize("rows", [0, 1, 7, 33])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_packed_linear_matches_f_linear(dtype, rows, with_bias):
+    _skip_unless_packable(dtype)
     gen = torch.Generator().manual_seed(rows)
     weight = torch.randn(200, 96, generator=gen).to(dtype)
     bias = torch.randn(200, generator=gen).to(dtype) if with_bias else None
@@ -42,6 +54,7 @@ def test_packed_linear_matches_f_linear(dtype, rows, with_bias):
 
 
 def test_strided_input_is_read_correctly():
+    _skip_unless_packable(torch.bfloat16)
     weight = torch.randn(64, 32, dtype=torch.bfloat16)
     x = torch.randn(5, 64, dtype=torch.bfloat16)[:, :32]  # every row starts 64 apart
     _agree(packed_linear(x, pack_weight(weight)), F.linear(x, weight))
@@ -49,6 +62,7 @@ def test_strided_input_is_read_correctly():
 
 @pytest.mark.parametrize("layer", ["linear", "merged", "row_parallel"])
 def test_pack_for_cpu_keeps_the_output_and_frees_the_plain_weight(layer):
+    _skip_unless_packable(torch.bfloat16)
     torch.manual_seed(0)
     module = {
         "linear": lambda: Linear(48, 80, bias=True),
@@ -58,21 +72,24 @@ def test_pack_for_cpu_keeps_the_output_and_frees_the_plain_weight(layer):
     x = torch.randn(6, 48, dtype=torch.bfloat16)
     with torch.no_grad():
         ref = module(x)
-        module.pack_for_cpu()
-        module.pack_for_cpu()  # a second call is a no-op
+        assert module.pack_for_cpu()
+        assert not module.pack_for_cpu()  # a second call is a no-op
         _agree(module(x), ref)
     assert module.weight is None and "weight" not in dict(module.named_parameters())
 
 
-def test_model_with_packed_weights_gives_the_same_hidden_states_and_logits():
+@pytest.mark.parametrize("tied", [True, False])
+def test_model_with_packed_weights_gives_the_same_hidden_states_and_logits(tied):
+    _skip_unless_packable(torch.bfloat16)
     cfg = ModelConfig.from_hf(dict(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, intermediate_size=96,
                                    num_hidden_layers=2, vocab_size=300, max_position_embeddings=32, rms_norm_eps=1e-5,
-                                   tie_word_embeddings=True))
+                                   tie_word_embeddings=tied))
     torch.manual_seed(0)
     plain = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
     packed = copy.deepcopy(plain)
-    # 2 layers x (qkv, o, gate_up, down) and the model itself (its tied head)
-    assert pack_linear_weights(packed) == 2 * 4 + 1
+    # 2 layers x (qkv, o, gate_up, down), and the head (the model's tied copy, or lm_head)
+    assert pack_linear_weights(packed, torch.bfloat16) == 2 * 4 + 1
+    assert pack_linear_weights(packed, torch.bfloat16) == 0  # already packed
     assert packed.embed_tokens.weight is not None  # the embedding keeps its plain table
     hidden = torch.randn(9, 64, dtype=torch.bfloat16)
     with torch.no_grad():
@@ -97,9 +114,36 @@ def test_bad_inputs_raise():
 def test_a_build_without_onednn_says_so(monkeypatch):
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
     pl._ops.cache_clear()
+    pl.check_packing_available.cache_clear()
     try:
         with pytest.raises(PackedLinearUnavailable, match="oneDNN"):
-            pack_linear_weights(torch.nn.Sequential(Linear(4, 4)))
+            pack_linear_weights(torch.nn.Sequential(Linear(4, 4)), torch.float32)
     finally:
         monkeypatch.undo()
         pl._ops.cache_clear()
+        pl.check_packing_available.cache_clear()
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="oneDNN's ISA cap is x86 only")
+def test_a_cpu_without_bf16_packing_says_so_before_touching_the_model():
+    """oneDNN capped at AVX2 (as on CPUs without AVX-512) refuses bfloat16 packing: the check
+    says so before any layer is packed, and float32 still packs."""
+    script = (
+        "import torch\n"
+        "from kernels.cpu.packed_linear import PackedLinearUnavailable\n"
+        "from runtime.layers import pack_linear_weights\n"
+        "from runtime.layers.linear import Linear\n"
+        "model = torch.nn.Sequential(Linear(16, 16)).to(torch.bfloat16)\n"
+        "try:\n"
+        "    pack_linear_weights(model, torch.bfloat16)\n"
+        "except PackedLinearUnavailable as err:\n"
+        "    assert 'cannot pack' in str(err), err\n"
+        "else:\n"
+        "    raise SystemExit('bf16 packing did not fail')\n"
+        "assert model[0].weight is not None and model[0].packed_weight is None\n"
+        "assert pack_linear_weights(model.float(), torch.float32) == 1\n"
+        "print('ok')\n"
+    )
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

@@ -202,6 +202,10 @@ BAD_CALLS = {
         lambda e: e.generate("Hi", {"max_new_tokens": 1}, return_logprob=True, logprob_start_len=-2),
         "logprob_start_len",
     ),
+    "top_logprobs_num beyond the vocabulary": (
+        lambda e: e.generate("Hi", {"max_new_tokens": 1}, return_logprob=True, top_logprobs_num=10**6),
+        "top_logprobs_num",
+    ),
     "non-integer top_logprobs_num": (
         lambda e: e.generate("Hi", {"max_new_tokens": 1}, return_logprob=True, top_logprobs_num=1.5),
         "top_logprobs_num",

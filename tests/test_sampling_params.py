@@ -60,3 +60,12 @@ def test_from_dict_defaults_and_normalisation():
 def test_from_dict_rejects_bad_values_naming_the_field(bad, field_name):
     with pytest.raises(ValueError, match=rf"(?<![A-Za-z_]){field_name}(?![A-Za-z_])"):
         SamplingParams.from_dict(bad)
+
+
+def test_invalid_field_survives_pickling():
+    import pickle
+
+    from runtime.sampling.params import InvalidField
+
+    err = pickle.loads(pickle.dumps(InvalidField("top_p", "top_p must be in (0, 1]")))
+    assert isinstance(err, ValueError) and err.field == "top_p" and str(err) == "top_p must be in (0, 1]"

@@ -33,9 +33,16 @@ def _ops():  # noqa: ANN202
         raise PackedLinearUnavailable(f"this PyTorch build lacks oneDNN's packed linear ops: {err}") from err
 
 
-def check_packing_available() -> None:
-    """Raise ``PackedLinearUnavailable`` (with the reason) unless weights can be packed."""
-    _ops()
+@functools.cache
+def check_packing_available(dtype: torch.dtype) -> None:
+    """Raise ``PackedLinearUnavailable`` (with the reason) unless weights of ``dtype`` can be
+    packed and used here: oneDNN refuses bfloat16 on CPUs without AVX-512 (BW/VL/DQ) or
+    AVX-NE-CONVERT, so a small weight is packed and applied once to find out."""
+    reorder, linear = _ops()
+    try:
+        linear(torch.ones(1, 16, dtype=dtype), reorder(torch.ones(16, 16, dtype=dtype)), None, "none", [], "")
+    except RuntimeError as err:
+        raise PackedLinearUnavailable(f"oneDNN cannot pack {dtype} weights on this CPU: {err}") from err
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from kernels.cpu.packed_linear import check_packing_available
@@ -18,12 +19,10 @@ def enable_cpu_kernels(model: nn.Module) -> int:
     return switched
 
 
-def pack_linear_weights(model: nn.Module) -> int:
-    """Reorder every linear weight (and a tied output head) once into oneDNN's blocked
-    layout (``kernels/cpu/packed_linear.py``). Raises ``PackedLinearUnavailable`` when this
-    PyTorch build cannot. Returns how many weights were packed."""
-    check_packing_available()
-    packable = [m for m in model.modules() if hasattr(m, "pack_for_cpu")]
-    for module in packable:
-        module.pack_for_cpu()
-    return len(packable)
+def pack_linear_weights(model: nn.Module, dtype: torch.dtype) -> int:
+    """Reorder every linear weight (and a tied output head) of a ``dtype`` model once into
+    oneDNN's blocked layout (``kernels/cpu/packed_linear.py``). Raises
+    ``PackedLinearUnavailable``, before touching anything, when this PyTorch build or CPU
+    cannot. Returns how many weights were packed."""
+    check_packing_available(dtype)
+    return sum(bool(m.pack_for_cpu()) for m in model.modules() if hasattr(m, "pack_for_cpu"))

@@ -15,11 +15,13 @@ class Linear(nn.Linear):
 
     packed_weight: torch.Tensor | None = None
 
-    def pack_for_cpu(self) -> None:
+    def pack_for_cpu(self) -> bool:
+        """Pack the weight (once); whether this call packed it."""
         if self.packed_weight is not None:
-            return
+            return False
         self.packed_weight = pack_weight(self.weight)
         self.weight = None  # type: ignore[assignment]  # only the packed copy is used from now on
+        return True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed_weight is not None:

@@ -123,11 +123,14 @@ class LlamaForCausalLM(nn.Module):
             return packed_linear(hidden, self.packed_tied_head).float()
         return F.linear(hidden, self.embed_tokens.weight).float()
 
-    def pack_for_cpu(self) -> None:
-        """A tied head gets its own packed copy (the embedding keeps the plain one); an
-        untied ``lm_head`` is a ``Linear`` and packs itself."""
-        if self.lm_head is None and self.packed_tied_head is None:
-            self.packed_tied_head = pack_weight(self.embed_tokens.weight)
+    def pack_for_cpu(self) -> bool:
+        """A tied head gets its own packed copy (the embedding keeps the plain one, so the
+        table is held twice); an untied ``lm_head`` is a ``Linear`` and packs itself.
+        Returns whether this call packed anything."""
+        if self.lm_head is not None or self.packed_tied_head is not None:
+            return False
+        self.packed_tied_head = pack_weight(self.embed_tokens.weight)
+        return True
 
     @staticmethod
     def checkpoint_name_map(name: str) -> tuple[str, str | None]:

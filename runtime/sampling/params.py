@@ -14,17 +14,23 @@ class InvalidField(ValueError):
         super().__init__(message)
         self.field = field
 
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:  # pickle / copy with both arguments
+        return InvalidField, (self.field, str(self))
+
 
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def check_logprob_options(logprob_start_len: Any, top_logprobs_num: Any) -> None:
+def check_logprob_options(logprob_start_len: Any, top_logprobs_num: Any, vocab_size: int) -> None:
     """The logprob options of a request (``Engine.generate`` and ``/generate`` share this)."""
     if not _is_int(logprob_start_len) or logprob_start_len < -1:
         raise InvalidField("logprob_start_len", f"logprob_start_len must be an integer >= -1, got {logprob_start_len!r}")
-    if not _is_int(top_logprobs_num) or top_logprobs_num < 0:
-        raise InvalidField("top_logprobs_num", f"top_logprobs_num must be an integer >= 0, got {top_logprobs_num!r}")
+    if not _is_int(top_logprobs_num) or not 0 <= top_logprobs_num <= vocab_size:
+        raise InvalidField(
+            "top_logprobs_num", f"top_logprobs_num must be an integer in [0, {vocab_size}] (the vocabulary), "
+            f"got {top_logprobs_num!r}"
+        )
 
 
 @dataclass

@@ -180,7 +180,7 @@ async def handle_generate(ctx: ServerContext, req: GenerateReqInput, request: Re
     else:
         params = [sampling_params(req.sampling_params)] * len(prompts)
     try:
-        check_logprob_options(req.logprob_start_len, req.top_logprobs_num)
+        check_logprob_options(req.logprob_start_len, req.top_logprobs_num, int(ctx.info["vocab_size"]))
     except InvalidField as err:
         raise ApiError(400, str(err), param=err.field) from err
     # n > 1 expands into a batch, as in SGLang
