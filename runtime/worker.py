@@ -75,9 +75,10 @@ class ModelWorker:
         if self.device == "cpu":
             _keep_freed_memory_in_process()
         # Before loading anything: a backend that cannot run here is a config error.
-        check_backend_can_run(args.resolved_attention_backend, self.device)
-        if self.device == "cpu" and args.attention_backend is None and args.resolved_attention_backend == "torch_native":
-            logger.warning("no C++ compiler on PATH: decode attention uses torch_native, which copies K/V each "
+        backend = args.resolved_attention_backend  # looks for a C++ compiler on PATH: once
+        check_backend_can_run(backend, self.device)
+        if self.device == "cpu" and args.attention_backend is None and backend == "torch_native":
+            logger.warning("no C++ compiler on PATH: attention uses torch_native, which copies K/V each "
                            "step; install g++ (or set CXX) to get the compiled cpu backend")
         self.peers: TPPeers | None = None
         if tp is None and args.tp_size > 1:
@@ -102,8 +103,8 @@ class ModelWorker:
         self.req_to_token = ReqToTokenTable(args.max_running_requests + 8, self.max_context_len)
         local_kv_heads = split_range(cfg.num_kv_heads, self.tp.size, self.tp.rank)[1]
         shape = AttentionShape(local_kv_heads * (cfg.num_heads // cfg.num_kv_heads), local_kv_heads, cfg.head_dim)
-        self.attn_backend = create_attention_backend(args.resolved_attention_backend, self.device, shape)
-        if args.resolved_attention_backend == "cpu":  # the same compiled library has the elementwise kernels
+        self.attn_backend = create_attention_backend(backend, self.device, shape)
+        if backend == "cpu":  # the same compiled library has the elementwise kernels
             enable_cpu_kernels(self.model)
             try:
                 pack_linear_weights(self.model, self.dtype)

@@ -119,11 +119,3 @@ def load_kernels() -> ctypes.CDLL:
             fn = getattr(lib, f"{name}_{suffix}")
             fn.argtypes, fn.restype = argtypes, restype
     return lib
-
-
-def kernels_available() -> bool:
-    try:
-        load_kernels()
-    except CpuKernelsUnavailable:
-        return False
-    return True

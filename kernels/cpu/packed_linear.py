@@ -20,7 +20,8 @@ import torch
 
 
 class PackedLinearUnavailable(RuntimeError):
-    """This PyTorch build has no oneDNN weight packing (e.g. a build without mkldnn)."""
+    """oneDNN weight packing cannot be used here: a PyTorch build without mkldnn, or a CPU
+    oneDNN cannot pack this dtype for."""
 
 
 @functools.cache

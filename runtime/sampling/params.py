@@ -75,25 +75,24 @@ class SamplingParams:
             if not cond:
                 raise InvalidField(name, f"{name} {what}, got {getattr(self, name)!r}")
 
-        is_int = _is_int
 
         def is_num(x: Any) -> bool:
             return isinstance(x, (int, float)) and not isinstance(x, bool)
 
-        need(is_int(self.max_new_tokens) and self.max_new_tokens >= 0, "max_new_tokens", "must be an integer >= 0")
-        need(is_int(self.min_new_tokens) and self.min_new_tokens >= 0, "min_new_tokens", "must be an integer >= 0")
+        need(_is_int(self.max_new_tokens) and self.max_new_tokens >= 0, "max_new_tokens", "must be an integer >= 0")
+        need(_is_int(self.min_new_tokens) and self.min_new_tokens >= 0, "min_new_tokens", "must be an integer >= 0")
         need(self.min_new_tokens <= self.max_new_tokens, "min_new_tokens", "must not exceed max_new_tokens")
         need(is_num(self.temperature) and self.temperature >= 0, "temperature", "must be a number >= 0")
         need(is_num(self.top_p) and 0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
-        need(is_int(self.top_k) and (self.top_k == -1 or self.top_k >= 1), "top_k", "must be -1 (off) or >= 1")
+        need(_is_int(self.top_k) and (self.top_k == -1 or self.top_k >= 1), "top_k", "must be -1 (off) or >= 1")
         need(is_num(self.min_p) and 0 <= self.min_p <= 1, "min_p", "must be in [0, 1]")
         need(is_num(self.frequency_penalty) and -2 <= self.frequency_penalty <= 2, "frequency_penalty", "must be in [-2, 2]")
         need(is_num(self.presence_penalty) and -2 <= self.presence_penalty <= 2, "presence_penalty", "must be in [-2, 2]")
         need(is_num(self.repetition_penalty) and self.repetition_penalty > 0, "repetition_penalty", "must be > 0")
         need(isinstance(self.stop, list) and all(isinstance(s, str) and s for s in self.stop), "stop", "must be a string or a list of non-empty strings")
-        need(isinstance(self.stop_token_ids, list) and all(is_int(t) and t >= 0 for t in self.stop_token_ids), "stop_token_ids", "must be a list of token ids")
-        need(self.seed is None or is_int(self.seed), "seed", "must be an integer")
-        need(is_int(self.n) and self.n >= 1, "n", "must be an integer >= 1")
+        need(isinstance(self.stop_token_ids, list) and all(_is_int(t) and t >= 0 for t in self.stop_token_ids), "stop_token_ids", "must be a list of token ids")
+        need(self.seed is None or _is_int(self.seed), "seed", "must be an integer")
+        need(_is_int(self.n) and self.n >= 1, "n", "must be an integer >= 1")
         if self.regex is not None or self.json_schema is not None:
             raise ValueError("constrained decoding (regex / json_schema) is not supported by this server yet")
 
