@@ -176,11 +176,12 @@ void attend_one(const Batch &bt, const T *q, const T *k_cache, const T *v_cache,
     const int64_t n = bt.prefix[b] + (tok - bt.q_start[b]) + 1;
     const int64_t *slots = bt.req_to_token + bt.rows[b] * bt.r2t_stride;
     const T *kh = k_cache + h * bt.num_slots * dim, *vh = v_cache + h * bt.num_slots * dim;
+    const int64_t head0 = tok * bt.num_heads + h * group;  // this task's first query head
 
     alignas(64) float qf[kMaxGroup][kMaxDim], acc[kMaxGroup][kMaxDim], row[kMaxDim];
     float best[kMaxGroup], total[kMaxGroup];
     for (int64_t g = 0; g < group; g++) {
-        load_row(q + (tok * bt.num_heads + h * group + g) * dim, qf[g], dim);
+        load_row(q + (head0 + g) * dim, qf[g], dim);
         for (int64_t d = 0; d < dim; d++) qf[g][d] *= bt.scale;
         best[g] = -3.0e38f;
     }
@@ -189,8 +190,7 @@ void attend_one(const Batch &bt, const T *q, const T *k_cache, const T *v_cache,
             const int64_t count = n - t < 16 ? n - t : 16;
             for (int64_t j = t + 16; j < t + 32 && j < n; j++) prefetch_row(kh + slots[j] * dim, dim);
             for (int64_t g = 0; g < group; g++)
-                score16<DIM>(qf[g], q + (tok * bt.num_heads + h * group + g) * dim, bt.scale, kh, slots + t, count,
-                             scores + g * n + t);
+                score16<DIM>(qf[g], q + (head0 + g) * dim, bt.scale, kh, slots + t, count, scores + g * n + t);
         }
         for (int64_t g = 0; g < group; g++) {
             float m = best[g];
@@ -236,7 +236,7 @@ void attend_one(const Batch &bt, const T *q, const T *k_cache, const T *v_cache,
     }
     for (int64_t g = 0; g < group; g++) {
         const float inv = 1.f / total[g];
-        T *dst = out + (tok * bt.num_heads + h * group + g) * dim;
+        T *dst = out + (head0 + g) * dim;
         for (int64_t d = 0; d < dim; d++) from_f32(acc[g][d] * inv, dst + d);
     }
 }
