@@ -1,5 +1,6 @@
-"""Linear layers with oneDNN-packed weights (``kernels/cpu/packed_linear.py``) against
-``F.linear`` on the plain weight: the same bits in bfloat16, within GEMM rounding in float32."""
+"""Linear layers with packed weights (``kernels/cpu/packed_linear.py``): our bfloat16 GEMM
+(``linear_bf16.cpp``) and oneDNN's packing, each against the float64 product of the same
+numbers; the layers and models that use them against their plain ``F.linear`` selves."""
 
 from __future__ import annotations
 
@@ -14,89 +15,135 @@ import torch
 import torch.nn.functional as F
 
 import kernels.cpu.packed_linear as pl
+from kernels.cpu import build, linear_bf16
 from kernels.cpu.packed_linear import PackedLinearUnavailable, pack_weight, packed_linear
 from runtime.layers import pack_linear_weights
 from runtime.layers.linear import Linear, MergedLinear, RowParallelLinear
 from runtime.models.config import ModelConfig
 from runtime.models.llama import LlamaForCausalLM
 
-try:
-    pl.check_packing_available(torch.float32)
-except PackedLinearUnavailable as err:
-    pytest.skip(f"no oneDNN packing in this PyTorch build: {err}", allow_module_level=True)
+# (dtype, packed form): every form pack_weight may choose
+FORMS = [(torch.float32, "onednn"), (torch.bfloat16, "onednn"), (torch.bfloat16, "bf16_panels")]
 
 
-def _skip_unless_packable(dtype: torch.dtype) -> None:
+@pytest.fixture(params=FORMS, ids=lambda f: f"{str(f[0]).removeprefix('torch.')}-{f[1]}")
+def form(request, monkeypatch):
+    """Make ``pack_weight`` use this form here, or skip where it cannot."""
+    dtype, kind = request.param
+    if kind == "bf16_panels" and not linear_bf16.available():
+        pytest.skip("this CPU has no AVX512-BF16 (or no C++ compiler): no bfloat16 GEMM kernel")
+    if kind == "onednn":
+        monkeypatch.setattr(linear_bf16, "available", lambda: False)
     try:
-        pl.check_packing_available(dtype)
+        assert pl.kind_for(dtype) == kind
     except PackedLinearUnavailable as err:
         pytest.skip(str(err))
+    return dtype, kind
 
 
-def _agree(ours: torch.Tensor, ref: torch.Tensor) -> None:
-    assert ours.shape == ref.shape and ours.dtype == ref.dtype
-    if ref.dtype == torch.bfloat16:
-        assert torch.equal(ours, ref)
-    else:
-        torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+def _close_to_exact(ours: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    """``ours`` is the exact product (float64) up to one rounding to ``ours.dtype`` and the
+    float32 sums' rounding (bounded by in_features * 2^-23 * sum |x_k w_k|)."""
+    assert ours.dtype == x.dtype
+    exact = x.double() @ weight.double().T + (0 if bias is None else bias.double())
+    assert ours.shape == exact.shape
+    unit = 2.0**-8 if ours.dtype == torch.bfloat16 else 2.0**-24
+    sums = (x.double().abs() @ weight.double().abs().T) * x.shape[-1] * 2.0**-23
+    bound = exact.abs() * unit + sums + (0 if bias is None else bias.double().abs() * 2.0**-23)
+    excess = (ours.double() - exact).abs() - bound
+    if excess.numel():
+        worst = excess.max().item()
+        assert worst <= 0, f"off by {worst:.3g} beyond rounding"
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [0, 1, 7, 33])
+@pytest.mark.parametrize("rows", [0, 1, 7, 12, 13, 33, 300])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_packed_linear_matches_f_linear(dtype, rows, with_bias):
-    _skip_unless_packable(dtype)
+def test_packed_linear_is_the_exact_product_rounded(form, rows, with_bias):
+    dtype, _ = form
     gen = torch.Generator().manual_seed(rows)
     weight = torch.randn(200, 96, generator=gen).to(dtype)
     bias = torch.randn(200, generator=gen).to(dtype) if with_bias else None
     x = torch.randn(rows, 96, generator=gen).to(dtype)
-    _agree(packed_linear(x, pack_weight(weight), bias), F.linear(x, weight, bias))
+    packed = pack_weight(weight)
+    assert packed.kind == form[1]
+    _close_to_exact(packed_linear(x, packed, bias), x, weight, bias)
 
 
-def test_strided_input_is_read_correctly():
-    _skip_unless_packable(torch.bfloat16)
-    weight = torch.randn(64, 32, dtype=torch.bfloat16)
-    x = torch.randn(5, 64, dtype=torch.bfloat16)[:, :32]  # every row starts 64 apart
-    _agree(packed_linear(x, pack_weight(weight)), F.linear(x, weight))
+@pytest.mark.parametrize("out_features", [1, 31, 32, 33, 65])
+@pytest.mark.parametrize("in_features", [1, 2, 3, 64, 577])
+def test_bf16_kernel_edges_of_panels_and_pairs(out_features, in_features):
+    """Output widths around the 32-column panel and odd input widths (a half-empty pair)."""
+    if not linear_bf16.available():
+        pytest.skip("no bfloat16 GEMM kernel on this CPU")
+    gen = torch.Generator().manual_seed(out_features * 1000 + in_features)
+    weight = torch.randn(out_features, in_features, generator=gen).bfloat16()
+    bias = torch.randn(out_features, generator=gen).bfloat16()
+    x = torch.randn(14, in_features, generator=gen).bfloat16()
+    packed = linear_bf16.pack(weight)
+    _close_to_exact(linear_bf16.linear(x, packed, out_features, bias), x, weight, bias)
+    _close_to_exact(linear_bf16.linear(x[:5], packed, out_features), x[:5], weight, None)
+
+
+def test_strided_and_batched_inputs_are_read_correctly(form):
+    dtype, _ = form
+    weight = torch.randn(64, 32).to(dtype)
+    x = torch.randn(5, 64).to(dtype)[:, :32]  # every row starts 64 apart
+    _close_to_exact(packed_linear(x, pack_weight(weight)), x, weight, None)
+    x3 = torch.randn(2, 3, 32).to(dtype)
+    out = packed_linear(x3, pack_weight(weight))
+    assert out.shape == (2, 3, 64)
+    _close_to_exact(out.reshape(6, 64), x3.reshape(6, 32), weight, None)
+
+
+def _agree(ours: torch.Tensor, ref: torch.Tensor, kind: str) -> None:
+    """A layer on packed weights against the same layer on ``F.linear``: oneDNN's bfloat16
+    equals it bit for bit; float32 and our kernel differ where the sums round differently."""
+    assert ours.shape == ref.shape and ours.dtype == ref.dtype
+    if ref.dtype == torch.bfloat16 and kind == "onednn":
+        assert torch.equal(ours, ref)
+    elif ref.dtype == torch.bfloat16:
+        torch.testing.assert_close(ours, ref, rtol=2**-6, atol=ref.abs().max().item() * 2**-6)
+    else:
+        torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("layer", ["linear", "merged", "row_parallel"])
-def test_pack_for_cpu_keeps_the_output_and_frees_the_plain_weight(layer):
-    _skip_unless_packable(torch.bfloat16)
+def test_pack_for_cpu_keeps_the_output_and_frees_the_plain_weight(layer, form):
+    dtype, kind = form
     torch.manual_seed(0)
     module = {
         "linear": lambda: Linear(48, 80, bias=True),
         "merged": lambda: MergedLinear(48, {"a": 32, "b": 48}, bias=False),
         "row_parallel": lambda: RowParallelLinear(48, 80),
-    }[layer]().to(torch.bfloat16)
-    x = torch.randn(6, 48, dtype=torch.bfloat16)
+    }[layer]().to(dtype)
+    x = torch.randn(6, 48).to(dtype)
     with torch.no_grad():
         ref = module(x)
         assert module.pack_for_cpu()
         assert not module.pack_for_cpu()  # a second call is a no-op
-        _agree(module(x), ref)
+        _agree(module(x), ref, kind)
     assert module.weight is None and "weight" not in dict(module.named_parameters())
 
 
 @pytest.mark.parametrize("tied", [True, False])
-def test_model_with_packed_weights_gives_the_same_hidden_states_and_logits(tied):
-    _skip_unless_packable(torch.bfloat16)
+def test_model_with_packed_weights_gives_the_same_hidden_states_and_logits(tied, form):
+    dtype, kind = form
     cfg = ModelConfig.from_hf(dict(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, intermediate_size=96,
                                    num_hidden_layers=2, vocab_size=300, max_position_embeddings=32, rms_norm_eps=1e-5,
                                    tie_word_embeddings=tied))
     torch.manual_seed(0)
-    plain = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    plain = LlamaForCausalLM(cfg).to(dtype).eval()
     packed = copy.deepcopy(plain)
     # 2 layers x (qkv, o, gate_up, down), and the head (the model's tied copy, or lm_head)
-    assert pack_linear_weights(packed, torch.bfloat16) == 2 * 4 + 1
-    assert pack_linear_weights(packed, torch.bfloat16) == 0  # already packed
+    assert pack_linear_weights(packed, dtype) == 2 * 4 + 1
+    assert pack_linear_weights(packed, dtype) == 0  # already packed
     assert packed.embed_tokens.weight is not None  # the embedding keeps its plain table
-    hidden = torch.randn(9, 64, dtype=torch.bfloat16)
+    hidden = torch.randn(9, 64).to(dtype)
     with torch.no_grad():
-        _agree(packed.compute_logits(hidden), plain.compute_logits(hidden))
+        _agree(packed.compute_logits(hidden), plain.compute_logits(hidden), kind)
         for ours, ref in zip(packed.layers, plain.layers, strict=True):
-            _agree(ours.mlp(hidden), ref.mlp(hidden))
-            _agree(ours.self_attn.qkv_proj(hidden), ref.self_attn.qkv_proj(hidden))
+            _agree(ours.mlp(hidden), ref.mlp(hidden), kind)
+            _agree(ours.self_attn.qkv_proj(hidden), ref.self_attn.qkv_proj(hidden), kind)
 
 
 def test_bad_inputs_raise():
@@ -111,28 +158,62 @@ def test_bad_inputs_raise():
         pack_weight(torch.randn(8, 4, dtype=torch.float16))
 
 
+def test_bad_inputs_to_the_bf16_kernel_raise():
+    if not linear_bf16.available():
+        pytest.skip("no bfloat16 GEMM kernel on this CPU")
+    packed = linear_bf16.pack(torch.randn(40, 6).bfloat16())
+    with pytest.raises(ValueError, match="does not fit"):
+        linear_bf16.linear(torch.randn(2, 8).bfloat16(), packed, 40)
+    with pytest.raises(ValueError, match="does not fit"):
+        linear_bf16.linear(torch.randn(2, 6).bfloat16(), packed, 70)
+    with pytest.raises(ValueError, match="bias"):
+        linear_bf16.linear(torch.randn(2, 6).bfloat16(), packed, 40, torch.zeros(39).bfloat16())
+    with pytest.raises(ValueError, match="bfloat16"):
+        linear_bf16.linear(torch.randn(2, 6), packed, 40)
+    with pytest.raises(ValueError, match="bfloat16"):
+        linear_bf16.pack(torch.randn(40, 6))
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86 build flags")
+def test_a_build_without_avx512_bf16_has_no_kernel_and_says_so(tmp_path, monkeypatch):
+    if build.find_compiler() is None:
+        pytest.skip("no C++ compiler")
+    monkeypatch.setenv("FORKSERVE_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setattr(build, "FLAGS", (*build.FLAGS, "-mno-avx512bf16"))
+    lib = build.load_kernels.__wrapped__()
+    assert lib.linear_bf16_available() == 0
+    monkeypatch.setattr(linear_bf16, "load_kernels", lambda: lib)
+    assert not linear_bf16.available()
+    x = torch.randn(2, 6).bfloat16()
+    with pytest.raises(build.CpuKernelsUnavailable, match="AVX512-BF16"):
+        linear_bf16.linear(x, torch.zeros(lib.linear_bf16_packed_bytes(40, 6) // 2, dtype=torch.bfloat16), 40)
+
+
 def test_a_build_without_onednn_says_so(monkeypatch):
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
-    pl._ops.cache_clear()
-    pl.check_packing_available.cache_clear()
+    pl._onednn_ops.cache_clear()
+    pl._onednn_can_pack.cache_clear()
     try:
         with pytest.raises(PackedLinearUnavailable, match="oneDNN"):
             pack_linear_weights(torch.nn.Sequential(Linear(4, 4)), torch.float32)
     finally:
         monkeypatch.undo()
-        pl._ops.cache_clear()
-        pl.check_packing_available.cache_clear()
+        pl._onednn_ops.cache_clear()
+        pl._onednn_can_pack.cache_clear()
 
 
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="oneDNN's ISA cap is x86 only")
 def test_a_cpu_without_bf16_packing_says_so_before_touching_the_model():
-    """oneDNN capped at AVX2 (as on CPUs without AVX-512) refuses bfloat16 packing: the check
-    says so before any layer is packed, and float32 still packs."""
+    """Without our bfloat16 kernel and with oneDNN capped at AVX2 (as on CPUs without
+    AVX-512), bfloat16 packing is refused: the check says so before any layer is packed,
+    and float32 still packs."""
     script = (
         "import torch\n"
+        "from kernels.cpu import linear_bf16\n"
         "from kernels.cpu.packed_linear import PackedLinearUnavailable\n"
         "from runtime.layers import pack_linear_weights\n"
         "from runtime.layers.linear import Linear\n"
+        "linear_bf16.available = lambda: False\n"
         "model = torch.nn.Sequential(Linear(16, 16)).to(torch.bfloat16)\n"
         "try:\n"
         "    pack_linear_weights(model, torch.bfloat16)\n"
@@ -147,3 +228,11 @@ def test_a_cpu_without_bf16_packing_says_so_before_touching_the_model():
     env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"}
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_the_plain_layer_is_the_reference():
+    """``F.linear`` itself against the float64 product: the bound in ``_close_to_exact``
+    is tight enough to hold for it and loose enough not to flag it."""
+    gen = torch.Generator().manual_seed(1)
+    weight, x = torch.randn(70, 130, generator=gen).bfloat16(), torch.randn(9, 130, generator=gen).bfloat16()
+    _close_to_exact(F.linear(x, weight), x, weight, None)

@@ -1,7 +1,9 @@
 """The fast CPU path (the ``cpu`` attention backend).
 
-``paged_attention.cpp`` (attention over the paged pool) and ``elementwise.cpp`` (RMSNorm,
-rotary, SiLU-and-mul) are compiled once per machine and loaded by ``build.py``;
-``paged_attention.py`` and ``elementwise.py`` are their checked Python entry points.
-``packed_linear.py`` runs linear layers on weights pre-packed for oneDNN (no compiling).
+``paged_attention.cpp`` (attention over the paged pool), ``elementwise.cpp`` (RMSNorm,
+rotary, SiLU-and-mul) and ``linear_bf16.cpp`` (bfloat16 GEMM on packed weights) are compiled
+once per machine and loaded by ``build.py``; ``paged_attention.py``, ``elementwise.py`` and
+``linear_bf16.py`` are their checked Python entry points. ``packed_linear.py`` packs linear
+weights once and picks the GEMM: ours for bfloat16 where the CPU has AVX512-BF16, oneDNN's
+otherwise.
 """

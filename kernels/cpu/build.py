@@ -32,7 +32,7 @@ from pathlib import Path
 import platformdirs
 
 SOURCE_DIR = Path(__file__).parent
-SOURCES = ("paged_attention.cpp", "elementwise.cpp")
+SOURCES = ("paged_attention.cpp", "elementwise.cpp", "linear_bf16.cpp")
 HEADERS = ("bf16.h",)
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-std=c++17", "-shared", "-fPIC")
 _COMPILERS = ("c++", "g++", "clang++")
@@ -94,6 +94,13 @@ _SIGNATURES = {
     "rotary": ([_P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _I64, _I64, _INT], _INT),
     "silu_and_mul": ([_P, _P, _I64, _I64, _INT], None),
 }
+# Entry points with one storage type only (no suffix).
+_PLAIN_SIGNATURES = {
+    "linear_bf16_available": ([], _INT),
+    "linear_bf16_packed_bytes": ([_I64, _I64], _I64),
+    "linear_bf16_pack": ([_P, _I64, _I64, _P], None),
+    "linear_bf16": ([_P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _INT], _INT),
+}
 
 
 @functools.cache
@@ -118,4 +125,7 @@ def load_kernels() -> ctypes.CDLL:
         for suffix in ("f32", "bf16"):
             fn = getattr(lib, f"{name}_{suffix}")
             fn.argtypes, fn.restype = argtypes, restype
+    for name, (argtypes, restype) in _PLAIN_SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = argtypes, restype
     return lib

@@ -1,31 +1,52 @@
-"""Linear layers on CPU with the weight reordered once into oneDNN's blocked layout.
+"""Linear layers on CPU with the weight packed once, at load, for a fast GEMM kernel.
 
 ``F.linear`` on CPU hands a plain row-major weight to the GEMM library, which re-blocks it
 for its micro-kernel on every call. A decode step is ~120 small GEMMs whose weights stream
-from memory each time, so that per-call reorder is a large share of the step. PyTorch's
-oneDNN build can keep a weight pre-blocked (the same ops ``torch.compile`` uses for frozen
-CPU models). For the default model's 30 layers in bfloat16 on 2 cores, the GEMMs took
-~30% less time at batch 1 and ~25% less at batch 32; ``python -m bench_agent.bench_offline``
-shows the decode-step times.
+from memory each time, so that per-call reorder is a large share of the step. Two packed
+forms, chosen per dtype by ``pack_weight``:
 
-Results equal ``F.linear`` bit for bit in bfloat16; in float32 they differ by the GEMM's
-summation order (~1e-6 relative). ``tests/test_cpu_packed_linear.py`` checks both.
+- ``"bf16_panels"``: bfloat16 on CPUs with AVX512-BF16, for our own kernel
+  (``linear_bf16.cpp``). On the default model's decode shapes (2 cores) it reads weights at
+  ~27 GB/s at batch 1 where oneDNN reaches 14-20, and runs batch 32 ~20% faster.
+- ``"onednn"``: everything else (float32; bfloat16 without AVX512-BF16), reordered into
+  oneDNN's blocked layout, the ops ``torch.compile`` uses for frozen CPU models. Against
+  ``F.linear`` this took ~30% less time at batch 1 and ~25% less at batch 32.
+
+``python -m bench_agent.bench_offline`` shows the decode-step times. Results: float32 sums
+of exact bfloat16 products rounded once (``"bf16_panels"``; ``F.linear`` may differ in the
+last bit where its summation order rounds the other way); oneDNN's bfloat16 equals
+``F.linear`` bit for bit, its float32 differs by the summation order (~1e-6 relative).
+``tests/test_cpu_packed_linear.py`` checks both forms against a float64 product.
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 
+from kernels.cpu import linear_bf16
+
 
 class PackedLinearUnavailable(RuntimeError):
-    """oneDNN weight packing cannot be used here: a PyTorch build without mkldnn, or a CPU
-    oneDNN cannot pack this dtype for."""
+    """No packed form fits here: a PyTorch build without oneDNN (mkldnn), or a CPU neither
+    our bfloat16 kernel nor oneDNN can pack this dtype for."""
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    """A linear weight ``[out_features, in_features]`` packed for one kernel (``kind``)."""
+
+    data: torch.Tensor
+    out_features: int
+    in_features: int
+    dtype: torch.dtype
+    kind: str  # "bf16_panels" or "onednn"
 
 
 @functools.cache
-def _ops():  # noqa: ANN202
+def _onednn_ops():  # noqa: ANN202
     if not torch.backends.mkldnn.is_available():
         raise PackedLinearUnavailable("this PyTorch build has no oneDNN (mkldnn) support")
     try:
@@ -35,31 +56,47 @@ def _ops():  # noqa: ANN202
 
 
 @functools.cache
-def check_packing_available(dtype: torch.dtype) -> None:
-    """Raise ``PackedLinearUnavailable`` (with the reason) unless weights of ``dtype`` can be
-    packed and used here: oneDNN refuses bfloat16 on CPUs without AVX-512 (BW/VL/DQ) or
-    AVX-NE-CONVERT, so a small weight is packed and applied once to find out."""
-    reorder, linear = _ops()
+def _onednn_can_pack(dtype: torch.dtype) -> None:
+    """oneDNN refuses bfloat16 on CPUs without AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT, so a
+    small weight is packed and applied once to find out."""
+    reorder, linear = _onednn_ops()
     try:
         linear(torch.ones(1, 16, dtype=dtype), reorder(torch.ones(16, 16, dtype=dtype)), None, "none", [], "")
     except RuntimeError as err:
         raise PackedLinearUnavailable(f"oneDNN cannot pack {dtype} weights on this CPU: {err}") from err
 
 
-def pack_weight(weight: torch.Tensor) -> torch.Tensor:
-    """``weight`` (``[out, in]``, float32 or bfloat16, CPU) reordered for ``packed_linear``.
-    The result is an opaque oneDNN tensor; keep it for the life of the layer."""
+def kind_for(dtype: torch.dtype) -> str:
+    """The packed form ``pack_weight`` uses for ``dtype`` here; raises
+    ``PackedLinearUnavailable`` (with the reason) when there is none."""
+    if dtype == torch.bfloat16 and linear_bf16.available():
+        return "bf16_panels"
+    _onednn_can_pack(dtype)
+    return "onednn"
+
+
+def check_packing_available(dtype: torch.dtype) -> None:
+    """Raise ``PackedLinearUnavailable`` unless weights of ``dtype`` can be packed here."""
+    kind_for(dtype)
+
+
+def pack_weight(weight: torch.Tensor) -> PackedWeight:
+    """``weight`` (``[out, in]``, float32 or bfloat16, CPU) packed for ``packed_linear``.
+    Keep the result for the life of the layer; the plain weight is no longer needed."""
     if weight.device.type != "cpu" or weight.dim() != 2 or weight.dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"pack_weight takes a 2-D float32/bfloat16 CPU tensor, got {weight.dtype} "
                          f"{tuple(weight.shape)} on {weight.device}")
-    reorder, _ = _ops()
-    return reorder(weight.detach().contiguous())
+    kind = kind_for(weight.dtype)
+    weight = weight.detach().contiguous()
+    data = linear_bf16.pack(weight) if kind == "bf16_panels" else _onednn_ops()[0](weight)
+    return PackedWeight(data, weight.shape[0], weight.shape[1], weight.dtype, kind)
 
 
-def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def packed_linear(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ W.T + bias`` with ``W`` packed by ``pack_weight``."""
-    if x.dtype != packed.dtype or x.shape[-1] != packed.shape[1]:
+    if x.dtype != packed.dtype or x.shape[-1] != packed.in_features:
         raise ValueError(f"packed_linear: input {x.dtype} {tuple(x.shape)} does not fit the weight "
-                         f"{packed.dtype} {tuple(packed.shape)}")
-    _, linear = _ops()
-    return linear(x, packed, bias, "none", [], "")
+                         f"{packed.dtype} {(packed.out_features, packed.in_features)}")
+    if packed.kind == "bf16_panels":
+        return linear_bf16.linear(x, packed.data, packed.out_features, bias)
+    return _onednn_ops()[1](x, packed.data, bias, "none", [], "")

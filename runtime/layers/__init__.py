@@ -20,8 +20,8 @@ def enable_cpu_kernels(model: nn.Module) -> int:
 
 
 def pack_linear_weights(model: nn.Module, dtype: torch.dtype) -> int:
-    """Reorder every linear weight (and a tied output head) of a ``dtype`` model once into
-    oneDNN's blocked layout (``kernels/cpu/packed_linear.py``). Raises
+    """Pack every linear weight (and a tied output head) of a ``dtype`` model once for the
+    fast CPU GEMMs (``kernels/cpu/packed_linear.py``). Raises
     ``PackedLinearUnavailable``, before touching anything, when this PyTorch build or CPU
     cannot. Returns how many weights were packed."""
     check_packing_available(dtype)

@@ -5,15 +5,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kernels.cpu.packed_linear import pack_weight, packed_linear
+from kernels.cpu.packed_linear import PackedWeight, pack_weight, packed_linear
 from runtime.distributed import NO_TP, TPInfo
 
 
 class Linear(nn.Linear):
-    """``nn.Linear`` that can switch, after loading, to a weight packed for oneDNN on CPU
+    """``nn.Linear`` that can switch, after loading, to a weight packed for a fast CPU GEMM
     (``kernels/cpu/packed_linear.py``): ``pack_for_cpu`` packs it and frees the plain copy."""
 
-    packed_weight: torch.Tensor | None = None
+    packed_weight: PackedWeight | None = None
 
     def pack_for_cpu(self) -> bool:
         """Pack the weight (once); whether this call packed it."""

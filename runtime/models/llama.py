@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.cpu.elementwise import silu_and_mul
-from kernels.cpu.packed_linear import pack_weight, packed_linear
+from kernels.cpu.packed_linear import PackedWeight, pack_weight, packed_linear
 from runtime.distributed import NO_TP, TPInfo, split_range
 from runtime.layers.attention import RadixAttention
 from runtime.layers.linear import Linear, MergedLinear, RowParallelLinear
@@ -106,7 +106,7 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head = None
         else:
             self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.packed_tied_head: torch.Tensor | None = None
+        self.packed_tied_head: PackedWeight | None = None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Hidden states after the final norm, ``[num_tokens, hidden]``."""
