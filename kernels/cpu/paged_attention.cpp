@@ -42,11 +42,15 @@ constexpr int64_t kMaxGroup = 16;
 // hardware prefetcher cannot guess the next row: ask for the row a few keys ahead.
 constexpr int64_t kPrefetch = 8;
 
-template <typename T>
+// Locality 3 asks for L1; 2 for L2, where a request can wait longer without crowding L1.
+template <int kLocality = 3, typename T>
 inline void prefetch_row(const T *row, int64_t n) {
     const char *p = reinterpret_cast<const char *>(row);
-    for (int64_t off = 0; off < n * static_cast<int64_t>(sizeof(T)); off += 64) __builtin_prefetch(p + off);
+    for (int64_t off = 0; off < n * static_cast<int64_t>(sizeof(T)); off += 64) __builtin_prefetch(p + off, 0, kLocality);
 }
+
+// Key rows ask for L1 this far ahead of the block being scored, and for L2 three times as far.
+constexpr int64_t kKeyAhead = 16;
 
 #if defined(__AVX512F__)
 // Lane k of the result is the sum of the 16 lanes of v[k]: a transpose-and-add tree, about
@@ -188,7 +192,12 @@ void attend_one(const Batch &bt, const T *q, const T *k_cache, const T *v_cache,
     if constexpr (kBlockScores<T, DIM>) {
         for (int64_t t = 0; t < n; t += 16) {
             const int64_t count = n - t < 16 ? n - t : 16;
-            for (int64_t j = t + 16; j < t + 32 && j < n; j++) prefetch_row(kh + slots[j] * dim, dim);
+            // K rows for the next blocks; and this block's V rows into L2 for the value pass,
+            // which then runs from cache while memory serves the key rows further ahead.
+            for (int64_t j = t + kKeyAhead; j < t + kKeyAhead + 16 && j < n; j++) prefetch_row(kh + slots[j] * dim, dim);
+            for (int64_t j = t + 3 * kKeyAhead; j < t + 3 * kKeyAhead + 16 && j < n; j++)
+                prefetch_row<2>(kh + slots[j] * dim, dim);
+            for (int64_t j = t; j < t + 16 && j < n; j++) prefetch_row<2>(vh + slots[j] * dim, dim);
             for (int64_t g = 0; g < group; g++)
                 score16<DIM>(qf[g], q + (head0 + g) * dim, bt.scale, kh, slots + t, count, scores + g * n + t);
         }
