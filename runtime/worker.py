@@ -12,6 +12,7 @@ import torch
 
 from kernels.attention import check_backend_can_run, create_attention_backend
 from kernels.attention.base import AttentionShape
+from kernels.cpu.elementwise import argmax_rows
 from kernels.cpu.packed_linear import PackedLinearUnavailable
 from radix_cache import ReqToTokenTable
 from runtime.config import ServerArgs
@@ -22,7 +23,7 @@ from runtime.forward_context import ForwardContext, forward_context
 from runtime.kv_pool import KVPool
 from runtime.layers import enable_cpu_kernels, pack_linear_weights
 from runtime.models import load_model
-from runtime.sampling.sampler import sample
+from runtime.sampling.sampler import sample, torch_argmax
 from runtime.scheduler.req import Req
 from runtime.tp_worker import TPPeers
 
@@ -104,8 +105,10 @@ class ModelWorker:
         local_kv_heads = split_range(cfg.num_kv_heads, self.tp.size, self.tp.rank)[1]
         shape = AttentionShape(local_kv_heads * (cfg.num_heads // cfg.num_kv_heads), local_kv_heads, cfg.head_dim)
         self.attn_backend = create_attention_backend(backend, self.device, shape)
+        self.argmax = torch_argmax
         if backend == "cpu":  # the same compiled library has the elementwise kernels
             enable_cpu_kernels(self.model)
+            self.argmax = argmax_rows
             try:
                 pack_linear_weights(self.model, self.dtype)
             except PackedLinearUnavailable as err:
@@ -216,7 +219,7 @@ class ModelWorker:
         if sample_reqs:
             # Decode samples every row in order: skip copying the [bs, vocab] logits.
             rows = logits if len(sample_rows) == logits.shape[0] else logits[sample_rows]
-            out = sample(rows, sample_reqs, banned, self.default_generator)
+            out = sample(rows, sample_reqs, banned, self.default_generator, self.argmax)
             j = 0
             for i, wants in enumerate(batch.samples):
                 if wants:

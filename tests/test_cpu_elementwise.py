@@ -15,7 +15,7 @@ from runtime.layers.rotary import RotaryEmbedding
 if build.find_compiler() is None:
     pytest.skip("no C++ compiler on PATH: the CPU kernels cannot be built", allow_module_level=True)
 
-from kernels.cpu.elementwise import rms_norm, rotary_, silu_and_mul  # noqa: E402
+from kernels.cpu.elementwise import argmax_rows, rms_norm, rotary_, silu_and_mul  # noqa: E402
 
 
 def _agree(got: torch.Tensor, want: torch.Tensor) -> None:
@@ -73,6 +73,22 @@ def test_silu_and_mul_matches_the_layer(rows, dtype):
     _agree(silu_and_mul(gate_up), torch.nn.functional.silu(gate) * up)
 
 
+@pytest.mark.parametrize("cols", [1, 2, 63, 64, 65, 1000, 49152])
+def test_argmax_rows_matches_torch_argmax_with_ties_and_nan(cols):
+    """First index of the maximum on ties (few distinct values), NaN counting as the largest
+    and +-inf taken as values, against ``torch.argmax``."""
+    gen = torch.Generator().manual_seed(cols)
+    x = torch.randint(0, 4, (40, cols), generator=gen).float()  # many ties
+    x[:10] = torch.randn(10, cols, generator=gen)
+    x[10, -1] = float("inf")
+    x[11] = float("-inf")
+    x[12, cols // 2] = float("nan")
+    x[13, cols - 1] = float("nan")
+    x[13, 0] = float("inf")
+    assert torch.equal(argmax_rows(x), x.argmax(dim=-1))
+    assert torch.equal(argmax_rows(x[:1]), x[:1].argmax(dim=-1))
+
+
 def test_bad_inputs_are_value_errors():
     x = torch.randn(2, 8)
     with pytest.raises(ValueError, match="weight"):
@@ -90,6 +106,9 @@ def test_bad_inputs_are_value_errors():
         rotary_(q.transpose(0, 1), k, torch.tensor([0, 1]), rope.cos, rope.sin)
     with pytest.raises(ValueError, match="even"):
         silu_and_mul(torch.randn(2, 7))
+    for bad in (torch.randn(3), torch.randn(2, 0), torch.randn(2, 3).bfloat16()):
+        with pytest.raises(ValueError, match="argmax_rows"):
+            argmax_rows(bad)
 
 
 def test_enable_switches_the_layers_that_have_kernels():

@@ -22,7 +22,7 @@ import torch
 
 from kernels.attention.base import AttentionBackend
 from kernels.cpu.build import load_kernels
-from kernels.cpu.paged_attention import PagedBatch, paged_attention
+from kernels.cpu.paged_attention import PagedBatch, paged_attention, store_kv
 from runtime.forward_context import ForwardContext
 
 
@@ -38,8 +38,9 @@ class CpuBackend(AttentionBackend):
     def _attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, scale: float, ctx: ForwardContext
     ) -> torch.Tensor:
-        ctx.kv_pool.write(layer_id, ctx.out_cache_loc, k, v)
-        return paged_attention(q.contiguous(), ctx.kv_pool.k[layer_id], ctx.kv_pool.v[layer_id], ctx.attn_metadata, scale)
+        k_cache, v_cache = ctx.kv_pool.k[layer_id], ctx.kv_pool.v[layer_id]
+        store_kv(k_cache, v_cache, ctx.out_cache_loc, k, v)  # KVPool.write's work, in one pass
+        return paged_attention(q.contiguous(), k_cache, v_cache, ctx.attn_metadata, scale)
 
     forward_extend = _attend
     forward_decode = _attend

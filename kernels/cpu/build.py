@@ -93,9 +93,11 @@ _SIGNATURES = {
     "rms_norm": ([_P, _P, _P, _I64, _I64, _F, _INT], None),
     "rotary": ([_P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _I64, _I64, _INT], _INT),
     "silu_and_mul": ([_P, _P, _I64, _I64, _INT], None),
+    "store_kv": ([_P, _I64, _P, _I64, _P, _I64, _I64, _I64, _P, _P, _I64, _INT], _INT),
 }
 # Entry points with one storage type only (no suffix).
 _PLAIN_SIGNATURES = {
+    "argmax_rows_f32": ([_P, _I64, _I64, _P, _INT], None),
     "linear_bf16_available": ([], _INT),
     "linear_bf16_packed_bytes": ([_I64, _I64], _I64),
     "linear_bf16_pack": ([_P, _I64, _I64, _P], None),

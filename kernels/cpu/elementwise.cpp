@@ -85,7 +85,56 @@ void silu_and_mul(const T *gate_up, T *out, int64_t rows, int64_t width, int thr
     }
 }
 
+// The first c in [0, n) with is_it(c), or n - 1 if none: the 64-wide chunk that holds it is
+// found with vector compares, then searched one by one.
+template <typename Pred>
+int64_t first_index(int64_t n, Pred is_it) {
+    int64_t chunk = 0;
+    for (; chunk < n; chunk += 64) {
+        const int64_t end = chunk + 64 < n ? chunk + 64 : n;
+        int hit = 0;
+#pragma omp simd reduction(| : hit)
+        for (int64_t c = chunk; c < end; c++) hit |= is_it(c);
+        if (hit) break;
+    }
+    if (chunk >= n) return n - 1;
+    while (chunk < n - 1 && !is_it(chunk)) chunk++;
+    return chunk;
+}
+
+// An int32 whose order is the float's order (for non-NaN bits; -0 and +0 share one), so
+// the max and the search are integer work that -ffast-math cannot bend around inf.
+inline int32_t order_key(uint32_t bits) {
+    const int32_t i = static_cast<int32_t>(bits == 0x80000000u ? 0u : bits);
+    return i >= 0 ? i : i ^ 0x7fffffff;
+}
+
+inline bool is_nan(uint32_t bits) { return (bits & 0x7fffffffu) > 0x7f800000u; }
+
+// torch.argmax(x, dim=-1) for float32 rows: the first index of the row's maximum, or of its
+// first NaN if it has one (NaN counts as the largest, as in PyTorch).
+void argmax_rows(const float *x, int64_t rows, int64_t cols, int64_t *out, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows * cols >= kParallelMin)
+    for (int64_t r = 0; r < rows; r++) {
+        const uint32_t *bits = reinterpret_cast<const uint32_t *>(x + r * cols);
+        int32_t best = order_key(bits[0]);
+        int nan = 0;
+#pragma omp simd reduction(max : best) reduction(| : nan)
+        for (int64_t c = 0; c < cols; c++) {
+            const int32_t key = order_key(bits[c]);
+            best = key > best ? key : best;
+            nan |= is_nan(bits[c]);
+        }
+        out[r] = nan ? first_index(cols, [&](int64_t c) { return is_nan(bits[c]); })
+                     : first_index(cols, [&](int64_t c) { return order_key(bits[c]) == best; });
+    }
+}
+
 }  // namespace
+
+extern "C" void argmax_rows_f32(const float *x, int64_t rows, int64_t cols, int64_t *out, int threads) {
+    argmax_rows(x, rows, cols, out, threads);
+}
 
 #define FORKSERVE_ELEMENTWISE(SUFFIX, T)                                                                   \
     extern "C" void rms_norm_##SUFFIX(const T *x, const T *weight, T *out, int64_t rows, int64_t hidden,    \

@@ -78,3 +78,17 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     _kernel("silu_and_mul", gate_up.dtype)(gate_up.data_ptr(), out.data_ptr(), out.numel() // max(width, 1), width,
                                            torch.get_num_threads())
     return out
+
+
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """``torch.argmax(x, dim=-1)`` of a float32 ``[rows, cols]`` tensor (int64 ``[rows]``):
+    the first index of each row's maximum, NaN counting as the largest. PyTorch's CPU
+    argmax walks a row one element at a time (~1.3 ms for 32 x 49,152 logits on 2 cores);
+    this one is vectorized."""
+    _check_cpu(x)
+    if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] == 0:
+        raise ValueError(f"argmax_rows takes a float32 [rows, cols > 0] tensor, got {x.dtype} {tuple(x.shape)}")
+    x = x.contiguous()
+    out = torch.empty(x.shape[0], dtype=torch.int64)
+    load_kernels().argmax_rows_f32(x.data_ptr(), x.shape[0], x.shape[1], out.data_ptr(), torch.get_num_threads())
+    return out

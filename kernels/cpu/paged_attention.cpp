@@ -268,6 +268,24 @@ int paged_attention(const Batch &bt, const T *q, const T *k_cache, const T *v_ca
     return 0;
 }
 
+// Store a step's K and V ([tokens, kv_heads, dim]; a token's heads packed, tokens `*_stride`
+// apart, as views into the fused QKV projection are) at pool slots loc[t] of the HND layout.
+// Returns 1, writing nothing, if a slot is outside the pool.
+template <typename T>
+int store_kv(const T *k, int64_t k_stride, const T *v, int64_t v_stride, const int64_t *loc, int64_t tokens,
+             int64_t kv_heads, int64_t dim, T *k_cache, T *v_cache, int64_t num_slots, int num_threads) {
+    for (int64_t t = 0; t < tokens; t++)
+        if (loc[t] < 0 || loc[t] >= num_slots) return 1;
+    const size_t row = sizeof(T) * static_cast<size_t>(dim);
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (tokens * kv_heads * dim >= (1 << 16))
+    for (int64_t t = 0; t < tokens; t++)
+        for (int64_t h = 0; h < kv_heads; h++) {
+            std::memcpy(k_cache + (h * num_slots + loc[t]) * dim, k + t * k_stride + h * dim, row);
+            std::memcpy(v_cache + (h * num_slots + loc[t]) * dim, v + t * v_stride + h * dim, row);
+        }
+    return 0;
+}
+
 }  // namespace
 
 // The C entry points, one per storage dtype; they return 0, or 1 for an unsupported shape.
@@ -284,3 +302,14 @@ int paged_attention(const Batch &bt, const T *q, const T *k_cache, const T *v_ca
 
 FORKSERVE_ENTRY(paged_attention_f32, float)
 FORKSERVE_ENTRY(paged_attention_bf16, Bf16)
+
+#define FORKSERVE_STORE_KV(NAME, T)                                                                          \
+    extern "C" int NAME(const T *k, int64_t k_stride, const T *v, int64_t v_stride, const int64_t *loc,       \
+                        int64_t tokens, int64_t kv_heads, int64_t dim, T *k_cache, T *v_cache, int64_t num_slots, \
+                        int num_threads) {                                                                      \
+        return store_kv(k, k_stride, v, v_stride, loc, tokens, kv_heads, dim, k_cache, v_cache, num_slots,    \
+                        num_threads);                                                                           \
+    }
+
+FORKSERVE_STORE_KV(store_kv_f32, float)
+FORKSERVE_STORE_KV(store_kv_bf16, Bf16)

@@ -7,6 +7,7 @@ the model itself expects.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -69,13 +70,24 @@ def filter_probs(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, 
     return out / out.sum(-1, keepdim=True)
 
 
-def sample(logits: torch.Tensor, reqs: list[SamplingRequest], banned: list[list[int]], default_gen: torch.Generator) -> SampleOutput:
-    """``logits``: float32 ``[len(reqs), vocab]`` (modified in place)."""
+def torch_argmax(logits: torch.Tensor) -> torch.Tensor:
+    return logits.argmax(dim=-1)
+
+
+def sample(
+    logits: torch.Tensor,
+    reqs: list[SamplingRequest],
+    banned: list[list[int]],
+    default_gen: torch.Generator,
+    argmax: Callable[[torch.Tensor], torch.Tensor] = torch_argmax,
+) -> SampleOutput:
+    """``logits``: float32 ``[len(reqs), vocab]`` (modified in place). ``argmax`` picks each
+    row's first largest logit (the worker passes the compiled one on the cpu backend)."""
     want_logprobs = [r.return_logprob for r in reqs]
     raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_logprobs) else None
     apply_penalties(logits, reqs, banned)
 
-    next_ids = logits.argmax(dim=-1)
+    next_ids = argmax(logits)
     random_rows = [i for i, r in enumerate(reqs) if not r.params.is_greedy]
     if random_rows:
         rows = torch.tensor(random_rows)
