@@ -41,6 +41,12 @@ def test_rms_norm_matches_the_layer(rows, dtype):
     norm.weight.data = (1 + 0.1 * torch.randn(576, generator=gen)).to(dtype)
     x = (3 * torch.randn(rows, 576, generator=gen)).to(dtype)
     _agree(rms_norm(x, norm.weight, norm.eps), norm(x))
+    # with a skip connection: the sum in place (rounded as the layer's add) and its norm
+    residual = torch.randn(x.shape, generator=gen).to(dtype)
+    want, want_residual = norm(x, residual)
+    ours_residual = residual.clone()
+    _agree(rms_norm(x, norm.weight, norm.eps, ours_residual), want)
+    assert torch.equal(ours_residual, want_residual)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -95,6 +101,8 @@ def test_bad_inputs_are_value_errors():
         rms_norm(x, torch.ones(7), 1e-5)
     with pytest.raises(ValueError, match="float32 or bfloat16"):
         rms_norm(x.double(), torch.ones(8, dtype=torch.float64), 1e-5)
+    with pytest.raises(ValueError, match="residual"):
+        rms_norm(x, torch.ones(8), 1e-5, torch.zeros(2, 7))
     rope = RotaryEmbedding(8, 16, 10000.0)
     q, k = torch.randn(2, 2, 8), torch.randn(2, 1, 8)
     before = q.clone()

@@ -90,7 +90,7 @@ _P, _I64, _F, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_i
 # Argument types of each entry point (one per dtype suffix: _f32, _bf16), as in the sources.
 _SIGNATURES = {
     "paged_attention": ([_P, _P, _P, _I64, _P, _I64, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _F, _I64, _P, _INT], _INT),
-    "rms_norm": ([_P, _P, _P, _I64, _I64, _F, _INT], None),
+    "rms_norm": ([_P, _P, _P, _P, _I64, _I64, _F, _INT], None),
     "rotary": ([_P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _I64, _I64, _INT], _INT),
     "silu_and_mul": ([_P, _P, _I64, _I64, _INT], None),
     "store_kv": ([_P, _I64, _P, _I64, _P, _I64, _I64, _I64, _P, _P, _I64, _INT], _INT),

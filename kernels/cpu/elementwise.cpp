@@ -18,11 +18,19 @@ using namespace forkserve;
 constexpr int64_t kParallelMin = 1 << 14;
 
 // runtime/layers/norm.py: y = x / sqrt(mean(x^2) + eps) in float32, rounded to T, times weight.
+// With a residual (not null), x is first added to it, in place and rounded to T (the
+// decoder layer's "residual = residual + x"), and the norm is taken of that sum.
 template <typename T>
-void rms_norm(const T *x, const T *weight, T *out, int64_t rows, int64_t hidden, float eps, int threads) {
+void rms_norm(const T *x, T *residual, const T *weight, T *out, int64_t rows, int64_t hidden, float eps, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static) if (rows * hidden >= kParallelMin)
     for (int64_t r = 0; r < rows; r++) {
         const T *xr = x + r * hidden;
+        if (residual != nullptr) {
+            T *res = residual + r * hidden;
+#pragma omp simd
+            for (int64_t d = 0; d < hidden; d++) from_f32(to_f32(res[d]) + to_f32(xr[d]), res + d);
+            xr = res;
+        }
         T *o = out + r * hidden;
         float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
@@ -137,9 +145,9 @@ extern "C" void argmax_rows_f32(const float *x, int64_t rows, int64_t cols, int6
 }
 
 #define FORKSERVE_ELEMENTWISE(SUFFIX, T)                                                                   \
-    extern "C" void rms_norm_##SUFFIX(const T *x, const T *weight, T *out, int64_t rows, int64_t hidden,    \
-                                      float eps, int threads) {                                            \
-        rms_norm(x, weight, out, rows, hidden, eps, threads);                                              \
+    extern "C" void rms_norm_##SUFFIX(const T *x, T *residual, const T *weight, T *out, int64_t rows,        \
+                                      int64_t hidden, float eps, int threads) {                            \
+        rms_norm(x, residual, weight, out, rows, hidden, eps, threads);                                    \
     }                                                                                                      \
     extern "C" int rotary_##SUFFIX(T *q, T *k, const int64_t *positions, const float *cos, const float *sin, \
                                    int64_t max_positions, int64_t tokens, int64_t q_heads, int64_t k_heads,  \

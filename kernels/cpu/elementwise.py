@@ -24,16 +24,22 @@ def _check_cpu(*tensors: torch.Tensor) -> None:
         raise ValueError("the CPU kernels take CPU tensors only")
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``weight * (x / sqrt(mean(x**2, -1) + eps))`` over the last dimension."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """``weight * (x / sqrt(mean(x**2, -1) + eps))`` over the last dimension. With
+    ``residual``, first ``residual += x`` in place (rounded to its dtype, as a PyTorch add
+    is) and the norm of that sum instead."""
     _check_cpu(x, weight)
     x = x.contiguous()
     hidden = x.shape[-1]
     if weight.shape != (hidden,) or weight.dtype != x.dtype or not weight.is_contiguous():
         raise ValueError(f"rms_norm: weight must be a contiguous [{hidden}] tensor of {x.dtype}")
+    if residual is not None:
+        _check_cpu(residual)
+        if residual.shape != x.shape or residual.dtype != x.dtype or not residual.is_contiguous():
+            raise ValueError(f"rms_norm: residual must be a contiguous {tuple(x.shape)} tensor of {x.dtype}")
     out = torch.empty_like(x)
-    _kernel("rms_norm", x.dtype)(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // hidden, hidden, eps,
-                                 torch.get_num_threads())
+    _kernel("rms_norm", x.dtype)(x.data_ptr(), 0 if residual is None else residual.data_ptr(), weight.data_ptr(),
+                                 out.data_ptr(), x.numel() // hidden, hidden, eps, torch.get_num_threads())
     return out
 
 

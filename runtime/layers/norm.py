@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import overload
+
 import torch
 from torch import nn
 
@@ -7,7 +9,12 @@ from kernels.cpu.elementwise import rms_norm
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm, computed in float32 whatever the weights' dtype (as HF does)."""
+    """Root-mean-square norm, computed in float32 whatever the weights' dtype (as HF does).
+
+    Called with a ``residual``, it first adds ``x`` to it (the decoder layer's skip
+    connection, rounded to the model dtype as HF's add is) and normalises the sum; it returns
+    ``(normed, new residual)``. The compiled kernel updates ``residual`` in place; the
+    PyTorch path returns a new tensor."""
 
     def __init__(self, hidden_size: int, eps: float) -> None:
         super().__init__()
@@ -16,9 +23,25 @@ class RMSNorm(nn.Module):
 
     use_cpu_kernels = False  # set by runtime.layers.enable_cpu_kernels
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    @overload
+    def forward(self, x: torch.Tensor) -> torch.Tensor: ...
+    @overload
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         if self.use_cpu_kernels:
-            return rms_norm(x, self.weight, self.eps)
+            if residual is None:
+                return rms_norm(x, self.weight, self.eps)
+            residual = residual.contiguous()
+            return rms_norm(x, self.weight, self.eps, residual), residual
+        if residual is None:
+            return self._norm(x)
+        residual = residual + x
+        return self._norm(residual), residual
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
