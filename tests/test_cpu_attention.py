@@ -103,6 +103,33 @@ def test_kernel_with_several_queries_per_request(seed, dtype, kernel_build):
     torch.testing.assert_close(got.float(), want, **TOLERANCE[dtype])
 
 
+@pytest.mark.parametrize("geometry", GEOMETRIES, ids=lambda g: f"{g[0]}h{g[1]}kv{g[2]}")
+@pytest.mark.parametrize("growing", [False, True])
+def test_long_extends_in_blocks_match_the_reference(geometry, growing, kernel_build):
+    """bfloat16 extends of many tokens (the block path on AVX512-BF16 builds: several query
+    tokens per task, 32 keys at a time, blocks ending mid-way through a request). With
+    ``growing``, later keys score ever higher, so the softmax's running maximum keeps moving
+    and earlier sums must be rescaled."""
+    heads, kv_heads, dim = geometry
+    gen = torch.Generator().manual_seed(dim + heads)
+    prefix, extend = [0, 45, 130], [77, 31, 5]
+    k_cache, v_cache, table, ks, vs = _random_pool([p + e for p, e in zip(prefix, extend, strict=True)], kv_heads, dim,
+                                                   torch.bfloat16, gen)
+    q = torch.randn(sum(extend), heads, dim, generator=gen).bfloat16()
+    if growing:  # key rows along +q's direction, longer with the position: scores up to ~60
+        for i, n in enumerate(p + e for p, e in zip(prefix, extend, strict=True)):
+            slots = table[i + 1, :n]
+            ramp = torch.linspace(0, 1, n).view(1, n, 1)
+            k_cache[:, slots] = (k_cache[:, slots].float() * 0.2 + ramp * 8 * q[:1, :kv_heads].float().transpose(0, 1)
+                                 .sign()).bfloat16()
+            ks[i] = k_cache[:, slots].transpose(0, 1).float()
+    batch = PagedBatch.build(table, torch.arange(1, 4), prefix, extend)
+    scale = 1 / math.sqrt(dim)
+    got = paged_attention(q, k_cache, v_cache, batch, scale)
+    want = _reference(q.float(), ks, vs, prefix, extend, scale)
+    torch.testing.assert_close(got.float(), want, **TOLERANCE[torch.bfloat16])
+
+
 def test_kernel_rejects_what_it_cannot_read():
     table = torch.zeros(2, 8, dtype=torch.int64)
     batch = PagedBatch.build(table, torch.tensor([1]), [3], [1])

@@ -10,12 +10,18 @@
 //   req_to_token  [*, r2t_stride] int64
 //   token_req     [num_tokens] int64             the request each query token belongs to
 //
-// One task is one (query token, KV head). It scores the group of query heads sharing that
-// KV head against every visible key (float32 sums; with AVX-512, 16 keys at a time, see
-// score16), takes the softmax in float32 and sums the values (sum_values16: each value row
-// widened once for all heads of the group). Reading K/V rows in place avoids the gather
-// copy a batched matmul needs, and a query token reads only the keys it may see, so extend
-// steps (many query tokens per request) do no masked work.
+// Decode tokens (and every token without AVX512-BF16, or in float32): one task is one
+// (query token, KV head). It scores the group of query heads sharing that KV head against
+// every visible key (float32 sums; with AVX-512, 16 keys at a time, see score16), takes the
+// softmax in float32 and sums the values (sum_values16: each value row widened once for all
+// heads of the group). Reading K/V rows in place avoids the gather copy a batched matmul
+// needs, and a query token reads only the keys it may see.
+//
+// Extends in bfloat16 on AVX512-BF16 (a request with several query tokens in the step): one
+// task is a block of the request's consecutive tokens for one KV head, computed as small
+// matrix products with an online softmax (attend_block). On the default model that took
+// ~0.6x the time of the per-token tasks, for whole prompts and for short turns on long
+// cached prefixes alike.
 //
 // Built (with elementwise.cpp, into one library) and loaded by kernels/cpu/build.py; called from kernels/attention/cpu_backend.py.
 #include <cmath>
@@ -250,11 +256,224 @@ void attend_one(const Batch &bt, const T *q, const T *k_cache, const T *v_cache,
     }
 }
 
+#if defined(__AVX512BF16__)
+// Extend steps in bfloat16: a block of a request's consecutive query tokens per task, as
+// small matrix products (vdpbf16ps, no horizontal sums) with an online softmax, FlashAttention's
+// scheme. Each key and value row is read once per block instead of once per token and head.
+//
+// The block's query rows are (token, head of the group) pairs, kBlockRows of them; keys come
+// kBlockKeys at a time. Scores: the 32 keys' rows transposed into (dim pair x key) words, so
+// one broadcast query pair times one vector gives 16 keys' partial dot products. Values:
+// the probabilities are rounded to bfloat16 (as FlashAttention does on GPUs) and multiplied
+// against rows interleaved in key pairs. Sums, maxima and the normaliser stay float32.
+constexpr bool kBlockExtend = true;
+constexpr int kBlockRows = 12;
+constexpr int64_t kBlockKeys = 32;
+constexpr float kSlack = 8.f;
+
+// 16 rows of 16 32-bit words, transposed in place: r[i] lane j <- r[j] lane i.
+inline void transpose16(__m512i r[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    // Each 128-bit lane now holds a 4x4 transposed tile; move the tiles into place.
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
+        t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xDD);
+        t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
+        t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xDD);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xDD);
+        r[i + 4] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0x88);
+        r[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xDD);
+    }
+}
+
+// e^x for 16 lanes, to ~1e-7 relative (the probabilities are rounded to bfloat16 after):
+// x = n ln2 + r with |r| <= ln2 / 2, e^r by its Taylor series to r^6, times 2^n.
+inline __m512 exp16(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
+    __m512 p = _mm512_set1_ps(1.f / 720);
+    for (const float c : {1.f / 120, 1.f / 24, 1.f / 6, 1.f / 2, 1.f, 1.f}) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+    return _mm512_scalef_ps(p, n);
+}
+
+struct BlockTask {
+    int64_t tok, count, h;  // query tokens [tok, tok + count) of one request, KV head h
+};
+
+template <int64_t DIM>
+void attend_block(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf16 *v_cache, Bf16 *out,
+                  const BlockTask &task) {
+    constexpr int64_t kPairs = DIM / 2, kVecs = DIM / 16;
+    static const Bf16 zero_row[DIM] = {};
+    const int64_t group = bt.num_heads / bt.kv_heads, b = bt.token_req[task.tok];
+    const int64_t rows = task.count * group;  // real rows; the rest of the tile is padding
+    const int64_t first = bt.prefix[b] + (task.tok - bt.q_start[b]);  // keys the first token sees, less one
+    const int64_t *slots = bt.req_to_token + bt.rows[b] * bt.r2t_stride;
+    const Bf16 *kh = k_cache + task.h * bt.num_slots * DIM, *vh = v_cache + task.h * bt.num_slots * DIM;
+
+    alignas(64) int32_t qp[kPairs][kBlockRows];  // query rows by dim pair
+    alignas(64) int32_t kp[kPairs][kBlockKeys];  // this step's keys by dim pair
+    alignas(64) int32_t pp[kBlockRows][kBlockKeys / 2];  // probabilities by key pair (bf16 pairs)
+    alignas(64) float acc[kBlockRows][DIM], best[kBlockRows], seen[kBlockRows];
+    __m512 total[kBlockRows];  // per row, 16 lanes of the softmax's denominator
+    for (int m = 0; m < kBlockRows; m++) {
+        const int64_t token = m < rows ? m / group : task.count - 1;  // padding rows copy the last token
+        const int64_t head = task.h * group + (m < rows ? m % group : 0);
+        const auto *words = reinterpret_cast<const int32_t *>(q + ((task.tok + token) * bt.num_heads + head) * DIM);
+        for (int64_t i = 0; i < kPairs; i++) qp[i][m] = m < rows ? words[i] : 0;
+        seen[m] = static_cast<float>(first + token + 1);
+        best[m] = -1e30f;
+        total[m] = _mm512_setzero_ps();
+        for (int64_t d = 0; d < DIM; d++) acc[m][d] = 0.f;
+    }
+    const int64_t keys = first + task.count;  // the last token's
+    const __m512i pair_lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                             37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i pair_hi = _mm512_add_epi16(pair_lo, _mm512_set1_epi16(16));
+    const __m512 lane = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    for (int64_t k0 = 0; k0 < keys; k0 += kBlockKeys) {
+        const int64_t count = keys - k0 < kBlockKeys ? keys - k0 : kBlockKeys;
+        auto key_row = [&](const Bf16 *base, int64_t c) { return c < count ? base + slots[k0 + c] * DIM : zero_row; };
+        for (int64_t c = 0; c < kBlockKeys && k0 + kBlockKeys + c < keys; c++)
+            prefetch_row(kh + slots[k0 + kBlockKeys + c] * DIM, DIM);
+        // Keys by dim pair: 16 keys x 16 pairs at a time.
+        for (int64_t c0 = 0; c0 < kBlockKeys; c0 += 16)
+            for (int64_t i0 = 0; i0 < kPairs; i0 += 16) {
+                __m512i tile[16];
+                for (int c = 0; c < 16; c++) tile[c] = _mm512_loadu_si512(key_row(kh, c0 + c) + 2 * i0);
+                transpose16(tile);
+                for (int i = 0; i < 16; i++) _mm512_store_si512(&kp[i0 + i][c0], tile[i]);
+            }
+        // Scores of the block's rows against these keys, masked past each row's last key.
+        __m512 s[kBlockRows][2];
+        for (int m = 0; m < kBlockRows; m++) s[m][0] = s[m][1] = _mm512_setzero_ps();
+        for (int64_t i = 0; i < kPairs; i++) {
+            const __m512bh k_lo = (__m512bh)_mm512_load_si512(&kp[i][0]), k_hi = (__m512bh)_mm512_load_si512(&kp[i][16]);
+            for (int m = 0; m < kBlockRows; m++) {
+                const __m512bh qb = (__m512bh)_mm512_set1_epi32(qp[i][m]);
+                s[m][0] = _mm512_dpbf16_ps(s[m][0], qb, k_lo);
+                s[m][1] = _mm512_dpbf16_ps(s[m][1], qb, k_hi);
+            }
+        }
+        const __m512 scale = _mm512_set1_ps(bt.scale), floor = _mm512_set1_ps(-1e30f);
+        float corr[kBlockRows];
+        bool rescale = false;
+        for (int m = 0; m < kBlockRows; m++) {
+            const __m512 limit = _mm512_set1_ps(seen[m] - static_cast<float>(k0));
+            const __m512 lo = _mm512_mask_mul_ps(floor, _mm512_cmp_ps_mask(lane, limit, _CMP_LT_OQ), s[m][0], scale);
+            const __m512 hi = _mm512_mask_mul_ps(floor, _mm512_cmp_ps_mask(_mm512_add_ps(lane, _mm512_set1_ps(16.f)), limit,
+                                                                            _CMP_LT_OQ), s[m][1], scale);
+            // The exponent's reference moves only when a score passes it by more than
+            // kSlack: the probabilities stay below e^kSlack, and most blocks skip the max
+            // reduction and the rescaling of the sums.
+            const __m512 top = _mm512_max_ps(lo, hi);
+            corr[m] = 1.f;
+            if (_mm512_cmp_ps_mask(top, _mm512_set1_ps(best[m] + kSlack), _CMP_GT_OQ) != 0) {
+                const float now = _mm512_reduce_max_ps(top);
+                corr[m] = std::exp(best[m] - now);
+                best[m] = now;
+                rescale = true;
+            }
+            const __m512 p_lo = exp16(_mm512_sub_ps(lo, _mm512_set1_ps(best[m])));
+            const __m512 p_hi = exp16(_mm512_sub_ps(hi, _mm512_set1_ps(best[m])));
+            total[m] = _mm512_fmadd_ps(total[m], _mm512_set1_ps(corr[m]), _mm512_add_ps(p_lo, p_hi));
+            _mm512_store_si512(pp[m], (__m512i)_mm512_cvtne2ps_pbh(p_hi, p_lo));
+        }
+        // Values by key pair, then acc = acc * corr + probabilities x values, 32 dims at a time.
+        __m512i vp[kBlockKeys / 2][kVecs];
+        for (int64_t j = 0; j < kBlockKeys / 2; j++) {
+            const Bf16 *r0 = key_row(vh, 2 * j), *r1 = key_row(vh, 2 * j + 1);
+            for (int64_t v = 0; v < kVecs; v += 2) {
+                const __m512i a = _mm512_loadu_si512(r0 + 16 * v), c = _mm512_loadu_si512(r1 + 16 * v);
+                vp[j][v] = _mm512_permutex2var_epi16(a, pair_lo, c);
+                vp[j][v + 1] = _mm512_permutex2var_epi16(a, pair_hi, c);
+            }
+        }
+        for (int64_t v = 0; v < kVecs; v += 2) {
+            __m512 o[kBlockRows][2];
+            for (int m = 0; m < kBlockRows; m++) {
+                o[m][0] = _mm512_load_ps(&acc[m][16 * v]);
+                o[m][1] = _mm512_load_ps(&acc[m][16 * v + 16]);
+                if (rescale) {
+                    o[m][0] = _mm512_mul_ps(o[m][0], _mm512_set1_ps(corr[m]));
+                    o[m][1] = _mm512_mul_ps(o[m][1], _mm512_set1_ps(corr[m]));
+                }
+            }
+            for (int64_t j = 0; j < kBlockKeys / 2; j++)
+                for (int m = 0; m < kBlockRows; m++) {
+                    const __m512bh pb = (__m512bh)_mm512_set1_epi32(pp[m][j]);
+                    o[m][0] = _mm512_dpbf16_ps(o[m][0], pb, (__m512bh)vp[j][v]);
+                    o[m][1] = _mm512_dpbf16_ps(o[m][1], pb, (__m512bh)vp[j][v + 1]);
+                }
+            for (int m = 0; m < kBlockRows; m++) {
+                _mm512_store_ps(&acc[m][16 * v], o[m][0]);
+                _mm512_store_ps(&acc[m][16 * v + 16], o[m][1]);
+            }
+        }
+    }
+    for (int64_t m = 0; m < rows; m++) {
+        const int64_t token = m / group, head = task.h * group + m % group;
+        Bf16 *dst = out + ((task.tok + token) * bt.num_heads + head) * DIM;
+        const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(total[m]));
+        for (int64_t v = 0; v < kVecs; v++)
+            _mm256_storeu_si256(reinterpret_cast<__m256i *>(dst + 16 * v),
+                                (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_load_ps(&acc[m][16 * v]), inv)));
+    }
+}
+
+// Whether extend tokens of this dtype and head size go through attend_block.
+template <typename T>
+bool block_extend(const Batch &bt) {
+    return std::is_same_v<T, Bf16> && (bt.dim == 64 || bt.dim == 128) && bt.num_heads / bt.kv_heads * 2 <= kBlockRows;
+}
+#else
+struct BlockTask {
+    int64_t tok, count, h;
+};
+constexpr bool kBlockExtend = false;
+constexpr int kBlockRows = 1;
+template <typename T>
+bool block_extend(const Batch &) {
+    return false;
+}
+template <int64_t DIM, typename... Args>
+void attend_block(Args...);
+#endif
+
 template <typename T>
 int paged_attention(const Batch &bt, const T *q, const T *k_cache, const T *v_cache, T *out, int num_threads) {
     const int64_t group = bt.num_heads / bt.kv_heads;
     if (bt.dim > kMaxDim || group > kMaxGroup || group * bt.kv_heads != bt.num_heads) return 1;
-    const int64_t tasks = bt.num_tokens * bt.kv_heads;
+    // Tasks: (token, KV head) through attend_one (count 0), or, for requests with several
+    // query tokens where attend_block applies, (block of tokens, KV head).
+    std::vector<BlockTask> tasks;
+    const bool blocks = block_extend<T>(bt);
+    const int64_t per_block = blocks ? kBlockRows / group : 1;
+    for (int64_t t = 0; t < bt.num_tokens;) {
+        int64_t end = t + 1;
+        while (end < bt.num_tokens && bt.token_req[end] == bt.token_req[t]) end++;
+        const bool block = blocks && end - t > 1;
+        for (int64_t j = t; j < end; j += block ? per_block : 1)
+            for (int64_t h = 0; h < bt.kv_heads; h++)
+                tasks.push_back({j, block ? (end - j < per_block ? end - j : per_block) : 0, h});
+        t = end;
+    }
+    const int64_t num_tasks = static_cast<int64_t>(tasks.size());
 #pragma omp parallel num_threads(num_threads)
     {
         std::vector<float> scores(static_cast<size_t>(group * (bt.max_keys > 0 ? bt.max_keys : 1)));
@@ -262,8 +481,17 @@ int paged_attention(const Batch &bt, const T *q, const T *k_cache, const T *v_ca
                        : bt.dim == 128 ? attend_one<T, 128>
                                        : attend_one<T, 0>;
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < tasks; task++)
-            attend(bt, q, k_cache, v_cache, out, task / bt.kv_heads, task % bt.kv_heads, scores.data());
+        for (int64_t i = 0; i < num_tasks; i++) {
+            const BlockTask &task = tasks[i];
+            if (task.count == 0) {
+                attend(bt, q, k_cache, v_cache, out, task.tok, task.h, scores.data());
+            } else if constexpr (kBlockExtend && std::is_same_v<T, Bf16>) {
+                if (bt.dim == 64)
+                    attend_block<64>(bt, q, k_cache, v_cache, out, task);
+                else
+                    attend_block<128>(bt, q, k_cache, v_cache, out, task);
+            }
+        }
     }
     return 0;
 }
