@@ -3,15 +3,17 @@
 Gathering every request's context into a padded batch for a matmul (what ``torch_native``
 does) copies all K/V of the batch every layer, and on CPU that copy costs more than the
 attention itself. The kernel in ``kernels/cpu/paged_attention.cpp`` instead walks each
-request's slots in the pool directly, one task per (query token, KV head) spread over
-torch's threads, and a query token only reads the keys it may see (no masked work).
+request's slots in the pool directly, in tasks spread over torch's threads: one per (query
+token, KV head), or in bfloat16 extends one per (block of a request's tokens, KV head) as
+small matrix products; a query token only reads the keys it may see (no masked work).
 
 The same kernel serves decode and extend steps (prefill, chunked prefill, a new turn on a
-cached prefix). On 2 cores with the default model it took less attention time than
-``torch_native``'s batched matmul / SDPA path on every shape measured, from one-token
-decodes to 4,000-token prompts: about half on four 450-token prompts, 0.6x for 20-token
-turns on 450-token cached prefixes (``python -m bench_agent.bench_offline`` shows the
-effect on the prefill rate).
+cached prefix). On 2 cores with the default model the per-token tasks alone already took
+less attention time than ``torch_native``'s batched matmul / SDPA path on every shape
+measured, from one-token decodes to 4,000-token prompts: about half on four 450-token
+prompts, 0.6x for 20-token turns on 450-token cached prefixes; the bf16 extend blocks take
+~0.6x the time of the per-token tasks again (``python -m bench_agent.bench_offline`` shows
+the effect on the prefill rate).
 
 Needs a C++ compiler with OpenMP on first use (``kernels/cpu/build.py``).
 """
