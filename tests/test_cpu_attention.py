@@ -130,6 +130,25 @@ def test_long_extends_in_blocks_match_the_reference(geometry, growing, kernel_bu
     torch.testing.assert_close(got.float(), want, **TOLERANCE[torch.bfloat16])
 
 
+def test_a_nan_query_spoils_its_own_rows_only(kernel_build):
+    """A NaN in one query token (a broken model upstream) comes out as NaN for that token's
+    heads, as in the reference, on the decode and the block path alike; other tokens stay
+    finite."""
+    gen = torch.Generator().manual_seed(3)
+    heads, kv_heads, dim = GEOMETRIES[1]
+    prefix, extend = [40, 0], [9, 1]
+    k_cache, v_cache, table, ks, vs = _random_pool([p + e for p, e in zip(prefix, extend, strict=True)], kv_heads, dim,
+                                                   torch.bfloat16, gen)
+    q = torch.randn(sum(extend), heads, dim, generator=gen).bfloat16()
+    q[2, 4] = float("nan")  # token 2 of the first request, one head
+    q[9, 0, 5] = float("nan")  # the second request's only token
+    batch = PagedBatch.build(table, torch.arange(1, 3), prefix, extend)
+    got = paged_attention(q, k_cache, v_cache, batch, 1 / math.sqrt(dim))
+    want = _reference(q.float(), ks, vs, prefix, extend, 1 / math.sqrt(dim))
+    assert torch.equal(got.float().isnan(), want.isnan())
+    assert want.isnan().any(dim=-1).sum() == 2
+
+
 def test_kernel_rejects_what_it_cannot_read():
     table = torch.zeros(2, 8, dtype=torch.int64)
     batch = PagedBatch.build(table, torch.tensor([1]), [3], [1])

@@ -70,9 +70,10 @@ def test_packed_linear_is_the_exact_product_rounded(form, rows, with_bias):
 
 
 @pytest.mark.parametrize("out_features", [1, 31, 32, 33, 65])
-@pytest.mark.parametrize("in_features", [1, 2, 3, 64, 577])
+@pytest.mark.parametrize("in_features", [0, 1, 2, 3, 64, 577])
 def test_bf16_kernel_edges_of_panels_and_pairs(out_features, in_features):
-    """Output widths around the 32-column panel and odd input widths (a half-empty pair)."""
+    """Output widths around the 32-column panel, odd input widths (a half-empty pair) and
+    no inputs at all (the bias alone)."""
     if not linear_bf16.available():
         pytest.skip("no bfloat16 GEMM kernel on this CPU")
     gen = torch.Generator().manual_seed(out_features * 1000 + in_features)

@@ -120,7 +120,7 @@ constexpr TileFn kTiles[kMaxTile + 1] = {nullptr,  tile<1>, tile<2>, tile<3>,  t
 // Rows per pass over the weights: with many rows, the pass's inputs stay in L2 (~256 KiB)
 // while every panel of the thread's range is multiplied against them.
 int64_t rows_per_pass(int64_t in_features) {
-    int64_t rows = (256 << 10) / (2 * in_features) / kMaxTile * kMaxTile;
+    int64_t rows = (256 << 10) / (2 * (in_features > 0 ? in_features : 1)) / kMaxTile * kMaxTile;
     return rows < kMaxTile ? kMaxTile : rows;
 }
 

@@ -38,12 +38,16 @@ def linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch
     """``x @ W.T + bias`` for bfloat16 ``x`` (``[..., in]``) and ``W`` packed by ``pack``."""
     in_features = x.shape[-1]
     lib = load_kernels()
-    if x.dtype != torch.bfloat16 or packed.dtype != torch.bfloat16 or x.device.type != "cpu":
+    if x.dtype != torch.bfloat16 or packed.dtype != torch.bfloat16 or x.device.type != "cpu" or packed.device.type != "cpu":
         raise ValueError(f"linear_bf16.linear takes bfloat16 CPU tensors, got {x.dtype} and {packed.dtype}")
     if packed.numel() * 2 != lib.linear_bf16_packed_bytes(out_features, in_features) or not packed.is_contiguous():
         raise ValueError(f"linear_bf16.linear: the packed weight does not fit [{out_features}, {in_features}]")
-    if bias is not None and (bias.shape != (out_features,) or bias.dtype != torch.bfloat16 or not bias.is_contiguous()):
-        raise ValueError(f"linear_bf16.linear: bias must be a contiguous bfloat16 [{out_features}] tensor")
+    if bias is not None and (bias.shape != (out_features,) or bias.dtype != torch.bfloat16 or not bias.is_contiguous()
+                             or bias.device.type != "cpu"):
+        raise ValueError(f"linear_bf16.linear: bias must be a contiguous bfloat16 CPU [{out_features}] tensor")
+    if in_features == 0:  # an empty sum: the bias, or zeros
+        out = torch.zeros(*x.shape[:-1], out_features, dtype=torch.bfloat16)
+        return out if bias is None else out + bias
     rows = x.reshape(-1, in_features)
     if rows.stride(-1) != 1:
         rows = rows.contiguous()

@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -256,7 +257,7 @@ void attend_one(const Batch &bt, const T *q, const T *k_cache, const T *v_cache,
     }
 }
 
-#if defined(__AVX512BF16__)
+#if defined(__AVX512BF16__) && defined(__AVX512DQ__)
 // Extend steps in bfloat16: a block of a request's consecutive query tokens per task, as
 // small matrix products (vdpbf16ps, no horizontal sums) with an online softmax, FlashAttention's
 // scheme. Each key and value row is read once per block instead of once per token and head.
@@ -302,7 +303,7 @@ inline void transpose16(__m512i r[16]) {
 // e^x for 16 lanes, to ~1e-7 relative (the probabilities are rounded to bfloat16 after):
 // x = n ln2 + r with |r| <= ln2 / 2, e^r by its Taylor series to r^6, times 2^n.
 inline __m512 exp16(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
+    x = _mm512_max_ps(_mm512_set1_ps(-87.f), x);  // a NaN x stays NaN (maxps returns its second operand)
     const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
     r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
@@ -330,6 +331,7 @@ void attend_block(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf1
     alignas(64) int32_t kp[kPairs][kBlockKeys];  // this step's keys by dim pair
     alignas(64) int32_t pp[kBlockRows][kBlockKeys / 2];  // probabilities by key pair (bf16 pairs)
     alignas(64) float acc[kBlockRows][DIM], best[kBlockRows], seen[kBlockRows];
+    bool broken[kBlockRows] = {};
     __m512 total[kBlockRows];  // per row, 16 lanes of the softmax's denominator
     for (int m = 0; m < kBlockRows; m++) {
         const int64_t token = m < rows ? m / group : task.count - 1;  // padding rows copy the last token
@@ -375,9 +377,14 @@ void attend_block(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf1
         bool rescale = false;
         for (int m = 0; m < kBlockRows; m++) {
             const __m512 limit = _mm512_set1_ps(seen[m] - static_cast<float>(k0));
-            const __m512 lo = _mm512_mask_mul_ps(floor, _mm512_cmp_ps_mask(lane, limit, _CMP_LT_OQ), s[m][0], scale);
-            const __m512 hi = _mm512_mask_mul_ps(floor, _mm512_cmp_ps_mask(_mm512_add_ps(lane, _mm512_set1_ps(16.f)), limit,
-                                                                            _CMP_LT_OQ), s[m][1], scale);
+            const __mmask16 see_lo = _mm512_cmp_ps_mask(lane, limit, _CMP_LT_OQ);
+            const __mmask16 see_hi = _mm512_cmp_ps_mask(_mm512_add_ps(lane, _mm512_set1_ps(16.f)), limit, _CMP_LT_OQ);
+            const __m512 lo = _mm512_mask_mul_ps(floor, see_lo, s[m][0], scale);
+            const __m512 hi = _mm512_mask_mul_ps(floor, see_hi, s[m][1], scale);
+            // A NaN score (NaN in the query or a visible key: a broken model upstream) makes
+            // the row's output NaN, as in PyTorch; the max and exp below would lose it.
+            constexpr int kNan = 0x81;  // fpclass: quiet or signalling NaN
+            broken[m] |= (_mm512_mask_fpclass_ps_mask(see_lo, s[m][0], kNan) | _mm512_mask_fpclass_ps_mask(see_hi, s[m][1], kNan)) != 0;
             // The exponent's reference moves only when a score passes it by more than
             // kSlack: the probabilities stay below e^kSlack, and most blocks skip the max
             // reduction and the rescaling of the sums.
@@ -389,8 +396,10 @@ void attend_block(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf1
                 best[m] = now;
                 rescale = true;
             }
-            const __m512 p_lo = exp16(_mm512_sub_ps(lo, _mm512_set1_ps(best[m])));
-            const __m512 p_hi = exp16(_mm512_sub_ps(hi, _mm512_set1_ps(best[m])));
+            // Keys past the row's last are exactly 0 (their value rows, shared with later
+            // tokens of the block, then add nothing, unless they hold inf or NaN).
+            const __m512 p_lo = _mm512_maskz_mov_ps(see_lo, exp16(_mm512_sub_ps(lo, _mm512_set1_ps(best[m]))));
+            const __m512 p_hi = _mm512_maskz_mov_ps(see_hi, exp16(_mm512_sub_ps(hi, _mm512_set1_ps(best[m]))));
             total[m] = _mm512_fmadd_ps(total[m], _mm512_set1_ps(corr[m]), _mm512_add_ps(p_lo, p_hi));
             _mm512_store_si512(pp[m], (__m512i)_mm512_cvtne2ps_pbh(p_hi, p_lo));
         }
@@ -429,7 +438,8 @@ void attend_block(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf1
     for (int64_t m = 0; m < rows; m++) {
         const int64_t token = m / group, head = task.h * group + m % group;
         Bf16 *dst = out + ((task.tok + token) * bt.num_heads + head) * DIM;
-        const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(total[m]));
+        const __m512 inv = broken[m] ? _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN())
+                                     : _mm512_set1_ps(1.f / _mm512_reduce_add_ps(total[m]));
         for (int64_t v = 0; v < kVecs; v++)
             _mm256_storeu_si256(reinterpret_cast<__m256i *>(dst + 16 * v),
                                 (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_load_ps(&acc[m][16 * v]), inv)));
