@@ -214,7 +214,8 @@ def test_missing_or_failing_compiler_is_a_clear_error(monkeypatch, tmp_path):
         build.load_kernels.__wrapped__()
     monkeypatch.delenv("CXX")
     (tmp_path / "broken.cpp").write_text("this is not C++\n")
-    (tmp_path / "bf16.h").write_text("")
+    for header in build.HEADERS:
+        (tmp_path / header).write_text("")
     monkeypatch.setattr(build, "SOURCE_DIR", tmp_path)
     monkeypatch.setattr(build, "SOURCES", ("broken.cpp",))
     with pytest.raises(CpuKernelsUnavailable, match="failed") as err:

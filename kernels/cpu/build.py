@@ -33,7 +33,7 @@ import platformdirs
 
 SOURCE_DIR = Path(__file__).parent
 SOURCES = ("paged_attention.cpp", "elementwise.cpp", "linear_bf16.cpp")
-HEADERS = ("bf16.h",)
+HEADERS = ("bf16.h", "simd.h")
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-std=c++17", "-shared", "-fPIC")
 _COMPILERS = ("c++", "g++", "clang++")
 

@@ -7,8 +7,10 @@
 // compare them (tests/test_cpu_elementwise.py). Arithmetic is float32.
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "bf16.h"
+#include "simd.h"
 
 namespace {
 
@@ -85,10 +87,22 @@ void silu_and_mul(const T *gate_up, T *out, int64_t rows, int64_t width, int thr
     for (int64_t r = 0; r < rows; r++) {
         const T *gate = gate_up + r * 2 * width, *up = gate + width;
         T *o = out + r * width;
+        int64_t d = 0;
+#if defined(__AVX512BF16__)
+        if constexpr (std::is_same_v<T, Bf16>) {  // 16 at a time with exp16; the rest below
+            for (; d + 16 <= width; d += 16) {
+                const __m512 g = load16(gate + d);
+                const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+                const __m256i silu = (__m256i)_mm512_cvtneps_pbh(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), e)));
+                const __m512 product = _mm512_mul_ps(widen16(silu), load16(up + d));
+                _mm256_storeu_si256(reinterpret_cast<__m256i *>(o + d), (__m256i)_mm512_cvtneps_pbh(product));
+            }
+        }
+#endif
 #pragma omp simd
-        for (int64_t d = 0; d < width; d++) {
-            const float g = to_f32(gate[d]);
-            from_f32(rounded<T>(g / (1.f + std::exp(-g))) * to_f32(up[d]), o + d);
+        for (int64_t i = d; i < width; i++) {
+            const float g = to_f32(gate[i]);
+            from_f32(rounded<T>(g / (1.f + std::exp(-g))) * to_f32(up[i]), o + i);
         }
     }
 }

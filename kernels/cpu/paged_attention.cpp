@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "bf16.h"
+#include "simd.h"
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -120,13 +121,6 @@ constexpr bool kBf16Blocks = false;
 // Whether keys are scored 16 at a time by score16 for this storage type and head size.
 template <typename T, int64_t DIM>
 constexpr bool kBlockScores = (DIM == 64 || DIM == 128) && (std::is_same_v<T, float> || kBf16Blocks);
-
-// A row of 16 values as float32 (bf16 widens exactly: its bits are the top half).
-inline __m512 load16(const float *p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const Bf16 *p) {
-    const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-}
 
 // acc[g] = sum over keys t of probs[g * n + t] * V[t], for every query head g of the group.
 // The accumulators of up to 16 / (DIM / 16) heads stay in registers while one pass over
@@ -298,18 +292,6 @@ inline void transpose16(__m512i r[16]) {
         r[i + 4] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0x88);
         r[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xDD);
     }
-}
-
-// e^x for 16 lanes, to ~1e-7 relative (the probabilities are rounded to bfloat16 after):
-// x = n ln2 + r with |r| <= ln2 / 2, e^r by its Taylor series to r^6, times 2^n.
-inline __m512 exp16(__m512 x) {
-    x = _mm512_max_ps(_mm512_set1_ps(-87.f), x);  // a NaN x stays NaN (maxps returns its second operand)
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
-    __m512 p = _mm512_set1_ps(1.f / 720);
-    for (const float c : {1.f / 120, 1.f / 24, 1.f / 6, 1.f / 2, 1.f, 1.f}) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
-    return _mm512_scalef_ps(p, n);
 }
 
 struct BlockTask {

@@ -1,0 +1,34 @@
+// AVX-512 helpers shared by the CPU kernels: 16-lane loads of either storage type as
+// float32, and e^x.
+#pragma once
+
+#include "bf16.h"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+#include <initializer_list>
+
+namespace forkserve {
+
+// 16 bfloat16 values as float32 (exact: a bf16's bits are the top half of the float's).
+inline __m512 widen16(__m256i bits) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16)); }
+
+// A row of 16 values as float32.
+inline __m512 load16(const float *p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const Bf16 *p) { return widen16(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p))); }
+
+// e^x for 16 lanes, to ~1e-7 relative: x = n ln2 + r with |r| <= ln2 / 2, e^r by its
+// Taylor series to r^6, times 2^n. Below -87 it returns ~e^-87 (not 0); above ~88, inf.
+inline __m512 exp16(__m512 x) {
+    x = _mm512_max_ps(_mm512_set1_ps(-87.f), x);  // a NaN x stays NaN (maxps returns its second operand)
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
+    __m512 p = _mm512_set1_ps(1.f / 720);
+    for (const float c : {1.f / 120, 1.f / 24, 1.f / 6, 1.f / 2, 1.f, 1.f}) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+    return _mm512_scalef_ps(p, n);
+}
+
+}  // namespace forkserve
+#endif
