@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.cpu.build import load_kernels
+from kernels.cpu.entry_checks import SUFFIX, check_cpu, kernel, token_stride
 
 
 @dataclass
@@ -47,34 +47,22 @@ class PagedBatch:
         )
 
 
-_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
-
-
-def _token_stride(t: torch.Tensor, name: str) -> int:
-    """Token stride of ``t`` ([tokens, heads, dim]) whose heads are packed within a token."""
-    if t.dim() != 3 or t.stride(2) != 1 or t.stride(1) != t.shape[2]:
-        raise ValueError(f"store_kv: {name} must be [tokens, kv_heads, dim] with each token's heads packed")
-    return t.stride(0)
-
-
 def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """``KVPool.write`` for the HND layout in one pass: ``k``/``v`` (``[tokens, kv_heads, dim]``,
     views into the QKV projection are fine) into slots ``loc`` of one layer's pool tensors
     (``[kv_heads, num_slots, dim]``)."""
     kv_heads, num_slots, dim = k_cache.shape
-    k_stride, v_stride = _token_stride(k, "k"), _token_stride(v, "v")
+    k_stride, v_stride = token_stride(k, "store_kv: k"), token_stride(v, "store_kv: v")
     if v_cache.shape != k_cache.shape or k.shape != v.shape or k.shape[1:] != (kv_heads, dim):
         raise ValueError(f"store_kv: k {tuple(k.shape)}, v {tuple(v.shape)} do not fit the pool {tuple(k_cache.shape)}")
-    if k_cache.dtype not in _SUFFIX or {v_cache.dtype, k.dtype, v.dtype} != {k_cache.dtype}:
+    if k_cache.dtype not in SUFFIX or {v_cache.dtype, k.dtype, v.dtype} != {k_cache.dtype}:
         raise ValueError("store_kv: k, v and the pool must share one dtype among float32/bfloat16")
     if loc.dtype != torch.int64 or loc.shape != (k.shape[0],) or not loc.is_contiguous():
         raise ValueError(f"store_kv: loc must be a contiguous int64 [{k.shape[0]}] tensor")
-    for t in (k_cache, v_cache, loc, k, v):
-        if t.device.type != "cpu":
-            raise ValueError("store_kv takes CPU tensors only")
+    check_cpu(k_cache, v_cache, loc, k, v)
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("store_kv: the pool tensors must be contiguous")
-    status = getattr(load_kernels(), f"store_kv_{_SUFFIX[k.dtype]}")(
+    status = kernel("store_kv", k.dtype)(
         k.data_ptr(), k_stride, v.data_ptr(), v_stride, loc.data_ptr(), k.shape[0], kv_heads, dim, k_cache.data_ptr(),
         v_cache.data_ptr(), num_slots, torch.get_num_threads())
     if status:
@@ -87,7 +75,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     (``[kv_heads, num_slots, dim]``, the HND layout) through ``batch``'s slots."""
     num_tokens, num_heads, dim = q.shape
     kv_heads, num_slots, cache_dim = k_cache.shape
-    if q.dtype not in _SUFFIX or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+    if q.dtype not in SUFFIX or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
         raise ValueError(f"paged_attention needs q and K/V of one dtype among float32/bfloat16, got "
                          f"{q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
     if v_cache.shape != k_cache.shape or cache_dim != dim or num_heads % kv_heads:
@@ -103,12 +91,11 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
             raise ValueError("paged_attention reads contiguous CPU tensors only")
     if any(t.dtype != torch.int64 for t in index) or out.shape != q.shape or out.dtype != q.dtype:
         raise ValueError("paged_attention: index tensors must be int64 and out shaped like q")
-    kernel = getattr(load_kernels(), f"paged_attention_{_SUFFIX[q.dtype]}")
-    status = kernel(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), num_slots,
-                    batch.req_to_token.data_ptr(), batch.req_to_token.shape[1], batch.rows.data_ptr(),
-                    batch.prefix.data_ptr(), batch.q_start.data_ptr(), batch.token_req.data_ptr(),
-                    num_tokens, num_heads, kv_heads, dim, scale, batch.max_keys, out.data_ptr(),
-                    torch.get_num_threads())
+    status = kernel("paged_attention", q.dtype)(
+        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), num_slots, batch.req_to_token.data_ptr(),
+        batch.req_to_token.shape[1], batch.rows.data_ptr(), batch.prefix.data_ptr(), batch.q_start.data_ptr(),
+        batch.token_req.data_ptr(), num_tokens, num_heads, kv_heads, dim, scale, batch.max_keys, out.data_ptr(),
+        torch.get_num_threads())
     if status:
         raise ValueError(f"paged_attention supports head_dim <= 256 and <= 16 query heads per KV head; "
                          f"got head_dim {dim}, {num_heads // kv_heads} per KV head")
