@@ -10,10 +10,10 @@
 // A tile of up to 12 input rows keeps 24 float32 accumulators (12 rows x 2 vectors) in
 // registers over the whole input width, so each weight vector is loaded once per tile and
 // used 12 times. The input rows are first regrouped by k-pair (pack_rows), so a tile's
-// broadcasts read consecutive words. The threads split the panels into contiguous ranges, so at decode sizes
-// (a few rows) each streams its share of the weights once, in address order; with 8 rows
-// or more, the tiles of a panel also prefetch (into L2) the panel kAhead places on, so its
-// weights arrive from memory while these are multiplied. Products of bf16 are exact and
+// broadcasts read consecutive words. The threads split the panels into contiguous ranges,
+// so at decode sizes (a few rows) each streams its share of the weights once, in address
+// order; with 8 rows or more, the tiles of a panel also prefetch (into L2) the panel kAhead
+// places on, so its weights arrive from memory while these are multiplied. Products of bf16 are exact and
 // sums are float32; the result is rounded to nearest even once.
 //
 // Why not oneDNN (kernels/cpu/packed_linear.py keeps it for float32 and for CPUs without
@@ -25,9 +25,9 @@
 #include <vector>
 
 #include "bf16.h"
+#include "simd.h"
 
 #if defined(__AVX512BF16__)
-#include <immintrin.h>
 #include <omp.h>
 #endif
 
@@ -68,8 +68,6 @@ void pack_rows(const Bf16 *x, int64_t rows, int64_t in_features, int64_t x_strid
     }
 }
 
-inline __m512 widen(__m256i bits) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16)); }
-
 // Which k-pairs of the next panel a tile prefetches: those with kp % count == index, so
 // the tiles of a panel spread the next one's memory traffic over the whole panel.
 struct Share {
@@ -103,8 +101,8 @@ void tile(const Gemm &g, int64_t row0, int64_t p, const uint16_t *next, Share sh
     const __mmask16 mask1 = cols >= 32 ? 0xFFFF : cols > 16 ? static_cast<__mmask16>((1u << (cols - 16)) - 1) : 0;
     __m512 bias0 = _mm512_setzero_ps(), bias1 = _mm512_setzero_ps();
     if (g.bias != nullptr) {
-        bias0 = widen(_mm256_maskz_loadu_epi16(mask0, g.bias + col0));
-        bias1 = widen(_mm256_maskz_loadu_epi16(mask1, g.bias + col0 + 16));
+        bias0 = widen16(_mm256_maskz_loadu_epi16(mask0, g.bias + col0));
+        bias1 = widen16(_mm256_maskz_loadu_epi16(mask1, g.bias + col0 + 16));
     }
     for (int m = 0; m < TILE; m++) {
         Bf16 *o = g.out + (row0 + m) * g.out_stride + col0;

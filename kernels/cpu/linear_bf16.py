@@ -7,6 +7,8 @@ their pointers are passed.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from kernels.cpu.build import CpuKernelsUnavailable, load_kernels
@@ -21,6 +23,13 @@ def available() -> bool:
         return False
 
 
+@functools.cache
+def _packed_numel(out_features: int, in_features: int) -> int:
+    """Elements of the packed form (the layout is the same in every build): asked of the
+    library once per shape, not on every call."""
+    return load_kernels().linear_bf16_packed_bytes(out_features, in_features) // 2
+
+
 def pack(weight: torch.Tensor) -> torch.Tensor:
     """``weight`` (bfloat16 ``[out, in]``) in the kernel's panel layout, as a flat bfloat16
     tensor (see ``linear_bf16.cpp``)."""
@@ -29,7 +38,7 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     weight = weight.detach().contiguous()
     out_features, in_features = weight.shape
     lib = load_kernels()
-    packed = torch.empty(lib.linear_bf16_packed_bytes(out_features, in_features) // 2, dtype=torch.bfloat16)
+    packed = torch.empty(_packed_numel(out_features, in_features), dtype=torch.bfloat16)
     lib.linear_bf16_pack(weight.data_ptr(), out_features, in_features, packed.data_ptr())
     return packed
 
@@ -40,7 +49,7 @@ def linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch
     lib = load_kernels()
     if x.dtype != torch.bfloat16 or packed.dtype != torch.bfloat16 or x.device.type != "cpu" or packed.device.type != "cpu":
         raise ValueError(f"linear_bf16.linear takes bfloat16 CPU tensors, got {x.dtype} and {packed.dtype}")
-    if packed.numel() * 2 != lib.linear_bf16_packed_bytes(out_features, in_features) or not packed.is_contiguous():
+    if packed.numel() != _packed_numel(out_features, in_features) or not packed.is_contiguous():
         raise ValueError(f"linear_bf16.linear: the packed weight does not fit [{out_features}, {in_features}]")
     if bias is not None and (bias.shape != (out_features,) or bias.dtype != torch.bfloat16 or not bias.is_contiguous()
                              or bias.device.type != "cpu"):

@@ -23,7 +23,8 @@
 // ~0.6x the time of the per-token tasks, for whole prompts and for short turns on long
 // cached prefixes alike.
 //
-// Built (with elementwise.cpp, into one library) and loaded by kernels/cpu/build.py; called from kernels/attention/cpu_backend.py.
+// Built (with the other kernels, into one library) and loaded by kernels/cpu/build.py; called
+// from kernels/attention/cpu_backend.py.
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -34,10 +35,6 @@
 
 #include "bf16.h"
 #include "simd.h"
-
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 
 namespace {
 

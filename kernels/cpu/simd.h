@@ -20,8 +20,10 @@ inline __m512 load16(const Bf16 *p) { return widen16(_mm256_loadu_si256(reinterp
 
 // e^x for 16 lanes, to ~1e-7 relative: x = n ln2 + r with |r| <= ln2 / 2, e^r by its
 // Taylor series to r^6, times 2^n. Below -87 it returns ~e^-87 (not 0); above ~88, inf.
+// Under -ffast-math the compiler may still drop a NaN here: callers that must report NaN
+// check for it themselves (attend_block does).
 inline __m512 exp16(__m512 x) {
-    x = _mm512_max_ps(_mm512_set1_ps(-87.f), x);  // a NaN x stays NaN (maxps returns its second operand)
+    x = _mm512_max_ps(_mm512_set1_ps(-87.f), x);  // x second: maxps returns it when it is NaN
     const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
     r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);

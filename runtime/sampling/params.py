@@ -75,7 +75,6 @@ class SamplingParams:
             if not cond:
                 raise InvalidField(name, f"{name} {what}, got {getattr(self, name)!r}")
 
-
         def is_num(x: Any) -> bool:
             return isinstance(x, (int, float)) and not isinstance(x, bool)
 
