@@ -82,24 +82,33 @@ def _random_pool(seqs, kv_heads, dim, dtype, gen):
     return k_cache, v_cache, table, ks, vs
 
 
+def _kernel_and_reference(prefix, extend, geometry, dtype, gen, prepare=None):
+    """Random K/V (scattered slots, table rows 1..bs) and queries for requests with these
+    prefix and extend lengths; ``prepare(q, k_cache, table, ks)`` may edit them in place
+    first. Returns the kernel's output as float32 and the float32 reference's."""
+    heads, kv_heads, dim = geometry
+    k_cache, v_cache, table, ks, vs = _random_pool([p + e for p, e in zip(prefix, extend, strict=True)], kv_heads, dim,
+                                                   dtype, gen)
+    q = torch.randn(sum(extend), heads, dim, generator=gen).to(dtype)
+    if prepare is not None:
+        prepare(q, k_cache, table, ks)
+    batch = PagedBatch.build(table, torch.arange(1, len(prefix) + 1), prefix, extend)
+    scale = 1 / math.sqrt(dim)
+    return paged_attention(q, k_cache, v_cache, batch, scale).float(), _reference(q.float(), ks, vs, prefix, extend, scale)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("seed", range(6))
 def test_kernel_with_several_queries_per_request(seed, dtype, kernel_build):
     """The kernel's general case, query j of a request seeing prefix + j + 1 keys: random
     prefix and extend lengths (0 and 1 included), GQA ratios and head sizes."""
     gen = torch.Generator().manual_seed(seed)
-    heads, kv_heads, dim = GEOMETRIES[seed % len(GEOMETRIES)]
     bs = 1 + seed % 4
     prefix = torch.randint(0, 80, (bs,), generator=gen).tolist()
     prefix[0] = seed % 2
     extend = torch.randint(1, 20, (bs,), generator=gen).tolist()
-    k_cache, v_cache, table, ks, vs = _random_pool([p + e for p, e in zip(prefix, extend, strict=True)], kv_heads, dim, dtype, gen)
-    q = torch.randn(sum(extend), heads, dim, generator=gen).to(dtype)
-    batch = PagedBatch.build(table, torch.arange(1, bs + 1), prefix, extend)
-    scale = 1 / math.sqrt(dim)
-    got = paged_attention(q, k_cache, v_cache, batch, scale)
-    want = _reference(q.float(), ks, vs, prefix, extend, scale)
-    torch.testing.assert_close(got.float(), want, **TOLERANCE[dtype])
+    got, want = _kernel_and_reference(prefix, extend, GEOMETRIES[seed % len(GEOMETRIES)], dtype, gen)
+    torch.testing.assert_close(got, want, **TOLERANCE[dtype])
 
 
 @pytest.mark.parametrize("geometry", GEOMETRIES, ids=lambda g: f"{g[0]}h{g[1]}kv{g[2]}")
@@ -110,41 +119,33 @@ def test_long_extends_in_blocks_match_the_reference(geometry, growing, kernel_bu
     ``growing``, later keys score ever higher, so the softmax's running maximum keeps moving
     and earlier sums must be rescaled."""
     heads, kv_heads, dim = geometry
-    gen = torch.Generator().manual_seed(dim + heads)
     prefix, extend = [0, 45, 130], [77, 31, 5]
-    k_cache, v_cache, table, ks, vs = _random_pool([p + e for p, e in zip(prefix, extend, strict=True)], kv_heads, dim,
-                                                   torch.bfloat16, gen)
-    q = torch.randn(sum(extend), heads, dim, generator=gen).bfloat16()
-    if growing:  # key rows along +q's direction, longer with the position: scores up to ~60
+
+    def grow(q, k_cache, table, ks):  # key rows along +q's direction, longer with the position: scores up to ~60
         for i, n in enumerate(p + e for p, e in zip(prefix, extend, strict=True)):
             slots = table[i + 1, :n]
             ramp = torch.linspace(0, 1, n).view(1, n, 1)
             k_cache[:, slots] = (k_cache[:, slots].float() * 0.2 + ramp * 8 * q[:1, :kv_heads].float().transpose(0, 1)
                                  .sign()).bfloat16()
             ks[i] = k_cache[:, slots].transpose(0, 1).float()
-    batch = PagedBatch.build(table, torch.arange(1, 4), prefix, extend)
-    scale = 1 / math.sqrt(dim)
-    got = paged_attention(q, k_cache, v_cache, batch, scale)
-    want = _reference(q.float(), ks, vs, prefix, extend, scale)
-    torch.testing.assert_close(got.float(), want, **TOLERANCE[torch.bfloat16])
+
+    got, want = _kernel_and_reference(prefix, extend, geometry, torch.bfloat16, torch.Generator().manual_seed(dim + heads),
+                                      grow if growing else None)
+    torch.testing.assert_close(got, want, **TOLERANCE[torch.bfloat16])
 
 
 def test_a_nan_query_spoils_its_own_rows_only(kernel_build):
     """A NaN in one query token (a broken model upstream) comes out as NaN for that token's
     heads, as in the reference, on the decode and the block path alike; other tokens stay
     finite."""
-    gen = torch.Generator().manual_seed(3)
-    heads, kv_heads, dim = GEOMETRIES[1]
-    prefix, extend = [40, 0], [9, 1]
-    k_cache, v_cache, table, ks, vs = _random_pool([p + e for p, e in zip(prefix, extend, strict=True)], kv_heads, dim,
-                                                   torch.bfloat16, gen)
-    q = torch.randn(sum(extend), heads, dim, generator=gen).bfloat16()
-    q[2, 4] = float("nan")  # token 2 of the first request, one head
-    q[9, 0, 5] = float("nan")  # the second request's only token
-    batch = PagedBatch.build(table, torch.arange(1, 3), prefix, extend)
-    got = paged_attention(q, k_cache, v_cache, batch, 1 / math.sqrt(dim))
-    want = _reference(q.float(), ks, vs, prefix, extend, 1 / math.sqrt(dim))
-    assert torch.equal(got.float().isnan(), want.isnan())
+
+    def spoil(q, *_):
+        q[2, 4] = float("nan")  # token 2 of the first request, one head
+        q[9, 0, 5] = float("nan")  # the second request's only token
+
+    got, want = _kernel_and_reference([40, 0], [9, 1], GEOMETRIES[1], torch.bfloat16, torch.Generator().manual_seed(3),
+                                      spoil)
+    assert torch.equal(got.isnan(), want.isnan())
     assert want.isnan().any(dim=-1).sum() == 2
 
 
