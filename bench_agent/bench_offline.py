@@ -6,8 +6,9 @@
 Reports ratios measured in the same process, because absolute times on shared machines
 drift: forkserve vs transformers' one-request-at-a-time ``generate`` (the raw baseline),
 vs its padded batched ``generate``, decode step time at batch 32 vs batch 1 (and the
-same ratio for the step's matrix products alone, the floor under it), and prefill tokens/s
-vs one plain transformers forward over the same tokens.
+same ratio for the step's matrix products alone, and for the steps' roofline floors from
+this machine's memory bandwidth and multiply-add rate measured in the same run), and
+prefill tokens/s vs one plain transformers forward over the same tokens.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ import time
 from typing import Any
 
 import torch
+
+from bench_agent import roofline
+from kernels.cpu.build import CpuKernelsUnavailable
 
 
 def make_prompts(tokenizer, n: int, lo: int, hi: int, seed: int) -> list[list[int]]:
@@ -112,6 +116,19 @@ def matmul_ms(engine, batch: int, reps: int = 3) -> float:
     return min(timed(step)[1] for _ in range(reps)) * 1000
 
 
+def step_floors_ms(engine, context: int) -> tuple[float, float, roofline.Machine | None]:
+    """The roofline floors of a decode step at batch 1 and 32 (see ``bench_agent.roofline``),
+    from this machine's rates measured now; NaN on a GPU or a CPU build without the probes."""
+    dtype = engine.args.resolved_dtype
+    try:
+        machine = roofline.measure(dtype)
+    except (RuntimeError, CpuKernelsUnavailable) as exc:
+        print(f"roofline not measured: {exc}")
+        return float("nan"), float("nan"), None
+    cost = roofline.StepCost.of(engine.worker.model.cfg, dtype)
+    return cost.floor_ms(machine, 1, context), cost.floor_ms(machine, 32, context), machine
+
+
 def prefill_tok_s(engine, model, num: int, length: int, seed: int) -> tuple[float, float]:
     prompts = make_prompts(engine.tokenizer, num, length, length, seed)
     prompts = [p for p in prompts if len(p) == length] or prompts
@@ -170,6 +187,7 @@ def main() -> None:
     step1 = decode_step_ms(engine, 1, steps, 200, args.seed + 1)
     step32 = decode_step_ms(engine, 32, steps, 200, args.seed + 2)
     mm1, mm32 = matmul_ms(engine, 1), matmul_ms(engine, 32)
+    floor1, floor32, machine = step_floors_ms(engine, 200)
     pre_ours, pre_hf = prefill_tok_s(engine, model, 4, 512, args.seed + 3)
 
     rows = [
@@ -179,11 +197,17 @@ def main() -> None:
         ("decode step, batch 1 (ms)", f"{step1:.1f}", ""),
         ("decode step, batch 32 (ms)", f"{step32:.1f}", f"batch 32 / batch 1 = {step32 / step1:.2f} (target <= 2)"),
         ("its matrix products alone, batch 1 / batch 32 (ms)", f"{mm1:.1f} / {mm32:.1f}", f"batch 32 / batch 1 = {mm32 / mm1:.2f}"),
+        ("roofline floor of the step, batch 1 / batch 32 (ms)", f"{floor1:.1f} / {floor32:.1f}",
+         f"batch 32 / batch 1 = {floor32 / floor1:.2f}; the steps above take {step1 / floor1:.2f}x / {step32 / floor32:.2f}x their floors"),
         ("prefill tokens/s, forkserve", f"{pre_ours:.0f}", ""),
         ("prefill tokens/s, one transformers forward", f"{pre_hf:.0f}", f"forkserve = {pre_ours / pre_hf:.2f}x (target >= 0.8)"),
     ]
     print(f"\n{args.num_prompts} prompts of {args.min_len}-{args.max_len} tokens x {args.new_tokens} new tokens, "
-          f"dtype {dtype_name}, {torch.get_num_threads()} threads\n")
+          f"dtype {dtype_name}, {torch.get_num_threads()} threads")
+    if machine is not None:
+        print(f"roofline (python -m bench_agent.roofline): read {machine.read_gb_s:.1f} GB/s, {dtype_name} "
+              f"multiply-adds {machine.peak_gflop_s:.0f} GFLOP/s, measured in this run")
+    print()
     print("| measurement | value | ratio |\n|---|---|---|")
     for name, value, ratio in rows:
         print(f"| {name} | {value} | {ratio} |")

@@ -1,0 +1,100 @@
+// Two numbers about this machine, for the benchmarks' roofline (bench_agent/roofline.py):
+// how fast its cores read memory, and how many multiply-adds per second they retire with
+// the instruction the kernels use for each storage type (vdpbf16ps for bfloat16, FMA for
+// float32). Built with the kernels' own flags, so the numbers are what those flags allow.
+// The caller times each call; these only do the work.
+#include <cstdint>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int kChains = 24;  // independent accumulators: enough to hide the instruction latency
+
+}  // namespace
+
+extern "C" {
+
+// The sum (mod 2^64) of words[0 .. count), read by num_threads threads in contiguous shares.
+uint64_t probe_read(const uint64_t *words, int64_t count, int num_threads) {
+    uint64_t sum = 0;
+#pragma omp parallel for reduction(+ : sum) num_threads(num_threads) schedule(static)
+    for (int64_t i = 0; i < count; i++) sum += words[i];
+    return sum;
+}
+
+// Each of num_threads threads runs `rounds` x kChains 512-bit vdpbf16ps (64 flops each):
+// returns 0, or 1 when this build has no AVX512-BF16. *sink receives a result so that the
+// work cannot be optimised away.
+int probe_bf16_dots(int64_t rounds, int num_threads, float *sink) {
+#if defined(__AVX512BF16__)
+    float total = 0.f;
+#pragma omp parallel num_threads(num_threads) reduction(+ : total)
+    {
+        __m512 acc[kChains];
+        for (auto &a : acc) a = _mm512_setzero_ps();
+        __m512bh x = (__m512bh)_mm512_set1_epi32(0x3f803f80), w = (__m512bh)_mm512_set1_epi32(0x3c003c00);
+        for (int64_t r = 0; r < rounds; r++) {
+#pragma GCC unroll 24  // the accumulators must stay in registers
+            for (int i = 0; i < kChains; i++) acc[i] = _mm512_dpbf16_ps(acc[i], x, w);
+            __asm__ volatile("" : "+v"(x));  // x may have changed: no hoisting across rounds
+        }
+        for (auto &a : acc) total += _mm512_reduce_add_ps(a);
+    }
+    *sink = total;
+    return 0;
+#else
+    (void)rounds, (void)num_threads, (void)sink;
+    return 1;
+#endif
+}
+
+// Each thread runs `rounds` x kChains fused multiply-adds on the widest float32 vectors
+// this build has: returns their lanes (16 with AVX-512, 8 with AVX2 + FMA), or 0 when it
+// has neither. *sink as above.
+int probe_f32_fmas(int64_t rounds, int num_threads, float *sink) {
+#if defined(__AVX512F__)
+    float total = 0.f;
+#pragma omp parallel num_threads(num_threads) reduction(+ : total)
+    {
+        __m512 acc[kChains];
+        for (auto &a : acc) a = _mm512_setzero_ps();
+        __m512 x = _mm512_set1_ps(1.0f), w = _mm512_set1_ps(1e-3f);
+        for (int64_t r = 0; r < rounds; r++) {
+#pragma GCC unroll 24  // the accumulators must stay in registers
+            for (int i = 0; i < kChains; i++) acc[i] = _mm512_fmadd_ps(x, w, acc[i]);
+            __asm__ volatile("" : "+v"(x));
+        }
+        for (auto &a : acc) total += _mm512_reduce_add_ps(a);
+    }
+    *sink = total;
+    return 16;
+#elif defined(__AVX2__) && defined(__FMA__)
+    float total = 0.f;
+#pragma omp parallel num_threads(num_threads) reduction(+ : total)
+    {
+        __m256 acc[kChains];
+        for (auto &a : acc) a = _mm256_setzero_ps();
+        __m256 x = _mm256_set1_ps(1.0f), w = _mm256_set1_ps(1e-3f);
+        for (int64_t r = 0; r < rounds; r++) {
+#pragma GCC unroll 24  // the accumulators must stay in registers
+            for (int i = 0; i < kChains; i++) acc[i] = _mm256_fmadd_ps(x, w, acc[i]);
+            __asm__ volatile("" : "+x"(x));
+        }
+        alignas(32) float lanes[8];
+        for (auto &a : acc) {
+            _mm256_store_ps(lanes, a);
+            for (float l : lanes) total += l;
+        }
+    }
+    *sink = total;
+    return 8;
+#else
+    (void)rounds, (void)num_threads, (void)sink;
+    return 0;
+#endif
+}
+
+}  // extern "C"
