@@ -23,6 +23,7 @@ from runtime.forward_context import ForwardContext, forward_context
 from runtime.kv_pool import KVPool
 from runtime.layers import enable_cpu_kernels, pack_linear_weights
 from runtime.models import load_model
+from runtime.models.cpu_decoder_layers import CpuDecoderLayers
 from runtime.sampling.sampler import sample, torch_argmax
 from runtime.scheduler.req import Req
 from runtime.tp_worker import TPPeers
@@ -117,6 +118,8 @@ class ModelWorker:
             self.num_slots, cfg.num_layers, local_kv_heads, cfg.head_dim, self.dtype, self.device,
             layout=self.attn_backend.kv_layout,
         )
+        if backend == "cpu" and CpuDecoderLayers.unsupported(self.model, self.kv_pool) is None:
+            self.model.compiled_layers = CpuDecoderLayers(self.model, self.kv_pool)
         # On CUDA the kernels read the batch's table rows from a device mirror; on CPU the
         # scheduler's own table is read directly.
         self.device_table = DeviceReqToToken(self.req_to_token.table, self.device) if self._on_cuda else None

@@ -6,6 +6,7 @@ which token belongs to which request lives in the forward context.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -117,12 +118,17 @@ class LlamaForCausalLM(nn.Module):
         else:
             self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.packed_tied_head: PackedWeight | None = None
+        # Set by the worker on the cpu backend in bfloat16: all layers as one compiled call.
+        self.compiled_layers: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Hidden states after the final norm, ``[num_tokens, hidden]``."""
         x, residual = self.embed_tokens(input_ids), None
-        for layer in self.layers:
-            x, residual = layer(positions, x, residual)
+        if self.compiled_layers is not None:
+            x, residual = self.compiled_layers(x, positions)
+        else:
+            for layer in self.layers:
+                x, residual = layer(positions, x, residual)
         return self.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,88 @@
+"""All decoder layers as one compiled call (``runtime/models/cpu_decoder_layers.py``) against
+the layer modules it stands in for, in the same engine: the same requests must give
+bit-identical tokens and logprobs (it runs the same kernels in the same order), through
+prefill, chunked prefill, extends on cached prefixes and decode; and the worker must keep the
+modules wherever the compiled layers do not apply."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.cpu import linear_bf16
+from runtime.engine import Engine
+from tests.tiny_models import build_hf_model, random_prompts, save_hf_folder
+
+pytestmark = pytest.mark.skipif(not linear_bf16.available(), reason="no bfloat16 GEMM kernel on this CPU")
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen2(tmp_path_factory, model_dir):
+    """Qwen2: a qkv bias, an untied head, 2 query heads per KV head of size 64."""
+    sizes = dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, intermediate_size=320)
+    model = build_hf_model("Qwen2", dict(tie_word_embeddings=False), sizes)
+    return save_hf_folder(model, tmp_path_factory.mktemp("tiny_qwen2"), model_dir)
+
+
+def _generate_both_ways(engine: Engine, prompts: list[list[int]]) -> dict[str, list]:
+    """Each way from a cold cache: the first prompt alone, then all of them (the later
+    prompts extend it, so their extends start on a cached prefix)."""
+    model = engine.worker.model
+    compiled = model.compiled_layers
+    params = {"temperature": 0, "max_new_tokens": 10, "ignore_eos": True}
+    results = {}
+    try:
+        for way, layers in (("compiled", compiled), ("modules", None)):
+            model.compiled_layers = layers
+            engine.flush_cache()
+            first = engine.generate(input_ids=prompts[0], sampling_params=params)
+            rest = engine.generate(input_ids=prompts, sampling_params=params, return_logprob=True, top_logprobs_num=2)
+            assert all(r["meta_info"]["cached_tokens"] >= len(prompts[0]) - 1 for r in rest[:3])
+            results[way] = [first["output_ids"]] + [
+                (r["output_ids"], r["meta_info"]["output_token_logprobs"], r["meta_info"]["output_top_logprobs"])
+                for r in rest]
+    finally:
+        model.compiled_layers = compiled
+    return results
+
+
+@pytest.mark.parametrize("which", ["default", "tiny_qwen2"])
+def test_compiled_layers_match_the_modules(which, model_dir, request):
+    path = model_dir if which == "default" else request.getfixturevalue("tiny_qwen2")
+    engine = Engine(str(path), dtype="bfloat16", max_total_tokens=20_000, chunked_prefill_size=64)
+    try:
+        assert engine.worker.model.compiled_layers is not None
+        base = random_prompts(7, (90,))[0]
+        # Two prompts on the first one's prefix, and unrelated ones of mixed lengths.
+        prompts = [base, base + random_prompts(8, (30,))[0], base + [11, 12, 13], *random_prompts(9, (5, 140, 33))]
+        results = _generate_both_ways(engine, prompts)
+        assert results["compiled"] == results["modules"]
+        engine.scheduler.check_invariants()
+    finally:
+        engine.shutdown()
+
+
+def test_the_modules_stay_where_the_compiled_layers_do_not_apply(tiny_gqa_llama):
+    for kwargs in (dict(dtype="float32"), dict(dtype="bfloat16", attention_backend="torch_native")):
+        engine = Engine(str(tiny_gqa_llama), max_total_tokens=2_000, **kwargs)
+        try:
+            assert engine.worker.model.compiled_layers is None
+            assert engine.generate("hello", {"max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2
+        finally:
+            engine.shutdown()
+
+
+def test_a_position_past_the_rotary_table_raises_either_way(tiny_gqa_llama):
+    engine = Engine(str(tiny_gqa_llama), dtype="bfloat16", max_total_tokens=2_000)
+    worker = engine.worker
+    compiled = worker.model.compiled_layers
+    assert compiled is not None
+    one = torch.tensor([1], dtype=torch.int64)
+    try:
+        for layers in (compiled, None):
+            worker.model.compiled_layers = layers
+            with pytest.raises(ValueError, match="position"):
+                worker.run_model(False, torch.tensor([0]), [0], [1], one, torch.tensor([5]), torch.tensor([10**7]))
+    finally:
+        worker.model.compiled_layers = compiled
+        engine.shutdown()
