@@ -118,8 +118,12 @@ class ModelWorker:
             self.num_slots, cfg.num_layers, local_kv_heads, cfg.head_dim, self.dtype, self.device,
             layout=self.attn_backend.kv_layout,
         )
-        if backend == "cpu" and CpuDecoderLayers.unsupported(self.model, self.kv_pool) is None:
-            self.model.compiled_layers = CpuDecoderLayers(self.model, self.kv_pool)
+        if backend == "cpu":
+            reason = CpuDecoderLayers.unsupported(self.model, self.kv_pool)
+            if reason is None:
+                self.model.compiled_layers = CpuDecoderLayers(self.model, self.kv_pool)
+            else:
+                logger.info("decoder layers run as PyTorch modules, not one compiled call: %s", reason)
         # On CUDA the kernels read the batch's table rows from a device mirror; on CPU the
         # scheduler's own table is read directly.
         self.device_table = DeviceReqToToken(self.req_to_token.table, self.device) if self._on_cuda else None
