@@ -15,11 +15,7 @@
 // every visible key (float32 sums; with AVX-512, 16 keys at a time, see score16), takes the
 // softmax in float32 and sums the values (sum_values16: each value row widened once for all
 // heads of the group). Reading K/V rows in place avoids the gather copy a batched matmul
-// needs, and a query token reads only the keys it may see. Each thread runs a contiguous
-// range of tasks of about equal work, so while one task sums its values (from cache) it
-// can prefetch the first keys of its next: at batch 32 x 200 keys from cold memory that
-// took ~10% less time with the slots in order and ~25% less with them scattered, against
-// tasks handed out one at a time.
+// needs, and a query token reads only the keys it may see.
 //
 // Extends in bfloat16 on AVX512-BF16 (a request with several query tokens in the step): one
 // task is a block of the request's consecutive tokens for one KV head, computed as small
@@ -29,9 +25,6 @@
 //
 // Built (with the other kernels, into one library) and loaded by kernels/cpu/build.py; called
 // from kernels/attention/cpu_backend.py.
-#include <omp.h>
-
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -63,8 +56,6 @@ inline void prefetch_row(const T *row, int64_t n) {
 
 // Key rows ask for L1 this far ahead of the block being scored, and for L2 three times as far.
 constexpr int64_t kKeyAhead = 16;
-// Key rows of its next task a decode task prefetches (into L2) while it sums its values.
-constexpr int64_t kNextKeys = 48;
 
 #if defined(__AVX512F__)
 // Lane k of the result is the sum of the 16 lanes of v[k]: a transpose-and-add tree, about
@@ -177,18 +168,11 @@ struct Batch {
     float scale;
 };
 
-// The first key rows of the task a thread runs next, for the task before it to prefetch.
-struct NextKeys {
-    const int64_t *slots = nullptr;
-    int64_t count = 0;
-    const void *kh = nullptr;  // that task's KV head in the K pool
-};
-
 // One (query token, KV head): `scores` has room for group * max_keys floats. DIM is the
 // head size when known at compile time (the common 64 and 128: fully unrolled rows), else 0.
 template <typename T, int64_t DIM>
 void attend_one(const Batch &bt, const T *q, const T *k_cache, const T *v_cache, T *out, int64_t tok,
-                int64_t h, float *scores, NextKeys next) {
+                int64_t h, float *scores) {
     const int64_t group = bt.num_heads / bt.kv_heads, dim = DIM > 0 ? DIM : bt.dim;
     const int64_t b = bt.token_req[tok];
     const int64_t n = bt.prefix[b] + (tok - bt.q_start[b]) + 1;
@@ -234,10 +218,6 @@ void attend_one(const Batch &bt, const T *q, const T *k_cache, const T *v_cache,
             }
         }
     }
-    // From here on this task reads cache only (its values were prefetched with its keys):
-    // memory serves the next task's first keys meanwhile.
-    for (int64_t j = 0; j < next.count; j++)
-        prefetch_row<2>(static_cast<const T *>(next.kh) + next.slots[j] * dim, dim);
     for (int64_t g = 0; g < group; g++) {
         float sum = 0.f;
         for (int64_t t = 0; t < n; t++) {
@@ -483,36 +463,17 @@ int paged_attention(const Batch &bt, const T *q, const T *k_cache, const T *v_ca
         t = end;
     }
     const int64_t num_tasks = static_cast<int64_t>(tasks.size());
-    // work[i]: the work of tasks [0, i), in keys times query rows.
-    std::vector<int64_t> work(static_cast<size_t>(num_tasks + 1), 0);
-    for (int64_t i = 0; i < num_tasks; i++) {
-        const BlockTask &task = tasks[i];
-        const int64_t b = bt.token_req[task.tok], rows = task.count == 0 ? 1 : task.count;
-        work[i + 1] = work[i] + (bt.prefix[b] + (task.tok - bt.q_start[b]) + rows) * rows;
-    }
 #pragma omp parallel num_threads(num_threads)
     {
         std::vector<float> scores(static_cast<size_t>(group * (bt.max_keys > 0 ? bt.max_keys : 1)));
         auto *attend = bt.dim == 64    ? attend_one<T, 64>
                        : bt.dim == 128 ? attend_one<T, 128>
                                        : attend_one<T, 0>;
-        // Contiguous ranges of tasks of about equal work (keys times query rows), so that
-        // each thread knows its next task and can prefetch its keys.
-        const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
-        const int64_t first = std::lower_bound(work.begin(), work.end(), work.back() * me / nt) - work.begin();
-        const int64_t last = std::lower_bound(work.begin(), work.end(), work.back() * (me + 1) / nt) - work.begin();
-        for (int64_t i = first; i < last && i < num_tasks; i++) {
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t i = 0; i < num_tasks; i++) {
             const BlockTask &task = tasks[i];
             if (task.count == 0) {
-                NextKeys next;
-                if (i + 1 < last && i + 1 < num_tasks) {
-                    const BlockTask &nx = tasks[i + 1];
-                    const int64_t b = bt.token_req[nx.tok];
-                    next.slots = bt.req_to_token + bt.rows[b] * bt.r2t_stride;
-                    next.count = std::min<int64_t>(kNextKeys, bt.prefix[b] + (nx.tok - bt.q_start[b]) + 1);
-                    next.kh = k_cache + nx.h * bt.num_slots * bt.dim;
-                }
-                attend(bt, q, k_cache, v_cache, out, task.tok, task.h, scores.data(), next);
+                attend(bt, q, k_cache, v_cache, out, task.tok, task.h, scores.data());
             } else if constexpr (kBlockExtend && std::is_same_v<T, Bf16>) {
                 if (bt.dim == 64)
                     attend_block<64>(bt, q, k_cache, v_cache, out, task);
