@@ -120,6 +120,8 @@ def step_floors_ms(engine, context: int) -> tuple[float, float, roofline.Machine
     """The roofline floors of a decode step at batch 1 and 32 (see ``bench_agent.roofline``),
     from this machine's rates measured now; NaN on a GPU or a CPU build without the probes."""
     dtype = engine.args.resolved_dtype
+    if engine.worker.device != "cpu":
+        return float("nan"), float("nan"), None
     try:
         machine = roofline.measure(dtype)
     except (RuntimeError, CpuKernelsUnavailable) as exc:

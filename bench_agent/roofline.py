@@ -6,7 +6,9 @@ per weight per batch row (plus the attention's). So no implementation can beat
     floor(batch) = max(bytes read / memory bandwidth,  flops / peak multiply-add rate)
 
 which assumes perfect overlap of reading and computing, and every core retiring one
-multiply-add instruction per cycle. Both rates are measured here, now, with the kernels'
+multiply-add instruction per cycle. It also prices attention's flops at the dtype's dot
+rate and takes every request's context as given (the timed steps of ``bench_offline`` see
+up to their step count more keys): both can only make it lower. Both rates are measured here, now, with the kernels'
 own compiler flags (``kernels/cpu/machine_probe.cpp``): a sequential read of a buffer much
 larger than the caches, and independent chains of the instruction the kernels use for
 the dtype (vdpbf16ps for bfloat16, FMA for float32).
@@ -33,6 +35,8 @@ from kernels.cpu.build import load_kernels
 from runtime.models.config import ModelConfig
 
 _BYTES = {"bfloat16": 2, "float32": 4}
+# Per thread and round of probe_bf16_dots: 24 vdpbf16ps, each 16 lanes x 2 products.
+BF16_MULTIPLY_ADDS_PER_ROUND = 24 * 16 * 2
 
 
 @dataclass(frozen=True)
@@ -70,13 +74,13 @@ def measure_peak_gflop_s(dtype: str, threads: int, rounds: int = 2_000_000, reps
     if dtype == "bfloat16":
         if lib.probe_bf16_dots(1, threads, ctypes.byref(sink)):
             raise RuntimeError("this CPU build has no AVX512-BF16 dot products; measure float32 instead")
-        flops = rounds * 24 * 64 * threads
+        flops = rounds * BF16_MULTIPLY_ADDS_PER_ROUND * 2 * threads
         seconds = _best_seconds(lambda: lib.probe_bf16_dots(rounds, threads, ctypes.byref(sink)), reps)
     elif dtype == "float32":
-        lanes = lib.probe_f32_fmas(1, threads, ctypes.byref(sink))
-        if lanes == 0:
+        per_round = lib.probe_f32_fmas(1, threads, ctypes.byref(sink))  # multiply-adds per thread
+        if per_round == 0:
             raise RuntimeError("this CPU build has no AVX2/AVX-512 FMA")
-        flops = rounds * 24 * lanes * 2 * threads
+        flops = rounds * per_round * 2 * threads
         seconds = _best_seconds(lambda: lib.probe_f32_fmas(rounds, threads, ctypes.byref(sink)), reps)
     else:
         raise ValueError(f"dtype must be bfloat16 or float32, got {dtype!r}")

@@ -121,8 +121,11 @@ class ModelWorker:
         if backend == "cpu":
             reason = CpuDecoderLayers.unsupported(self.model, self.kv_pool)
             if reason is None:
-                self.model.compiled_layers = CpuDecoderLayers(self.model, self.kv_pool)
-            else:
+                try:
+                    self.model.compiled_layers = CpuDecoderLayers(self.model, self.kv_pool)
+                except ValueError as exc:  # a shape or table the compiled call does not take
+                    reason = str(exc)
+            if reason is not None:
                 logger.info("decoder layers run as PyTorch modules, not one compiled call: %s", reason)
         # On CUDA the kernels read the batch's table rows from a device mirror; on CPU the
         # scheduler's own table is read directly.

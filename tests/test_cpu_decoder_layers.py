@@ -18,8 +18,9 @@ pytestmark = pytest.mark.skipif(not linear_bf16.available(), reason="no bfloat16
 
 @pytest.fixture(scope="module")
 def tiny_qwen2(tmp_path_factory, model_dir):
-    """Qwen2: a qkv bias, an untied head, 2 query heads per KV head of size 64."""
-    sizes = dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, intermediate_size=320)
+    """Qwen2: a qkv bias, an untied head, 2 query heads per KV head, and heads of 64 that do
+    not divide the hidden size evenly into them (4 x 64 = 256 wide attention, 192 hidden)."""
+    sizes = dict(hidden_size=192, num_attention_heads=4, num_key_value_heads=2, head_dim=64, intermediate_size=320)
     model = build_hf_model("Qwen2", dict(tie_word_embeddings=False), sizes)
     return save_hf_folder(model, tmp_path_factory.mktemp("tiny_qwen2"), model_dir)
 
@@ -72,17 +73,20 @@ def test_the_modules_stay_where_the_compiled_layers_do_not_apply(tiny_gqa_llama)
             engine.shutdown()
 
 
-def test_a_position_past_the_rotary_table_raises_either_way(tiny_gqa_llama):
+@pytest.mark.parametrize(("slot", "position", "error"), [(1, 10**7, "position"), (None, 0, "slot")])
+def test_a_bad_position_or_slot_raises_either_way(tiny_gqa_llama, slot, position, error):
+    """A position past the rotary tables, or a KV slot past the pool (None: num_slots), is a
+    ValueError on both paths, raised before anything is written."""
     engine = Engine(str(tiny_gqa_llama), dtype="bfloat16", max_total_tokens=2_000)
     worker = engine.worker
     compiled = worker.model.compiled_layers
     assert compiled is not None
-    one = torch.tensor([1], dtype=torch.int64)
+    loc = torch.tensor([worker.num_slots if slot is None else slot], dtype=torch.int64)
     try:
         for layers in (compiled, None):
             worker.model.compiled_layers = layers
-            with pytest.raises(ValueError, match="position"):
-                worker.run_model(False, torch.tensor([0]), [0], [1], one, torch.tensor([5]), torch.tensor([10**7]))
+            with pytest.raises(ValueError, match=error):
+                worker.run_model(False, torch.tensor([0]), [0], [1], loc, torch.tensor([5]), torch.tensor([position]))
     finally:
         worker.model.compiled_layers = compiled
         engine.shutdown()

@@ -11,7 +11,13 @@ import pytest
 import torch
 from torch import nn
 
-from bench_agent.roofline import Machine, StepCost, measure_peak_gflop_s, measure_read_gb_s
+from bench_agent.roofline import (
+    BF16_MULTIPLY_ADDS_PER_ROUND,
+    Machine,
+    StepCost,
+    measure_peak_gflop_s,
+    measure_read_gb_s,
+)
 from kernels.cpu import linear_bf16
 from kernels.cpu.build import load_kernels
 from runtime.kv_pool import KVPool
@@ -70,13 +76,12 @@ def test_rates_are_measured():
         measure_peak_gflop_s("float16", threads=1)
 
 
-def test_probes_compute_what_they_claim():
-    """The sink is the sum of every accumulator: rounds x chains x lanes x (per-lane product
-    sum), so a probe that skipped work (or ran fewer chains) would show it here."""
+def test_probes_do_the_multiply_adds_the_flop_counts_assume():
+    """The sink is the sum of every accumulator, i.e. of every product the probe made, so
+    it counts the multiply-adds that the peak's flop count assumes (2 threads, 100 rounds)."""
     lib, sink = load_kernels(), ctypes.c_float()
-    lanes = lib.probe_f32_fmas(100, 2, ctypes.byref(sink))
-    if lanes:  # each FMA adds 1.0 * 1e-3 to every lane
-        assert sink.value == pytest.approx(100 * 24 * lanes * 2 * 1e-3, rel=1e-3)
-    if lib.probe_bf16_dots(100, 2, ctypes.byref(sink)) == 0:
-        # Each vdpbf16ps adds, per float32 lane, two products of bf16 1.0 and bf16 2^-7.
-        assert sink.value == pytest.approx(100 * 24 * 16 * 2 * 2 * 2**-7, rel=1e-3)
+    per_round = lib.probe_f32_fmas(100, 2, ctypes.byref(sink))
+    if per_round:  # each multiply-add adds 1.0 * 1e-3
+        assert sink.value == pytest.approx(100 * per_round * 2 * 1e-3, rel=1e-3)
+    if lib.probe_bf16_dots(100, 2, ctypes.byref(sink)) == 0:  # each product is bf16 1.0 x bf16 2^-7
+        assert sink.value == pytest.approx(100 * BF16_MULTIPLY_ADDS_PER_ROUND * 2 * 2**-7, rel=1e-3)

@@ -11,7 +11,10 @@
 
 namespace {
 
-constexpr int kChains = 24;  // independent accumulators: enough to hide the instruction latency
+// Independent accumulators, enough to hide the instruction latency and still fit the
+// vector registers (32 with AVX-512, 16 with AVX2).
+constexpr int kChains = 24;
+constexpr int kChainsAvx2 = 12;
 
 }  // namespace
 
@@ -25,9 +28,9 @@ uint64_t probe_read(const uint64_t *words, int64_t count, int num_threads) {
     return sum;
 }
 
-// Each of num_threads threads runs `rounds` x kChains 512-bit vdpbf16ps (64 flops each):
-// returns 0, or 1 when this build has no AVX512-BF16. *sink receives a result so that the
-// work cannot be optimised away.
+// Each of num_threads threads runs `rounds` x kChains 512-bit vdpbf16ps (32 multiply-adds
+// each): returns 0, or 1 when this build has no AVX512-BF16. *sink receives the sum of the
+// accumulators, so that the work cannot be optimised away (and a test can count it).
 int probe_bf16_dots(int64_t rounds, int num_threads, float *sink) {
 #if defined(__AVX512BF16__)
     float total = 0.f;
@@ -51,9 +54,9 @@ int probe_bf16_dots(int64_t rounds, int num_threads, float *sink) {
 #endif
 }
 
-// Each thread runs `rounds` x kChains fused multiply-adds on the widest float32 vectors
-// this build has: returns their lanes (16 with AVX-512, 8 with AVX2 + FMA), or 0 when it
-// has neither. *sink as above.
+// Each thread runs `rounds` rounds of fused multiply-adds on the widest float32 vectors this
+// build has (kChains of 16 lanes with AVX-512, kChainsAvx2 of 8 with AVX2 + FMA): returns
+// the multiply-adds per round (384 or 96), or 0 when it has neither. *sink as above.
 int probe_f32_fmas(int64_t rounds, int num_threads, float *sink) {
 #if defined(__AVX512F__)
     float total = 0.f;
@@ -70,17 +73,17 @@ int probe_f32_fmas(int64_t rounds, int num_threads, float *sink) {
         for (auto &a : acc) total += _mm512_reduce_add_ps(a);
     }
     *sink = total;
-    return 16;
+    return kChains * 16;
 #elif defined(__AVX2__) && defined(__FMA__)
     float total = 0.f;
 #pragma omp parallel num_threads(num_threads) reduction(+ : total)
     {
-        __m256 acc[kChains];
+        __m256 acc[kChainsAvx2];
         for (auto &a : acc) a = _mm256_setzero_ps();
         __m256 x = _mm256_set1_ps(1.0f), w = _mm256_set1_ps(1e-3f);
         for (int64_t r = 0; r < rounds; r++) {
-#pragma GCC unroll 24  // the accumulators must stay in registers
-            for (int i = 0; i < kChains; i++) acc[i] = _mm256_fmadd_ps(x, w, acc[i]);
+#pragma GCC unroll 12  // the accumulators must stay in registers
+            for (int i = 0; i < kChainsAvx2; i++) acc[i] = _mm256_fmadd_ps(x, w, acc[i]);
             __asm__ volatile("" : "+x"(x));
         }
         alignas(32) float lanes[8];
@@ -90,7 +93,7 @@ int probe_f32_fmas(int64_t rounds, int num_threads, float *sink) {
         }
     }
     *sink = total;
-    return 8;
+    return kChainsAvx2 * 8;
 #else
     (void)rounds, (void)num_threads, (void)sink;
     return 0;

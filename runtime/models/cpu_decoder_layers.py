@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from kernels.cpu.build import CpuKernelsUnavailable, load_kernels
+from kernels.cpu.paged_attention import PagedBatch
 from runtime.forward_context import get_forward_context
 
 if TYPE_CHECKING:
@@ -135,17 +136,22 @@ class CpuDecoderLayers:
                     raise ValueError(f"layer {i}: KV pool tensors must be contiguous [{kv_heads}, {num_slots}, {hd}]")
             entry.k_cache, entry.v_cache = k.data_ptr(), v.data_ptr()
             self._keep += [bias, layer.input_layernorm.weight, layer.post_attention_layernorm.weight, k, v]
+        self._pool = kv_pool
         self._run = load_kernels().decoder_layers_bf16
 
     def __call__(self, embeddings: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         ctx = get_forward_context()
-        batch = ctx.attn_metadata  # kernels.cpu.paged_attention.PagedBatch, built by the cpu backend
+        batch = ctx.attn_metadata
+        if not isinstance(batch, PagedBatch) or ctx.kv_pool is not self._pool:
+            raise ValueError("compiled decoder layers need the cpu backend's PagedBatch and the pool they were built on")
         tokens, hidden = embeddings.shape[0], self._shape.hidden
-        if embeddings.dtype != torch.bfloat16 or embeddings.shape != (tokens, hidden) or not embeddings.is_contiguous():
-            raise ValueError(f"embeddings must be a contiguous bfloat16 [tokens, {hidden}] tensor")
+        if (embeddings.dtype != torch.bfloat16 or embeddings.device.type != "cpu" or embeddings.shape != (tokens, hidden)
+                or not embeddings.is_contiguous()):
+            raise ValueError(f"embeddings must be a contiguous bfloat16 CPU [tokens, {hidden}] tensor")
         r2t = batch.req_to_token
-        if r2t.dtype != torch.int64 or r2t.dim() != 2 or not r2t.is_contiguous() or batch.max_keys > r2t.shape[1]:
-            raise ValueError("the step's request-to-token table must be a contiguous int64 table covering max_keys")
+        if (r2t.dtype != torch.int64 or r2t.device.type != "cpu" or r2t.dim() != 2 or not r2t.is_contiguous()
+                or batch.max_keys > r2t.shape[1]):
+            raise ValueError("the step's request-to-token table must be a contiguous int64 CPU table covering max_keys")
         bs = batch.rows.numel()
         step = _Step(
             tokens, _int64_vector(positions, tokens, "positions"),
