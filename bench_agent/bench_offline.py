@@ -113,7 +113,7 @@ def matmul_ms(engine, batch: int, reps: int = 3) -> float:
         model.compute_logits(hidden)
 
     step()
-    return min(timed(step)[1] for _ in range(reps)) * 1000
+    return roofline.best_seconds(step, reps) * 1000
 
 
 def step_floors_ms(engine, context: int) -> tuple[float, float, roofline.Machine | None]:

@@ -49,7 +49,8 @@ class Machine:
     threads: int
 
 
-def _best_seconds(fn, reps: int) -> float:  # noqa: ANN001
+def best_seconds(fn, reps: int) -> float:  # noqa: ANN001
+    """The shortest of ``reps`` timed calls of ``fn``, in seconds."""
     best = float("inf")
     for _ in range(reps):
         start = time.perf_counter()
@@ -63,7 +64,7 @@ def measure_read_gb_s(threads: int, mib: int = 256, reps: int = 5) -> float:
     lib = load_kernels()
     words = torch.ones(mib << 17, dtype=torch.int64)
     lib.probe_read(words.data_ptr(), words.numel(), threads)  # touch every page first
-    seconds = _best_seconds(lambda: lib.probe_read(words.data_ptr(), words.numel(), threads), reps)
+    seconds = best_seconds(lambda: lib.probe_read(words.data_ptr(), words.numel(), threads), reps)
     return words.numel() * 8 / seconds / 1e9
 
 
@@ -75,13 +76,13 @@ def measure_peak_gflop_s(dtype: str, threads: int, rounds: int = 2_000_000, reps
         if lib.probe_bf16_dots(1, threads, ctypes.byref(sink)):
             raise RuntimeError("this CPU build has no AVX512-BF16 dot products; measure float32 instead")
         flops = rounds * BF16_MULTIPLY_ADDS_PER_ROUND * 2 * threads
-        seconds = _best_seconds(lambda: lib.probe_bf16_dots(rounds, threads, ctypes.byref(sink)), reps)
+        seconds = best_seconds(lambda: lib.probe_bf16_dots(rounds, threads, ctypes.byref(sink)), reps)
     elif dtype == "float32":
         per_round = lib.probe_f32_fmas(1, threads, ctypes.byref(sink))  # multiply-adds per thread
         if per_round == 0:
             raise RuntimeError("this CPU build has no AVX2/AVX-512 FMA")
         flops = rounds * per_round * 2 * threads
-        seconds = _best_seconds(lambda: lib.probe_f32_fmas(rounds, threads, ctypes.byref(sink)), reps)
+        seconds = best_seconds(lambda: lib.probe_f32_fmas(rounds, threads, ctypes.byref(sink)), reps)
     else:
         raise ValueError(f"dtype must be bfloat16 or float32, got {dtype!r}")
     return flops / seconds / 1e9

@@ -119,14 +119,10 @@ class ModelWorker:
             layout=self.attn_backend.kv_layout,
         )
         if backend == "cpu":
-            reason = CpuDecoderLayers.unsupported(self.model, self.kv_pool)
-            if reason is None:
-                try:
-                    self.model.compiled_layers = CpuDecoderLayers(self.model, self.kv_pool)
-                except ValueError as exc:  # a shape or table the compiled call does not take
-                    reason = str(exc)
-            if reason is not None:
-                logger.info("decoder layers run as PyTorch modules, not one compiled call: %s", reason)
+            try:
+                self.model.compiled_layers = CpuDecoderLayers(self.model, self.kv_pool)
+            except ValueError as exc:  # says why: dtype, packing, TP, layout or a shape
+                logger.info("decoder layers run as PyTorch modules: %s", exc)
         # On CUDA the kernels read the batch's table rows from a device mirror; on CPU the
         # scheduler's own table is read directly.
         self.device_table = DeviceReqToToken(self.req_to_token.table, self.device) if self._on_cuda else None

@@ -16,6 +16,29 @@ namespace {
 constexpr int kChains = 24;
 constexpr int kChainsAvx2 = 12;
 
+#if defined(__AVX2__) || defined(__AVX512F__)
+// Each of num_threads threads keeps kN accumulators (zero at first) in registers and, for
+// `rounds` rounds, sets each to step(acc, x, w); returns the sum of every thread's
+// accumulators (`lanes_sum` adds one accumulator's lanes).
+template <int kN, typename Acc, typename In, typename Step, typename LanesSum>
+float sum_of_chains(int64_t rounds, int num_threads, Acc zero, In x0, In w, Step step, LanesSum lanes_sum) {
+    float total = 0.f;
+#pragma omp parallel num_threads(num_threads) reduction(+ : total)
+    {
+        Acc acc[kN];
+        for (auto &a : acc) a = zero;
+        In x = x0;
+        for (int64_t r = 0; r < rounds; r++) {
+#pragma GCC unroll 24  // the accumulators must stay in registers
+            for (int i = 0; i < kN; i++) acc[i] = step(acc[i], x, w);
+            __asm__ volatile("" : "+x"(x));  // x may have changed: no hoisting across rounds
+        }
+        for (auto &a : acc) total += lanes_sum(a);
+    }
+    return total;
+}
+#endif
+
 }  // namespace
 
 extern "C" {
@@ -33,20 +56,10 @@ uint64_t probe_read(const uint64_t *words, int64_t count, int num_threads) {
 // accumulators, so that the work cannot be optimised away (and a test can count it).
 int probe_bf16_dots(int64_t rounds, int num_threads, float *sink) {
 #if defined(__AVX512BF16__)
-    float total = 0.f;
-#pragma omp parallel num_threads(num_threads) reduction(+ : total)
-    {
-        __m512 acc[kChains];
-        for (auto &a : acc) a = _mm512_setzero_ps();
-        __m512bh x = (__m512bh)_mm512_set1_epi32(0x3f803f80), w = (__m512bh)_mm512_set1_epi32(0x3c003c00);
-        for (int64_t r = 0; r < rounds; r++) {
-#pragma GCC unroll 24  // the accumulators must stay in registers
-            for (int i = 0; i < kChains; i++) acc[i] = _mm512_dpbf16_ps(acc[i], x, w);
-            __asm__ volatile("" : "+v"(x));  // x may have changed: no hoisting across rounds
-        }
-        for (auto &a : acc) total += _mm512_reduce_add_ps(a);
-    }
-    *sink = total;
+    *sink = sum_of_chains<kChains>(
+        rounds, num_threads, _mm512_setzero_ps(), (__m512bh)_mm512_set1_epi32(0x3f803f80),
+        (__m512bh)_mm512_set1_epi32(0x3c003c00), [](__m512 a, __m512bh x, __m512bh w) { return _mm512_dpbf16_ps(a, x, w); },
+        [](__m512 a) { return _mm512_reduce_add_ps(a); });
     return 0;
 #else
     (void)rounds, (void)num_threads, (void)sink;
@@ -59,40 +72,22 @@ int probe_bf16_dots(int64_t rounds, int num_threads, float *sink) {
 // the multiply-adds per round (384 or 96), or 0 when it has neither. *sink as above.
 int probe_f32_fmas(int64_t rounds, int num_threads, float *sink) {
 #if defined(__AVX512F__)
-    float total = 0.f;
-#pragma omp parallel num_threads(num_threads) reduction(+ : total)
-    {
-        __m512 acc[kChains];
-        for (auto &a : acc) a = _mm512_setzero_ps();
-        __m512 x = _mm512_set1_ps(1.0f), w = _mm512_set1_ps(1e-3f);
-        for (int64_t r = 0; r < rounds; r++) {
-#pragma GCC unroll 24  // the accumulators must stay in registers
-            for (int i = 0; i < kChains; i++) acc[i] = _mm512_fmadd_ps(x, w, acc[i]);
-            __asm__ volatile("" : "+v"(x));
-        }
-        for (auto &a : acc) total += _mm512_reduce_add_ps(a);
-    }
-    *sink = total;
+    *sink = sum_of_chains<kChains>(
+        rounds, num_threads, _mm512_setzero_ps(), _mm512_set1_ps(1.0f), _mm512_set1_ps(1e-3f),
+        [](__m512 a, __m512 x, __m512 w) { return _mm512_fmadd_ps(x, w, a); },
+        [](__m512 a) { return _mm512_reduce_add_ps(a); });
     return kChains * 16;
 #elif defined(__AVX2__) && defined(__FMA__)
-    float total = 0.f;
-#pragma omp parallel num_threads(num_threads) reduction(+ : total)
-    {
-        __m256 acc[kChainsAvx2];
-        for (auto &a : acc) a = _mm256_setzero_ps();
-        __m256 x = _mm256_set1_ps(1.0f), w = _mm256_set1_ps(1e-3f);
-        for (int64_t r = 0; r < rounds; r++) {
-#pragma GCC unroll 12  // the accumulators must stay in registers
-            for (int i = 0; i < kChainsAvx2; i++) acc[i] = _mm256_fmadd_ps(x, w, acc[i]);
-            __asm__ volatile("" : "+x"(x));
-        }
-        alignas(32) float lanes[8];
-        for (auto &a : acc) {
+    *sink = sum_of_chains<kChainsAvx2>(
+        rounds, num_threads, _mm256_setzero_ps(), _mm256_set1_ps(1.0f), _mm256_set1_ps(1e-3f),
+        [](__m256 a, __m256 x, __m256 w) { return _mm256_fmadd_ps(x, w, a); },
+        [](__m256 a) {
+            alignas(32) float lanes[8];
             _mm256_store_ps(lanes, a);
-            for (float l : lanes) total += l;
-        }
-    }
-    *sink = total;
+            float sum = 0.f;
+            for (float l : lanes) sum += l;
+            return sum;
+        });
     return kChainsAvx2 * 8;
 #else
     (void)rounds, (void)num_threads, (void)sink;

@@ -30,6 +30,22 @@ class PagedBatch:
     token_req: torch.Tensor  # [num_tokens]
     max_keys: int  # the most keys any query token sees
 
+    def check(self, num_tokens: int) -> None:
+        """Raise ``ValueError`` unless every index tensor is what the kernels read through raw
+        pointers: contiguous int64 on the CPU, a 2-D table covering ``max_keys``, one entry
+        per request in ``rows``/``prefix``/``q_start`` and one per query token in ``token_req``."""
+        bs = self.rows.numel()
+        for name, t, size in (("req_to_token", self.req_to_token, None), ("rows", self.rows, bs),
+                              ("prefix", self.prefix, bs), ("q_start", self.q_start, bs),
+                              ("token_req", self.token_req, num_tokens)):
+            if t.dtype != torch.int64 or t.device.type != "cpu" or not t.is_contiguous():
+                raise ValueError(f"paged batch: {name} must be a contiguous int64 CPU tensor")
+            if size is not None and t.shape != (size,):
+                raise ValueError(f"paged batch: {name} has shape {tuple(t.shape)}, expected ({size},)")
+        if self.req_to_token.dim() != 2 or self.max_keys > self.req_to_token.shape[1]:
+            raise ValueError(f"a request sees {self.max_keys} keys, more than the table's "
+                             f"{self.req_to_token.shape[-1]} columns")
+
     @classmethod
     def build(cls, req_to_token: torch.Tensor, rows: torch.Tensor, prefix_lens: list[int],
               extend_lens: list[int]) -> PagedBatch:
@@ -80,17 +96,13 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                          f"{q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
     if v_cache.shape != k_cache.shape or cache_dim != dim or num_heads % kv_heads:
         raise ValueError(f"shapes do not fit: q {tuple(q.shape)}, k {tuple(k_cache.shape)}, v {tuple(v_cache.shape)}")
-    if len(batch.token_req) != num_tokens:
-        raise ValueError(f"batch has {len(batch.token_req)} query tokens, q has {num_tokens}")
-    if batch.max_keys > batch.req_to_token.shape[1]:
-        raise ValueError(f"a request sees {batch.max_keys} keys, more than the table's {batch.req_to_token.shape[1]} columns")
+    batch.check(num_tokens)
     out = torch.empty_like(q) if out is None else out
-    index = (batch.req_to_token, batch.rows, batch.prefix, batch.q_start, batch.token_req)
-    for t in (q, k_cache, v_cache, out, *index):
+    for t in (q, k_cache, v_cache, out):
         if t.device.type != "cpu" or not t.is_contiguous():
             raise ValueError("paged_attention reads contiguous CPU tensors only")
-    if any(t.dtype != torch.int64 for t in index) or out.shape != q.shape or out.dtype != q.dtype:
-        raise ValueError("paged_attention: index tensors must be int64 and out shaped like q")
+    if out.shape != q.shape or out.dtype != q.dtype:
+        raise ValueError("paged_attention: out must be shaped like q, of its dtype")
     status = kernel("paged_attention", q.dtype)(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), num_slots, batch.req_to_token.data_ptr(),
         batch.req_to_token.shape[1], batch.rows.data_ptr(), batch.prefix.data_ptr(), batch.q_start.data_ptr(),

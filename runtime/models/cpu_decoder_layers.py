@@ -8,9 +8,9 @@ and tabled once; each step checks its own tensors and makes one call. The C++ ru
 the kernels the modules call, in their order, so outputs are bit-identical to the module
 path (``tests/test_cpu_decoder_layers.py`` compares the two).
 
-``CpuDecoderLayers.unsupported(model, kv_pool)`` says why a model cannot use it (another
-dtype, weights not packed for the bf16 GEMM, tensor parallelism, another KV layout); the
-worker then keeps the module path.
+Building ``CpuDecoderLayers(model, kv_pool)`` raises ``ValueError`` saying why a model cannot
+use it (another dtype, weights not packed for the bf16 GEMM, tensor parallelism, another KV
+layout, a shape the table does not take); the worker then logs it and keeps the module path.
 """
 
 from __future__ import annotations
@@ -63,10 +63,9 @@ def _bf16_vector(t: torch.Tensor, size: int, what: str) -> int:
     return t.data_ptr()
 
 
-def _int64_vector(t: torch.Tensor, size: int | None, what: str) -> int:
-    if t.dtype != torch.int64 or t.device.type != "cpu" or t.dim() != 1 or not t.is_contiguous() or (
-            size is not None and t.numel() != size):
-        raise ValueError(f"{what} must be a contiguous int64 CPU [{size if size is not None else 'n'}] tensor")
+def _int64_vector(t: torch.Tensor, size: int, what: str) -> int:
+    if t.dtype != torch.int64 or t.device.type != "cpu" or t.shape != (size,) or not t.is_contiguous():
+        raise ValueError(f"{what} must be a contiguous int64 CPU [{size}] tensor")
     return t.data_ptr()
 
 
@@ -75,7 +74,7 @@ class CpuDecoderLayers:
     what the loop over the layer modules returns."""
 
     @staticmethod
-    def unsupported(model: LlamaForCausalLM, kv_pool: KVPool) -> str | None:
+    def _why_unsupported(model: LlamaForCausalLM, kv_pool: KVPool) -> str | None:
         """Why this model and pool cannot use the compiled layers, or None when they can."""
         cache = kv_pool.k[0]
         if cache.dtype != torch.bfloat16 or cache.device.type != "cpu" or kv_pool.layout != "HND":
@@ -95,7 +94,7 @@ class CpuDecoderLayers:
         return None
 
     def __init__(self, model: LlamaForCausalLM, kv_pool: KVPool) -> None:
-        reason = self.unsupported(model, kv_pool)
+        reason = self._why_unsupported(model, kv_pool)
         if reason is not None:
             raise ValueError(f"compiled decoder layers unavailable: {reason}")
         cfg = model.cfg
@@ -148,16 +147,12 @@ class CpuDecoderLayers:
         if (embeddings.dtype != torch.bfloat16 or embeddings.device.type != "cpu" or embeddings.shape != (tokens, hidden)
                 or not embeddings.is_contiguous()):
             raise ValueError(f"embeddings must be a contiguous bfloat16 CPU [tokens, {hidden}] tensor")
+        batch.check(tokens)
         r2t = batch.req_to_token
-        if (r2t.dtype != torch.int64 or r2t.device.type != "cpu" or r2t.dim() != 2 or not r2t.is_contiguous()
-                or batch.max_keys > r2t.shape[1]):
-            raise ValueError("the step's request-to-token table must be a contiguous int64 CPU table covering max_keys")
-        bs = batch.rows.numel()
         step = _Step(
             tokens, _int64_vector(positions, tokens, "positions"),
             _int64_vector(ctx.out_cache_loc, tokens, "out_cache_loc"), r2t.data_ptr(), r2t.shape[1],
-            _int64_vector(batch.rows, bs, "rows"), _int64_vector(batch.prefix, bs, "prefix"),
-            _int64_vector(batch.q_start, bs, "q_start"), _int64_vector(batch.token_req, tokens, "token_req"),
+            batch.rows.data_ptr(), batch.prefix.data_ptr(), batch.q_start.data_ptr(), batch.token_req.data_ptr(),
             batch.max_keys,
         )
         # As in the module path, the skip connection starts as the embeddings and is updated
