@@ -1,6 +1,6 @@
 """Compile the C++ CPU kernels once per machine and load them with ctypes.
 
-The sources ship with the package (``*.cpp``, ``bf16.h``); on first use they are compiled
+The sources ship with the package (``*.cpp``, ``*.h``); on first use they are compiled
 with the system C++ compiler (``$CXX``, else ``c++``/``g++``/``clang++``) for this CPU
 (``-march=native``) with OpenMP, into one library under ``<user cache>/forkserve/kernels/``.
 The file name carries a hash of the sources, the flags, the compiler and the CPU's feature flags, so an
@@ -33,7 +33,7 @@ import platformdirs
 
 SOURCE_DIR = Path(__file__).parent
 SOURCES = ("paged_attention.cpp", "elementwise.cpp", "linear_bf16.cpp", "decoder_layers.cpp", "machine_probe.cpp")
-HEADERS = ("bf16.h", "simd.h")
+HEADERS = ("bf16.h", "entries.h", "simd.h")
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-std=c++17", "-shared", "-fPIC")
 _COMPILERS = ("c++", "g++", "clang++")
 

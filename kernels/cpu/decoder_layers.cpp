@@ -18,27 +18,9 @@
 #include <cstring>
 
 #include "bf16.h"
+#include "entries.h"
 
 using forkserve::Bf16;
-
-// The entry points of the other kernel files (the same library).
-extern "C" {
-void rms_norm_bf16(const Bf16 *x, Bf16 *residual, const Bf16 *weight, Bf16 *out, int64_t rows, int64_t hidden,
-                   float eps, int threads);
-int rotary_bf16(Bf16 *q, Bf16 *k, const int64_t *positions, const float *cos, const float *sin,
-                int64_t max_positions, int64_t tokens, int64_t q_heads, int64_t k_heads, int64_t dim,
-                int64_t q_stride, int64_t k_stride, int threads);
-void silu_and_mul_bf16(const Bf16 *gate_up, Bf16 *out, int64_t rows, int64_t width, int threads);
-int store_kv_bf16(const Bf16 *k, int64_t k_stride, const Bf16 *v, int64_t v_stride, const int64_t *loc,
-                  int64_t tokens, int64_t kv_heads, int64_t dim, Bf16 *k_cache, Bf16 *v_cache, int64_t num_slots,
-                  int threads);
-int paged_attention_bf16(const Bf16 *q, const Bf16 *k_cache, const Bf16 *v_cache, int64_t num_slots,
-                         const int64_t *req_to_token, int64_t r2t_stride, const int64_t *rows, const int64_t *prefix,
-                         const int64_t *q_start, const int64_t *token_req, int64_t num_tokens, int64_t num_heads,
-                         int64_t kv_heads, int64_t dim, float scale, int64_t max_keys, Bf16 *out, int threads);
-int linear_bf16(const Bf16 *x, int64_t rows, int64_t in_features, int64_t x_stride, const uint16_t *packed,
-                int64_t out_features, const Bf16 *bias, Bf16 *out, int64_t out_stride, int num_threads);
-}
 
 // The model's sizes and shared tables (field order as in the Python ctypes structure).
 struct DecoderShape {

@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "bf16.h"
+#include "entries.h"
 #include "simd.h"
 
 namespace {

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "bf16.h"
+#include "entries.h"
 #include "simd.h"
 
 #if defined(__AVX512BF16__)

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "bf16.h"
+#include "entries.h"
 #include "simd.h"
 
 namespace {
