@@ -42,6 +42,16 @@ def test_from_dict_defaults_and_normalisation():
         ({"frequency_penalty": 2.5}, "frequency_penalty"),
         ({"presence_penalty": -3}, "presence_penalty"),
         ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"repetition_penalty": 1e-300}, "repetition_penalty"),
+        ({"repetition_penalty": 1e300}, "repetition_penalty"),
+        ({"temperature": 1e39}, "temperature"),
+        ({"temperature": float("inf")}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"n": 129}, "n"),
+        ({"ignore_eos": "false"}, "ignore_eos"),
+        ({"skip_special_tokens": "no"}, "skip_special_tokens"),
+        ({"spaces_between_special_tokens": 1}, "spaces_between_special_tokens"),
+        ({"no_stop_trim": 0}, "no_stop_trim"),
         ({"stop": [1, 2]}, "stop"),
         ({"stop": 7}, "stop"),
         ({"stop": ["ok", ""]}, "stop"),
@@ -69,3 +79,35 @@ def test_invalid_field_survives_pickling():
 
     err = pickle.loads(pickle.dumps(InvalidField("top_p", "top_p must be in (0, 1]")))
     assert isinstance(err, ValueError) and err.field == "top_p" and str(err) == "top_p must be in (0, 1]"
+
+
+def test_stop_token_ids_must_be_in_the_vocabulary():
+    from runtime.sampling.params import InvalidField
+
+    p = SamplingParams.from_dict({"stop_token_ids": [3, 49152]})
+    p.check_vocab(49153)
+    with pytest.raises(InvalidField, match="stop_token_ids") as err:
+        p.check_vocab(49152)
+    assert err.value.field == "stop_token_ids"
+
+
+def test_the_extreme_allowed_values_sample_finite_probabilities():
+    """At the bounds validate() allows, sampling with EOS banned (min_new_tokens) still
+    draws a token: no inf or NaN reaches torch.multinomial."""
+    import torch
+
+    from runtime.sampling.params import MAX_TEMPERATURE, REPETITION_PENALTY_RANGE
+    from runtime.sampling.sampler import sample
+
+    class Req:
+        input_ids, output_ids, generator, top_logprobs_num, return_logprob = [1, 2, 3], [4], None, 0, False
+
+    logits = torch.randn(4, 50) * 30
+    reqs = []
+    for temperature, penalty in [(MAX_TEMPERATURE, 1.0), (1e-5, REPETITION_PENALTY_RANGE[0]),
+                                 (1.0, REPETITION_PENALTY_RANGE[1]), (MAX_TEMPERATURE, REPETITION_PENALTY_RANGE[0])]:
+        r = Req()
+        r.params = SamplingParams.from_dict({"temperature": temperature, "repetition_penalty": penalty})
+        reqs.append(r)
+    out = sample(logits, reqs, [[0, 7]] * 4, torch.Generator().manual_seed(0))
+    assert all(0 <= t < 50 and t not in (0, 7) for t in out.next_ids)

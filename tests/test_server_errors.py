@@ -52,6 +52,19 @@ def assert_error(resp: httpx.Response, status: int, *words: str, param: str | No
         ("/generate", {"text": "a", "return_logprob": True, "top_logprobs_num": 10**6}, 400, ["vocabulary"], "top_logprobs_num"),
         ("/generate", {"text": "a", "image_data": "x.png"}, 400, ["image_data", "not supported"], "image_data"),
         ("/generate", {"text": "a", "sampling_params": {"max_new_tokens": 10**6}}, 400, ["KV cache"], "max_tokens"),
+        # values the sampler cannot use: each once took the whole server down
+        ("/v1/chat/completions", {**CHAT, "min_tokens": 2, "stop_token_ids": [100_000]}, 400, ["stop_token_ids", "49152"], "stop_token_ids"),
+        ("/generate", {"text": "a", "sampling_params": {"min_new_tokens": 1, "stop_token_ids": [49152]}}, 400, ["vocabulary"], "stop_token_ids"),
+        ("/v1/chat/completions", {**CHAT, "temperature": 1e39, "min_tokens": 2}, 400, ["temperature"], "temperature"),
+        ("/v1/chat/completions", {**CHAT, "temperature": 1.0, "repetition_penalty": 1e-300}, 400, ["repetition_penalty"], "repetition_penalty"),
+        ("/generate", {"text": "a", "sampling_params": {"skip_special_tokens": "no"}}, 400, ["true or false"], "skip_special_tokens"),
+        ("/generate", {"text": "a", "sampling_params": {"ignore_eos": "false"}}, 400, ["true or false"], "ignore_eos"),
+        ("/v1/completions", {"model": MODEL, "prompt": [1, -5]}, 400, ["token ids"], "prompt"),
+        ("/v1/completions", {"model": MODEL, "prompt": [2**32]}, 400, ["token ids"], "prompt"),
+        ("/v1/completions", {"model": MODEL, "prompt": [[1, 2], [3, -1]], "echo": True}, 400, ["token ids"], "prompt"),
+        # OpenAI's names in OpenAI's errors; n within OpenAI's limit
+        ("/v1/chat/completions", {**CHAT, "min_tokens": 9}, 400, ["min_tokens"], "min_tokens"),
+        ("/v1/chat/completions", {**CHAT, "n": 129}, 400, ["n must be in [1, 128]"], "n"),
     ],
 )
 def test_bad_input(server, path, body, status, words, param):
@@ -69,6 +82,38 @@ def test_invalid_json_and_wrong_shape(server):
     assert_error(call(server, "/generate", content=b"[1, 2]"), 400, "object")
 
 
+def test_unknown_routes_and_methods_answer_in_the_error_shape(server):
+    assert_error(httpx.get(server.url + "/v1/no-such-route"), 404, "Not Found")
+    resp = httpx.get(server.url + "/generate")
+    assert_error(resp, 405, "Method Not Allowed")
+    assert "POST" in resp.headers["allow"]
+
+
+def test_an_unexpected_error_is_a_json_500_that_keeps_the_connection():
+    """The middleware answers what no handler did, instead of re-raising into the server
+    (which then closes the client's keep-alive connection)."""
+    import asyncio
+
+    from runtime.serving.http_server import UnexpectedErrorAsJson
+
+    async def broken_app(scope, receive, send):
+        raise KeyError("boom")
+
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    scope = {"type": "http", "method": "POST", "path": "/x", "headers": []}
+    asyncio.run(UnexpectedErrorAsJson(broken_app)(scope, receive, send))  # does not raise
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 500
+    body = b"".join(m.get("body", b"") for m in sent[1:])
+    assert b'"internal error: KeyError"' in body and b"boom" not in body
+
+
 def test_unknown_model_lookup_is_404(server):
     resp = httpx.get(server.url + "/v1/models/no-such-model")
     assert_error(resp, 404, "no-such-model")
@@ -78,3 +123,25 @@ def test_still_serving_after_errors(server):
     resp = call(server, "/generate", {"text": "Still alive?", "sampling_params": {"max_new_tokens": 2}})
     assert resp.status_code == 200 and resp.json()["meta_info"]["completion_tokens"] == 2
     assert server.info()["scheduler"]["kv_invariant_holds"] is True
+
+
+def test_a_huge_prompt_does_not_stall_other_clients(server):
+    """Tokenizing megabytes of text runs off the event loop: /health answers while it runs."""
+    import concurrent.futures
+    import time
+
+    huge = {"model": MODEL, "prompt": "lorem ipsum dolor sit amet " * 300_000, "max_tokens": 1}  # 8 MB
+
+    def big() -> tuple[httpx.Response, float]:
+        start = time.perf_counter()
+        return call(server, "/v1/completions", huge), time.perf_counter() - start
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        fut = pool.submit(big)
+        time.sleep(0.5)  # the body is sent and tokenizing has begun
+        start = time.perf_counter()
+        assert httpx.get(server.url + "/health", timeout=60).status_code == 200
+        health_s = time.perf_counter() - start
+        resp, big_s = fut.result()
+    assert_error(resp, 400, "maximum context length", param="prompt")
+    assert health_s < big_s / 4, (health_s, big_s)

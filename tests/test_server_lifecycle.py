@@ -90,3 +90,34 @@ def test_scheduler_death_fails_requests_and_exits_nonzero(guarded):
     assert "scheduler" in resp.json()["error"]["message"]
     assert guarded.proc.wait(20) != 0
     assert not any(pid_alive(p) for p in pids.values())
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_stopping_answers_requests_in_flight_then_exits_cleanly(sig):
+    """A request still running when the server is told to stop gets a JSON 503 (a stream:
+    an error event, then [DONE]) instead of a cut connection, and the server exits 0 with
+    no process left behind."""
+    proc = ServerProcess().wait_ready()
+    pids = proc.info()["process_ids"]
+    long_native = {"text": "A long tale:", "sampling_params": {"max_new_tokens": 4000, "ignore_eos": True}}
+    long_chat = {"model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "Tell a long tale."}],
+                 "max_tokens": 4000, "ignore_eos": True, "stream": True}
+
+    def plain() -> httpx.Response:
+        return httpx.post(proc.url + "/generate", json=long_native, timeout=60)
+
+    def streamed() -> list[str]:
+        with httpx.stream("POST", proc.url + "/v1/chat/completions", json=long_chat, timeout=60) as resp:
+            assert resp.status_code == 200
+            return [line for line in resp.iter_lines() if line]
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        futures = pool.submit(plain), pool.submit(streamed)
+        time.sleep(2.0)
+        os.kill(proc.proc.pid, sig)
+        resp, events = futures[0].result(timeout=30), futures[1].result(timeout=30)
+    assert resp.status_code == 503 and "shutting down" in resp.json()["error"]["message"]
+    assert events[-1] == "data: [DONE]" and "shutting down" in events[-2], events[-3:]
+    assert proc.proc.wait(20) == 0
+    assert not any(pid_alive(p) for p in pids.values())
+    assert "Traceback" not in proc.read_output(), proc.output

@@ -33,6 +33,16 @@ def check_logprob_options(logprob_start_len: Any, top_logprobs_num: Any, vocab_s
         )
 
 
+# Finite bounds keep float32 sampling finite: a temperature past ~1e38 (or a repetition
+# penalty near 0) turns logits into inf and the probabilities into NaN. Within them every
+# value behaves as its formula says; beyond 1e4 sampling is uniform over the allowed tokens
+# for any real model's logits anyway.
+MAX_TEMPERATURE = 1e4
+REPETITION_PENALTY_RANGE = (0.01, 100.0)
+MAX_N = 128  # OpenAI's limit on completions per request
+BOOL_FIELDS = ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim")
+
+
 @dataclass
 class SamplingParams:
     max_new_tokens: int = 128
@@ -81,19 +91,30 @@ class SamplingParams:
         need(_is_int(self.max_new_tokens) and self.max_new_tokens >= 0, "max_new_tokens", "must be an integer >= 0")
         need(_is_int(self.min_new_tokens) and self.min_new_tokens >= 0, "min_new_tokens", "must be an integer >= 0")
         need(self.min_new_tokens <= self.max_new_tokens, "min_new_tokens", "must not exceed max_new_tokens")
-        need(is_num(self.temperature) and self.temperature >= 0, "temperature", "must be a number >= 0")
+        need(is_num(self.temperature) and 0 <= self.temperature <= MAX_TEMPERATURE, "temperature",
+             f"must be a number in [0, {MAX_TEMPERATURE:g}]")
         need(is_num(self.top_p) and 0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
         need(_is_int(self.top_k) and (self.top_k == -1 or self.top_k >= 1), "top_k", "must be -1 (off) or >= 1")
         need(is_num(self.min_p) and 0 <= self.min_p <= 1, "min_p", "must be in [0, 1]")
         need(is_num(self.frequency_penalty) and -2 <= self.frequency_penalty <= 2, "frequency_penalty", "must be in [-2, 2]")
         need(is_num(self.presence_penalty) and -2 <= self.presence_penalty <= 2, "presence_penalty", "must be in [-2, 2]")
-        need(is_num(self.repetition_penalty) and self.repetition_penalty > 0, "repetition_penalty", "must be > 0")
+        low, high = REPETITION_PENALTY_RANGE
+        need(is_num(self.repetition_penalty) and low <= self.repetition_penalty <= high, "repetition_penalty",
+             f"must be in [{low:g}, {high:g}] (1 = no penalty)")
         need(isinstance(self.stop, list) and all(isinstance(s, str) and s for s in self.stop), "stop", "must be a string or a list of non-empty strings")
         need(isinstance(self.stop_token_ids, list) and all(_is_int(t) and t >= 0 for t in self.stop_token_ids), "stop_token_ids", "must be a list of token ids")
         need(self.seed is None or _is_int(self.seed), "seed", "must be an integer")
-        need(_is_int(self.n) and self.n >= 1, "n", "must be an integer >= 1")
+        need(_is_int(self.n) and 1 <= self.n <= MAX_N, "n", f"must be an integer in [1, {MAX_N}]")
+        for name in BOOL_FIELDS:
+            need(isinstance(getattr(self, name), bool), name, "must be true or false")
         if self.regex is not None or self.json_schema is not None:
             raise ValueError("constrained decoding (regex / json_schema) is not supported by this server yet")
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """Token ids must exist in the model's vocabulary (the sampler indexes logits by them)."""
+        bad = [t for t in self.stop_token_ids if t >= vocab_size]
+        if bad:
+            raise InvalidField("stop_token_ids", f"stop_token_ids must be in [0, {vocab_size}) (the vocabulary), got {bad[:5]!r}")
 
     @property
     def is_greedy(self) -> bool:

@@ -48,6 +48,7 @@ class Scheduler:
         self.chunked: Req | None = None  # the request whose prompt is part-way through prefill
         self.new_token_ratio = _INIT_NEW_TOKEN_RATIO
         self.max_context_len = worker.max_context_len
+        self.vocab_size = worker.model_config.vocab_size
         self.eos_token_ids = worker.eos_token_ids
         self.num_retractions = 0
         self.num_prefill_tokens = 0  # prompt tokens computed (not served from the cache)
@@ -56,7 +57,9 @@ class Scheduler:
 
     # ------------------------------------------------------------------ the loop
     def validate_request(self, req: Req) -> None:
-        """Raise ``ValueError`` if ``req`` can never run here (too long for the context or pool)."""
+        """Raise ``ValueError`` if ``req`` can never run here (too long for the context or pool,
+        or a stop token id outside the vocabulary)."""
+        req.params.check_vocab(self.vocab_size)
         prompt_len, max_new = len(req.input_ids), req.params.max_new_tokens
         if prompt_len >= self.max_context_len:
             raise ValueError(f"prompt has {prompt_len} tokens; the context length is {self.max_context_len}")

@@ -17,10 +17,13 @@ from pydantic import BaseModel, ValidationError
 
 from runtime.config import HttpArgs, ServerArgs
 from runtime.output_format import logprob_meta
-from runtime.sampling.params import SamplingParams
+from runtime.sampling.params import InvalidField, SamplingParams
 from runtime.serving.protocol import ApiError
 from runtime.serving.tokenizer_manager import ReqState, ServerUnavailable, TokenizerManager
 from runtime.tokenizer import Tokenizer
+
+# Below this many characters a request's text is tokenized inline (a thread hop costs more).
+_INLINE_ENCODE_CHARS = 20_000
 
 
 @dataclass
@@ -99,12 +102,24 @@ class ServerContext:
         if self.is_shutting_down:
             raise ApiError(503, "The server is shutting down.")
 
+    async def encode(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of ``texts``. Long inputs are tokenized on a worker thread, so that the
+        event loop keeps answering other clients meanwhile (a megabyte of text takes ~0.5 s)."""
+        if sum(len(t) for t in texts) < _INLINE_ENCODE_CHARS:
+            return [self.tokenizer.encode(t) for t in texts]
+        return await asyncio.to_thread(lambda: [self.tokenizer.encode(t) for t in texts])
+
     # ------------------------------------------------------------------ submission
     def submit_group(
         self, prompts: list[list[int]], params: list[SamplingParams], rids: list[str] | None = None, **opts: Any
     ) -> list[ReqState]:
         """Submit one request per (prompt, params) pair; every check passes before any is sent."""
         self.check_available()
+        for p in params:
+            try:
+                p.check_vocab(int(self.info["vocab_size"]))
+            except InvalidField as err:
+                raise ApiError(400, str(err), param=err.field) from err
         self.check_capacity(len(prompts))
         rids = rids or [self.manager.new_rid() for _ in prompts]
         taken = [r for r in rids if r in self.manager.states]
@@ -118,9 +133,15 @@ class ServerContext:
             raise ApiError(400, str(err), param="rid") from err
 
 
-def sampling_params(d: dict[str, Any] | None, param: str = "sampling_params") -> SamplingParams:
+def sampling_params(d: dict[str, Any] | None, param: str = "sampling_params",
+                    names: dict[str, str] | None = None) -> SamplingParams:
+    """``SamplingParams.from_dict``, its errors as 400s naming the field (``param`` when none is
+    known); ``names`` maps our field names to the API's (the OpenAI API's ``max_tokens``)."""
     try:
         return SamplingParams.from_dict(d)
+    except InvalidField as err:
+        name = (names or {}).get(err.field, err.field)
+        raise ApiError(400, str(err).replace(err.field, name, 1), param=name) from err
     except (ValueError, TypeError) as err:
         raise ApiError(400, str(err), param=param) from err
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,6 +19,7 @@ from fastapi.responses import (
     Response,
     StreamingResponse,
 )
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from runtime.sampling.params import InvalidField, check_logprob_options
 from runtime.serving import openai_api
@@ -36,6 +38,36 @@ from runtime.serving.common import (
 from runtime.serving.protocol import ApiError, EndProgramReq, GenerateReqInput, reject_unsupported
 
 _OPEN_PATHS = ("/health", "/health_generate")
+logger = logging.getLogger("forkserve")
+
+
+class UnexpectedErrorAsJson:
+    """ASGI middleware: an exception no handler turned into a response becomes a JSON 500
+    (never a traceback in the body; the log has it). Starlette's own last-resort handler
+    re-raises after answering, and the server then drops the client's keep-alive connection."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_tracking(message: dict[str, Any]) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_tracking)
+        except Exception as err:
+            if started:  # part of a response is out: nothing valid can follow it
+                raise
+            logger.exception("unexpected error in %s %s", scope.get("method"), scope.get("path"))
+            response = JsonResponse(ApiError(500, f"internal error: {type(err).__name__}").body(), status_code=500)
+            await response(scope, receive, send)
 
 
 def create_app(ctx: ServerContext) -> FastAPI:
@@ -58,10 +90,13 @@ def create_app(ctx: ServerContext) -> FastAPI:
         where = ".".join(str(x) for x in first["loc"])
         return JsonResponse(ApiError(400, f"{where}: {first['msg']}", param=where).body(), status_code=400)
 
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, err: Exception) -> JSONResponse:
-        # Never a traceback in the body; the log has it.
-        return JsonResponse(ApiError(500, f"internal error: {type(err).__name__}").body(), status_code=500)
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
+        # Unknown routes (404) and methods (405) in the same shape as every other error.
+        return JsonResponse(ApiError(err.status_code, str(err.detail)).body(), status_code=err.status_code,
+                            headers=getattr(err, "headers", None))
+
+    app.add_middleware(UnexpectedErrorAsJson)
 
     # ------------------------------------------------------------------ health and info
     @app.get("/health")
@@ -167,7 +202,7 @@ async def handle_generate(ctx: ServerContext, req: GenerateReqInput, request: Re
         texts = req.text if is_batch else [req.text]
         if not texts:
             raise ApiError(400, "'text' is an empty list", param="text")
-        prompts = [ctx.tokenizer.encode(t) for t in texts]
+        prompts = await ctx.encode(texts)
     else:
         is_batch = bool(req.input_ids) and isinstance(req.input_ids[0], list)
         prompts = req.input_ids if is_batch else [req.input_ids]  # type: ignore[list-item]

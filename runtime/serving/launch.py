@@ -28,6 +28,8 @@ from runtime.config import HttpArgs, ServerArgs
 logger = logging.getLogger("forkserve")
 
 _CHILD_STOP_TIMEOUT_S = 3.0
+# Seconds in-flight requests may still finish after SIGINT/SIGTERM before they are answered 503.
+_GRACE_S = 1.5
 
 
 class StartupError(Exception):
@@ -127,7 +129,8 @@ class Launcher:
         ctx.process_ids = {"http": os.getpid(), **{n: p.pid for n, p in self.children.items() if p.pid}}
         receiver = manager.start()
         config = uvicorn.Config(
-            create_app(ctx), log_level="warning", timeout_graceful_shutdown=2, timeout_keep_alive=30, lifespan="off"
+            create_app(ctx), log_level="warning", timeout_graceful_shutdown=_GRACE_S + 1, timeout_keep_alive=30,
+            lifespan="off",
         )
         server = uvicorn.Server(config)
         serving = asyncio.create_task(server.serve(sockets=[sock]))
@@ -151,6 +154,13 @@ class Launcher:
     async def _watch(self, ctx: Any, server: Any) -> None:
         while True:
             await asyncio.sleep(0.25)
+            if server.should_exit:  # SIGINT/SIGTERM: uvicorn stops taking connections
+                ctx.is_shutting_down = True  # and new requests on open ones get a 503
+                # Requests still running after the grace period get a JSON 503 (streams an
+                # error event and [DONE]) before uvicorn cancels their handlers.
+                await asyncio.sleep(_GRACE_S)
+                ctx.manager.end_open_requests("The server is shutting down.", 503)
+                return
             dead = self.dead_child()
             if dead:
                 msg = f"the {dead} process died"

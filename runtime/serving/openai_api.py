@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
-from runtime.sampling.params import SamplingParams
+from runtime.sampling.params import MAX_N, SamplingParams
 from runtime.serving.common import (
     SSE_DONE,
     JsonResponse,
@@ -100,15 +100,15 @@ class _OpenAIHandler:
             "no_stop_trim": r.no_stop_trim,
             "seed": r.seed,
         }
-        return sampling_params(d, param="request")
+        return sampling_params(d, param="request", names={"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"})
 
     def check_common(self) -> None:
         self.ctx.check_model(self.req.model)
         reject_unsupported(self.req, ("logit_bias", "regex"))
         if self.req.best_of not in (None, 1):
             raise ApiError(400, "'best_of' is not supported by this server", param="best_of")
-        if self.req.n < 1:
-            raise ApiError(400, "n must be at least 1", param="n")
+        if not 1 <= self.req.n <= MAX_N:
+            raise ApiError(400, f"n must be in [1, {MAX_N}], got {self.req.n}", param="n")
 
     def submit(self, prompts: list[list[int]], max_tokens: int | None, top_logprobs: int | None) -> list[ReqState]:
         """``n`` requests per prompt, prompt-major (choice index = prompt * n + k)."""
@@ -229,16 +229,14 @@ class Completion(_OpenAIHandler):
         if r.echo and r.logprobs is not None:
             raise ApiError(400, "'echo' together with 'logprobs' is not supported", param="echo")
         prompt = r.prompt
-        if isinstance(prompt, str):
-            self.prompt_texts, prompts = [prompt], [self.ctx.tokenizer.encode(prompt)]
-        elif prompt and isinstance(prompt[0], str):
-            self.prompt_texts, prompts = list(prompt), [self.ctx.tokenizer.encode(p) for p in prompt]
-        elif prompt and isinstance(prompt[0], list):
-            prompts = list(prompt)
-            self.prompt_texts = [self.ctx.tokenizer.decode(p, False) for p in prompts]
-        else:
-            prompts = [list(prompt)]
-            self.prompt_texts = [self.ctx.tokenizer.decode(prompts[0], False)]
+        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], str)):
+            self.prompt_texts = [prompt] if isinstance(prompt, str) else list(prompt)
+            prompts = await self.ctx.encode(self.prompt_texts)
+        else:  # token ids, checked before they are decoded for echo
+            prompts = list(prompt) if prompt and isinstance(prompt[0], list) else [list(prompt)]
+            for ids in prompts:
+                self.ctx.check_token_ids(ids, "prompt")
+            self.prompt_texts = [self.ctx.tokenizer.decode(p, False) for p in prompts] if r.echo else []
         if not prompts:
             raise ApiError(400, "'prompt' is an empty list", param="prompt")
         return await self.respond(self.submit(prompts, r.max_tokens, r.logprobs))
@@ -299,7 +297,7 @@ class ChatCompletion(_OpenAIHandler):
             text = self.ctx.tokenizer.apply_chat_template(messages)
         except Exception as err:  # jinja errors name the template's complaint
             raise ApiError(400, f"the chat template rejected the messages: {err}", param="messages") from err
-        prompts = [self.ctx.tokenizer.encode(text)]
+        prompts = await self.ctx.encode([text])
         max_tokens = r.max_completion_tokens if r.max_completion_tokens is not None else r.max_tokens
         top = (r.top_logprobs or 0) if r.logprobs else None
         return await self.respond(self.submit(prompts, max_tokens, top))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -95,7 +96,6 @@ class TokenizerManager:
         self.states: dict[str, ReqState] = {}
         self.calls: dict[int, asyncio.Future[Any]] = {}
         self._call_ids = itertools.count()
-        self._rids = itertools.count()
         self.failure: str | None = None  # set when a backend process died
         self.info: dict[str, Any] = {}
 
@@ -123,16 +123,22 @@ class TokenizerManager:
     def fail_all(self, reason: str) -> None:
         """A backend process died: every open request ends with an error, none hangs."""
         self.failure = reason
-        for state in self.states.values():
-            state.error, state.error_status = reason, 500
-            state.changed.set()
+        self.end_open_requests(reason, 500)
         for fut in self.calls.values():
             if not fut.done():
                 fut.set_exception(ServerUnavailable(reason))
 
+    def end_open_requests(self, reason: str, status: int) -> None:
+        """Answer every open request with this error now (its handler sends it)."""
+        for state in self.states.values():
+            state.error, state.error_status = reason, status
+            state.changed.set()
+
     # ------------------------------------------------------------------ requests
     def new_rid(self) -> str:
-        return f"req-{next(self._rids)}"
+        """A fresh request id; random, so that no id a client picks for itself (``rid``) can
+        be the one a later request of another client gets."""
+        return f"req-{uuid.uuid4().hex}"
 
     @property
     def num_open_requests(self) -> int:
