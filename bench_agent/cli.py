@@ -29,6 +29,17 @@ from frontend_lang.backend.base import Backend, BackendError
 WARMUP_SEED_OFFSET = 1_000_003  # warm-up programs share no text with measured ones
 
 
+def _positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "bench",
@@ -61,9 +72,9 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="hf: model dtype "
                    "(auto picks what forkserve picks on this CPU)" + d)
     p.add_argument("--size", choices=SIZES, default="quick", help="Workload size preset" + d)
-    p.add_argument("--num-programs", type=int, help="Programs per workload (default: the workload's number "
+    p.add_argument("--num-programs", type=_positive_int, help="Programs per workload (default: the workload's number "
                    "for --size).")
-    p.add_argument("--concurrency", type=int, help="Programs in flight at once (default: 8; 1 for hf, "
+    p.add_argument("--concurrency", type=_positive_int, help="Programs in flight at once (default: 8; 1 for hf, "
                    "which runs one request at a time anyway).")
     p.add_argument("--request-rate", type=float, help="Programs per second, arriving as a Poisson process; "
                    "--concurrency then caps programs in flight.")

@@ -34,9 +34,17 @@ def _generate_parser(sub: argparse._SubParsersAction) -> None:
 def _run_generate(ns: argparse.Namespace) -> int:
     from runtime.engine import Engine
 
-    args: ServerArgs = args_from_namespace(ns, ServerArgs)
+    try:
+        args: ServerArgs = args_from_namespace(ns, ServerArgs)
+    except ValueError as err:
+        print(f"forkserve: {err}", file=sys.stderr)
+        return 2
     started = time.perf_counter()
-    engine = Engine(**{k: v for k, v in vars(args).items()})
+    try:
+        engine = Engine(**{k: v for k, v in vars(args).items()})
+    except (ValueError, OSError) as err:  # a bad model path or a flag the model cannot take
+        print(f"forkserve: {err}", file=sys.stderr)
+        return 1
     print(f"[forkserve] model loaded in {time.perf_counter() - started:.1f}s", file=sys.stderr)
     prompts = ns.prompts
     if ns.chat:
@@ -61,7 +69,7 @@ def _run_generate(ns: argparse.Namespace) -> int:
         meta = out["meta_info"]
         print(f"### {prompt}\n{out['text']}")
         print(
-            f"[{meta['completion_tokens']} tokens, finish: {meta['finish_reason']}, "
+            f"[{meta['completion_tokens']} tokens, finish: {(meta['finish_reason'] or {}).get('type')}, "
             f"{meta['e2e_latency']:.2f}s]",
             file=sys.stderr,
         )

@@ -9,16 +9,39 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 # Each captured size keeps its own graph; past a few hundred requests a decode step is long
 # enough that launch overhead no longer matters.
 _DEFAULT_MAX_GRAPH_BS = 256
+# The smallest KV pool a server starts with, in tokens.
+MIN_KV_TOKENS = 16
 
 
 def _arg(default: Any, help: str, **extra: Any) -> Any:
     return field(default=default, metadata={"help": help, **extra})
+
+
+def _check_types(args: Any) -> None:
+    """``ValueError`` naming the field unless each field holds its annotated type (``int``
+    excludes ``bool``; ``float`` takes an ``int`` and must be finite), so that a wrong
+    ``Engine(...)`` keyword fails here rather than deep inside a process."""
+    for f in dataclasses.fields(args):
+        value, kind = getattr(args, f.name), str(f.type)
+        if value is None and kind.endswith("| None"):
+            continue
+        base = kind.removesuffix(" | None")
+        ok = {
+            "str": isinstance(value, str),
+            "bool": isinstance(value, bool),
+            "int": isinstance(value, int) and not isinstance(value, bool),
+            "float": isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value),
+        }[base]
+        if not ok:
+            what = {"float": "a finite number", "int": "an integer", "bool": "True or False", "str": "a string"}[base]
+            raise ValueError(f"{f.name} must be {what}{' or None' if base != kind else ''}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -92,6 +115,7 @@ class ServerArgs:
     )
 
     def __post_init__(self) -> None:
+        _check_types(self)
         if self.dtype not in ("auto", "float32", "bfloat16"):
             raise ValueError(f"dtype must be auto, float32 or bfloat16, got {self.dtype!r}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
@@ -100,8 +124,8 @@ class ServerArgs:
             raise ValueError("chunked_prefill_size must be positive or -1 (no limit)")
         if self.max_running_requests < 1:
             raise ValueError("max_running_requests must be at least 1")
-        if self.max_total_tokens is not None and self.max_total_tokens < 16:
-            raise ValueError("max_total_tokens must be at least 16")
+        if self.max_total_tokens is not None and self.max_total_tokens < MIN_KV_TOKENS:
+            raise ValueError(f"max_total_tokens must be at least {MIN_KV_TOKENS}")
         if self.kv_cache_memory <= 0:
             raise ValueError("kv_cache_memory must be positive")
         if self.max_context_len is not None and self.max_context_len < 2:
@@ -118,6 +142,8 @@ class ServerArgs:
             raise ValueError("cuda_graph_max_bs must be at least 1")
         if self.tp_size < 1:
             raise ValueError("tp_size must be at least 1")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError("num_threads must be at least 1")
 
     @property
     def resolved_device(self) -> str:
@@ -180,6 +206,9 @@ class HttpArgs:
     startup_timeout: float = _arg(600.0, "Seconds to wait for the model to load before giving up.")
 
     def __post_init__(self) -> None:
+        _check_types(self)
+        if self.startup_timeout <= 0:
+            raise ValueError(f"startup_timeout must be positive, got {self.startup_timeout}")
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
         if self.max_queued_requests is not None and self.max_queued_requests < 0:

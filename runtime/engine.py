@@ -76,6 +76,8 @@ class Engine:
     ) -> tuple[list[Req], bool]:
         """Validate and tokenize; the ``Req``s to queue (``n`` expanded) and whether the
         input was a batch. Raises ``ValueError`` naming the problem."""
+        if not isinstance(return_logprob, bool):
+            raise ValueError(f"return_logprob must be True or False, got {return_logprob!r}")
         prompts, is_batch = self._prompt_ids(prompt, input_ids)
         params = self._params(sampling_params, len(prompts))
         check_logprob_options(logprob_start_len, top_logprobs_num, self.worker.model_config.vocab_size)
@@ -136,6 +138,8 @@ class Engine:
                 raise ValueError("prompt is an empty list")
             ids = [self.tokenizer.encode(t) for t in texts]
         else:
+            if not isinstance(input_ids, list):
+                raise ValueError(f"input_ids must be a list of token ids or a list of such lists, got {type(input_ids).__name__}")
             is_batch = bool(input_ids) and isinstance(input_ids[0], list)
             ids = input_ids if is_batch else [input_ids]
             vocab = self.worker.model_config.vocab_size

@@ -83,3 +83,18 @@ def connect(ctx: zmq.Context, kind: int, endpoint: str) -> zmq.Socket:
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(endpoint)
     return sock
+
+
+def exit_with_parent(parent_pid: int, period_s: float = 0.5) -> None:
+    """In a child process: a daemon thread that ends the process as soon as ``parent_pid``
+    is no longer its parent, even while the main thread is blocked (loading a model,
+    joining a process group), so that a killed server leaves no orphans behind."""
+    import threading
+    import time
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(period_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()

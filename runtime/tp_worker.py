@@ -107,6 +107,7 @@ def run_tp_worker_process(
     from runtime.worker import ModelWorker
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0's process decides when we stop
+    ipc.exit_with_parent(parent_pid)
     ctx = zmq.Context()
     sock = ipc.bind(ctx, zmq.PULL, endpoint)
     tp = init_tensor_parallel(rank, args.tp_size, init_method, args.resolved_device)
@@ -117,8 +118,6 @@ def run_tp_worker_process(
     with torch.inference_mode():
         while True:
             if not poller.poll(1000):
-                if os.getppid() != parent_pid:
-                    break  # rank 0 is gone
                 continue
             msg = ipc.recv(sock)
             if isinstance(msg, TPStop):

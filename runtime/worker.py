@@ -15,7 +15,7 @@ from kernels.attention.base import AttentionShape
 from kernels.cpu.elementwise import argmax_rows
 from kernels.cpu.packed_linear import PackedLinearUnavailable
 from radix_cache import ReqToTokenTable
-from runtime.config import ServerArgs
+from runtime.config import MIN_KV_TOKENS, ServerArgs
 from runtime.cuda_graph_runner import CudaGraphRunner
 from runtime.device_req_to_token import DeviceReqToToken
 from runtime.distributed import NO_TP, TPInfo, split_range
@@ -84,6 +84,7 @@ class ModelWorker:
                            "step; install g++ (or set CXX) to get the compiled cpu backend")
         self.peers: TPPeers | None = None
         if tp is None and args.tp_size > 1:
+            check_tp_size(args.tp_size, model_dir)  # before any rank starts
             self.peers = TPPeers(args, model_dir)
             tp = self.peers.tp
         self.tp = tp or NO_TP
@@ -100,6 +101,11 @@ class ModelWorker:
         # Sized by the whole model's KV heads, so every TP rank has the same slots.
         per_slot = KVPool.bytes_per_slot(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.dtype)
         num_tokens = args.max_total_tokens or int(args.kv_cache_memory * 2**30 // per_slot)
+        if num_tokens < MIN_KV_TOKENS:
+            raise ValueError(
+                f"kv_cache_memory {args.kv_cache_memory:g} GiB holds {num_tokens} tokens of this model's KV "
+                f"cache ({per_slot} bytes each); at least {MIN_KV_TOKENS} are needed"
+            )
         self.num_slots = num_tokens + 1  # plus the reserved padding slot 0
         # Rows for running requests plus headroom for requests admitted in the same step.
         self.req_to_token = ReqToTokenTable(args.max_running_requests + 8, self.max_context_len)
@@ -283,3 +289,13 @@ def _keep_freed_memory_in_process() -> None:
         libc.mallopt(m_trim_threshold, 1 << 30)
     except (OSError, AttributeError):
         pass  # not glibc: keep the allocator's defaults
+
+
+def check_tp_size(tp_size: int, model_dir: Path) -> None:
+    """``ValueError`` when ``tp_size`` ranks cannot split this model: each needs a KV head."""
+    from runtime.model_loader.weights import load_hf_config
+    from runtime.models.config import ModelConfig
+
+    kv_heads = ModelConfig.from_hf(load_hf_config(model_dir)).num_kv_heads
+    if tp_size > kv_heads:
+        raise ValueError(f"tp_size {tp_size} exceeds the model's {kv_heads} KV heads (each rank needs one)")

@@ -214,6 +214,14 @@ BAD_CALLS = {
         lambda e: e.generate(["Hi", "Yo"], [{"max_new_tokens": 1}, {"top_p": 0}]),
         "top_p",
     ),
+    "input_ids not a list": (lambda e: e.generate(input_ids=5, sampling_params={"max_new_tokens": 1}), "input_ids"),
+    "sampling_params not a dict": (lambda e: e.generate("Hi", [1]), "sampling_params"),
+    "seed beyond 64 bits": (lambda e: e.generate("Hi", {"max_new_tokens": 1, "seed": 2**70}), "seed"),
+    "non-boolean return_logprob": (lambda e: e.generate("Hi", {"max_new_tokens": 1}, return_logprob="yes"), "return_logprob"),
+    "stop token id outside the vocabulary": (
+        lambda e: e.generate("Hi", {"max_new_tokens": 2, "min_new_tokens": 1, "stop_token_ids": [10**6]}),
+        "stop_token_ids",
+    ),
     "too long second prompt in a batch": (
         lambda e: e.generate(
             input_ids=[[1, 2], [1] * (e.scheduler.max_context_len + 5)],

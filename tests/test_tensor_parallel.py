@@ -47,3 +47,15 @@ def test_tp_larger_than_kv_heads_is_refused(model_dir):
     cfg = ModelConfig.from_hf(load_hf_config(model_dir))
     with torch.device("meta"), pytest.raises(ValueError, match="exceeds the model's 3 KV heads"):
         LlamaForCausalLM(cfg, TPInfo(rank=0, size=4))
+
+
+def test_tp_larger_than_kv_heads_is_refused_before_any_rank_starts(model_dir, monkeypatch):
+    from runtime import tp_worker
+    from runtime.engine import Engine
+
+    def no_spawn(*args, **kwargs):
+        raise AssertionError("a rank was started")
+
+    monkeypatch.setattr(tp_worker.TPPeers, "__init__", no_spawn)
+    with pytest.raises(ValueError, match="tp_size 4 exceeds the model's 3 KV heads"):
+        Engine(str(model_dir), dtype="float32", max_total_tokens=1000, tp_size=4)

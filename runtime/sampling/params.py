@@ -67,6 +67,8 @@ class SamplingParams:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> SamplingParams:
+        if d is not None and not isinstance(d, dict):
+            raise ValueError(f"sampling_params must be a dict, got {type(d).__name__}")
         d = dict(d or {})
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - names)
@@ -103,7 +105,8 @@ class SamplingParams:
              f"must be in [{low:g}, {high:g}] (1 = no penalty)")
         need(isinstance(self.stop, list) and all(isinstance(s, str) and s for s in self.stop), "stop", "must be a string or a list of non-empty strings")
         need(isinstance(self.stop_token_ids, list) and all(_is_int(t) and t >= 0 for t in self.stop_token_ids), "stop_token_ids", "must be a list of token ids")
-        need(self.seed is None or _is_int(self.seed), "seed", "must be an integer")
+        need(self.seed is None or (_is_int(self.seed) and -(2**63) <= self.seed < 2**64), "seed",
+             "must be an integer in [-2**63, 2**64)")
         need(_is_int(self.n) and 1 <= self.n <= MAX_N, "n", f"must be an integer in [1, {MAX_N}]")
         for name in BOOL_FIELDS:
             need(isinstance(getattr(self, name), bool), name, "must be true or false")

@@ -8,7 +8,6 @@ inside a step is a bug and ends the process, so the HTTP server reports it and e
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import time
 import traceback
@@ -33,15 +32,14 @@ from runtime.scheduler.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
 
-_PARENT_CHECK_S = 1.0
+_IDLE_POLL_S = 1.0
 
 
 class SchedulerServer:
-    def __init__(self, scheduler: Scheduler, recv_sock: zmq.Socket, send_sock: zmq.Socket, parent_pid: int) -> None:
+    def __init__(self, scheduler: Scheduler, recv_sock: zmq.Socket, send_sock: zmq.Socket) -> None:
         self.scheduler = scheduler
         self.recv_sock = recv_sock
         self.send_sock = send_sock
-        self.parent_pid = parent_pid
         self.sent: dict[str, int] = {}  # rid -> output tokens already sent
         self.num_finished = 0
 
@@ -49,17 +47,12 @@ class SchedulerServer:
         poller = zmq.Poller()
         poller.register(self.recv_sock, zmq.POLLIN)
         is_idle_checked = True
-        last_parent_check = time.monotonic()
         while True:
             if not self.scheduler.has_work:
                 if not is_idle_checked:
                     self.scheduler.check_invariants()  # a leak is a bug: fail loudly
                     is_idle_checked = True
-                poller.poll(int(_PARENT_CHECK_S * 1000))
-            if time.monotonic() - last_parent_check > _PARENT_CHECK_S:
-                if os.getppid() != self.parent_pid:
-                    return  # the server is gone; do not linger as an orphan
-                last_parent_check = time.monotonic()
+                poller.poll(int(_IDLE_POLL_S * 1000))
             for msg in ipc.recv_all(self.recv_sock):
                 self.handle(msg)
             if self.scheduler.has_work:
@@ -155,6 +148,7 @@ def _update(req: Req, start: int, num_new: int, error: str | None) -> TokenUpdat
 def run_scheduler_process(args: ServerArgs, model_dir: str, recv_from: str, send_to: str, parent_pid: int) -> None:
     """Entry point of the scheduler process: load the model, report ready, serve."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
+    ipc.exit_with_parent(parent_pid)  # the server is gone: do not linger as an orphan
     logging.basicConfig(level=logging.INFO, format="[forkserve scheduler] %(message)s")
     ctx = zmq.Context()
     recv_sock = ipc.bind(ctx, zmq.PULL, recv_from)
@@ -169,8 +163,12 @@ def run_scheduler_process(args: ServerArgs, model_dir: str, recv_from: str, send
         worker = ModelWorker(args, Path(model_dir), tokenizer.eos_token_ids)
         scheduler = Scheduler(args, worker, tokenizer.decode)
     except Exception as err:  # report why, then exit: the server fails fast with the reason
-        ipc.send(send_sock, ReadyOut(error=f"{type(err).__name__}: {err}"))
-        logger.error("model load failed:\n%s", traceback.format_exc())
+        # A ValueError is a setting the model cannot take: its message says it all. Anything
+        # else is unexpected, and the log gets its traceback.
+        expected = isinstance(err, ValueError)
+        ipc.send(send_sock, ReadyOut(error=str(err) if expected else f"{type(err).__name__}: {err}"))
+        if not expected:
+            logger.error("model load failed:\n%s", traceback.format_exc())
         time.sleep(0.2)  # let the message leave
         raise SystemExit(1) from err
     info = {
@@ -182,4 +180,4 @@ def run_scheduler_process(args: ServerArgs, model_dir: str, recv_from: str, send
         "attention_backend": args.resolved_attention_backend,
     }
     ipc.send(send_sock, ReadyOut(info=info))
-    SchedulerServer(scheduler, recv_sock, send_sock, parent_pid).loop()
+    SchedulerServer(scheduler, recv_sock, send_sock).loop()

@@ -74,7 +74,7 @@ class ServerContext:
                 400,
                 f"The request needs {prompt_len + max_new} tokens ({prompt_len} in the prompt, {max_new} "
                 f"for the completion) but the KV cache holds {self.max_total_tokens}.",
-                param="max_tokens",
+                param="max_tokens" if prompt_len < self.max_total_tokens else "prompt",
             )
 
     def check_token_ids(self, ids: list[int], param: str) -> None:

@@ -1,0 +1,90 @@
+"""``ServerArgs``/``HttpArgs`` refuse wrong types and values with a ValueError naming the
+field, and the ``forkserve`` commands turn bad flags into one line, not a traceback."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from runtime.config import HttpArgs, ServerArgs
+from tests.proc_utils import pid_alive
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field_name"),
+    [
+        ({"page_size": "4"}, "page_size"),
+        ({"max_running_requests": None}, "max_running_requests"),
+        ({"max_total_tokens": 100.5}, "max_total_tokens"),
+        ({"model_path": 5}, "model_path"),
+        ({"kv_cache_memory": math.nan}, "kv_cache_memory"),
+        ({"kv_cache_memory": math.inf}, "kv_cache_memory"),
+        ({"disable_radix_cache": "no"}, "disable_radix_cache"),
+        ({"tp_size": True}, "tp_size"),
+        ({"chunked_prefill_size": 1.5}, "chunked_prefill_size"),
+        ({"num_threads": 0}, "num_threads"),
+        ({"max_total_tokens": 15}, "max_total_tokens"),
+    ],
+)
+def test_server_args_refuse_wrong_types_and_values(kwargs, field_name):
+    with pytest.raises(ValueError, match=rf"^{field_name} "):
+        ServerArgs(**kwargs)
+
+
+def test_http_args_refuse_a_non_positive_startup_timeout():
+    with pytest.raises(ValueError, match="startup_timeout"):
+        HttpArgs(startup_timeout=0)
+    assert ServerArgs(kv_cache_memory=2, max_total_tokens=None).kv_cache_memory == 2  # an int is a number
+
+
+def _forkserve(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "runtime.cli", *argv], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "words"),
+    [
+        (["generate", "--page-size", "0", "hi"], 2, "page_size must be at least 1"),
+        (["generate", "--num-threads", "-3", "hi"], 2, "num_threads must be at least 1"),
+        (["generate", "--model-path", "/nonexistent/model", "hi"], 1, "/nonexistent/model"),
+        (["generate", "--kv-cache-memory", "1e-9", "hi"], 1, "kv_cache_memory"),
+        (["serve", "--startup-timeout", "0"], 2, "startup_timeout must be positive"),
+        (["bench", "--concurrency", "0"], 2, "must be at least 1"),
+    ],
+)
+def test_bad_flags_are_one_line_errors(argv, code, words):
+    done = _forkserve(*argv)
+    assert done.returncode == code, done.stderr
+    assert words in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_child_exits_when_its_parent_dies_even_while_blocked():
+    """``ipc.exit_with_parent``: the grandchild blocks in a sleep (as a rank blocks joining
+    its process group); killing its parent must end it within seconds, not leave an orphan."""
+    script = textwrap.dedent("""
+        import os, subprocess, sys, time
+        child = subprocess.Popen([sys.executable, "-c",
+            "import os, time; from runtime import ipc; ipc.exit_with_parent(os.getppid(), 0.1); time.sleep(600)"])
+        print(child.pid, flush=True)
+        time.sleep(600)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": os.getcwd()})
+    grandchild = int(parent.stdout.readline())
+    time.sleep(1.0)  # the watch thread is running
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while pid_alive(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    alive = pid_alive(grandchild)
+    if alive:
+        os.kill(grandchild, signal.SIGKILL)
+    assert not alive
