@@ -74,6 +74,8 @@ class ModelWorker:
         threads = args.num_threads or (max(1, (os.cpu_count() or 1) // args.tp_size) if args.tp_size > 1 else None)
         if threads:
             torch.set_num_threads(threads)
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"device {self.device!r} was asked for, but torch {torch.__version__} finds no CUDA device")
         if self.device == "cpu":
             _keep_freed_memory_in_process()
         # Before loading anything: a backend that cannot run here is a config error.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+import torch
 
 from kernels.attention import check_backend_can_run, create_attention_backend
 from kernels.attention.base import AttentionShape
@@ -79,3 +80,11 @@ def test_shape_checks_grouping():
     assert SHAPE.group_size == 3
     with pytest.raises(ValueError, match="multiple"):
         AttentionShape(num_heads=8, num_kv_heads=3, head_dim=64)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_engine_on_cuda_without_a_cuda_device_says_so(model_dir):
+    from runtime.engine import Engine
+
+    with pytest.raises(ValueError, match="finds no CUDA device"):
+        Engine(str(model_dir), device="cuda", max_total_tokens=64)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import multiprocessing
 import os
@@ -44,7 +45,9 @@ def bind_port(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as err:
         sock.close()
-        raise StartupError(f"cannot listen on {host}:{port}: {err.strerror} (is another server running there?)") from err
+        hint = " (is another server running there?)" if err.errno == errno.EADDRINUSE else ""
+        reason = err.strerror or str(err)  # socket.gaierror (a host that does not resolve) has no strerror
+        raise StartupError(f"cannot listen on {host}:{port}: {reason}{hint}") from err
     sock.listen(2048)
     sock.set_inheritable(False)
     return sock
