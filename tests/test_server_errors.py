@@ -65,6 +65,10 @@ def assert_error(resp: httpx.Response, status: int, *words: str, param: str | No
         # OpenAI's names in OpenAI's errors; n within OpenAI's limit
         ("/v1/chat/completions", {**CHAT, "min_tokens": 9}, 400, ["min_tokens"], "min_tokens"),
         ("/v1/chat/completions", {**CHAT, "n": 129}, 400, ["n must be in [1, 128]"], "n"),
+        # JSON types as OpenAI checks them: no numbers or booleans written as strings
+        ("/v1/chat/completions", {**CHAT, "temperature": "0.5"}, 400, ["temperature"], "temperature"),
+        ("/v1/chat/completions", {**CHAT, "stream": "yes"}, 400, ["stream"], "stream"),
+        ("/generate", {"text": "a", "stream": "yes"}, 400, ["stream"], "stream"),
     ],
 )
 def test_bad_input(server, path, body, status, words, param):

@@ -27,7 +27,7 @@ class ApiError(Exception):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 def reject_unsupported(req: BaseModel, names: tuple[str, ...]) -> None:
