@@ -9,7 +9,6 @@ same rule the offline engine uses (``Tokenizer.output_text``), so the two always
 from __future__ import annotations
 
 import logging
-import os
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,17 +83,12 @@ class Detokenizer:
 
 def run_detokenizer_process(model_dir: str, recv_from: str, send_to: str, parent_pid: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
+    ipc.exit_with_parent(parent_pid)  # the server is gone: do not linger as an orphan
     logging.basicConfig(level=logging.INFO, format="[forkserve detokenizer] %(message)s")
     ctx = zmq.Context()
     recv_sock = ipc.bind(ctx, zmq.PULL, recv_from)
     send_sock = ipc.connect(ctx, zmq.PUSH, send_to)
     detok = Detokenizer(Tokenizer(Path(model_dir)))
-    poller = zmq.Poller()
-    poller.register(recv_sock, zmq.POLLIN)
     while True:
-        if not poller.poll(1000):
-            if os.getppid() != parent_pid:
-                return  # the server is gone
-            continue
-        for msg in ipc.recv_all(recv_sock):
-            ipc.send(send_sock, detok.process(msg) if isinstance(msg, BatchTokenOut) else msg)
+        msg = ipc.recv(recv_sock)
+        ipc.send(send_sock, detok.process(msg) if isinstance(msg, BatchTokenOut) else msg)

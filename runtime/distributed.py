@@ -37,6 +37,12 @@ def split_range(n: int, size: int, rank: int) -> tuple[int, int]:
     return start, base + (1 if rank < extra else 0)
 
 
+def check_tp_size(tp_size: int, num_kv_heads: int) -> None:
+    """``ValueError`` when ``tp_size`` ranks cannot split a model's KV heads: each rank needs one."""
+    if tp_size > num_kv_heads:
+        raise ValueError(f"tp_size {tp_size} exceeds the model's {num_kv_heads} KV heads (each rank needs one)")
+
+
 def init_tensor_parallel(rank: int, size: int, init_method: str, device: str) -> TPInfo:
     import datetime
 

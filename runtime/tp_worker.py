@@ -113,12 +113,8 @@ def run_tp_worker_process(
     tp = init_tensor_parallel(rank, args.tp_size, init_method, args.resolved_device)
     worker = ModelWorker(args, Path(model_dir), tp=tp)
     table = worker.req_to_token.table
-    poller = zmq.Poller()
-    poller.register(sock, zmq.POLLIN)
     with torch.inference_mode():
         while True:
-            if not poller.poll(1000):
-                continue
             msg = ipc.recv(sock)
             if isinstance(msg, TPStop):
                 break

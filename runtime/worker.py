@@ -18,11 +18,13 @@ from radix_cache import ReqToTokenTable
 from runtime.config import MIN_KV_TOKENS, ServerArgs
 from runtime.cuda_graph_runner import CudaGraphRunner
 from runtime.device_req_to_token import DeviceReqToToken
-from runtime.distributed import NO_TP, TPInfo, split_range
+from runtime.distributed import NO_TP, TPInfo, check_tp_size, split_range
 from runtime.forward_context import ForwardContext, forward_context
 from runtime.kv_pool import KVPool
 from runtime.layers import enable_cpu_kernels, pack_linear_weights
+from runtime.model_loader.weights import load_hf_config
 from runtime.models import load_model
+from runtime.models.config import ModelConfig
 from runtime.models.cpu_decoder_layers import CpuDecoderLayers
 from runtime.sampling.sampler import sample, torch_argmax
 from runtime.scheduler.req import Req
@@ -86,7 +88,8 @@ class ModelWorker:
                            "step; install g++ (or set CXX) to get the compiled cpu backend")
         self.peers: TPPeers | None = None
         if tp is None and args.tp_size > 1:
-            check_tp_size(args.tp_size, model_dir)  # before any rank starts
+            # Refused before any rank starts (the model checks again for its own TPInfo).
+            check_tp_size(args.tp_size, ModelConfig.from_hf(load_hf_config(model_dir)).num_kv_heads)
             self.peers = TPPeers(args, model_dir)
             tp = self.peers.tp
         self.tp = tp or NO_TP
@@ -291,13 +294,3 @@ def _keep_freed_memory_in_process() -> None:
         libc.mallopt(m_trim_threshold, 1 << 30)
     except (OSError, AttributeError):
         pass  # not glibc: keep the allocator's defaults
-
-
-def check_tp_size(tp_size: int, model_dir: Path) -> None:
-    """``ValueError`` when ``tp_size`` ranks cannot split this model: each needs a KV head."""
-    from runtime.model_loader.weights import load_hf_config
-    from runtime.models.config import ModelConfig
-
-    kv_heads = ModelConfig.from_hf(load_hf_config(model_dir)).num_kv_heads
-    if tp_size > kv_heads:
-        raise ValueError(f"tp_size {tp_size} exceeds the model's {kv_heads} KV heads (each rank needs one)")

@@ -15,7 +15,7 @@ from torch import nn
 
 from kernels.cpu.elementwise import silu_and_mul
 from kernels.cpu.packed_linear import PackedWeight, pack_weight, packed_linear
-from runtime.distributed import NO_TP, TPInfo, split_range
+from runtime.distributed import NO_TP, TPInfo, check_tp_size, split_range
 from runtime.layers.attention import RadixAttention
 from runtime.layers.linear import Linear, MergedLinear, RowParallelLinear
 from runtime.layers.norm import RMSNorm
@@ -105,8 +105,7 @@ class LlamaForCausalLM(nn.Module):
 
     def __init__(self, cfg: ModelConfig, tp: TPInfo = NO_TP) -> None:
         super().__init__()
-        if cfg.num_kv_heads < tp.size:
-            raise ValueError(f"tensor parallel size {tp.size} exceeds the model's {cfg.num_kv_heads} KV heads")
+        check_tp_size(tp.size, cfg.num_kv_heads)
         self.cfg = cfg
         # Embedding and head are replicated: at these sizes a vocab split saves little.
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)

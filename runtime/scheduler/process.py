@@ -32,9 +32,6 @@ from runtime.scheduler.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
 
-_IDLE_POLL_S = 1.0
-
-
 class SchedulerServer:
     def __init__(self, scheduler: Scheduler, recv_sock: zmq.Socket, send_sock: zmq.Socket) -> None:
         self.scheduler = scheduler
@@ -52,7 +49,7 @@ class SchedulerServer:
                 if not is_idle_checked:
                     self.scheduler.check_invariants()  # a leak is a bug: fail loudly
                     is_idle_checked = True
-                poller.poll(int(_IDLE_POLL_S * 1000))
+                poller.poll()
             for msg in ipc.recv_all(self.recv_sock):
                 self.handle(msg)
             if self.scheduler.has_work:

@@ -229,17 +229,18 @@ class Completion(_OpenAIHandler):
         if r.echo and r.logprobs is not None:
             raise ApiError(400, "'echo' together with 'logprobs' is not supported", param="echo")
         prompt = r.prompt
+        texts: list[str] | None = None
         if isinstance(prompt, str) or (prompt and isinstance(prompt[0], str)):
-            self.prompt_texts = [prompt] if isinstance(prompt, str) else list(prompt)
-            prompts = await self.ctx.encode(self.prompt_texts)
-        else:  # token ids, checked before they are decoded for echo
+            texts = [prompt] if isinstance(prompt, str) else list(prompt)
+            prompts = await self.ctx.encode(texts)
+        else:
             prompts = list(prompt) if prompt and isinstance(prompt[0], list) else [list(prompt)]
-            for ids in prompts:
-                self.ctx.check_token_ids(ids, "prompt")
-            self.prompt_texts = [self.ctx.tokenizer.decode(p, False) for p in prompts] if r.echo else []
         if not prompts:
             raise ApiError(400, "'prompt' is an empty list", param="prompt")
-        return await self.respond(self.submit(prompts, r.max_tokens, r.logprobs))
+        states = self.submit(prompts, r.max_tokens, r.logprobs)  # checks token ids
+        # Only checked token ids are decoded (for echo).
+        self.prompt_texts = texts or ([self.ctx.tokenizer.decode(p, False) for p in prompts] if r.echo else [])
+        return await self.respond(states)
 
     def echo(self, index: int) -> str:
         return self.prompt_texts[index // self.req.n] if self.req.echo else ""
