@@ -12,6 +12,7 @@ import torch
 
 from kernels.attention import check_backend_can_run, create_attention_backend
 from kernels.attention.base import AttentionShape
+from kernels.cpu import gemm_choice
 from kernels.cpu.elementwise import argmax_rows
 from kernels.cpu.packed_linear import PackedLinearUnavailable
 from radix_cache import ReqToTokenTable
@@ -21,7 +22,7 @@ from runtime.device_req_to_token import DeviceReqToToken
 from runtime.distributed import NO_TP, TPInfo, check_tp_size, split_range
 from runtime.forward_context import ForwardContext, forward_context
 from runtime.kv_pool import KVPool
-from runtime.layers import enable_cpu_kernels, pack_linear_weights
+from runtime.layers import enable_cpu_kernels, pack_linear_weights, packed_weights
 from runtime.model_loader.weights import load_hf_config
 from runtime.models import load_model
 from runtime.models.config import ModelConfig
@@ -118,6 +119,7 @@ class ModelWorker:
         shape = AttentionShape(local_kv_heads * (cfg.num_heads // cfg.num_kv_heads), local_kv_heads, cfg.head_dim)
         self.attn_backend = create_attention_backend(backend, self.device, shape)
         self.argmax = torch_argmax
+        self.gemm = "F.linear"  # what multiplies the linear weights, in words (the start-up log)
         if backend == "cpu":  # the same compiled library has the elementwise kernels
             enable_cpu_kernels(self.model)
             self.argmax = argmax_rows
@@ -125,6 +127,7 @@ class ModelWorker:
                 pack_linear_weights(self.model, self.dtype)
             except PackedLinearUnavailable as err:
                 logger.warning("linear layers use plain F.linear (slower): %s", err)
+            self.gemm = self._choose_gemm()
         self.kv_pool = KVPool(
             self.num_slots, cfg.num_layers, local_kv_heads, cfg.head_dim, self.dtype, self.device,
             layout=self.attn_backend.kv_layout,
@@ -139,6 +142,15 @@ class ModelWorker:
         self.device_table = DeviceReqToToken(self.req_to_token.table, self.device) if self._on_cuda else None
         self.graph_runner = self._build_graph_runner(cfg.hidden_size)
         self.default_generator = torch.Generator().manual_seed(args.random_seed)
+
+    def _choose_gemm(self) -> str:
+        """Which kernel multiplies the packed weights, in words; for bf16 weights on our GEMM,
+        the AMX row threshold measured on this machine (``kernels/cpu/gemm_choice.py``)."""
+        kinds = {p.kind for p in packed_weights(self.model)}
+        if "bf16_panels" not in kinds:
+            return "oneDNN GEMM on packed weights" if kinds else "F.linear"
+        shapes = {(p.in_features, p.out_features) for p in packed_weights(self.model)}
+        return gemm_choice.describe(gemm_choice.choose_for(shapes))
 
     @property
     def _on_cuda(self) -> bool:

@@ -4,6 +4,7 @@ numbers; the layers and models that use them against their plain ``F.linear`` se
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import platform
@@ -15,30 +16,40 @@ import torch
 import torch.nn.functional as F
 
 import kernels.cpu.packed_linear as pl
-from kernels.cpu import build, linear_bf16
+from kernels.cpu import build, gemm_choice, linear_bf16
 from kernels.cpu.packed_linear import PackedLinearUnavailable, pack_weight, packed_linear
 from runtime.layers import pack_linear_weights
 from runtime.layers.linear import Linear, MergedLinear, RowParallelLinear
 from runtime.models.config import ModelConfig
 from runtime.models.llama import LlamaForCausalLM
 
-# (dtype, packed form): every form pack_weight may choose
-FORMS = [(torch.float32, "onednn"), (torch.bfloat16, "onednn"), (torch.bfloat16, "bf16_panels")]
+# (dtype, packed form, bf16 kernel): every form pack_weight may choose, and for our bf16
+# packing each kernel that may multiply it (gemm_choice picks by row count).
+FORMS = [(torch.float32, "onednn", None), (torch.bfloat16, "onednn", None), (torch.bfloat16, "bf16_panels", "vector"),
+         (torch.bfloat16, "bf16_panels", "amx")]
 
 
-@pytest.fixture(params=FORMS, ids=lambda f: f"{str(f[0]).removeprefix('torch.')}-{f[1]}")
-def form(request, monkeypatch):
-    """Make ``pack_weight`` use this form here, or skip where it cannot."""
-    dtype, kind = request.param
-    if kind == "bf16_panels" and not linear_bf16.available():
+def _skip_without(kernel: str | None) -> None:
+    if kernel is not None and not linear_bf16.available():
         pytest.skip("this CPU has no AVX512-BF16 (or no C++ compiler): no bfloat16 GEMM kernel")
+    if kernel == "amx" and not gemm_choice.amx_available():
+        pytest.skip("this CPU (or its build or OS) has no AMX tiles: the AMX GEMM cannot run here")
+
+
+@pytest.fixture(params=FORMS, ids=lambda f: "-".join(x for x in (str(f[0]).removeprefix("torch."), f[1], f[2]) if x))
+def form(request, monkeypatch):
+    """Make ``pack_weight`` use this form (and the bf16 GEMM this kernel) here, or skip
+    where it cannot."""
+    dtype, kind, kernel = request.param
+    _skip_without(kernel)
     if kind == "onednn":
         monkeypatch.setattr(linear_bf16, "available", lambda: False)
     try:
         assert pl.kind_for(dtype) == kind
     except PackedLinearUnavailable as err:
         pytest.skip(str(err))
-    return dtype, kind
+    with gemm_choice.forced(kernel) if kernel else contextlib.nullcontext():
+        yield dtype, kind
 
 
 def _close_to_exact(ours: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
@@ -69,20 +80,68 @@ def test_packed_linear_is_the_exact_product_rounded(form, rows, with_bias):
     _close_to_exact(packed_linear(x, packed, bias), x, weight, bias)
 
 
+@pytest.mark.parametrize("kernel", ["vector", "amx"])
 @pytest.mark.parametrize("out_features", [1, 31, 32, 33, 65])
 @pytest.mark.parametrize("in_features", [0, 1, 2, 3, 64, 577])
-def test_bf16_kernel_edges_of_panels_and_pairs(out_features, in_features):
-    """Output widths around the 32-column panel, odd input widths (a half-empty pair) and
-    no inputs at all (the bias alone)."""
-    if not linear_bf16.available():
-        pytest.skip("no bfloat16 GEMM kernel on this CPU")
+def test_bf16_kernel_edges_of_panels_and_pairs(out_features, in_features, kernel):
+    """Output widths around the 32-column panel, odd input widths (a half-empty pair, a
+    part-filled AMX tile) and no inputs at all (the bias alone)."""
+    _skip_without(kernel)
     gen = torch.Generator().manual_seed(out_features * 1000 + in_features)
     weight = torch.randn(out_features, in_features, generator=gen).bfloat16()
     bias = torch.randn(out_features, generator=gen).bfloat16()
     x = torch.randn(14, in_features, generator=gen).bfloat16()
     packed = linear_bf16.pack(weight)
-    _close_to_exact(linear_bf16.linear(x, packed, out_features, bias), x, weight, bias)
-    _close_to_exact(linear_bf16.linear(x[:5], packed, out_features), x[:5], weight, None)
+    with gemm_choice.forced(kernel):
+        _close_to_exact(linear_bf16.linear(x, packed, out_features, bias), x, weight, bias)
+        _close_to_exact(linear_bf16.linear(x[:5], packed, out_features), x[:5], weight, None)
+
+
+@pytest.mark.parametrize("rows", [1, 15, 16, 17, 31, 32, 33, 95, 450])
+@pytest.mark.parametrize("in_features", [32, 577])
+def test_amx_kernel_row_blocks(rows, in_features):
+    """The AMX kernel's row handling: one padded tile (< 16 rows), a padded pair of tiles
+    (< 32), whole 32-row blocks, a last block that overlaps the one before it, and more rows
+    than one pass over the weights keeps in L2 (577 inputs: 416 rows a pass), read in place
+    (32 inputs) or from a zero-padded copy (577); inputs strided, with a bias."""
+    _skip_without("amx")
+    gen = torch.Generator().manual_seed(rows + in_features)
+    weight = torch.randn(70, in_features, generator=gen).bfloat16()
+    bias = torch.randn(70, generator=gen).bfloat16()
+    x = torch.randn(rows, in_features + 3, generator=gen).bfloat16()[:, 3:]
+    with gemm_choice.forced("amx"):
+        _close_to_exact(linear_bf16.linear(x, linear_bf16.pack(weight), 70, bias), x, weight, bias)
+
+
+def test_the_row_threshold_picks_the_kernel():
+    """``linear_bf16`` sends products of at least the threshold's rows to the AMX kernel and
+    smaller ones to the vector kernel: each result equals that kernel's own, bit for bit.
+    The two kernels add the same products in the same order and agree almost everywhere, so
+    the check uses rows of widely scaled inputs on which they round differently."""
+    _skip_without("amx")
+    lib = build.load_kernels()
+    gen = torch.Generator().manual_seed(7)
+    weight = torch.randn(96, 1536, generator=gen).bfloat16()
+    packed = linear_bf16.pack(weight)
+
+    def run(entry: str, x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(x.shape[0], 96, dtype=torch.bfloat16)
+        assert getattr(lib, entry)(x.data_ptr(), x.shape[0], 1536, 1536, packed.data_ptr(), 96, None,
+                                   out.data_ptr(), 96, 2) == 0
+        return out
+
+    many = (torch.randn(300, 1536, generator=gen) * torch.logspace(-3, 3, 1536)).bfloat16()
+    differs = (run("linear_amx", many) != run("linear_bf16_vector", many)).any(dim=1).nonzero().flatten()
+    assert differs.numel() > 0
+    previous = gemm_choice.set_amx_min_rows(6)
+    try:
+        for rows in (5, 6, 40):
+            x = many[differs[0]].expand(rows, 1536).contiguous()
+            amx, vector = run("linear_amx", x), run("linear_bf16_vector", x)
+            assert not torch.equal(amx, vector)
+            assert torch.equal(linear_bf16.linear(x, packed, 96), amx if rows >= 6 else vector)
+    finally:
+        gemm_choice.set_amx_min_rows(previous)
 
 
 def test_strided_and_batched_inputs_are_read_correctly(form):
@@ -163,8 +222,10 @@ def test_bad_inputs_to_the_bf16_kernel_raise():
     if not linear_bf16.available():
         pytest.skip("no bfloat16 GEMM kernel on this CPU")
     packed = linear_bf16.pack(torch.randn(40, 6).bfloat16())
+    # Input widths are padded to whole 32-feature tiles in the packed form, so only a width
+    # in another tile is visible from the packed size (PackedWeight checks the exact width).
     with pytest.raises(ValueError, match="does not fit"):
-        linear_bf16.linear(torch.randn(2, 8).bfloat16(), packed, 40)
+        linear_bf16.linear(torch.randn(2, 40).bfloat16(), packed, 40)
     with pytest.raises(ValueError, match="does not fit"):
         linear_bf16.linear(torch.randn(2, 6).bfloat16(), packed, 70)
     with pytest.raises(ValueError, match="bias"):

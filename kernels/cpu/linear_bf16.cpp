@@ -5,7 +5,13 @@
 //   packed[panel][k / 2][column][k % 2]
 // so one k-pair of a panel is two 16-lane vectors of bf16 pairs, which is exactly the
 // operand vdpbf16ps multiplies against a broadcast pair (x[m][k], x[m][k+1]). Columns past
-// out_features and the odd input feature past in_features are zeros.
+// out_features and input features past in_features are zeros, and each panel has a
+// multiple of 16 k-pairs, so that the same layout is also AMX's weight tile layout
+// (linear_amx.cpp).
+//
+// linear_bf16 is the entry point for both kernels: it multiplies on AMX tiles from
+// amx_min_rows rows on (where the build and the CPU have them), with vdpbf16ps below. The
+// Python side sets amx_min_rows from a measurement on this machine (kernels/cpu/gemm_choice.py).
 //
 // A tile of up to 12 input rows keeps 24 float32 accumulators (12 rows x 2 vectors) in
 // registers over the whole input width, so each weight vector is loaded once per tile and
@@ -20,6 +26,7 @@
 // AVX512-BF16): on the default model's decode shapes its bf16 GEMMs read the weights at
 // 14-20 GB/s at batch 1, where a plain sequential read reaches ~30 GB/s on the same 2 cores,
 // and lose ~25% at batch 32 when the weights come from memory rather than cache.
+#include <climits>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -45,7 +52,8 @@ constexpr int64_t kAhead = 3;   // panels a thread prefetches ahead of the one i
 struct Gemm {
     const int32_t *x_pairs;  // the input rows regrouped by pack_rows
     int64_t rows, pairs;
-    const uint16_t *packed;  // [panels][pairs][32][2]
+    int64_t panel_pairs;     // k-pairs per panel in the packed layout (pairs rounded up to 16)
+    const uint16_t *packed;  // [panels][panel_pairs][32][2]
     int64_t out_features;
     const Bf16 *bias;  // [out_features] or null
     Bf16 *out;
@@ -78,7 +86,7 @@ struct Share {
 // Rows [row0, row0 + TILE) times panel p; `next` (or null) is prefetched alongside.
 template <int TILE>
 void tile(const Gemm &g, int64_t row0, int64_t p, const uint16_t *next, Share share) {
-    const uint16_t *panel = g.packed + p * g.pairs * 2 * kPanel;
+    const uint16_t *panel = g.packed + p * g.panel_pairs * 2 * kPanel;
     const int32_t *x = g.x_pairs + row0 * g.pairs;
     __m512 acc[TILE][2];
     for (int m = 0; m < TILE; m++) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
@@ -138,7 +146,7 @@ void gemm(const Bf16 *x, int64_t in_features, int64_t x_stride, Gemm g, int num_
         for (int64_t r0 = 0; r0 < g.rows; r0 += step) {
             const int64_t r1 = r0 + step < g.rows ? r0 + step : g.rows;
             for (int64_t p = first; p < last; p++) {
-                const uint16_t *next = prefetch && p + kAhead < last ? g.packed + (p + kAhead) * g.pairs * 2 * kPanel : nullptr;
+                const uint16_t *next = prefetch && p + kAhead < last ? g.packed + (p + kAhead) * g.panel_pairs * 2 * kPanel : nullptr;
                 const int64_t tiles = (r1 - r0 + kMaxTile - 1) / kMaxTile;
                 for (int64_t i = 0; i < tiles; i++) {
                     const int64_t r = r0 + i * kMaxTile, n = r1 - r < kMaxTile ? r1 - r : kMaxTile;
@@ -150,6 +158,12 @@ void gemm(const Bf16 *x, int64_t in_features, int64_t x_stride, Gemm g, int num_
 }
 
 #endif
+
+// k-pairs per panel in the packed layout: the input's pairs rounded up to a whole AMX tile.
+int64_t panel_pairs_of(int64_t in_features) { return (in_features + 31) / 32 * 16; }
+
+// Rows from which linear_bf16 multiplies on AMX tiles (where it can); set by the caller.
+int64_t amx_min_rows = INT64_MAX;
 
 }  // namespace
 
@@ -164,15 +178,23 @@ int linear_bf16_available() {
 #endif
 }
 
+// Products of at least `rows` rows go to the AMX kernel where linear_amx_available(); returns
+// the previous setting. INT64_MAX (the initial value) keeps every product on vdpbf16ps.
+int64_t linear_bf16_set_amx_min_rows(int64_t rows) {
+    const int64_t previous = amx_min_rows;
+    amx_min_rows = rows;
+    return previous;
+}
+
 // Bytes of the packed form of an [out_features, in_features] weight.
 int64_t linear_bf16_packed_bytes(int64_t out_features, int64_t in_features) {
-    const int64_t panels = (out_features + kPanel - 1) / kPanel, pairs = (in_features + 1) / 2;
-    return panels * pairs * kPanel * 2 * static_cast<int64_t>(sizeof(uint16_t));
+    const int64_t panels = (out_features + kPanel - 1) / kPanel;
+    return panels * panel_pairs_of(in_features) * kPanel * 2 * static_cast<int64_t>(sizeof(uint16_t));
 }
 
 // weight: row-major [out_features, in_features] bf16 bits; packed: linear_bf16_packed_bytes.
 void linear_bf16_pack(const uint16_t *weight, int64_t out_features, int64_t in_features, uint16_t *packed) {
-    const int64_t panels = (out_features + kPanel - 1) / kPanel, pairs = (in_features + 1) / 2;
+    const int64_t panels = (out_features + kPanel - 1) / kPanel, pairs = panel_pairs_of(in_features);
 #pragma omp parallel for
     for (int64_t p = 0; p < panels; p++)
         for (int64_t kp = 0; kp < pairs; kp++)
@@ -185,13 +207,14 @@ void linear_bf16_pack(const uint16_t *weight, int64_t out_features, int64_t in_f
 }
 
 // out[rows, out_features] (row stride out_stride) = x[rows, in_features] (row stride
-// x_stride) times the packed weight, plus bias[out_features] when not null.
-// Returns 0, or 1 when this build has no kernel (see linear_bf16_available).
-int linear_bf16(const forkserve::Bf16 *x, int64_t rows, int64_t in_features, int64_t x_stride,
-                const uint16_t *packed, int64_t out_features, const forkserve::Bf16 *bias, forkserve::Bf16 *out,
-                int64_t out_stride, int num_threads) {
+// x_stride) times the packed weight, plus bias[out_features] when not null, always on the
+// vdpbf16ps kernel. Returns 0, or 1 when this build has no kernel (see linear_bf16_available).
+int linear_bf16_vector(const forkserve::Bf16 *x, int64_t rows, int64_t in_features, int64_t x_stride,
+                       const uint16_t *packed, int64_t out_features, const forkserve::Bf16 *bias, forkserve::Bf16 *out,
+                       int64_t out_stride, int num_threads) {
 #if defined(__AVX512BF16__)
-    const Gemm g{nullptr, rows, (in_features + 1) / 2, packed, out_features, bias, out, out_stride};
+    const Gemm g{nullptr, rows, (in_features + 1) / 2, panel_pairs_of(in_features), packed, out_features, bias, out,
+                 out_stride};
     gemm(x, in_features, x_stride, g, num_threads);
     return 0;
 #else
@@ -199,6 +222,16 @@ int linear_bf16(const forkserve::Bf16 *x, int64_t rows, int64_t in_features, int
         (void)out_stride, (void)num_threads;
     return 1;
 #endif
+}
+
+// As linear_bf16_vector, on AMX tiles from amx_min_rows rows on where this process can use them.
+int linear_bf16(const forkserve::Bf16 *x, int64_t rows, int64_t in_features, int64_t x_stride,
+                const uint16_t *packed, int64_t out_features, const forkserve::Bf16 *bias, forkserve::Bf16 *out,
+                int64_t out_stride, int num_threads) {
+    if (rows >= amx_min_rows && linear_amx_available())
+        return linear_amx(x, rows, in_features, x_stride, packed, out_features, bias, out, out_stride, num_threads);
+    return linear_bf16_vector(x, rows, in_features, x_stride, packed, out_features, bias, out, out_stride,
+                              num_threads);
 }
 
 }  // extern "C"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kernels.cpu.packed_linear import check_packing_available
+from kernels.cpu.packed_linear import PackedWeight, check_packing_available
 
 
 def enable_cpu_kernels(model: nn.Module) -> int:
@@ -26,3 +26,10 @@ def pack_linear_weights(model: nn.Module, dtype: torch.dtype) -> int:
     cannot. Returns how many weights were packed."""
     check_packing_available(dtype)
     return sum(bool(m.pack_for_cpu()) for m in model.modules() if hasattr(m, "pack_for_cpu"))
+
+
+def packed_weights(model: nn.Module) -> list[PackedWeight]:
+    """Every packed weight of ``model`` (after ``pack_linear_weights``), the tied head's too."""
+    found = [getattr(m, "packed_weight", None) for m in model.modules()]
+    found.append(getattr(model, "packed_tied_head", None))
+    return [p for p in found if p is not None]

@@ -14,6 +14,7 @@ import traceback
 from typing import Any
 
 import numpy as np
+import torch
 import zmq
 
 from runtime import ipc
@@ -175,6 +176,8 @@ def run_scheduler_process(args: ServerArgs, model_dir: str, recv_from: str, send
         "dtype": args.resolved_dtype,
         "device": args.resolved_device,
         "attention_backend": args.resolved_attention_backend,
+        "num_threads": torch.get_num_threads() if args.resolved_device == "cpu" else None,
+        "gemm": worker.gemm,
     }
     ipc.send(send_sock, ReadyOut(info=info))
     SchedulerServer(scheduler, recv_sock, send_sock).loop()

@@ -53,6 +53,14 @@ def bind_port(host: str, port: int) -> socket.socket:
     return sock
 
 
+def describe_engine(info: dict[str, Any]) -> str:
+    """What runs, in one line: dtype, device, attention backend, compute threads, KV pool
+    size in tokens and the GEMM kernels (from the scheduler's ready message)."""
+    threads = f", {info['num_threads']} compute threads" if info.get("num_threads") else ""
+    return (f"{info['dtype']} on {info['device']}, attention backend {info['attention_backend']}{threads}, "
+            f"KV pool {info['max_total_tokens']:,} tokens, {info['gemm']}")
+
+
 def default_model_name(model_path: str | None, model_dir: Path) -> str:
     if model_path is None:
         return "SmolLM2-135M-Instruct"
@@ -143,6 +151,7 @@ class Launcher:
         ctx.is_ready = True
         if not serving.done():
             if await probe_generate(ctx, timeout=max(60.0, self.http.startup_timeout)):
+                print(f"forkserve: {describe_engine(manager.info)}", flush=True)
                 host = f"[{self.http.host}]" if ":" in self.http.host else self.http.host
                 print(f"forkserve ready: http://{host}:{self.http.port} (model {name}; OpenAI API under /v1)", flush=True)
             else:

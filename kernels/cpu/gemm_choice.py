@@ -1,0 +1,152 @@
+"""Which bfloat16 GEMM kernel multiplies a packed weight: chosen by measurement, per machine.
+
+A packed bf16 weight (``linear_bf16.pack``) can be multiplied by two kernels: vdpbf16ps
+vectors (``linear_bf16.cpp``, every CPU with AVX512-BF16) and AMX tiles (``linear_amx.cpp``,
+Intel Xeons from Sapphire Rapids on). Vectors read a weight fastest for a single row; tiles
+do 8,192 multiply-adds per instruction and win from a few rows on (on a 2-core Xeon with
+AMX: ~2 TFLOP/s at 600 rows against ~160 GFLOP/s). The crossover depends on the machine and
+the shape, so it is measured: for each weight shape, both kernels on 1..16 rows, and the
+smallest row count from which tiles are at least as fast at every measured size. Products
+of that many rows or more go to the tiles (``linear_bf16_set_amx_min_rows``; one setting
+per process: the largest crossover of the model's shapes).
+
+The measurement takes ~0.1 s per shape and is cached in a JSON file beside the compiled
+library (whose name already carries the sources', compiler's and CPU flags' hash), keyed by
+shape and thread count, so later starts on the same machine read it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import torch
+
+from kernels.cpu.build import CpuKernelsUnavailable, find_compiler, library_path, load_kernels
+
+NEVER = 2**63 - 1  # amx_min_rows that keeps every product on the vector kernel
+CANDIDATE_ROWS = (1, 2, 3, 4, 6, 8, 12, 16)
+
+
+def amx_available() -> bool:
+    """Whether this build and operating system let this process multiply on AMX tiles."""
+    try:
+        return bool(load_kernels().linear_amx_available())
+    except CpuKernelsUnavailable:
+        return False
+
+
+def set_amx_min_rows(rows: int) -> int:
+    """Send products of ``rows`` rows or more to the AMX kernel; returns the previous value."""
+    return int(load_kernels().linear_bf16_set_amx_min_rows(rows))
+
+
+@contextlib.contextmanager
+def forced(kernel: str) -> Iterator[None]:
+    """Every bf16 GEMM in this block on one kernel: ``"vector"`` or ``"amx"`` (tests)."""
+    if kernel not in ("vector", "amx"):
+        raise ValueError(f"kernel must be 'vector' or 'amx', got {kernel!r}")
+    if kernel == "amx" and not amx_available():
+        raise CpuKernelsUnavailable("this CPU (or its build, or the OS) has no AMX tiles")
+    previous = set_amx_min_rows(1 if kernel == "amx" else NEVER)
+    try:
+        yield
+    finally:
+        set_amx_min_rows(previous)
+
+
+def measure_crossover(in_features: int, out_features: int, threads: int, reps: int = 7) -> int:
+    """The smallest row count from which the AMX kernel is at least as fast as the vector
+    kernel at every size of ``CANDIDATE_ROWS`` (``NEVER`` when it loses at 16 rows), timed
+    on a random weight of this shape, each size's two kernels interleaved."""
+    from kernels.cpu import linear_bf16
+
+    lib = load_kernels()
+    gen = torch.Generator().manual_seed(0)
+    packed = linear_bf16.pack(torch.randn(out_features, in_features, generator=gen).bfloat16())
+    wins: list[bool] = []
+    for rows in CANDIDATE_ROWS:
+        x = torch.randn(rows, in_features, generator=gen).bfloat16()
+        out = torch.empty(rows, out_features, dtype=torch.bfloat16)
+        args = (x.data_ptr(), rows, in_features, in_features, packed.data_ptr(), out_features, None, out.data_ptr(),
+                out_features, threads)
+        kernels = {"vector": lib.linear_bf16_vector, "amx": lib.linear_amx}
+        times = dict.fromkeys(kernels, float("inf"))
+        for rep in range(reps + 1):  # the first round warms the weights into cache for both
+            for name, kernel in kernels.items():
+                start = time.perf_counter()
+                kernel(*args)
+                if rep:
+                    times[name] = min(times[name], time.perf_counter() - start)
+        wins.append(times["amx"] <= times["vector"])
+    crossover = NEVER
+    for rows, win in zip(reversed(CANDIDATE_ROWS), reversed(wins), strict=True):
+        if not win:
+            break
+        crossover = rows
+    return crossover
+
+
+def _cache_file() -> Path:
+    compiler = find_compiler()
+    if compiler is None:
+        raise CpuKernelsUnavailable("no C++ compiler: the CPU kernels are not built")
+    return library_path(compiler).with_suffix(".gemm.json")
+
+
+def _read_cache(path: Path) -> dict[str, int]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(v, int)} if isinstance(data, dict) else {}
+
+
+def _write_cache(path: Path, data: dict[str, int]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".json.tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)  # concurrent starts never read a half-written file
+
+
+def crossovers(shapes: Iterable[tuple[int, int]], threads: int | None = None) -> dict[tuple[int, int], int]:
+    """Each ``(in_features, out_features)`` shape's crossover row count on this machine with
+    ``threads`` threads (default: torch's), from the cache or measured now (and cached).
+    All ``NEVER`` without AMX."""
+    threads = threads or torch.get_num_threads()
+    shapes = sorted(set(shapes))
+    if not amx_available():
+        return dict.fromkeys(shapes, NEVER)
+    path = _cache_file()
+    cached = _read_cache(path)
+    result, measured = {}, False
+    for shape in shapes:
+        key = f"{shape[0]}x{shape[1]}@{threads}"
+        if key not in cached:
+            cached[key] = measure_crossover(*shape, threads)
+            measured = True
+        result[shape] = cached[key]
+    if measured:
+        _write_cache(path, cached)
+    return result
+
+
+def choose_for(shapes: Iterable[tuple[int, int]], threads: int | None = None) -> int:
+    """Set this process's AMX row threshold for a model whose bf16 weights have these
+    ``(in_features, out_features)`` shapes: the largest of their crossovers. Returns it."""
+    rows = max(crossovers(shapes, threads).values(), default=NEVER)
+    set_amx_min_rows(rows)
+    return rows
+
+
+def describe(rows: int) -> str:
+    """The choice in words, for the start-up log."""
+    if rows >= NEVER:
+        return "bf16 GEMM on AVX512-BF16 vectors" + ("" if amx_available() else " (no AMX here)")
+    return f"bf16 GEMM on AMX tiles from {rows} rows, AVX512-BF16 vectors below"

@@ -1,0 +1,229 @@
+// Linear layers in bfloat16 on AMX tiles (Intel Xeon from Sapphire Rapids on): out = x W^T
+// (+ bias), reading the very packed weight linear_bf16.cpp reads.
+//
+// Why a second kernel: the vdpbf16ps kernel retires 32 multiply-adds per instruction and
+// tops out near 160 GFLOP/s on 2 cores; one AMX tdpbf16ps multiplies a 16 x 32 tile of
+// inputs by a 32 x 16 tile of weights (8,192 multiply-adds) into 16 x 16 float32
+// accumulators, and oneDNN's bf16 GEMM on these cores reaches 1.6-2.8 TFLOP/s with it. Once
+// a product has a few rows the tiles win; at one row the vector kernel reads the weights
+// faster. linear_bf16 picks between the two per call by the row count (linear_bf16.cpp).
+//
+// The packed panel layout (packed[panel][k-pair][column][2], k-pairs padded to a multiple
+// of 16) is already the tile layout: the first 16 columns of 16 consecutive k-pairs are 16
+// rows of 64 bytes, 128 bytes apart, which is one B tile; the next 16 columns start 64 bytes
+// later. A tile of inputs is 16 rows of 32 features read in place from x (stride x_stride)
+// when in_features is a multiple of 32; otherwise x is first copied with its rows padded
+// by zeros. Each thread takes a contiguous range of panels (as linear_bf16 does) and runs
+// blocks of 32 rows x 32 columns (four accumulator tiles) over the whole input width; a
+// final block of fewer rows overlaps the one before it (recomputing the same values) or,
+// below 32 rows, reads a zero-padded copy. Products of bf16 are exact, sums float32 (in
+// the tile unit's order), the result rounded to nearest even once.
+//
+// The operating system must grant each process the tile state before its first use
+// (arch_prctl ARCH_REQ_XCOMP_PERM); linear_amx_available asks for it once.
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "bf16.h"
+#include "entries.h"
+#include "simd.h"
+
+#if defined(__AMX_BF16__) && defined(__AMX_TILE__) && defined(__AVX512BF16__) && defined(__linux__)
+#define FORKSERVE_AMX 1
+#include <omp.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+namespace {
+
+using namespace forkserve;
+
+#if defined(FORKSERVE_AMX)
+
+constexpr int64_t kPanel = 32;     // output columns per panel (as linear_bf16.cpp)
+constexpr int64_t kTileK = 32;     // input features per tile
+constexpr int64_t kTileRows = 16;  // rows per tile
+constexpr int64_t kBlockRows = 2 * kTileRows;
+
+// The tile configuration every block uses: tiles 0-3 accumulators (rows 0-15 / 16-31 x
+// columns 0-15 / 16-31), 4-5 inputs (rows 0-15, 16-31), 6-7 weights (columns 0-15, 16-31),
+// each 16 rows of 64 bytes.
+struct alignas(64) TileConfig {
+    uint8_t palette = 1, start_row = 0;
+    uint8_t reserved[14] = {};
+    uint16_t colsb[16] = {};
+    uint8_t rows[16] = {};
+};
+
+void load_tile_config() {
+    TileConfig cfg;
+    for (int t = 0; t < 8; t++) {
+        cfg.colsb[t] = 64;
+        cfg.rows[t] = kTileRows;
+    }
+    _tile_loadconfig(&cfg);
+}
+
+struct AmxGemm {
+    const Bf16 *x;       // rows of in_features (padded to k_tiles * 32 when copied)
+    int64_t x_stride;    // elements between rows of x
+    int64_t rows, k_tiles;
+    const uint16_t *packed;
+    int64_t panel_pairs;  // k-pairs per panel in the packed layout
+    int64_t out_features;
+    const Bf16 *bias;
+    Bf16 *out;
+    int64_t out_stride;
+};
+
+// Accumulates rows [0, 32) (or [0, 16) when TWO_ROW_TILES is false) of `a` times panel
+// `panel` into `c` ([32][32] float32).
+template <bool TWO_ROW_TILES>
+void block(const Bf16 *a, int64_t a_stride_bytes, const uint16_t *panel, int64_t k_tiles, float *c) {
+    _tile_zero(0);
+    _tile_zero(1);
+    if (TWO_ROW_TILES) {
+        _tile_zero(2);
+        _tile_zero(3);
+    }
+    const char *a_bytes = reinterpret_cast<const char *>(a);
+    for (int64_t kt = 0; kt < k_tiles; kt++) {
+        const uint16_t *b = panel + kt * kTileRows * 2 * kPanel;  // 16 k-pairs of 32 columns
+        _tile_loadd(6, b, 4 * kPanel);
+        _tile_loadd(7, b + kTileRows * 2, 4 * kPanel);
+        _tile_loadd(4, a_bytes + kt * kTileK * 2, a_stride_bytes);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        if (TWO_ROW_TILES) {
+            _tile_loadd(5, a_bytes + kTileRows * a_stride_bytes + kt * kTileK * 2, a_stride_bytes);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+    }
+    _tile_stored(0, c, 4 * kPanel);
+    _tile_stored(1, c + 16, 4 * kPanel);
+    if (TWO_ROW_TILES) {
+        _tile_stored(2, c + kTileRows * kPanel, 4 * kPanel);
+        _tile_stored(3, c + kTileRows * kPanel + 16, 4 * kPanel);
+    }
+}
+
+// Rows [row0, row0 + n) of the block's float32 results, plus bias, rounded into out.
+void store_block(const AmxGemm &g, const float *c, int64_t row0, int64_t n, int64_t first_row_in_c, int64_t p) {
+    const int64_t col0 = p * kPanel, cols = g.out_features - col0 < kPanel ? g.out_features - col0 : kPanel;
+    const __mmask16 mask0 = cols >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << cols) - 1);
+    const __mmask16 mask1 = cols >= 32 ? 0xFFFF : cols > 16 ? static_cast<__mmask16>((1u << (cols - 16)) - 1) : 0;
+    __m512 bias0 = _mm512_setzero_ps(), bias1 = _mm512_setzero_ps();
+    if (g.bias != nullptr) {
+        bias0 = widen16(_mm256_maskz_loadu_epi16(mask0, g.bias + col0));
+        bias1 = widen16(_mm256_maskz_loadu_epi16(mask1, g.bias + col0 + 16));
+    }
+    for (int64_t m = 0; m < n; m++) {
+        const float *row = c + (first_row_in_c + m) * kPanel;
+        Bf16 *o = g.out + (row0 + m) * g.out_stride + col0;
+        _mm256_mask_storeu_epi16(o, mask0, (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_loadu_ps(row), bias0)));
+        _mm256_mask_storeu_epi16(o + 16, mask1,
+                                 (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_loadu_ps(row + 16), bias1)));
+    }
+}
+
+// Rows per pass over a thread's panels: the pass's inputs stay in L2 while each panel
+// (then in L1/L2) is multiplied against them.
+int64_t rows_per_pass(int64_t k_tiles) {
+    const int64_t rows = (512 << 10) / (k_tiles * kTileK * 2) / kBlockRows * kBlockRows;
+    return rows < kBlockRows ? kBlockRows : rows;
+}
+
+void amx_gemm(const AmxGemm &g, int num_threads) {
+    const int64_t panels = (g.out_features + kPanel - 1) / kPanel, width = g.k_tiles * kTileK;
+    const int64_t a_stride_bytes = g.x_stride * 2, pass = rows_per_pass(g.k_tiles);
+    // Fewer than 32 rows: a zero-padded copy of the rows, 16 or 32 of them.
+    std::vector<Bf16> small;
+    const Bf16 *x = g.x;
+    int64_t small_stride_bytes = a_stride_bytes;
+    if (g.rows < kBlockRows) {
+        small.assign(static_cast<size_t>(kBlockRows * width), Bf16{0});
+        for (int64_t m = 0; m < g.rows; m++) std::memcpy(&small[m * width], x + m * g.x_stride, 2 * static_cast<size_t>(width));
+        x = small.data();
+        small_stride_bytes = width * 2;
+    }
+#pragma omp parallel num_threads(num_threads)
+    {
+        load_tile_config();
+        alignas(64) float c[kBlockRows * kPanel];
+        const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+        const int64_t first = panels * t / nt, last = panels * (t + 1) / nt;
+        for (int64_t r0 = 0; r0 < g.rows; r0 += pass) {
+            const int64_t r1 = r0 + pass < g.rows ? r0 + pass : g.rows;
+            for (int64_t p = first; p < last; p++) {
+                const uint16_t *panel = g.packed + p * g.panel_pairs * 2 * kPanel;
+                if (g.rows <= kTileRows) {
+                    block<false>(x, small_stride_bytes, panel, g.k_tiles, c);
+                    store_block(g, c, 0, g.rows, 0, p);
+                    continue;
+                }
+                if (g.rows < kBlockRows) {
+                    block<true>(x, small_stride_bytes, panel, g.k_tiles, c);
+                    store_block(g, c, 0, g.rows, 0, p);
+                    continue;
+                }
+                for (int64_t r = r0; r < r1; r += kBlockRows) {
+                    // The last block ends at the last row, overlapping the previous block.
+                    const int64_t start = r + kBlockRows <= g.rows ? r : g.rows - kBlockRows;
+                    block<true>(x + start * g.x_stride, a_stride_bytes, panel, g.k_tiles, c);
+                    const int64_t end = r + kBlockRows < r1 ? r + kBlockRows : r1;
+                    store_block(g, c, r, end - r, r - start, p);
+                }
+            }
+        }
+        _tile_release();
+    }
+}
+
+#endif
+
+}  // namespace
+
+extern "C" {
+
+// 1 when this build has the AMX kernel and the operating system lets this process use the
+// tiles (asked once), else 0.
+int linear_amx_available() {
+#if defined(FORKSERVE_AMX)
+    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    static const int granted = syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0 ? 1 : 0;
+    return granted;
+#else
+    return 0;
+#endif
+}
+
+// As linear_bf16 (same packed weight), on AMX tiles. Returns 0, or 1 when unavailable.
+int linear_amx(const forkserve::Bf16 *x, int64_t rows, int64_t in_features, int64_t x_stride, const uint16_t *packed,
+               int64_t out_features, const forkserve::Bf16 *bias, forkserve::Bf16 *out, int64_t out_stride,
+               int num_threads) {
+#if defined(FORKSERVE_AMX)
+    if (!linear_amx_available()) return 1;
+    const int64_t k_tiles = (in_features + kTileK - 1) / kTileK, panel_pairs = k_tiles * kTileK / 2;
+    AmxGemm g{x, x_stride, rows, k_tiles, packed, panel_pairs, out_features, bias, out, out_stride};
+    std::vector<Bf16> padded;
+    if (in_features % kTileK != 0) {  // rows padded with zeros to whole tiles
+        const int64_t width = k_tiles * kTileK;
+        padded.assign(static_cast<size_t>(rows * width), Bf16{0});
+#pragma omp parallel for num_threads(num_threads)
+        for (int64_t m = 0; m < rows; m++) std::memcpy(&padded[m * width], x + m * x_stride, 2 * static_cast<size_t>(in_features));
+        g.x = padded.data();
+        g.x_stride = width;
+    }
+    if (rows > 0) amx_gemm(g, num_threads);
+    return 0;
+#else
+    (void)x, (void)rows, (void)in_features, (void)x_stride, (void)packed, (void)out_features, (void)bias, (void)out,
+        (void)out_stride, (void)num_threads;
+    return 1;
+#endif
+}
+
+}  // extern "C"

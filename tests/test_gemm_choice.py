@@ -1,0 +1,109 @@
+"""The bf16 GEMM kernel choice (``kernels/cpu/gemm_choice.py``): measured crossovers, their
+cache beside the compiled library, the threshold a model's shapes set, and the worker
+stating what it chose. Which kernel a threshold sends a product to is checked bit for bit in
+``tests/test_cpu_packed_linear.py``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from kernels.cpu import gemm_choice, linear_bf16
+from kernels.cpu.build import CpuKernelsUnavailable
+
+needs_amx = pytest.mark.skipif(not gemm_choice.amx_available(),
+                               reason="this CPU (or its build or OS) has no AMX tiles: nothing to choose between")
+
+
+@pytest.fixture
+def cache_file(tmp_path, monkeypatch):
+    path = tmp_path / "kernels.gemm.json"
+    monkeypatch.setattr(gemm_choice, "_cache_file", lambda: path)
+    return path
+
+
+@pytest.fixture
+def restore_threshold():
+    previous = gemm_choice.set_amx_min_rows(gemm_choice.NEVER)
+    gemm_choice.set_amx_min_rows(previous)
+    yield
+    gemm_choice.set_amx_min_rows(previous)
+
+
+@needs_amx
+def test_crossovers_are_measured_once_then_read_from_the_cache(cache_file, monkeypatch):
+    found = gemm_choice.crossovers([(576, 960), (64, 32), (576, 960)], threads=2)
+    assert set(found) == {(576, 960), (64, 32)}
+    for rows in found.values():
+        assert rows in gemm_choice.CANDIDATE_ROWS or rows == gemm_choice.NEVER
+    assert json.loads(cache_file.read_text()) == {"576x960@2": found[(576, 960)], "64x32@2": found[(64, 32)]}
+
+    def must_not_measure(*args):  # noqa: ANN002
+        raise AssertionError("measured again although cached")
+
+    monkeypatch.setattr(gemm_choice, "measure_crossover", must_not_measure)
+    assert gemm_choice.crossovers([(64, 32)], threads=2) == {(64, 32): found[(64, 32)]}
+    # another thread count is another measurement
+    monkeypatch.undo()
+    monkeypatch.setattr(gemm_choice, "_cache_file", lambda: cache_file)
+    gemm_choice.crossovers([(64, 32)], threads=1)
+    assert "64x32@1" in json.loads(cache_file.read_text())
+
+
+@needs_amx
+def test_a_corrupt_cache_is_measured_anew(cache_file):
+    cache_file.write_text("{not json")
+    assert gemm_choice.crossovers([(64, 32)], threads=1)[(64, 32)] >= 1
+    assert "64x32@1" in json.loads(cache_file.read_text())
+
+
+@needs_amx
+def test_amx_wins_from_a_few_rows_on_a_prefill_sized_shape():
+    """On the default model's MLP shape the tiles must win well before 16 rows (they are
+    ~6x faster at 16 rows on AMX machines); a kernel that broke the AMX path's speed fails here."""
+    assert gemm_choice.measure_crossover(576, 1536, threads=torch.get_num_threads()) <= 8
+
+
+def test_without_amx_every_product_stays_on_the_vector_kernel(cache_file, monkeypatch, restore_threshold):
+    monkeypatch.setattr(gemm_choice, "amx_available", lambda: False)
+    assert gemm_choice.crossovers([(576, 960)]) == {(576, 960): gemm_choice.NEVER}
+    assert not cache_file.exists()
+    assert gemm_choice.choose_for([(576, 960)]) == gemm_choice.NEVER
+    assert gemm_choice.describe(gemm_choice.NEVER) == "bf16 GEMM on AVX512-BF16 vectors (no AMX here)"
+    with pytest.raises(CpuKernelsUnavailable, match="AMX"), gemm_choice.forced("amx"):
+        pass
+
+
+def test_the_largest_crossover_of_a_models_shapes_is_set(monkeypatch, restore_threshold):
+    monkeypatch.setattr(gemm_choice, "crossovers", lambda shapes, threads=None: {s: s[0] for s in shapes})
+    assert gemm_choice.choose_for([(3, 10), (8, 10), (2, 10)]) == 8
+    assert gemm_choice.set_amx_min_rows(gemm_choice.NEVER) == 8
+    assert gemm_choice.describe(8) == "bf16 GEMM on AMX tiles from 8 rows, AVX512-BF16 vectors below"
+
+
+def test_forced_names_a_kernel_and_restores_the_threshold(restore_threshold):
+    with pytest.raises(ValueError, match="vector"), gemm_choice.forced("tiles"):
+        pass
+    gemm_choice.set_amx_min_rows(5)
+    with gemm_choice.forced("vector"):
+        assert gemm_choice.set_amx_min_rows(gemm_choice.NEVER) == gemm_choice.NEVER
+    assert gemm_choice.set_amx_min_rows(5) == 5
+
+
+@pytest.mark.skipif(not linear_bf16.available(), reason="no bfloat16 GEMM kernel on this CPU")
+def test_the_worker_states_its_gemm(tiny_gqa_llama, restore_threshold):
+    from runtime.engine import Engine
+
+    engine = Engine(str(tiny_gqa_llama), dtype="bfloat16", max_total_tokens=2000)
+    try:
+        expected = "from" if gemm_choice.amx_available() else "vectors"
+        assert engine.worker.gemm.startswith("bf16 GEMM on") and expected in engine.worker.gemm
+    finally:
+        engine.shutdown()
+    fp32 = Engine(str(tiny_gqa_llama), dtype="float32", max_total_tokens=2000)
+    try:
+        assert fp32.worker.gemm == "oneDNN GEMM on packed weights"
+    finally:
+        fp32.shutdown()
