@@ -9,7 +9,7 @@ import platform
 import pytest
 import torch
 
-from kernels.cpu import build, entry_checks
+from kernels.cpu import build, entry_checks, gemm_choice
 from kernels.cpu.build import CpuKernelsUnavailable
 from tests.test_attention_backends import TOLERANCE, _reference, _run
 from tests.tiny_models import greedy_tokens_by_backend
@@ -30,11 +30,22 @@ GEOMETRIES = [(4, 4, 64), (9, 3, 64), (8, 2, 128), (8, 1, 64)]
 OTHER_BUILDS = {"no_avx512": "-mno-avx512f", "no_avx512_bf16": "-mno-avx512bf16"}
 
 
-@pytest.fixture(scope="module", params=["native", *OTHER_BUILDS])
+# This CPU's build with the AMX extend kernel (attention_amx.cpp) at its default threshold
+# (requests of 16 query tokens or more), for every request, or for none.
+AMX_THRESHOLDS = {"native": 16, "native_amx_always": 1, "native_no_amx": 2**63 - 1}
+
+
+@pytest.fixture(scope="module", params=[*AMX_THRESHOLDS, *OTHER_BUILDS])
 def kernel_build(request, tmp_path_factory):
-    """The kernel library these tests call: this CPU's build, or one of ``OTHER_BUILDS``."""
-    if request.param == "native":
+    """The kernel library these tests call: this CPU's build (with one of the AMX
+    thresholds), or one of ``OTHER_BUILDS``."""
+    if request.param in AMX_THRESHOLDS:
+        if request.param != "native" and not gemm_choice.amx_available():
+            pytest.skip("this CPU (or its build or OS) has no AMX tiles: no AMX attention to test")
+        lib = build.load_kernels()
+        previous = lib.paged_attention_set_amx_min_tokens(AMX_THRESHOLDS[request.param])
         yield
+        lib.paged_attention_set_amx_min_tokens(previous)
         return
     if platform.machine().lower() not in ("x86_64", "amd64"):
         pytest.skip("the AVX-512 paths exist on x86 only")

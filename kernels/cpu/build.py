@@ -32,7 +32,7 @@ from pathlib import Path
 import platformdirs
 
 SOURCE_DIR = Path(__file__).parent
-SOURCES = ("paged_attention.cpp", "elementwise.cpp", "linear_bf16.cpp", "linear_amx.cpp", "decoder_layers.cpp", "machine_probe.cpp")
+SOURCES = ("paged_attention.cpp", "attention_amx.cpp", "elementwise.cpp", "linear_bf16.cpp", "linear_amx.cpp", "decoder_layers.cpp", "machine_probe.cpp")
 HEADERS = ("bf16.h", "entries.h", "simd.h")
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-std=c++17", "-shared", "-fPIC")
 _COMPILERS = ("c++", "g++", "clang++")
@@ -105,6 +105,7 @@ _PLAIN_SIGNATURES = {
     "linear_bf16_vector": ([_P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _INT], _INT),
     "linear_bf16_set_amx_min_rows": ([_I64], _I64),
     "linear_amx_available": ([], _INT),
+    "paged_attention_set_amx_min_tokens": ([_I64], _I64),
     "linear_amx": ([_P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _INT], _INT),
     "decoder_layers_bf16": ([_P, _P, _I64, _P, _P, _P, _INT], _INT),
     "probe_read": ([_P, _I64, _INT], ctypes.c_uint64),

@@ -1,5 +1,5 @@
-// The bfloat16 entry points that one kernel file calls in another (decoder_layers.cpp, and
-// linear_bf16.cpp calling linear_amx.cpp), declared once. Each
+// The bfloat16 entry points that one kernel file calls in another (decoder_layers.cpp; and
+// linear_bf16.cpp and paged_attention.cpp calling their AMX kernels), declared once. Each
 // file that defines one includes this too, so a definition that drifts from its declaration
 // here fails to compile instead of being called with the wrong arguments.
 #pragma once
@@ -25,6 +25,11 @@ int paged_attention_bf16(const forkserve::Bf16 *q, const forkserve::Bf16 *k_cach
                          int64_t num_heads, int64_t kv_heads, int64_t dim, float scale, int64_t max_keys,
                          forkserve::Bf16 *out, int threads);
 int linear_amx_available();
+int extend_attention_amx_bf16(const forkserve::Bf16 *q, const forkserve::Bf16 *k_cache, const forkserve::Bf16 *v_cache,
+                              int64_t num_slots, const int64_t *req_to_token, int64_t r2t_stride, const int64_t *rows,
+                              const int64_t *prefix, const int64_t *q_start, const int64_t *tokens,
+                              const int64_t *reqs, int64_t num_reqs, int64_t num_heads, int64_t kv_heads, int64_t dim,
+                              float scale, forkserve::Bf16 *out, int num_threads);
 int linear_amx(const forkserve::Bf16 *x, int64_t rows, int64_t in_features, int64_t x_stride, const uint16_t *packed,
                int64_t out_features, const forkserve::Bf16 *bias, forkserve::Bf16 *out, int64_t out_stride,
                int num_threads);

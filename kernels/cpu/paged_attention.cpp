@@ -264,34 +264,6 @@ constexpr int kBlockRows = 12;
 constexpr int64_t kBlockKeys = 32;
 constexpr float kSlack = 8.f;
 
-// 16 rows of 16 32-bit words, transposed in place: r[i] lane j <- r[j] lane i.
-inline void transpose16(__m512i r[16]) {
-    __m512i t[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) {
-        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-    }
-    // Each 128-bit lane now holds a 4x4 transposed tile; move the tiles into place.
-    for (int i = 0; i < 4; i++) {
-        t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
-        t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xDD);
-        t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
-        t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xDD);
-    }
-    for (int i = 0; i < 4; i++) {
-        r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
-        r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xDD);
-        r[i + 4] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0x88);
-        r[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xDD);
-    }
-}
-
 struct BlockTask {
     int64_t tok, count, h;  // query tokens [tok, tok + count) of one request, KV head h
 };
@@ -445,18 +417,53 @@ template <int64_t DIM, typename... Args>
 void attend_block(Args...);
 #endif
 
+// Requests with at least this many query tokens in the step go to the AMX kernel
+// (attention_amx.cpp) where it applies; set by paged_attention_set_amx_min_tokens.
+int64_t amx_min_tokens = 16;
+
+// Attention of requests with amx_min_tokens query tokens or more on AMX tiles (bfloat16,
+// head size 64, where the CPU and OS allow): returns which requests it did (by index b).
+template <typename T>
+std::vector<bool> attend_on_amx(const Batch &bt, const T *q, const T *k_cache, const T *v_cache, T *out,
+                                int num_threads) {
+    std::vector<bool> done;
+    if constexpr (std::is_same_v<T, Bf16>) {
+        if (bt.dim != 64 || bt.num_tokens < amx_min_tokens || !linear_amx_available()) return done;
+        int64_t num_reqs = 0;
+        for (int64_t t = 0; t < bt.num_tokens; t++) num_reqs = bt.token_req[t] + 1 > num_reqs ? bt.token_req[t] + 1 : num_reqs;
+        std::vector<int64_t> tokens(static_cast<size_t>(num_reqs), 0), picked;
+        for (int64_t t = 0; t < bt.num_tokens; t++) tokens[bt.token_req[t]]++;
+        for (int64_t b = 0; b < num_reqs; b++)
+            if (tokens[b] >= amx_min_tokens) picked.push_back(b);
+        if (picked.empty()) return done;
+        if (extend_attention_amx_bf16(q, k_cache, v_cache, bt.num_slots, bt.req_to_token, bt.r2t_stride, bt.rows,
+                                      bt.prefix, bt.q_start, tokens.data(), picked.data(),
+                                      static_cast<int64_t>(picked.size()), bt.num_heads, bt.kv_heads, bt.dim, bt.scale,
+                                      out, num_threads) != 0)
+            return done;
+        done.assign(static_cast<size_t>(num_reqs), false);
+        for (int64_t b : picked) done[b] = true;
+    }
+    return done;
+}
+
 template <typename T>
 int paged_attention(const Batch &bt, const T *q, const T *k_cache, const T *v_cache, T *out, int num_threads) {
     const int64_t group = bt.num_heads / bt.kv_heads;
     if (bt.dim > kMaxDim || group > kMaxGroup || group * bt.kv_heads != bt.num_heads) return 1;
-    // Tasks: (token, KV head) through attend_one (count 0), or, for requests with several
-    // query tokens where attend_block applies, (block of tokens, KV head).
+    const std::vector<bool> on_amx = attend_on_amx(bt, q, k_cache, v_cache, out, num_threads);
+    // Tasks for the rest: (token, KV head) through attend_one (count 0), or, for requests
+    // with several query tokens where attend_block applies, (block of tokens, KV head).
     std::vector<BlockTask> tasks;
     const bool blocks = block_extend<T>(bt);
     const int64_t per_block = blocks ? kBlockRows / group : 1;
     for (int64_t t = 0; t < bt.num_tokens;) {
         int64_t end = t + 1;
         while (end < bt.num_tokens && bt.token_req[end] == bt.token_req[t]) end++;
+        if (!on_amx.empty() && on_amx[bt.token_req[t]]) {
+            t = end;
+            continue;
+        }
         const bool block = blocks && end - t > 1;
         for (int64_t j = t; j < end; j += block ? per_block : 1)
             for (int64_t h = 0; h < bt.kv_heads; h++)
@@ -520,6 +527,15 @@ int store_kv(const T *k, int64_t k_stride, const T *v, int64_t v_stride, const i
 
 FORKSERVE_ENTRY(paged_attention_f32, float)
 FORKSERVE_ENTRY(paged_attention_bf16, Bf16)
+
+// Requests with at least `tokens` query tokens in a step go to the AMX kernel where it
+// applies (the initial 16; a very large value keeps them all on AVX-512); returns the
+// previous setting.
+extern "C" int64_t paged_attention_set_amx_min_tokens(int64_t tokens) {
+    const int64_t previous = amx_min_tokens;
+    amx_min_tokens = tokens;
+    return previous;
+}
 
 #define FORKSERVE_STORE_KV(NAME, T)                                                                          \
     extern "C" int NAME(const T *k, int64_t k_stride, const T *v, int64_t v_stride, const int64_t *loc,       \

@@ -1,0 +1,306 @@
+// Extend attention in bfloat16 on AMX tiles, for requests with many query tokens in a step
+// (prefill chunks, long new turns): FlashAttention's scheme with both products on tiles.
+//
+// Why: a 2,000-token prompt's causal attention is ~140 GFLOP on the default model, more than
+// the vdpbf16ps block path (paged_attention.cpp's attend_block, ~100 GFLOP/s on 2 cores)
+// should spend a second on; each tdpbf16ps does 8,192 multiply-adds.
+//
+// Per (request, KV head), the request's visible keys and values are first read once from
+// the pool through its slot table into tile layouts (phase 1):
+//   keys   [16-key block][32-dim tile][16 dim pairs][16 keys] int32 pairs (a B tile of q.k)
+//   values [32-key block][16-dim tile][16 key pairs][16 dims][2]          (a B tile of p.v)
+// Then each task is 16 consecutive query tokens of one query head (phase 2), its queries
+// in tiles 4-5 (64 dims), its output accumulators in tiles 0-3 (16 tokens x 64 dims, float32)
+// for the whole pass over the keys, 32 keys at a time:
+//   scores: tile 6 = q k^T for 16 keys (tile 7 holds the keys), twice, stored to memory;
+//   softmax in AVX-512 on the 16 x 32 scores (scaled, masked past each token's last key):
+//     the exponent's reference moves only when a score passes it by kSlack, as in
+//     attend_block, so the accumulators are rarely rescaled (then: stored, scaled, reloaded);
+//     probabilities rounded to bfloat16 into one tile (6);
+//   values: tiles 0-3 += p (tile 6) x values (tile 7, 16 dims at a time).
+// Sums, maxima and the normaliser are float32, as in attend_block, whose results these equal
+// up to float32 summation order. Head size 64 only (the accumulators need DIM / 16 tiles).
+//
+// Called from paged_attention.cpp for requests with at least amx_min_tokens query tokens.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "bf16.h"
+#include "entries.h"
+#include "simd.h"
+
+#if defined(__AMX_BF16__) && defined(__AMX_TILE__) && defined(__AVX512BF16__) && defined(__linux__)
+#define FORKSERVE_AMX_ATTENTION 1
+#include <omp.h>
+#endif
+
+namespace {
+
+using namespace forkserve;
+
+#if defined(FORKSERVE_AMX_ATTENTION)
+
+constexpr int64_t kDim = 64;
+constexpr int64_t kQueryRows = 16;
+constexpr int64_t kKeys = 32;  // keys per step of the pass
+constexpr float kSlack = 8.f;
+constexpr int64_t kKeyTile = 16 * kDim / 2;  // int32 words (bf16 pairs) of one 16-key block's keys
+constexpr int64_t kValueTile = kKeys * kDim;  // bf16 of one 32-key block's values
+
+struct alignas(64) TileConfig {
+    uint8_t palette = 1, start_row = 0;
+    uint8_t reserved[14] = {};
+    uint16_t colsb[16] = {};
+    uint8_t rows[16] = {};
+};
+
+void load_tile_config() {
+    TileConfig cfg;
+    for (int t = 0; t < 8; t++) {
+        cfg.colsb[t] = 64;
+        cfg.rows[t] = 16;
+    }
+    _tile_loadconfig(&cfg);
+}
+
+struct Extend {
+    const Bf16 *q;
+    Bf16 *out;
+    int64_t num_heads, kv_heads;
+    float scale;
+};
+
+// One request's part of the step: its query tokens start at q_start in the batch, the first
+// sees prefix + 1 keys; its packed keys and values (all KV heads) start at `keys`/`values`.
+struct Request {
+    int64_t q_start, tokens, prefix, blocks32;  // blocks32: 32-key blocks of its last token's keys
+    int32_t *keys;
+    Bf16 *values;
+};
+
+// Phase 1: keys [k0, k0 + 32) of one request and KV head, from the pool into tile layouts.
+void pack_block(const Bf16 *kh, const Bf16 *vh, const int64_t *slots, int64_t keys, int64_t k0, int32_t *key_tiles,
+                Bf16 *value_tiles) {
+    alignas(64) static const Bf16 zero_row[kDim] = {};
+    auto row = [&](const Bf16 *base, int64_t c) { return k0 + c < keys ? base + slots[k0 + c] * kDim : zero_row; };
+    for (int64_t half = 0; half < 2; half++)
+        for (int64_t dt = 0; dt < kDim / 32; dt++) {
+            __m512i tile[16];
+            for (int c = 0; c < 16; c++) tile[c] = _mm512_loadu_si512(row(kh, half * 16 + c) + dt * 32);
+            transpose16(tile);  // row i: dim pair i of the 16 keys
+            int32_t *dst = key_tiles + (half * (kDim / 32) + dt) * 256;
+            for (int i = 0; i < 16; i++) _mm512_store_si512(dst + 16 * i, tile[i]);
+        }
+    const __m512i pair_lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                             37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i pair_hi = _mm512_add_epi16(pair_lo, _mm512_set1_epi16(16));
+    for (int64_t kp = 0; kp < kKeys / 2; kp++) {
+        const Bf16 *r0 = row(vh, 2 * kp), *r1 = row(vh, 2 * kp + 1);
+        for (int64_t d0 = 0; d0 < kDim; d0 += 32) {
+            const __m512i a = _mm512_loadu_si512(r0 + d0), c = _mm512_loadu_si512(r1 + d0);
+            _mm512_store_si512(value_tiles + ((d0 / 16) * 16 + kp) * 32, _mm512_permutex2var_epi16(a, pair_lo, c));
+            _mm512_store_si512(value_tiles + ((d0 / 16 + 1) * 16 + kp) * 32, _mm512_permutex2var_epi16(a, pair_hi, c));
+        }
+    }
+}
+
+// Phase 2: query tokens [t0, t0 + count) (count <= 16) of one request, query head `head`.
+void attend_tile(const Extend &e, const Request &r, int64_t t0, int64_t count, int64_t head) {
+    const int64_t group = e.num_heads / e.kv_heads, h = head / group;
+    const int32_t *key_tiles = r.keys + h * r.blocks32 * 2 * kKeyTile;
+    const Bf16 *value_tiles = r.values + h * r.blocks32 * kValueTile;
+    const int64_t q_stride = e.num_heads * kDim;
+    alignas(64) Bf16 qbuf[kQueryRows][kDim];
+    const Bf16 *q = e.q + (r.q_start + t0) * q_stride + head * kDim;
+    int64_t q_stride_bytes = q_stride * 2;
+    if (count < kQueryRows) {  // padding rows are zeros
+        std::memset(qbuf, 0, sizeof qbuf);
+        for (int64_t m = 0; m < count; m++) std::memcpy(qbuf[m], q + m * q_stride, sizeof qbuf[m]);
+        q = &qbuf[0][0];
+        q_stride_bytes = kDim * 2;
+    }
+    _tile_loadd(4, q, q_stride_bytes);
+    _tile_loadd(5, q + 32, q_stride_bytes);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+
+    alignas(64) float s[kQueryRows][kKeys], acc[kQueryRows][kDim], total[kQueryRows][16];
+    alignas(64) Bf16 p[kQueryRows][kKeys];
+    float best[kQueryRows], seen[kQueryRows];
+    bool broken[kQueryRows] = {};
+    for (int64_t m = 0; m < kQueryRows; m++) {
+        // keys row m sees (padding rows: as the last real row)
+        seen[m] = static_cast<float>(r.prefix + t0 + (m < count ? m : count - 1) + 1);
+        best[m] = -1e30f;
+        _mm512_store_ps(total[m], _mm512_setzero_ps());
+    }
+    const int64_t keys = r.prefix + t0 + count;
+    const __m512 lane = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512 scale = _mm512_set1_ps(e.scale), floor = _mm512_set1_ps(-1e30f);
+    for (int64_t k0 = 0; k0 < keys; k0 += kKeys) {
+        const int32_t *kt = key_tiles + (k0 / 16) * kKeyTile;
+        _tile_zero(6);
+        _tile_loadd(7, kt, 64);
+        _tile_dpbf16ps(6, 4, 7);
+        _tile_loadd(7, kt + 256, 64);
+        _tile_dpbf16ps(6, 5, 7);
+        _tile_stored(6, &s[0][0], kKeys * 4);
+        _tile_zero(6);
+        _tile_loadd(7, kt + kKeyTile, 64);
+        _tile_dpbf16ps(6, 4, 7);
+        _tile_loadd(7, kt + kKeyTile + 256, 64);
+        _tile_dpbf16ps(6, 5, 7);
+        _tile_stored(6, &s[0][16], kKeys * 4);
+
+        bool rescale = false;
+        float corr[kQueryRows];
+        for (int64_t m = 0; m < kQueryRows; m++) {
+            const __m512 limit = _mm512_set1_ps(seen[m] - static_cast<float>(k0));
+            const __mmask16 see_lo = _mm512_cmp_ps_mask(lane, limit, _CMP_LT_OQ);
+            const __mmask16 see_hi = _mm512_cmp_ps_mask(_mm512_add_ps(lane, _mm512_set1_ps(16.f)), limit, _CMP_LT_OQ);
+            const __m512 raw_lo = _mm512_load_ps(&s[m][0]), raw_hi = _mm512_load_ps(&s[m][16]);
+            const __m512 lo = _mm512_mask_mul_ps(floor, see_lo, raw_lo, scale);
+            const __m512 hi = _mm512_mask_mul_ps(floor, see_hi, raw_hi, scale);
+            constexpr int kNan = 0x81;  // a NaN score makes the row NaN, as in PyTorch
+            broken[m] |= (_mm512_mask_fpclass_ps_mask(see_lo, raw_lo, kNan) | _mm512_mask_fpclass_ps_mask(see_hi, raw_hi, kNan)) != 0;
+            const __m512 top = _mm512_max_ps(lo, hi);
+            corr[m] = 1.f;
+            if (_mm512_cmp_ps_mask(top, _mm512_set1_ps(best[m] + kSlack), _CMP_GT_OQ) != 0) {
+                const float now = _mm512_reduce_max_ps(top);
+                corr[m] = std::exp(best[m] - now);
+                best[m] = now;
+                rescale = true;
+            }
+            const __m512 p_lo = _mm512_maskz_mov_ps(see_lo, exp16(_mm512_sub_ps(lo, _mm512_set1_ps(best[m]))));
+            const __m512 p_hi = _mm512_maskz_mov_ps(see_hi, exp16(_mm512_sub_ps(hi, _mm512_set1_ps(best[m]))));
+            _mm512_store_ps(total[m], _mm512_fmadd_ps(_mm512_load_ps(total[m]), _mm512_set1_ps(corr[m]), _mm512_add_ps(p_lo, p_hi)));
+            _mm512_store_si512(p[m], (__m512i)_mm512_cvtne2ps_pbh(p_hi, p_lo));
+        }
+        if (rescale && k0 > 0) {  // before the first block the accumulators are zero
+            _tile_stored(0, &acc[0][0], kDim * 4);
+            _tile_stored(1, &acc[0][16], kDim * 4);
+            _tile_stored(2, &acc[0][32], kDim * 4);
+            _tile_stored(3, &acc[0][48], kDim * 4);
+            for (int64_t m = 0; m < kQueryRows; m++)
+                for (int64_t v = 0; v < kDim; v += 16)
+                    _mm512_store_ps(&acc[m][v], _mm512_mul_ps(_mm512_load_ps(&acc[m][v]), _mm512_set1_ps(corr[m])));
+            _tile_loadd(0, &acc[0][0], kDim * 4);
+            _tile_loadd(1, &acc[0][16], kDim * 4);
+            _tile_loadd(2, &acc[0][32], kDim * 4);
+            _tile_loadd(3, &acc[0][48], kDim * 4);
+        }
+        const Bf16 *vt = value_tiles + (k0 / kKeys) * kValueTile;
+        _tile_loadd(6, &p[0][0], kKeys * 2);
+        _tile_loadd(7, vt, 64);
+        _tile_dpbf16ps(0, 6, 7);
+        _tile_loadd(7, vt + 512, 64);
+        _tile_dpbf16ps(1, 6, 7);
+        _tile_loadd(7, vt + 1024, 64);
+        _tile_dpbf16ps(2, 6, 7);
+        _tile_loadd(7, vt + 1536, 64);
+        _tile_dpbf16ps(3, 6, 7);
+    }
+    _tile_stored(0, &acc[0][0], kDim * 4);
+    _tile_stored(1, &acc[0][16], kDim * 4);
+    _tile_stored(2, &acc[0][32], kDim * 4);
+    _tile_stored(3, &acc[0][48], kDim * 4);
+    for (int64_t m = 0; m < count; m++) {
+        const __m512 inv = broken[m] ? _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN())
+                                     : _mm512_set1_ps(1.f / _mm512_reduce_add_ps(_mm512_load_ps(total[m])));
+        Bf16 *dst = e.out + (r.q_start + t0 + m) * q_stride + head * kDim;
+        for (int64_t v = 0; v < kDim; v += 16)
+            _mm256_storeu_si256(reinterpret_cast<__m256i *>(dst + v),
+                                (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_load_ps(&acc[m][v]), inv)));
+    }
+}
+
+#endif
+
+}  // namespace
+
+extern "C" {
+
+// Attention of every query token of requests reqs[0 .. num_reqs) of a step (the batch as in
+// paged_attention_bf16, plus each request's query token count `tokens[b]`), on AMX tiles.
+// Returns 0; 1 when this build or process has no AMX, or the head size is not 64.
+int extend_attention_amx_bf16(const forkserve::Bf16 *q, const forkserve::Bf16 *k_cache, const forkserve::Bf16 *v_cache,
+                              int64_t num_slots, const int64_t *req_to_token, int64_t r2t_stride, const int64_t *rows,
+                              const int64_t *prefix, const int64_t *q_start, const int64_t *tokens,
+                              const int64_t *reqs, int64_t num_reqs, int64_t num_heads, int64_t kv_heads, int64_t dim,
+                              float scale, forkserve::Bf16 *out, int num_threads) {
+#if defined(FORKSERVE_AMX_ATTENTION)
+    if (dim != kDim || !linear_amx_available()) return 1;
+    std::vector<Request> requests(static_cast<size_t>(num_reqs));
+    int64_t key_words = 0, value_elems = 0;
+    for (int64_t i = 0; i < num_reqs; i++) {
+        const int64_t b = reqs[i], blocks = (prefix[b] + tokens[b] + kKeys - 1) / kKeys;
+        requests[i] = {q_start[b], tokens[b], prefix[b], blocks, nullptr, nullptr};
+        key_words += kv_heads * blocks * 2 * kKeyTile;
+        value_elems += kv_heads * blocks * kValueTile;
+    }
+    // 64-byte aligned tile buffers for every request and KV head.
+    std::vector<__m512i> key_buf(static_cast<size_t>(key_words / 16)), value_buf(static_cast<size_t>(value_elems / 32));
+    int32_t *next_keys = reinterpret_cast<int32_t *>(key_buf.data());
+    Bf16 *next_values = reinterpret_cast<Bf16 *>(value_buf.data());
+    struct PackTask {
+        int64_t req, h, block;
+    };
+    struct QueryTask {
+        int64_t req, t0, count, head, keys;
+    };
+    std::vector<PackTask> packs;
+    std::vector<QueryTask> queries;
+    for (int64_t i = 0; i < num_reqs; i++) {
+        Request &r = requests[i];
+        r.keys = next_keys;
+        r.values = next_values;
+        next_keys += kv_heads * r.blocks32 * 2 * kKeyTile;
+        next_values += kv_heads * r.blocks32 * kValueTile;
+        for (int64_t h = 0; h < kv_heads; h++)
+            for (int64_t blk = 0; blk < r.blocks32; blk++) packs.push_back({i, h, blk});
+        for (int64_t t0 = 0; t0 < r.tokens; t0 += kQueryRows)
+            for (int64_t head = 0; head < num_heads; head++) {
+                const int64_t count = r.tokens - t0 < kQueryRows ? r.tokens - t0 : kQueryRows;
+                queries.push_back({i, t0, count, head, r.prefix + t0 + count});
+            }
+    }
+    // The longest tasks first, so that the last ones to finish are short.
+    std::stable_sort(queries.begin(), queries.end(), [](const QueryTask &a, const QueryTask &b) { return a.keys > b.keys; });
+    const Extend e{q, out, num_heads, kv_heads, scale};
+    const int64_t num_packs = static_cast<int64_t>(packs.size()), num_queries = static_cast<int64_t>(queries.size());
+#pragma omp parallel num_threads(num_threads)
+    {
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < num_packs; i++) {
+            const PackTask &t = packs[i];
+            const Request &r = requests[t.req];
+            const int64_t b = reqs[t.req];
+            pack_block(k_cache + t.h * num_slots * kDim, v_cache + t.h * num_slots * kDim,
+                       req_to_token + rows[b] * r2t_stride, r.prefix + r.tokens, t.block * kKeys,
+                       r.keys + (t.h * r.blocks32 + t.block) * 2 * kKeyTile,
+                       r.values + (t.h * r.blocks32 + t.block) * kValueTile);
+        }
+        load_tile_config();
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t i = 0; i < num_queries; i++) {
+            const QueryTask &t = queries[i];
+            attend_tile(e, requests[t.req], t.t0, t.count, t.head);
+        }
+        _tile_release();
+    }
+    return 0;
+#else
+    (void)q, (void)k_cache, (void)v_cache, (void)num_slots, (void)req_to_token, (void)r2t_stride, (void)rows,
+        (void)prefix, (void)q_start, (void)tokens, (void)reqs, (void)num_reqs, (void)num_heads, (void)kv_heads,
+        (void)dim, (void)scale, (void)out, (void)num_threads;
+    return 1;
+#endif
+}
+
+}  // extern "C"
