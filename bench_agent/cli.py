@@ -5,6 +5,7 @@ transformers in-process; a markdown table on stdout, JSON lines and a PNG plot o
     forkserve bench --workload tot --backend openai --url http://127.0.0.1:8000   # e.g. vLLM
     forkserve bench --workload critique --backend hf            # transformers, one at a time
     forkserve bench --suite quick                                # the main comparisons
+    forkserve bench --backend openai --workload critique --compare URL --compare-cmd CMD   # vs another server
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from bench_agent.compare import add_compare_args, check_compare_args, run_compared
 from bench_agent.drivers import DRIVERS, KVProbe, flush_cache, kv_probe_for_engine, kv_probe_for_url
 from bench_agent.metrics import summarise
 from bench_agent.report import append_jsonl, markdown_table, plot
@@ -87,10 +89,14 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                    "bench.png go" + d)
     p.add_argument("--no-plot", action="store_true", help="Do not draw bench.png.")
     p.add_argument("--no-progress", action="store_true", help="No progress bars.")
+    add_compare_args(p)
 
 
 def run_bench_command(ns: argparse.Namespace) -> int:
     try:
+        check_compare_args(ns)
+        if ns.compare:
+            return run_compared(ns)
         if ns.suite == "quick":
             from bench_agent.suite import run_quick_suite
 

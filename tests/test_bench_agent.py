@@ -136,3 +136,28 @@ def test_cli_writes_table_jsonl_and_plot(tmp_path, capsys):
 def test_cli_rejects_contradictory_flags(capsys):
     assert bench_main(["--backend", "hf", "--url", "http://127.0.0.1:1"]) == 1
     assert "--url and --in-process do not apply" in capsys.readouterr().err
+
+
+def test_compare_runs_each_workload_on_both_servers_one_at_a_time(tmp_path, capsys, tiny_gqa_llama):
+    """--compare with --compare-cmd: forkserve (a fresh local server) and then the other
+    server (started by the command, here a second forkserve on the tiny model) run the same
+    programs; the table has both rows and their ratios, and the other server is gone after."""
+    from bench_agent.local_server import free_tcp_port
+
+    port = free_tcp_port()
+    other = f"http://127.0.0.1:{port}"
+    cmd = f"exec python -m runtime.cli serve --port {port} --model-path {tiny_gqa_llama} --max-total-tokens 4000"
+    code = bench_main(["--backend", "openai", f"--server-args=--model-path {tiny_gqa_llama} --max-total-tokens 4000",
+                       "--size", "tiny", "--workload", "critique", "--output-dir", str(tmp_path), "--no-progress",
+                       "--no-plot", "--compare", other, "--compare-cmd", cmd, "--compare-label", "other"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "| critique | openai @ local forkserve" in out and "| critique | other |" in out
+    assert "| workload | forkserve / other programs/s | other / forkserve TTFT p50 |" in out
+    rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert [r["backend"] for r in rows] == [rows[0]["backend"], "other"]
+    assert all(r["errors"] == 0 and r["programs_ok"] == 2 and r["short_calls"] == 0 for r in rows)
+    import httpx
+
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(other + "/v1/models", timeout=2)

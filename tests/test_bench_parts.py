@@ -106,3 +106,50 @@ def test_poisson_arrivals_are_seeded_with_the_right_mean():
     gaps = np.diff(a)
     assert statistics.mean(gaps) == pytest.approx(0.2, rel=0.05)
     assert statistics.stdev(gaps) == pytest.approx(0.2, rel=0.1)  # exponential: sd = mean
+
+
+def test_compare_ratios_put_forkserve_ahead_above_one():
+    from bench_agent.compare import ratio_table
+
+    rows = [{"workload": "critique", "programs_per_s": 3.0, "ttft_ms_p50": 100.0},
+            {"workload": "critique", "programs_per_s": 2.0, "ttft_ms_p50": 250.0},
+            {"workload": "no_reuse", "programs_per_s": 1.0, "ttft_ms_p50": None},
+            {"workload": "no_reuse", "programs_per_s": 0.0, "ttft_ms_p50": 10.0}]
+    table = ratio_table(rows).splitlines()
+    assert table[2] == "| critique | 1.50x | 2.50x |"
+    assert table[3] == "| no_reuse | n/a | n/a |"
+
+
+def test_compare_flags_that_do_not_combine_are_refused(capsys):
+    from bench_agent.cli import main as bench_main
+
+    assert bench_main(["--compare-cmd", "true"]) == 1
+    assert "--compare-cmd needs --compare" in capsys.readouterr().err
+    assert bench_main(["--compare", "http://127.0.0.1:1", "--backend", "hf"]) == 1
+    assert "does not combine" in capsys.readouterr().err
+
+
+def test_the_compared_server_is_started_in_its_own_group_and_stopped_whole(tmp_path):
+    """--compare-cmd's server: waited for on /v1/models, then SIGTERM to its whole process
+    group (a child it started goes too); a command that exits early is an error with its output."""
+    import os
+    import subprocess
+    import sys
+
+    from bench_agent.compare import PeerServer
+    from bench_agent.local_server import free_tcp_port
+
+    (tmp_path / "v1").mkdir()
+    (tmp_path / "v1" / "models").write_text('{"data": []}')
+    port = free_tcp_port()
+    # a shell that starts a static server on the port and a sleeping child, and waits
+    cmd = (f"{sys.executable} -m http.server {port} --bind 127.0.0.1 --directory {tmp_path} & "
+           f"sleep 300 & wait")
+    peer = PeerServer(cmd, f"http://127.0.0.1:{port}/v1").wait_ready(30)
+    group = os.getpgid(peer.proc.pid)
+    assert group == peer.proc.pid != os.getpgid(0)
+    peer.stop(timeout=10)
+    left = subprocess.run(["pgrep", "-g", str(group)], capture_output=True, text=True).stdout.split()
+    assert left == []
+    with pytest.raises(RuntimeError, match="exited with 3"):
+        PeerServer("echo starting; exit 3", "http://127.0.0.1:1").wait_ready(30)

@@ -1,0 +1,150 @@
+"""``forkserve bench --compare URL``: each workload on forkserve, then on another
+OpenAI-compatible server, in one run, with the ratios.
+
+One engine at a time on a quiet machine: on 2 cores a second engine left running (even
+idle: vLLM's CPU worker spins a core) skews the first. So, per workload:
+  1. a fresh local forkserve server (unless ``--url``) runs it and is stopped;
+  2. with ``--compare-cmd``, the other server is started by that shell command in its own
+     process group, waited for on ``URL/v1/models``, runs the same programs (same seed,
+     sizes, concurrency, always through the OpenAI chat driver) and its whole group is
+     stopped; without ``--compare-cmd`` the server at URL is used as it is.
+The table then has both rows per workload, and a second table the ratios forkserve / other
+for programs/s and TTFT p50 (lower is better for TTFT, so the ratio there is other / ours).
+
+    forkserve bench --backend openai --workload critique --workload tot \\
+        --compare http://127.0.0.1:8001 --compare-cmd "vllm serve ... --port 8001"
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+
+from bench_agent.drivers import KVProbe, kv_probe_for_url
+from frontend_lang.backend.base import Backend
+
+
+def add_compare_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--compare", metavar="URL", help="After each workload on forkserve, run it on this other "
+                   "OpenAI-compatible server (OpenAI chat driver, same programs) and print both with their ratios.")
+    p.add_argument("--compare-cmd", metavar="CMD", help="Shell command that starts the --compare server in the "
+                   "foreground; it is started fresh for each workload after forkserve is stopped, and its whole "
+                   "process group is stopped after, so only one engine runs at a time.")
+    p.add_argument("--compare-label", help="Name of the --compare server in the tables (default: its URL).")
+    p.add_argument("--compare-timeout", type=float, default=600.0, help="Seconds to wait for the --compare-cmd "
+                   "server to answer /v1/models (default: %(default)s).")
+
+
+class PeerServer:
+    """A server started by a shell command in its own process group, output to a file."""
+
+    def __init__(self, cmd: str, url: str) -> None:
+        self.url = url.rstrip("/").removesuffix("/v1")
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="forkserve-compare-", suffix=".log")  # noqa: SIM115
+        self.proc = subprocess.Popen(cmd, shell=True, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_ready(self, timeout: float) -> PeerServer:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self.log.seek(0)
+                tail = self.log.read()[-3000:]
+                raise RuntimeError(f"the --compare-cmd server exited with {self.proc.returncode}:\n{tail}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.url + "/v1/models", timeout=10).status_code == 200:
+                    return self
+            time.sleep(1.0)
+        self.stop()
+        raise TimeoutError(f"the --compare-cmd server did not answer {self.url}/v1/models within {timeout:.0f} s")
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """SIGTERM to the whole group, SIGKILL to whatever is left after ``timeout``."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # workers that outlived the leader
+        self.proc.wait()
+        # The next engine must not start while this one's processes still hold a core.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.proc.pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        self.log.close()
+
+
+@contextlib.contextmanager
+def open_peer(ns: argparse.Namespace) -> Iterator[tuple[Backend, KVProbe | None, str]]:
+    """The --compare server as an OpenAI chat backend (started fresh with --compare-cmd)."""
+    from bench_agent.drivers.openai_chat import OpenAIChatBackend
+
+    peer = None
+    if ns.compare_cmd:
+        print(f"starting the compared server: {ns.compare_cmd}", file=sys.stderr)
+        peer = PeerServer(ns.compare_cmd, ns.compare).wait_ready(ns.compare_timeout)
+    try:
+        backend = OpenAIChatBackend(ns.compare, None, ns.api_key)
+        try:
+            yield backend, kv_probe_for_url(ns.compare), ns.compare_label or f"openai @ {ns.compare}"
+        finally:
+            backend.shutdown()
+    finally:
+        if peer is not None:
+            peer.stop()
+
+
+def run_compared(ns: argparse.Namespace) -> int:
+    """Each workload on forkserve (fresh local server unless --url), then on the other."""
+    from bench_agent.cli import _workloads, finish, measure, open_driver
+
+    concurrency = ns.concurrency or 8
+    rows: list[dict[str, Any]] = []
+    for workload in _workloads(ns):
+        with open_driver(ns) as (backend, probe, label):
+            rows.append(measure(workload, backend, ns, ns.backend, label, probe, ns.num_programs, concurrency))
+        with open_peer(ns) as (backend, probe, label):
+            rows.append(measure(workload, backend, ns, "openai", label, probe, ns.num_programs, concurrency))
+    return finish(rows, ns, title=f"forkserve bench ({ns.size}) vs {ns.compare_label or ns.compare}",
+                  extra_markdown=ratio_table(rows))
+
+
+def ratio_table(rows: list[dict[str, Any]]) -> str:
+    """Per workload (rows in pairs: forkserve, then the other): programs/s ours / theirs and
+    TTFT p50 theirs / ours, so that above 1 means forkserve is ahead on both."""
+    lines = ["| workload | forkserve / other programs/s | other / forkserve TTFT p50 |", "|---|---|---|"]
+    for ours, theirs in zip(rows[::2], rows[1::2], strict=True):
+        rate = ours["programs_per_s"] / theirs["programs_per_s"] if theirs["programs_per_s"] else None
+        a, b = ours.get("ttft_ms_p50"), theirs.get("ttft_ms_p50")
+        ttft = b / a if a and b else None
+        lines.append(f"| {ours['workload']} | {_x(rate)} | {_x(ttft)} |")
+    return "\n".join(lines)
+
+
+def _x(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}x"
+
+
+def check_compare_args(ns: argparse.Namespace) -> None:
+    if ns.compare_cmd and not ns.compare:
+        raise ValueError("--compare-cmd needs --compare URL (where that server listens)")
+    if ns.compare and (ns.suite or ns.backend == "hf" or ns.in_process):
+        raise ValueError("--compare measures a forkserve server (--backend dsl or openai) against another server; "
+                         "it does not combine with --suite, --backend hf or --in-process")
+    if ns.compare and not shlex.split(ns.compare_cmd or ""):
+        print("note: without --compare-cmd the compared server stays up while forkserve is measured; on few "
+              "cores an idle engine can still take a core", file=sys.stderr)
