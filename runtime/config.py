@@ -78,6 +78,12 @@ class ServerArgs:
     max_context_len: int | None = _arg(
         None, "Longest prompt + output per request. Default: the model's max_position_embeddings."
     )
+    disable_mixed_chunk: bool = _arg(
+        False,
+        "Run prompt (prefill) chunks as steps of their own. By default the running requests' next "
+        "tokens ride along in each prefill step, so they keep decoding while new prompts are read "
+        "(their rows add little to the step's matrix products).",
+    )
     schedule_policy: str = _arg(
         "lpm",
         "Order of waiting requests: lpm (longest cached prefix first, best reuse) or fcfs.",

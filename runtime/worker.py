@@ -51,6 +51,9 @@ class ForwardBatch:
     out_cache_loc: torch.Tensor
     logit_starts: list[int]
     samples: list[bool]  # whether request i samples a next token at its last position
+    # The last this many requests of an extend batch are running requests decoding one token
+    # each (mixed into a prefill step).
+    num_mixed_decodes: int = 0
 
 
 @dataclass

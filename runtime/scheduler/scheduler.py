@@ -83,8 +83,8 @@ class Scheduler:
         # prompts would otherwise keep running requests from ever decoding.
         decode_first = bool(self.running) and self.prefill_streak >= MAX_PREFILL_STREAK
         batch = (self._decode_batch() if decode_first else None) or self._prefill_batch() or self._decode_batch()
-        if batch is not None:
-            self.prefill_streak = 0 if batch.is_decode else self.prefill_streak + 1
+        if batch is not None:  # a step that decoded every running request ends a streak
+            self.prefill_streak = 0 if batch.is_decode or batch.num_mixed_decodes else self.prefill_streak + 1
         if batch is None:
             if self.has_work and self.pins.release_oldest():
                 return self.step()  # programs' pinned prefixes held the memory: unpin, retry
@@ -99,7 +99,7 @@ class Scheduler:
             return []
         result = self.worker.run_batch(batch)
         if not batch.is_decode:
-            self.num_prefill_tokens += sum(batch.extend_lens)
+            self.num_prefill_tokens += sum(batch.extend_lens) - batch.num_mixed_decodes
         return self._process(batch, result)
 
     def check_invariants(self) -> None:
@@ -157,6 +157,9 @@ class Scheduler:
     # ------------------------------------------------------------------ prefill
     def _prefill_batch(self) -> ForwardBatch | None:
         budget = self.args.chunked_prefill_size if self.args.chunked_prefill_size > 0 else 1 << 62
+        mix = not self.args.disable_mixed_chunk and bool(self.running)
+        if mix:  # the running requests' tokens count against the step's budget too
+            budget = max(budget - len(self.running), 1)
         reserve = self._decode_reserve()
         picked: list[tuple[Req, int]] = []
         if self.chunked is not None:
@@ -194,7 +197,29 @@ class Scheduler:
             return None
         for req in self.waiting:
             req.num_passed_over += 1
-        return self._build_extend_batch(picked)
+        batch = self._build_extend_batch(picked)
+        if mix:
+            self._mix_in_decodes(batch)
+        return batch
+
+    def _mix_in_decodes(self, batch: ForwardBatch) -> None:
+        """Append every running request's next token to a prefill batch (as a one-token
+        extend), so running requests decode in this step too; unchanged when the pool has
+        no slot for each of them (the next decode step makes room)."""
+        reqs = list(self.running)
+        out_cache_loc = self.cache.grant_one_each(reqs)
+        if out_cache_loc is None:
+            return
+        seq_lens = [r.alloc_len for r in reqs]
+        batch.reqs += reqs
+        batch.input_ids = torch.cat([batch.input_ids, torch.tensor([r.output_ids[-1] for r in reqs], dtype=torch.int64)])
+        batch.positions = torch.cat([batch.positions, torch.tensor([s - 1 for s in seq_lens], dtype=torch.int64)])
+        batch.prefix_lens += [s - 1 for s in seq_lens]
+        batch.extend_lens += [1] * len(reqs)
+        batch.out_cache_loc = torch.cat([batch.out_cache_loc, out_cache_loc])
+        batch.logit_starts += [s - 1 for s in seq_lens]
+        batch.samples += [True] * len(reqs)
+        batch.num_mixed_decodes = len(reqs)
 
     def _build_extend_batch(self, picked: list[tuple[Req, int]]) -> ForwardBatch:
         reqs, ids, positions, prefix_lens, extend_lens, locs, logit_starts, samples = [], [], [], [], [], [], [], []
@@ -277,9 +302,11 @@ class Scheduler:
     # ------------------------------------------------------------------ results
     def _process(self, batch: ForwardBatch, result: BatchResult) -> list[Req]:
         touched = []
+        first_decode = len(batch.reqs) - batch.num_mixed_decodes if not batch.is_decode else 0
         for i, req in enumerate(batch.reqs):
             req.kv_len = req.alloc_len
-            if not batch.is_decode:
+            prefilled = i < first_decode
+            if prefilled:
                 req.input_token_logprobs.extend(result.input_logprobs[i])
                 req.input_top_logprobs.extend(result.input_top_logprobs[i])
                 # Share the prompt now, not at finish: siblings queued behind this request
@@ -298,7 +325,7 @@ class Scheduler:
                 req.finished_reason = check_stop(req, self.eos_token_ids, self.max_context_len, self.decode_tail)
             if req.first_token_at is None:
                 req.first_token_at = time.perf_counter()
-            if not batch.is_decode and not req.is_finished:
+            if prefilled and not req.is_finished:
                 self.running.append(req)
             if req.is_finished:
                 req.finished_at = time.perf_counter()
