@@ -8,7 +8,9 @@ drift: forkserve vs transformers' one-request-at-a-time ``generate`` (the raw ba
 vs its padded batched ``generate``, decode step time at batch 32 vs batch 1 (and the
 same ratio for the step's matrix products alone, and for the steps' roofline floors from
 this machine's memory bandwidth and multiply-add rate measured in the same run), and
-prefill tokens/s vs one plain transformers forward over the same tokens.
+prefill tokens/s vs one plain transformers forward over the same tokens and vs the compute
+roofline (the machine's best multiply-add rate: AMX tiles where the CPU has them), and a
+prefill chunk's matrix products against oneDNN's bf16 GEMM on the same shapes.
 """
 
 from __future__ import annotations
@@ -131,6 +133,38 @@ def step_floors_ms(engine, context: int) -> tuple[float, float, roofline.Machine
     return cost.floor_ms(machine, 1, context), cost.floor_ms(machine, 32, context), machine
 
 
+def prefill_linear_gflop_s(engine, rows: int = 512, reps: int = 5) -> tuple[float, float]:
+    """GFLOP/s of one prefill chunk's matrix products (each distinct linear shape of the
+    model at ``rows`` rows, as the engine runs them) and of oneDNN's bf16 GEMM (PyTorch's
+    packed ``mkldnn`` linear, AMX where the CPU has it) on the same shapes, same run."""
+    from kernels.cpu.packed_linear import _onednn_ops
+    from runtime.layers import packed_weights
+
+    packed = {(p.in_features, p.out_features): p for p in packed_weights(engine.worker.model)}
+    packed.pop((engine.worker.model.cfg.hidden_size, engine.worker.model.cfg.vocab_size), None)  # the head: 1 row
+    from kernels.cpu.packed_linear import packed_linear
+
+    reorder, onednn = _onednn_ops()
+    dtype = engine.worker.dtype
+    flops = sum(2 * rows * k * n for k, n in packed)
+    inputs = {shape: torch.randn(rows, shape[0], dtype=dtype) for shape in packed}
+    theirs_w = {shape: reorder(torch.randn(shape[1], shape[0], dtype=dtype)) for shape in packed}
+
+    def ours() -> None:
+        for shape, weight in packed.items():
+            packed_linear(inputs[shape], weight)
+
+    def theirs() -> None:
+        for shape, weight in theirs_w.items():
+            onednn(inputs[shape], weight, None, "none", [], "")
+
+    times = {"ours": float("inf"), "theirs": float("inf")}
+    for _ in range(reps):  # interleaved: drift hits both alike
+        times["ours"] = min(times["ours"], roofline.best_seconds(ours, 1))
+        times["theirs"] = min(times["theirs"], roofline.best_seconds(theirs, 1))
+    return flops / times["ours"] / 1e9, flops / times["theirs"] / 1e9
+
+
 def prefill_tok_s(engine, model, num: int, length: int, seed: int) -> tuple[float, float]:
     prompts = make_prompts(engine.tokenizer, num, length, length, seed)
     prompts = [p for p in prompts if len(p) == length] or prompts
@@ -191,6 +225,12 @@ def main() -> None:
     mm1, mm32 = matmul_ms(engine, 1), matmul_ms(engine, 32)
     floor1, floor32, machine = step_floors_ms(engine, 200)
     pre_ours, pre_hf = prefill_tok_s(engine, model, 4, 512, args.seed + 3)
+    gemm_ours = gemm_onednn = float("nan")
+    if engine.worker.device == "cpu" and dtype_name == "bfloat16":
+        gemm_ours, gemm_onednn = prefill_linear_gflop_s(engine)
+    cfg = engine.worker.model.cfg
+    layer_flops_per_token = 2 * (roofline.StepCost.of(cfg, dtype_name).weight_params - cfg.vocab_size * cfg.hidden_size)
+    pre_floor = machine.peak_gflop_s * 1e9 / layer_flops_per_token if machine is not None else float("nan")
 
     rows = [
         ("output tokens/s, forkserve", f"{ours_tps:.1f}", ""),
@@ -201,14 +241,18 @@ def main() -> None:
         ("its matrix products alone, batch 1 / batch 32 (ms)", f"{mm1:.1f} / {mm32:.1f}", f"batch 32 / batch 1 = {mm32 / mm1:.2f}"),
         ("roofline floor of the step, batch 1 / batch 32 (ms)", f"{floor1:.1f} / {floor32:.1f}",
          f"batch 32 / batch 1 = {floor32 / floor1:.2f}; the steps above take {step1 / floor1:.2f}x / {step32 / floor32:.2f}x their floors"),
-        ("prefill tokens/s, forkserve", f"{pre_ours:.0f}", ""),
+        ("prefill tokens/s, forkserve", f"{pre_ours:.0f}",
+         f"{pre_ours / pre_floor:.0%} of the compute roofline ({pre_floor:.0f} tokens/s at the peak below)"),
+        ("a prefill chunk's matrix products (512 rows), ours / oneDNN's bf16 GEMM (GFLOP/s)",
+         f"{gemm_ours:.0f} / {gemm_onednn:.0f}", f"ours = {gemm_ours / max(gemm_ours, gemm_onednn):.0%} of the best "
+         f"(target >= 70%); {gemm_ours / machine.peak_gflop_s if machine else float('nan'):.0%} of the peak"),
         ("prefill tokens/s, one transformers forward", f"{pre_hf:.0f}", f"forkserve = {pre_ours / pre_hf:.2f}x (target >= 0.8)"),
     ]
     print(f"\n{args.num_prompts} prompts of {args.min_len}-{args.max_len} tokens x {args.new_tokens} new tokens, "
           f"dtype {dtype_name}, {torch.get_num_threads()} threads")
     if machine is not None:
         print(f"roofline (python -m bench_agent.roofline): read {machine.read_gb_s:.1f} GB/s, {dtype_name} "
-              f"multiply-adds {machine.peak_gflop_s:.0f} GFLOP/s, measured in this run")
+              f"multiply-adds {machine.peak_gflop_s:.0f} GFLOP/s ({machine.peak_source}), measured in this run")
     print()
     print("| measurement | value | ratio |\n|---|---|---|")
     for name, value, ratio in rows:

@@ -10,8 +10,8 @@ multiply-add instruction per cycle. It also prices attention's flops at the dtyp
 rate and takes every request's context as given (the timed steps of ``bench_offline`` see
 up to their step count more keys): both can only make it lower. Both rates are measured here, now, with the kernels'
 own compiler flags (``kernels/cpu/machine_probe.cpp``): a sequential read of a buffer much
-larger than the caches, and independent chains of the instruction the kernels use for
-the dtype (vdpbf16ps for bfloat16, FMA for float32).
+larger than the caches, and independent chains of the instructions the kernels use for
+the dtype (vdpbf16ps, and AMX tiles where the CPU has them, for bfloat16; FMA for float32).
 
 At batch 1 the step is memory-bound. At batch B the weights' flops per byte read are B
 (bf16) or B/2 (float32), so once B passes the machine's peak/bandwidth ratio the step is
@@ -44,9 +44,10 @@ class Machine:
     """Measured rates of this machine with ``threads`` threads."""
 
     read_gb_s: float  # sequential read of memory, GB/s (1e9 bytes)
-    peak_gflop_s: float  # multiply-adds of the dtype's instruction, counting 2 flops each
+    peak_gflop_s: float  # multiply-adds of the dtype's fastest instruction, counting 2 flops each
     dtype: str
     threads: int
+    peak_source: str = ""  # which instruction gave the peak ("vdpbf16ps", "AMX tiles", "FMA")
 
 
 def best_seconds(fn, reps: int) -> float:  # noqa: ANN001
@@ -66,6 +67,17 @@ def measure_read_gb_s(threads: int, mib: int = 256, reps: int = 5) -> float:
     lib.probe_read(words.data_ptr(), words.numel(), threads)  # touch every page first
     seconds = best_seconds(lambda: lib.probe_read(words.data_ptr(), words.numel(), threads), reps)
     return words.numel() * 8 / seconds / 1e9
+
+
+def measure_amx_gflop_s(threads: int, rounds: int = 200_000, reps: int = 5) -> float | None:
+    """Multiply-add rate of AMX tiles (tdpbf16ps, 16,384 flops each) with ``threads``
+    threads, or None where this CPU, build or OS has none."""
+    lib, sink = load_kernels(), ctypes.c_float()
+    per_round = lib.probe_amx_tiles(1, threads, ctypes.byref(sink))
+    if per_round == 0:
+        return None
+    seconds = best_seconds(lambda: lib.probe_amx_tiles(rounds, threads, ctypes.byref(sink)), reps)
+    return rounds * per_round * 2 * threads / seconds / 1e9
 
 
 def measure_peak_gflop_s(dtype: str, threads: int, rounds: int = 2_000_000, reps: int = 5) -> float:
@@ -89,8 +101,15 @@ def measure_peak_gflop_s(dtype: str, threads: int, rounds: int = 2_000_000, reps
 
 
 def measure(dtype: str, threads: int | None = None) -> Machine:
+    """The read rate, and the dtype's best multiply-add rate: for bfloat16 the faster of
+    vdpbf16ps and AMX tiles (where the CPU has them), since the GEMM uses whichever wins."""
     threads = threads or torch.get_num_threads()
-    return Machine(measure_read_gb_s(threads), measure_peak_gflop_s(dtype, threads), dtype, threads)
+    peak = measure_peak_gflop_s(dtype, threads)
+    source = "vdpbf16ps" if dtype == "bfloat16" else "FMA"
+    amx = measure_amx_gflop_s(threads) if dtype == "bfloat16" else None
+    if amx is not None and amx > peak:
+        peak, source = amx, "AMX tiles"
+    return Machine(measure_read_gb_s(threads), peak, dtype, threads, source)
 
 
 @dataclass(frozen=True)
@@ -138,7 +157,8 @@ def main() -> None:
     machine = measure(args.dtype, args.threads)
     cost = StepCost.of(cfg, args.dtype)
     print(f"{machine.threads} threads: read {machine.read_gb_s:.1f} GB/s, {args.dtype} multiply-adds "
-          f"{machine.peak_gflop_s:.0f} GFLOP/s; {cost.weight_params / 1e6:.1f}M weights, {args.context}-token contexts\n")
+          f"{machine.peak_gflop_s:.0f} GFLOP/s ({machine.peak_source}); {cost.weight_params / 1e6:.1f}M weights, "
+          f"{args.context}-token contexts\n")
     print("| batch | floor of a decode step (ms) | vs batch 1 |\n|---|---|---|")
     base = cost.floor_ms(machine, 1, args.context)
     for b in args.batch:

@@ -85,3 +85,30 @@ def test_probes_do_the_multiply_adds_the_flop_counts_assume():
         assert sink.value == pytest.approx(100 * per_round * 2 * 1e-3, rel=1e-3)
     if lib.probe_bf16_dots(100, 2, ctypes.byref(sink)) == 0:  # each product is bf16 1.0 x bf16 2^-7
         assert sink.value == pytest.approx(100 * BF16_MULTIPLY_ADDS_PER_ROUND * 2 * 2**-7, rel=1e-3)
+
+
+def test_the_amx_probe_does_the_multiply_adds_its_count_assumes():
+    """Each tile product adds 32 x (bf16 1.0 x 2^-7) to every accumulator element, so the
+    sink counts the probe's multiply-adds; without AMX it says so (0) and no rate is given."""
+    from bench_agent.roofline import measure_amx_gflop_s
+
+    lib, sink = load_kernels(), ctypes.c_float()
+    per_round = lib.probe_amx_tiles(100, 2, ctypes.byref(sink))
+    if per_round == 0:
+        assert measure_amx_gflop_s(threads=1, rounds=10, reps=1) is None
+        pytest.skip("this CPU (or its build or OS) has no AMX tiles")
+    assert per_round == 4 * 16 * 16 * 32
+    assert sink.value == pytest.approx(100 * per_round * 2 * 2**-7, rel=1e-6)
+    assert measure_amx_gflop_s(threads=1, rounds=1000, reps=2) > 0.1
+
+
+def test_the_bf16_peak_is_the_faster_instruction(monkeypatch):
+    import bench_agent.roofline as rl
+
+    monkeypatch.setattr(rl, "measure_read_gb_s", lambda threads: 30.0)
+    monkeypatch.setattr(rl, "measure_peak_gflop_s", lambda dtype, threads: 450.0)
+    monkeypatch.setattr(rl, "measure_amx_gflop_s", lambda threads: 2000.0)
+    assert (rl.measure("bfloat16", 2).peak_gflop_s, rl.measure("bfloat16", 2).peak_source) == (2000.0, "AMX tiles")
+    assert rl.measure("float32", 2).peak_source == "FMA"
+    monkeypatch.setattr(rl, "measure_amx_gflop_s", lambda threads: None)
+    assert (rl.measure("bfloat16", 2).peak_gflop_s, rl.measure("bfloat16", 2).peak_source) == (450.0, "vdpbf16ps")

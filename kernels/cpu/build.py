@@ -111,6 +111,7 @@ _PLAIN_SIGNATURES = {
     "probe_read": ([_P, _I64, _INT], ctypes.c_uint64),
     "probe_bf16_dots": ([_I64, _INT, _P], _INT),
     "probe_f32_fmas": ([_I64, _INT, _P], _INT),
+    "probe_amx_tiles": ([_I64, _INT, _P], _INT),
 }
 
 
