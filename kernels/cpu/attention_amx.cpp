@@ -13,9 +13,9 @@
 // in tiles 4-5 (64 dims), its output accumulators in tiles 0-3 (16 tokens x 64 dims, float32)
 // for the whole pass over the keys, 32 keys at a time:
 //   scores: tile 6 = q k^T for 16 keys (tile 7 holds the keys), twice, stored to memory;
-//   softmax in AVX-512 on the 16 x 32 scores (scaled, masked past each token's last key):
-//     the exponent's reference moves only when a score passes it by kSlack, as in
-//     attend_block, so the accumulators are rarely rescaled (then: stored, scaled, reloaded);
+//   softmax in AVX-512 on the 16 x 32 scores (online_softmax.h, as attend_block: scaled,
+//     masked past each token's last key, a reference that moves only when a score passes it
+//     by kSlack), so the accumulators are rarely rescaled (then: stored, scaled, reloaded);
 //     probabilities rounded to bfloat16 into one tile (6);
 //   values: tiles 0-3 += p (tile 6) x values (tile 7, 16 dims at a time).
 // Sums, maxima and the normaliser are float32, as in attend_block, whose results these equal
@@ -29,8 +29,10 @@
 #include <limits>
 #include <vector>
 
+#include "amx.h"
 #include "bf16.h"
 #include "entries.h"
+#include "online_softmax.h"
 #include "simd.h"
 
 #if defined(__AMX_BF16__) && defined(__AMX_TILE__) && defined(__AVX512BF16__) && defined(__linux__)
@@ -47,25 +49,8 @@ using namespace forkserve;
 constexpr int64_t kDim = 64;
 constexpr int64_t kQueryRows = 16;
 constexpr int64_t kKeys = 32;  // keys per step of the pass
-constexpr float kSlack = 8.f;
 constexpr int64_t kKeyTile = 16 * kDim / 2;  // int32 words (bf16 pairs) of one 16-key block's keys
 constexpr int64_t kValueTile = kKeys * kDim;  // bf16 of one 32-key block's values
-
-struct alignas(64) TileConfig {
-    uint8_t palette = 1, start_row = 0;
-    uint8_t reserved[14] = {};
-    uint16_t colsb[16] = {};
-    uint8_t rows[16] = {};
-};
-
-void load_tile_config() {
-    TileConfig cfg;
-    for (int t = 0; t < 8; t++) {
-        cfg.colsb[t] = 64;
-        cfg.rows[t] = 16;
-    }
-    _tile_loadconfig(&cfg);
-}
 
 struct Extend {
     const Bf16 *q;
@@ -141,8 +126,6 @@ void attend_tile(const Extend &e, const Request &r, int64_t t0, int64_t count, i
         _mm512_store_ps(total[m], _mm512_setzero_ps());
     }
     const int64_t keys = r.prefix + t0 + count;
-    const __m512 lane = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-    const __m512 scale = _mm512_set1_ps(e.scale), floor = _mm512_set1_ps(-1e30f);
     for (int64_t k0 = 0; k0 < keys; k0 += kKeys) {
         const int32_t *kt = key_tiles + (k0 / 16) * kKeyTile;
         _tile_zero(6);
@@ -161,26 +144,13 @@ void attend_tile(const Extend &e, const Request &r, int64_t t0, int64_t count, i
         bool rescale = false;
         float corr[kQueryRows];
         for (int64_t m = 0; m < kQueryRows; m++) {
-            const __m512 limit = _mm512_set1_ps(seen[m] - static_cast<float>(k0));
-            const __mmask16 see_lo = _mm512_cmp_ps_mask(lane, limit, _CMP_LT_OQ);
-            const __mmask16 see_hi = _mm512_cmp_ps_mask(_mm512_add_ps(lane, _mm512_set1_ps(16.f)), limit, _CMP_LT_OQ);
-            const __m512 raw_lo = _mm512_load_ps(&s[m][0]), raw_hi = _mm512_load_ps(&s[m][16]);
-            const __m512 lo = _mm512_mask_mul_ps(floor, see_lo, raw_lo, scale);
-            const __m512 hi = _mm512_mask_mul_ps(floor, see_hi, raw_hi, scale);
-            constexpr int kNan = 0x81;  // a NaN score makes the row NaN, as in PyTorch
-            broken[m] |= (_mm512_mask_fpclass_ps_mask(see_lo, raw_lo, kNan) | _mm512_mask_fpclass_ps_mask(see_hi, raw_hi, kNan)) != 0;
-            const __m512 top = _mm512_max_ps(lo, hi);
-            corr[m] = 1.f;
-            if (_mm512_cmp_ps_mask(top, _mm512_set1_ps(best[m] + kSlack), _CMP_GT_OQ) != 0) {
-                const float now = _mm512_reduce_max_ps(top);
-                corr[m] = std::exp(best[m] - now);
-                best[m] = now;
-                rescale = true;
-            }
-            const __m512 p_lo = _mm512_maskz_mov_ps(see_lo, exp16(_mm512_sub_ps(lo, _mm512_set1_ps(best[m]))));
-            const __m512 p_hi = _mm512_maskz_mov_ps(see_hi, exp16(_mm512_sub_ps(hi, _mm512_set1_ps(best[m]))));
-            _mm512_store_ps(total[m], _mm512_fmadd_ps(_mm512_load_ps(total[m]), _mm512_set1_ps(corr[m]), _mm512_add_ps(p_lo, p_hi)));
-            _mm512_store_si512(p[m], (__m512i)_mm512_cvtne2ps_pbh(p_hi, p_lo));
+            const SoftmaxStep step = online_softmax32(_mm512_load_ps(&s[m][0]), _mm512_load_ps(&s[m][16]),
+                                                      seen[m] - static_cast<float>(k0), e.scale, best[m], broken[m]);
+            corr[m] = step.corr;
+            rescale |= step.moved;
+            _mm512_store_ps(total[m], _mm512_fmadd_ps(_mm512_load_ps(total[m]), _mm512_set1_ps(step.corr),
+                                                      _mm512_add_ps(step.p_lo, step.p_hi)));
+            _mm512_store_si512(p[m], (__m512i)_mm512_cvtne2ps_pbh(step.p_hi, step.p_lo));
         }
         if (rescale && k0 > 0) {  // before the first block the accumulators are zero
             _tile_stored(0, &acc[0][0], kDim * 4);

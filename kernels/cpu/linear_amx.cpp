@@ -25,8 +25,10 @@
 #include <cstring>
 #include <vector>
 
+#include "amx.h"
 #include "bf16.h"
 #include "entries.h"
+#include "gemm_panel.h"
 #include "simd.h"
 
 #if defined(__AMX_BF16__) && defined(__AMX_TILE__) && defined(__AVX512BF16__) && defined(__linux__)
@@ -42,29 +44,12 @@ using namespace forkserve;
 
 #if defined(FORKSERVE_AMX)
 
-constexpr int64_t kPanel = 32;     // output columns per panel (as linear_bf16.cpp)
 constexpr int64_t kTileK = 32;     // input features per tile
 constexpr int64_t kTileRows = 16;  // rows per tile
 constexpr int64_t kBlockRows = 2 * kTileRows;
 
-// The tile configuration every block uses: tiles 0-3 accumulators (rows 0-15 / 16-31 x
-// columns 0-15 / 16-31), 4-5 inputs (rows 0-15, 16-31), 6-7 weights (columns 0-15, 16-31),
-// each 16 rows of 64 bytes.
-struct alignas(64) TileConfig {
-    uint8_t palette = 1, start_row = 0;
-    uint8_t reserved[14] = {};
-    uint16_t colsb[16] = {};
-    uint8_t rows[16] = {};
-};
-
-void load_tile_config() {
-    TileConfig cfg;
-    for (int t = 0; t < 8; t++) {
-        cfg.colsb[t] = 64;
-        cfg.rows[t] = kTileRows;
-    }
-    _tile_loadconfig(&cfg);
-}
+// Tiles (see amx.h): 0-3 accumulators (rows 0-15 / 16-31 x columns 0-15 / 16-31), 4-5
+// inputs (rows 0-15, 16-31), 6-7 weights (columns 0-15, 16-31).
 
 struct AmxGemm {
     const Bf16 *x;       // rows of in_features (padded to k_tiles * 32 when copied)
@@ -112,20 +97,10 @@ void block(const Bf16 *a, int64_t a_stride_bytes, const uint16_t *panel, int64_t
 
 // Rows [row0, row0 + n) of the block's float32 results, plus bias, rounded into out.
 void store_block(const AmxGemm &g, const float *c, int64_t row0, int64_t n, int64_t first_row_in_c, int64_t p) {
-    const int64_t col0 = p * kPanel, cols = g.out_features - col0 < kPanel ? g.out_features - col0 : kPanel;
-    const __mmask16 mask0 = cols >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << cols) - 1);
-    const __mmask16 mask1 = cols >= 32 ? 0xFFFF : cols > 16 ? static_cast<__mmask16>((1u << (cols - 16)) - 1) : 0;
-    __m512 bias0 = _mm512_setzero_ps(), bias1 = _mm512_setzero_ps();
-    if (g.bias != nullptr) {
-        bias0 = widen16(_mm256_maskz_loadu_epi16(mask0, g.bias + col0));
-        bias1 = widen16(_mm256_maskz_loadu_epi16(mask1, g.bias + col0 + 16));
-    }
+    const PanelEpilogue epilogue(g.bias, g.out_features, p * kPanel);
     for (int64_t m = 0; m < n; m++) {
         const float *row = c + (first_row_in_c + m) * kPanel;
-        Bf16 *o = g.out + (row0 + m) * g.out_stride + col0;
-        _mm256_mask_storeu_epi16(o, mask0, (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_loadu_ps(row), bias0)));
-        _mm256_mask_storeu_epi16(o + 16, mask1,
-                                 (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_loadu_ps(row + 16), bias1)));
+        epilogue.store(g.out + (row0 + m) * g.out_stride + p * kPanel, _mm512_loadu_ps(row), _mm512_loadu_ps(row + 16));
     }
 }
 

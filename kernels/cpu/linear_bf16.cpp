@@ -33,6 +33,7 @@
 
 #include "bf16.h"
 #include "entries.h"
+#include "gemm_panel.h"
 #include "simd.h"
 
 #if defined(__AVX512BF16__)
@@ -43,7 +44,6 @@ namespace {
 
 using namespace forkserve;
 
-constexpr int64_t kPanel = 32;  // output columns per panel
 constexpr int kMaxTile = 12;    // input rows per register tile
 constexpr int64_t kAhead = 3;   // panels a thread prefetches ahead of the one it multiplies
 
@@ -105,19 +105,8 @@ void tile(const Gemm &g, int64_t row0, int64_t p, const uint16_t *next, Share sh
             acc[m][1] = _mm512_dpbf16_ps(acc[m][1], xb, w1);
         }
     }
-    const int64_t col0 = p * kPanel, cols = g.out_features - col0 < kPanel ? g.out_features - col0 : kPanel;
-    const __mmask16 mask0 = cols >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << cols) - 1);
-    const __mmask16 mask1 = cols >= 32 ? 0xFFFF : cols > 16 ? static_cast<__mmask16>((1u << (cols - 16)) - 1) : 0;
-    __m512 bias0 = _mm512_setzero_ps(), bias1 = _mm512_setzero_ps();
-    if (g.bias != nullptr) {
-        bias0 = widen16(_mm256_maskz_loadu_epi16(mask0, g.bias + col0));
-        bias1 = widen16(_mm256_maskz_loadu_epi16(mask1, g.bias + col0 + 16));
-    }
-    for (int m = 0; m < TILE; m++) {
-        Bf16 *o = g.out + (row0 + m) * g.out_stride + col0;
-        _mm256_mask_storeu_epi16(o, mask0, (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(acc[m][0], bias0)));
-        _mm256_mask_storeu_epi16(o + 16, mask1, (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(acc[m][1], bias1)));
-    }
+    const PanelEpilogue epilogue(g.bias, g.out_features, p * kPanel);
+    for (int m = 0; m < TILE; m++) epilogue.store(g.out + (row0 + m) * g.out_stride + p * kPanel, acc[m][0], acc[m][1]);
 }
 
 using TileFn = void (*)(const Gemm &, int64_t, int64_t, const uint16_t *, Share);

@@ -5,6 +5,7 @@
 // The caller times each call; these only do the work.
 #include <cstdint>
 
+#include "amx.h"
 #include "entries.h"
 
 #if defined(__x86_64__)
@@ -108,12 +109,7 @@ int probe_amx_tiles(int64_t rounds, int num_threads, float *sink) {
     float total = 0.f;
 #pragma omp parallel num_threads(num_threads) reduction(+ : total)
     {
-        alignas(64) uint8_t cfg[64] = {1};  // palette 1; 8 tiles of 16 rows x 64 bytes
-        for (int t = 0; t < 8; t++) {
-            cfg[16 + 2 * t] = 64;
-            cfg[48 + t] = 16;
-        }
-        _tile_loadconfig(cfg);
+        forkserve::load_tile_config();
         alignas(64) uint16_t ones[16 * 32], small[16 * 32];
         for (int i = 0; i < 16 * 32; i++) ones[i] = 0x3f80, small[i] = 0x3c00;  // bf16 1.0 and 2^-7
         alignas(64) float acc[16 * 16];

@@ -35,6 +35,7 @@
 
 #include "bf16.h"
 #include "entries.h"
+#include "online_softmax.h"
 #include "simd.h"
 
 namespace {
@@ -262,7 +263,6 @@ void attend_one(const Batch &bt, const T *q, const T *k_cache, const T *v_cache,
 constexpr bool kBlockExtend = true;
 constexpr int kBlockRows = 12;
 constexpr int64_t kBlockKeys = 32;
-constexpr float kSlack = 8.f;
 
 struct BlockTask {
     int64_t tok, count, h;  // query tokens [tok, tok + count) of one request, KV head h
@@ -299,7 +299,6 @@ void attend_block(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf1
     const __m512i pair_lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
                                              37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
     const __m512i pair_hi = _mm512_add_epi16(pair_lo, _mm512_set1_epi16(16));
-    const __m512 lane = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
     for (int64_t k0 = 0; k0 < keys; k0 += kBlockKeys) {
         const int64_t count = keys - k0 < kBlockKeys ? keys - k0 : kBlockKeys;
         auto key_row = [&](const Bf16 *base, int64_t c) { return c < count ? base + slots[k0 + c] * DIM : zero_row; };
@@ -324,36 +323,15 @@ void attend_block(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf1
                 s[m][1] = _mm512_dpbf16_ps(s[m][1], qb, k_hi);
             }
         }
-        const __m512 scale = _mm512_set1_ps(bt.scale), floor = _mm512_set1_ps(-1e30f);
         float corr[kBlockRows];
         bool rescale = false;
         for (int m = 0; m < kBlockRows; m++) {
-            const __m512 limit = _mm512_set1_ps(seen[m] - static_cast<float>(k0));
-            const __mmask16 see_lo = _mm512_cmp_ps_mask(lane, limit, _CMP_LT_OQ);
-            const __mmask16 see_hi = _mm512_cmp_ps_mask(_mm512_add_ps(lane, _mm512_set1_ps(16.f)), limit, _CMP_LT_OQ);
-            const __m512 lo = _mm512_mask_mul_ps(floor, see_lo, s[m][0], scale);
-            const __m512 hi = _mm512_mask_mul_ps(floor, see_hi, s[m][1], scale);
-            // A NaN score (NaN in the query or a visible key: a broken model upstream) makes
-            // the row's output NaN, as in PyTorch; the max and exp below would lose it.
-            constexpr int kNan = 0x81;  // fpclass: quiet or signalling NaN
-            broken[m] |= (_mm512_mask_fpclass_ps_mask(see_lo, s[m][0], kNan) | _mm512_mask_fpclass_ps_mask(see_hi, s[m][1], kNan)) != 0;
-            // The exponent's reference moves only when a score passes it by more than
-            // kSlack: the probabilities stay below e^kSlack, and most blocks skip the max
-            // reduction and the rescaling of the sums.
-            const __m512 top = _mm512_max_ps(lo, hi);
-            corr[m] = 1.f;
-            if (_mm512_cmp_ps_mask(top, _mm512_set1_ps(best[m] + kSlack), _CMP_GT_OQ) != 0) {
-                const float now = _mm512_reduce_max_ps(top);
-                corr[m] = std::exp(best[m] - now);
-                best[m] = now;
-                rescale = true;
-            }
-            // Keys past the row's last are exactly 0 (their value rows, shared with later
-            // tokens of the block, then add nothing, unless they hold inf or NaN).
-            const __m512 p_lo = _mm512_maskz_mov_ps(see_lo, exp16(_mm512_sub_ps(lo, _mm512_set1_ps(best[m]))));
-            const __m512 p_hi = _mm512_maskz_mov_ps(see_hi, exp16(_mm512_sub_ps(hi, _mm512_set1_ps(best[m]))));
-            total[m] = _mm512_fmadd_ps(total[m], _mm512_set1_ps(corr[m]), _mm512_add_ps(p_lo, p_hi));
-            _mm512_store_si512(pp[m], (__m512i)_mm512_cvtne2ps_pbh(p_hi, p_lo));
+            const SoftmaxStep p = online_softmax32(s[m][0], s[m][1], seen[m] - static_cast<float>(k0), bt.scale,
+                                                   best[m], broken[m]);
+            corr[m] = p.corr;
+            rescale |= p.moved;
+            total[m] = _mm512_fmadd_ps(total[m], _mm512_set1_ps(p.corr), _mm512_add_ps(p.p_lo, p.p_hi));
+            _mm512_store_si512(pp[m], (__m512i)_mm512_cvtne2ps_pbh(p.p_hi, p.p_lo));
         }
         // Values by key pair, then acc = acc * corr + probabilities x values, 32 dims at a time.
         __m512i vp[kBlockKeys / 2][kVecs];

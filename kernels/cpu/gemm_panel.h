@@ -1,0 +1,45 @@
+// What both bfloat16 GEMM kernels (linear_bf16.cpp, linear_amx.cpp) share about the packed
+// weight's 32-column panels: the panel width and the epilogue that adds the bias and
+// rounds a row's two 16-column halves into the output, masked past out_features.
+#pragma once
+
+#include <cstdint>
+
+#include "bf16.h"
+#include "simd.h"
+
+namespace forkserve {
+
+constexpr int64_t kPanel = 32;  // output columns per panel
+
+}  // namespace forkserve
+
+#if defined(__AVX512BF16__)
+namespace forkserve {
+
+struct PanelEpilogue {
+    __mmask16 mask0, mask1;  // columns 0-15 and 16-31 that exist
+    __m512 bias0, bias1;     // zeros without a bias
+
+    // Columns [col0, col0 + 32) of an out_features-wide output; bias may be null.
+    PanelEpilogue(const Bf16 *bias, int64_t out_features, int64_t col0) {
+        const int64_t cols = out_features - col0 < kPanel ? out_features - col0 : kPanel;
+        mask0 = cols >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << cols) - 1);
+        mask1 = cols >= 32 ? 0xFFFF : cols > 16 ? static_cast<__mmask16>((1u << (cols - 16)) - 1) : 0;
+        bias0 = bias1 = _mm512_setzero_ps();
+        if (bias != nullptr) {
+            bias0 = widen16(_mm256_maskz_loadu_epi16(mask0, bias + col0));
+            bias1 = widen16(_mm256_maskz_loadu_epi16(mask1, bias + col0 + 16));
+        }
+    }
+
+    // One row's float32 sums (columns 0-15 in lo, 16-31 in hi) plus bias, rounded to
+    // nearest even, at `out` (the row's column col0).
+    void store(Bf16 *out, __m512 lo, __m512 hi) const {
+        _mm256_mask_storeu_epi16(out, mask0, (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(lo, bias0)));
+        _mm256_mask_storeu_epi16(out + 16, mask1, (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(hi, bias1)));
+    }
+};
+
+}  // namespace forkserve
+#endif
