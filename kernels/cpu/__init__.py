@@ -1,14 +1,17 @@
 """The fast CPU path (the ``cpu`` attention backend).
 
-``paged_attention.cpp`` (attention over the paged pool), ``elementwise.cpp`` (RMSNorm,
-rotary, SiLU-and-mul), ``linear_bf16.cpp`` (bfloat16 GEMM on packed weights),
+``paged_attention.cpp`` (attention over the paged pool; long bfloat16 extends go to
+``attention_amx.cpp`` on AMX tiles), ``elementwise.cpp`` (RMSNorm, rotary, SiLU-and-mul),
+``linear_bf16.cpp`` (bfloat16 GEMM on packed weights: AVX512-BF16 vectors, or AMX tiles in
+``linear_amx.cpp`` from a row count measured per machine by ``gemm_choice.py``),
 ``decoder_layers.cpp`` (all decoder layers in one call, from
 ``runtime/models/cpu_decoder_layers.py``) and ``machine_probe.cpp`` (the read rate and
-multiply-add peak of ``bench_agent/roofline.py``) are compiled once per machine and loaded
+multiply-add peaks of ``bench_agent/roofline.py``) are compiled once per machine and loaded
 by ``build.py`` (``bf16.h`` and ``simd.h`` hold the shared conversions and AVX-512 helpers,
-``entries.h`` the entry points one file calls in another); ``paged_attention.py``, ``elementwise.py`` and
-``linear_bf16.py`` are their checked Python entry points (``entry_checks.py``: the checks
-and the per-dtype lookup they share). ``packed_linear.py`` packs linear
-weights once and picks the GEMM: ours for bfloat16 where the CPU has AVX512-BF16, oneDNN's
-otherwise.
+``amx.h`` the tile configuration, ``gemm_panel.h`` the GEMMs' panel epilogue,
+``online_softmax.h`` the extend paths' softmax step, ``entries.h`` the entry points one file
+calls in another); ``paged_attention.py``, ``elementwise.py`` and ``linear_bf16.py`` are
+their checked Python entry points (``entry_checks.py``: the checks and the per-dtype lookup
+they share). ``packed_linear.py`` packs linear weights once and picks the GEMM: ours for
+bfloat16 where the CPU has AVX512-BF16, oneDNN's otherwise.
 """
