@@ -124,7 +124,8 @@ def test_unknown_model_lookup_is_404(server):
 
 
 def test_still_serving_after_errors(server):
-    resp = call(server, "/generate", {"text": "Still alive?", "sampling_params": {"max_new_tokens": 2}})
+    # ignore_eos: sampled at temperature 1, EOS is the first token ~10% of the time here
+    resp = call(server, "/generate", {"text": "Still alive?", "sampling_params": {"max_new_tokens": 2, "ignore_eos": True}})
     assert resp.status_code == 200 and resp.json()["meta_info"]["completion_tokens"] == 2
     assert server.info()["scheduler"]["kv_invariant_holds"] is True
 

@@ -206,20 +206,18 @@ class Scheduler:
         """Append every running request's next token to a prefill batch (as a one-token
         extend), so running requests decode in this step too; unchanged when the pool has
         no slot for each of them (the next decode step makes room)."""
-        reqs = list(self.running)
-        out_cache_loc = self.cache.grant_one_each(reqs)
-        if out_cache_loc is None:
+        decodes = self._next_tokens(list(self.running))
+        if decodes is None:
             return
-        seq_lens = [r.alloc_len for r in reqs]
-        batch.reqs += reqs
-        batch.input_ids = torch.cat([batch.input_ids, torch.tensor([r.output_ids[-1] for r in reqs], dtype=torch.int64)])
-        batch.positions = torch.cat([batch.positions, torch.tensor([s - 1 for s in seq_lens], dtype=torch.int64)])
-        batch.prefix_lens += [s - 1 for s in seq_lens]
-        batch.extend_lens += [1] * len(reqs)
-        batch.out_cache_loc = torch.cat([batch.out_cache_loc, out_cache_loc])
-        batch.logit_starts += [s - 1 for s in seq_lens]
-        batch.samples += [True] * len(reqs)
-        batch.num_mixed_decodes = len(reqs)
+        batch.reqs += decodes.reqs
+        batch.input_ids = torch.cat([batch.input_ids, decodes.input_ids])
+        batch.positions = torch.cat([batch.positions, decodes.positions])
+        batch.prefix_lens += decodes.prefix_lens
+        batch.extend_lens += decodes.extend_lens
+        batch.out_cache_loc = torch.cat([batch.out_cache_loc, decodes.out_cache_loc])
+        batch.logit_starts += decodes.logit_starts
+        batch.samples += decodes.samples
+        batch.num_mixed_decodes = len(decodes.reqs)
 
     def _build_extend_batch(self, picked: list[tuple[Req, int]]) -> ForwardBatch:
         reqs, ids, positions, prefix_lens, extend_lens, locs, logit_starts, samples = [], [], [], [], [], [], [], []
@@ -263,10 +261,17 @@ class Scheduler:
         self.new_token_ratio = max(_MIN_NEW_TOKEN_RATIO, self.new_token_ratio - _NEW_TOKEN_RATIO_DECAY)
         while self.cache.free_slots < len(self.running) and len(self.running) > 1:
             self._retract_one()
-        reqs = list(self.running)
+        batch = self._next_tokens(list(self.running))
+        if batch is None:
+            raise RuntimeError("KV pool exhausted by a single request; this is a bug: admission checks its size")
+        return batch
+
+    def _next_tokens(self, reqs: list[Req]) -> ForwardBatch | None:
+        """A decode batch of ``reqs``' next tokens, one new slot each; None (nothing changed)
+        when the pool is short of slots."""
         out_cache_loc = self.cache.grant_one_each(reqs)
         if out_cache_loc is None:
-            raise RuntimeError("KV pool exhausted by a single request; this is a bug: admission checks its size")
+            return None
         seq_lens = [r.alloc_len for r in reqs]
         return ForwardBatch(
             is_decode=True,

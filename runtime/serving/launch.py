@@ -31,6 +31,10 @@ logger = logging.getLogger("forkserve")
 _CHILD_STOP_TIMEOUT_S = 3.0
 # Seconds in-flight requests may still finish after SIGINT/SIGTERM before they are answered 503.
 _GRACE_S = 1.5
+# Seconds after that before uvicorn cancels the handlers still running: the 503s must be sent
+# first, also when the compute threads keep this process waiting for a core (1 s was seen
+# to be too short on 2 busy cores: a stream was cut instead of ending with its error event).
+_ANSWER_S = 3.0
 
 
 class StartupError(Exception):
@@ -140,7 +144,7 @@ class Launcher:
         ctx.process_ids = {"http": os.getpid(), **{n: p.pid for n, p in self.children.items() if p.pid}}
         receiver = manager.start()
         config = uvicorn.Config(
-            create_app(ctx), log_level="warning", timeout_graceful_shutdown=_GRACE_S + 1, timeout_keep_alive=30,
+            create_app(ctx), log_level="warning", timeout_graceful_shutdown=_GRACE_S + _ANSWER_S, timeout_keep_alive=30,
             lifespan="off",
         )
         server = uvicorn.Server(config)
