@@ -107,3 +107,15 @@ def test_the_worker_states_its_gemm(tiny_gqa_llama, restore_threshold):
         assert fp32.worker.gemm == "oneDNN GEMM on packed weights"
     finally:
         fp32.shutdown()
+
+
+def test_a_noisy_loss_neither_moves_the_crossover_nor_turns_the_tiles_off(monkeypatch):
+    """The crossover is the first size where the tiles win, given they win at 16 rows; a
+    measurement where they lose at 16 is repeated (another process can take a core for a
+    moment), and only three such losses give NEVER."""
+    lose, noisy = [False] * len(gemm_choice.CANDIDATE_ROWS), [False, False, True, False, True, True, True, True]
+    answers = iter([lose, noisy])
+    monkeypatch.setattr(gemm_choice, "_amx_wins", lambda *args: next(answers))
+    assert gemm_choice.measure_crossover(64, 32, threads=1) == 3
+    monkeypatch.setattr(gemm_choice, "_amx_wins", lambda *args: lose)
+    assert gemm_choice.measure_crossover(64, 32, threads=1) == gemm_choice.NEVER

@@ -6,7 +6,7 @@ Intel Xeons from Sapphire Rapids on). Vectors read a weight fastest for a single
 do 8,192 multiply-adds per instruction and win from a few rows on (on a 2-core Xeon with
 AMX: ~2 TFLOP/s at 600 rows against ~160 GFLOP/s). The crossover depends on the machine and
 the shape, so it is measured: for each weight shape, both kernels on 1..16 rows, and the
-smallest row count from which tiles are at least as fast at every measured size. Products
+smallest row count from which tiles are at least as fast (see ``measure_crossover``). Products
 of that many rows or more go to the tiles (``linear_bf16_set_amx_min_rows``; one setting
 per process: the largest crossover of the model's shapes).
 
@@ -30,6 +30,7 @@ import torch
 from kernels.cpu.build import CpuKernelsUnavailable, find_compiler, library_path, load_kernels
 
 NEVER = 2**63 - 1  # amx_min_rows that keeps every product on the vector kernel
+_CACHE_VERSION = 2  # of the measuring rule: a new rule measures anew
 CANDIDATE_ROWS = (1, 2, 3, 4, 6, 8, 12, 16)
 
 
@@ -60,10 +61,9 @@ def forced(kernel: str) -> Iterator[None]:
         set_amx_min_rows(previous)
 
 
-def measure_crossover(in_features: int, out_features: int, threads: int, reps: int = 7) -> int:
-    """The smallest row count from which the AMX kernel is at least as fast as the vector
-    kernel at every size of ``CANDIDATE_ROWS`` (``NEVER`` when it loses at 16 rows), timed
-    on a random weight of this shape, each size's two kernels interleaved."""
+def _amx_wins(in_features: int, out_features: int, threads: int, reps: int) -> list[bool]:
+    """For each size of ``CANDIDATE_ROWS``: whether the AMX kernel's best of ``reps`` calls
+    is at least as fast as the vector kernel's, the two interleaved, on a random weight."""
     from kernels.cpu import linear_bf16
 
     lib = load_kernels()
@@ -84,19 +84,27 @@ def measure_crossover(in_features: int, out_features: int, threads: int, reps: i
                 if rep:
                     times[name] = min(times[name], time.perf_counter() - start)
         wins.append(times["amx"] <= times["vector"])
-    crossover = NEVER
-    for rows, win in zip(reversed(CANDIDATE_ROWS), reversed(wins), strict=True):
-        if not win:
-            break
-        crossover = rows
-    return crossover
+    return wins
+
+
+def measure_crossover(in_features: int, out_features: int, threads: int, reps: int = 9, tries: int = 3) -> int:
+    """The smallest row count from which the AMX kernel is at least as fast as the vector
+    kernel, at that size and at 16 rows (the tiles' advantage grows with the rows; a loss in
+    between is taken for noise). ``NEVER`` when the tiles lose at 16 rows in each of
+    ``tries`` measurements: another process taking a core for a moment can make one
+    measurement lose, and a wrong ``NEVER`` would keep prefill on the 10x slower kernel."""
+    for _ in range(tries):
+        wins = _amx_wins(in_features, out_features, threads, reps)
+        if wins[-1]:
+            return next(rows for rows, win in zip(CANDIDATE_ROWS, wins, strict=True) if win)
+    return NEVER
 
 
 def _cache_file() -> Path:
     compiler = find_compiler()
     if compiler is None:
         raise CpuKernelsUnavailable("no C++ compiler: the CPU kernels are not built")
-    return library_path(compiler).with_suffix(".gemm.json")
+    return library_path(compiler).with_suffix(f".gemm-v{_CACHE_VERSION}.json")
 
 
 def _read_cache(path: Path) -> dict[str, int]:
