@@ -137,12 +137,11 @@ def prefill_linear_gflop_s(engine, rows: int = 512, reps: int = 5) -> tuple[floa
     """GFLOP/s of one prefill chunk's matrix products (each distinct linear shape of the
     model at ``rows`` rows, as the engine runs them) and of oneDNN's bf16 GEMM (PyTorch's
     packed ``mkldnn`` linear, AMX where the CPU has it) on the same shapes, same run."""
-    from kernels.cpu.packed_linear import _onednn_ops
+    from kernels.cpu.packed_linear import _onednn_ops, packed_linear
     from runtime.layers import packed_weights
 
     packed = {(p.in_features, p.out_features): p for p in packed_weights(engine.worker.model)}
     packed.pop((engine.worker.model.cfg.hidden_size, engine.worker.model.cfg.vocab_size), None)  # the head: 1 row
-    from kernels.cpu.packed_linear import packed_linear
 
     reorder, onednn = _onednn_ops()
     dtype = engine.worker.dtype

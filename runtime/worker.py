@@ -149,11 +149,10 @@ class ModelWorker:
     def _choose_gemm(self) -> str:
         """Which kernel multiplies the packed weights, in words; for bf16 weights on our GEMM,
         the AMX row threshold measured on this machine (``kernels/cpu/gemm_choice.py``)."""
-        kinds = {p.kind for p in packed_weights(self.model)}
-        if "bf16_panels" not in kinds:
-            return "oneDNN GEMM on packed weights" if kinds else "F.linear"
-        shapes = {(p.in_features, p.out_features) for p in packed_weights(self.model)}
-        return gemm_choice.describe(gemm_choice.choose_for(shapes))
+        weights = packed_weights(self.model)
+        if not any(p.kind == "bf16_panels" for p in weights):
+            return "oneDNN GEMM on packed weights" if weights else "F.linear"
+        return gemm_choice.describe(gemm_choice.choose_for({(p.in_features, p.out_features) for p in weights}))
 
     @property
     def _on_cuda(self) -> bool:

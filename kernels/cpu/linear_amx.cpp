@@ -134,13 +134,8 @@ void amx_gemm(const AmxGemm &g, int num_threads) {
             const int64_t r1 = r0 + pass < g.rows ? r0 + pass : g.rows;
             for (int64_t p = first; p < last; p++) {
                 const uint16_t *panel = g.packed + p * g.panel_pairs * 2 * kPanel;
-                if (g.rows <= kTileRows) {
-                    block<false>(x, small_stride_bytes, panel, g.k_tiles, c);
-                    store_block(g, c, 0, g.rows, 0, p);
-                    continue;
-                }
-                if (g.rows < kBlockRows) {
-                    block<true>(x, small_stride_bytes, panel, g.k_tiles, c);
+                if (g.rows < kBlockRows) {  // one block of the padded copy: one row of tiles, or two
+                    (g.rows <= kTileRows ? block<false> : block<true>)(x, small_stride_bytes, panel, g.k_tiles, c);
                     store_block(g, c, 0, g.rows, 0, p);
                     continue;
                 }
