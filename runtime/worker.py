@@ -148,11 +148,15 @@ class ModelWorker:
 
     def _choose_gemm(self) -> str:
         """Which kernel multiplies the packed weights, in words; for bf16 weights on our GEMM,
-        the AMX row threshold measured on this machine (``kernels/cpu/gemm_choice.py``)."""
+        the AMX row threshold and the small-row prefetch measured on this machine
+        (``kernels/cpu/gemm_choice.py``)."""
         weights = packed_weights(self.model)
         if not any(p.kind == "bf16_panels" for p in weights):
             return "oneDNN GEMM on packed weights" if weights else "F.linear"
-        return gemm_choice.describe(gemm_choice.choose_for({(p.in_features, p.out_features) for p in weights}))
+        bf16 = [(p.data, p.in_features, p.out_features) for p in weights if p.kind == "bf16_panels"]
+        rows = gemm_choice.choose_for({(p.in_features, p.out_features) for p in weights})
+        prefetch = rows > 1 and gemm_choice.choose_small_prefetch(bf16)
+        return gemm_choice.describe(rows, prefetch)
 
     @property
     def _on_cuda(self) -> bool:

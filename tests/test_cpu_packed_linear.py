@@ -113,6 +113,29 @@ def test_amx_kernel_row_blocks(rows, in_features):
         _close_to_exact(linear_bf16.linear(x, linear_bf16.pack(weight), 70, bias), x, weight, bias)
 
 
+@pytest.mark.parametrize("panels_ahead", [1, 3])
+@pytest.mark.parametrize("rows", [1, 2, 7, 8])
+def test_the_vector_kernels_small_row_prefetch_changes_no_bit(rows, panels_ahead):
+    """Prefetching a panel ahead below 8 rows (chosen by measurement, gemm_choice) reads the
+    same weights: the result is the exact product rounded, and bit-equal to no prefetch,
+    including for the last panels of each thread's range, whose prefetch target is past it."""
+    _skip_without("vector")
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randn(7 * 32 + 5, 577, generator=gen).bfloat16()
+    x = torch.randn(rows, 577, generator=gen).bfloat16()
+    packed = linear_bf16.pack(weight)
+    with gemm_choice.forced("vector"):
+        previous = gemm_choice.set_small_prefetch(0)
+        try:
+            plain = linear_bf16.linear(x, packed, weight.shape[0])
+            gemm_choice.set_small_prefetch(panels_ahead)
+            ours = linear_bf16.linear(x, packed, weight.shape[0])
+        finally:
+            gemm_choice.set_small_prefetch(previous)
+    _close_to_exact(ours, x, weight, None)
+    assert torch.equal(ours, plain)
+
+
 def test_the_row_threshold_picks_the_kernel():
     """``linear_bf16`` sends products of at least the threshold's rows to the AMX kernel and
     smaller ones to the vector kernel: each result equals that kernel's own, bit for bit.

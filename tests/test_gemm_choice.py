@@ -83,6 +83,34 @@ def test_the_largest_crossover_of_a_models_shapes_is_set(monkeypatch, restore_th
     assert gemm_choice.describe(8) == "bf16 GEMM on AMX tiles from 8 rows, AVX512-BF16 vectors below"
 
 
+@pytest.fixture
+def restore_small_prefetch():
+    previous = gemm_choice.set_small_prefetch(0)
+    gemm_choice.set_small_prefetch(previous)
+    yield
+    gemm_choice.set_small_prefetch(previous)
+
+
+@pytest.mark.skipif(not linear_bf16.available(), reason="no bfloat16 GEMM kernel on this CPU")
+def test_the_small_row_prefetch_is_measured_once_per_weight_size_then_read_from_the_cache(
+        cache_file, monkeypatch, restore_small_prefetch):
+    gen = torch.Generator().manual_seed(0)
+    weights = [(linear_bf16.pack(torch.randn(64, 96, generator=gen).bfloat16()), 96, 64) for _ in range(3)]
+    assert isinstance(gemm_choice.prefetch_wins(weights, threads=1, rounds=2), bool)  # a real measurement runs
+    calls = []
+    monkeypatch.setattr(gemm_choice, "prefetch_wins", lambda w, threads: calls.append(threads) or True)
+    assert gemm_choice.choose_small_prefetch(weights, threads=2) is True
+    assert gemm_choice.set_small_prefetch(0) == 1  # it was turned on
+    assert gemm_choice.choose_small_prefetch(weights, threads=2) is True
+    assert calls == [2]
+    assert json.loads(cache_file.read_text()) == {"prefetch:0MiB@2": 1}
+    monkeypatch.setattr(gemm_choice, "prefetch_wins", lambda w, threads: False)
+    assert gemm_choice.choose_small_prefetch(weights, threads=1) is False
+    assert gemm_choice.set_small_prefetch(0) == 0
+    assert gemm_choice.describe(4, True) == ("bf16 GEMM on AMX tiles from 4 rows, "
+                                              "AVX512-BF16 vectors (prefetching at decode sizes) below")
+
+
 def test_forced_names_a_kernel_and_restores_the_threshold(restore_threshold):
     with pytest.raises(ValueError, match="vector"), gemm_choice.forced("tiles"):
         pass

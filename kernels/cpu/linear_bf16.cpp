@@ -19,7 +19,10 @@
 // broadcasts read consecutive words. The threads split the panels into contiguous ranges,
 // so at decode sizes (a few rows) each streams its share of the weights once, in address
 // order; with 8 rows or more, the tiles of a panel also prefetch (into L2) the panel kAhead
-// places on, so its weights arrive from memory while these are multiplied. Products of bf16 are exact and
+// places on, so its weights arrive from memory while these are multiplied. Below 8 rows the
+// same prefetch, small_ahead panels on, helps on some CPUs and hurts on others (an Intel Xeon
+// read the model's decode weights ~20% faster with it at one row; on AMD Zen 4 it cost more
+// than it saved), so it is off until the caller measures it (kernels/cpu/gemm_choice.py). Products of bf16 are exact and
 // sums are float32; the result is rounded to nearest even once.
 //
 // Why not oneDNN (kernels/cpu/packed_linear.py keeps it for float32 and for CPUs without
@@ -46,6 +49,7 @@ using namespace forkserve;
 
 constexpr int kMaxTile = 12;    // input rows per register tile
 constexpr int64_t kAhead = 3;   // panels a thread prefetches ahead of the one it multiplies
+int64_t small_ahead = 0;        // the same below 8 rows (0: no prefetch); set by the caller
 
 #if defined(__AVX512BF16__)
 
@@ -124,8 +128,7 @@ void gemm(const Bf16 *x, int64_t in_features, int64_t x_stride, Gemm g, int num_
     const int64_t panels = (g.out_features + kPanel - 1) / kPanel, step = rows_per_pass(in_features);
     std::vector<int32_t> x_pairs(static_cast<size_t>(g.rows * g.pairs));
     g.x_pairs = x_pairs.data();
-    // Prefetching costs more than it saves when a panel is used by one small tile.
-    const bool prefetch = g.rows >= 8;
+    const int64_t ahead = g.rows >= 8 ? kAhead : small_ahead;
 #pragma omp parallel num_threads(num_threads)
     {
 #pragma omp for schedule(static)
@@ -135,7 +138,7 @@ void gemm(const Bf16 *x, int64_t in_features, int64_t x_stride, Gemm g, int num_
         for (int64_t r0 = 0; r0 < g.rows; r0 += step) {
             const int64_t r1 = r0 + step < g.rows ? r0 + step : g.rows;
             for (int64_t p = first; p < last; p++) {
-                const uint16_t *next = prefetch && p + kAhead < last ? g.packed + (p + kAhead) * g.panel_pairs * 2 * kPanel : nullptr;
+                const uint16_t *next = ahead > 0 && p + ahead < last ? g.packed + (p + ahead) * g.panel_pairs * 2 * kPanel : nullptr;
                 const int64_t tiles = (r1 - r0 + kMaxTile - 1) / kMaxTile;
                 for (int64_t i = 0; i < tiles; i++) {
                     const int64_t r = r0 + i * kMaxTile, n = r1 - r < kMaxTile ? r1 - r : kMaxTile;
@@ -172,6 +175,14 @@ int linear_bf16_available() {
 int64_t linear_bf16_set_amx_min_rows(int64_t rows) {
     const int64_t previous = amx_min_rows;
     amx_min_rows = rows;
+    return previous;
+}
+
+// Products of fewer than 8 rows prefetch the weights `panels` panels ahead (0: not at all);
+// returns the previous setting.
+int64_t linear_bf16_set_small_prefetch(int64_t panels) {
+    const int64_t previous = small_ahead;
+    small_ahead = panels < 0 ? 0 : panels;
     return previous;
 }
 
