@@ -1,8 +1,9 @@
 """The offline engine: the whole server in one process, driven by ``generate``.
 
 Where things happen: a request enters in ``Engine.generate`` (validated and tokenized
-here), gets its KV slots in ``runtime/scheduler/cache_manager.py`` and its tokens sampled
-in ``runtime/sampling/sampler.py`` via ``runtime/worker.py``.
+here), is stepped by the engine core (``runtime/scheduler/core.py``), gets its KV slots in
+``runtime/scheduler/cache_manager.py`` and its tokens sampled in
+``runtime/sampling/sampler.py`` via ``runtime/worker.py``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from runtime.config import ServerArgs
 from runtime.model_loader import resolve_model_path
 from runtime.output_format import logprob_meta
 from runtime.sampling.params import SamplingParams, check_logprob_options
+from runtime.scheduler.core import EngineCore
 from runtime.scheduler.req import Req
 from runtime.scheduler.scheduler import Scheduler
 from runtime.tokenizer import Tokenizer
@@ -30,9 +32,16 @@ class Engine:
         self.args = ServerArgs.from_kwargs(model_path=model_path, **server_args)
         self.model_dir = resolve_model_path(self.args.model_path)
         self.tokenizer = Tokenizer(self.model_dir)
-        self.worker = ModelWorker(self.args, self.model_dir, self.tokenizer.eos_token_ids)
-        self.scheduler = Scheduler(self.args, self.worker, self.tokenizer.decode)
+        self.core = EngineCore(self.args, self.model_dir, self.tokenizer)
         self._rids = itertools.count()
+
+    @property
+    def worker(self) -> ModelWorker:
+        return self.core.worker
+
+    @property
+    def scheduler(self) -> Scheduler:
+        return self.core.scheduler
 
     # ------------------------------------------------------------------ public API
     def generate(
@@ -57,7 +66,7 @@ class Engine:
             program_id=program_id,
         )
         for req in reqs:
-            self.scheduler.add_request(req)
+            self.core.add_request(req)
         self._run_until_done(reqs, progress)
         outs = [self.format_output(r, return_text_in_logprobs) for r in reqs]
         return outs if is_batch or len(outs) > 1 else outs[0]
@@ -94,20 +103,19 @@ class Engine:
             for _ in range(p.n):
                 reqs.append(Req(f"req-{next(self._rids)}", ids, p, **opts))
         for req in reqs:
-            self.scheduler.validate_request(req)
+            self.core.validate(req)
         return reqs, is_batch
 
     def end_program(self, program_id: str) -> None:
         """Release the cache pins of ``program_id`` (see ``runtime/scheduler/program_pins.py``)."""
-        self.scheduler.end_program(program_id)
+        self.core.end_program(program_id)
 
     def flush_cache(self) -> bool:
         """Drop every cached prefix; refused (False) while requests are queued or running."""
-        return self.scheduler.flush_cache()
+        return self.core.flush_cache()
 
     def shutdown(self) -> None:
-        self.scheduler.check_invariants()
-        self.worker.shutdown()
+        self.core.shutdown()
 
     def __enter__(self) -> Engine:
         return self
@@ -117,14 +125,13 @@ class Engine:
 
     # ------------------------------------------------------------------ helpers
     def _run_until_done(self, reqs: list[Req], progress: bool) -> None:
+        """The offline driver of the engine core: step until every request of this call is done."""
         bar = tqdm(total=len(reqs), desc="generate", disable=not progress)
-        done = 0
-        while any(not r.is_finished for r in reqs):
-            self.scheduler.step()
-            now_done = sum(r.is_finished for r in reqs)
-            if now_done > done:
-                bar.update(now_done - done)
-                done = now_done
+        mine, remaining = {r.rid for r in reqs}, len(reqs)
+        while remaining:
+            finished = sum(out.finished and out.req.rid in mine for out in self.core.step())
+            bar.update(finished)
+            remaining -= finished
         bar.close()
 
     def _prompt_ids(self, prompt: Any, input_ids: Any) -> tuple[list[list[int]], bool]:

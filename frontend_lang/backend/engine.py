@@ -16,6 +16,7 @@ from typing import Any
 
 from frontend_lang.backend.base import Backend, BackendError
 from runtime.detokenizer import IncrementalText, visible_text
+from runtime.scheduler.core import RequestOutput
 from runtime.scheduler.req import Req
 
 
@@ -121,9 +122,11 @@ class EngineBackend(Backend):
         self._inbox.put(call)
 
     def _drive(self) -> None:
-        scheduler = self.engine.scheduler
+        """The in-process driver of the engine core: take callers' requests between steps,
+        step, hand each caller its outputs."""
+        core = self.engine.core
         while True:
-            items = [self._inbox.get()] if not scheduler.has_work else []
+            items = [self._inbox.get()] if not core.has_work else []
             while True:
                 try:
                     items.append(self._inbox.get_nowait())
@@ -133,17 +136,17 @@ class EngineBackend(Backend):
                 if item is None:
                     return
                 self._accept(item)
-            if not scheduler.has_work:
+            if not core.has_work:
                 continue
             try:
-                touched = scheduler.step()
+                outputs = core.step()
             except Exception as err:  # the engine is in an unknown state: fail everyone
                 self._broken = err
                 for call in set(self._calls.values()):
                     self._finish(call, err)
                 self._calls.clear()
                 return
-            self._report(touched)
+            self._report(outputs)
 
     def _accept(self, item: Any) -> None:
         if isinstance(item, tuple):
@@ -156,7 +159,7 @@ class EngineBackend(Backend):
         call: _Call = item
         try:
             for req in call.reqs:
-                self.engine.scheduler.add_request(req)
+                self.engine.core.add_request(req)
         except ValueError as err:
             for req in call.reqs:  # added ones run to the end unobserved; drop their records
                 self._calls.pop(req, None)
@@ -165,8 +168,9 @@ class EngineBackend(Backend):
         for req in call.reqs:
             self._calls[req] = call
 
-    def _report(self, touched: list[Req]) -> None:
-        for req in touched:
+    def _report(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            req = out.req
             call = self._calls.get(req)
             if call is None:
                 continue

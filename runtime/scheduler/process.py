@@ -1,4 +1,4 @@
-"""The scheduler process: receive, schedule, run, send results — one loop around ``Scheduler``.
+"""The scheduler process: receive, schedule, run, send results — one loop around ``EngineCore``.
 
 Requests arrive from the tokenizer process; token ids leave for the detokenizer. A request
 that cannot run (too long, bad parameters) fails alone with an error update; an exception
@@ -28,43 +28,38 @@ from runtime.io_struct import (
     TokenizedGenerateReq,
     TokenUpdate,
 )
+from runtime.scheduler.core import EngineCore, RequestOutput
 from runtime.scheduler.req import Req
-from runtime.scheduler.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
 
 class SchedulerServer:
-    def __init__(self, scheduler: Scheduler, recv_sock: zmq.Socket, send_sock: zmq.Socket) -> None:
-        self.scheduler = scheduler
+    """The multi-process driver of ``EngineCore``: requests in from the tokenizer process,
+    outputs out to the detokenizer, a step whenever there is work."""
+
+    def __init__(self, core: EngineCore, recv_sock: zmq.Socket, send_sock: zmq.Socket) -> None:
+        self.core = core
         self.recv_sock = recv_sock
         self.send_sock = send_sock
-        self.sent: dict[str, int] = {}  # rid -> output tokens already sent
-        self.num_finished = 0
 
     def loop(self) -> None:
         poller = zmq.Poller()
         poller.register(self.recv_sock, zmq.POLLIN)
-        is_idle_checked = True
         while True:
-            if not self.scheduler.has_work:
-                if not is_idle_checked:
-                    self.scheduler.check_invariants()  # a leak is a bug: fail loudly
-                    is_idle_checked = True
+            if not self.core.has_work:
+                self.core.step()  # idle: checks the KV invariant once
                 poller.poll()
             for msg in ipc.recv_all(self.recv_sock):
                 self.handle(msg)
-            if self.scheduler.has_work:
-                is_idle_checked = False
-                self.send_updates(self.scheduler.step())
+            if self.core.has_work:
+                self.send_updates(self.core.step())
 
     # ------------------------------------------------------------------ input
     def handle(self, msg: Any) -> None:
         if isinstance(msg, TokenizedGenerateReq):
             self.add(msg)
         elif isinstance(msg, AbortReq):
-            req = self.scheduler.abort(msg.rid)
-            if req is not None:
-                self.send_updates([req])
+            self.send_updates(self.core.abort(msg.rid))
         elif isinstance(msg, ControlReq):
             ipc.send(self.send_sock, ControlOut(msg.call_id, self.control(msg.kind, msg.arg)))
         else:
@@ -83,48 +78,32 @@ class SchedulerServer:
             program_id=msg.program_id,
         )
         try:
-            self.scheduler.add_request(req)
+            self.core.add_request(req)
         except ValueError as err:
-            req.finished_reason = {"type": "abort", "message": str(err)}
-            self.send_updates([req], error=str(err))
-            return
-        self.sent[req.rid] = 0
+            self.send_updates([self.core.reject(req, err)])
 
     def control(self, kind: str, arg: Any = None) -> Any:
         if kind == "stats":
-            return {**self.scheduler.stats(), "num_finished_reqs": self.num_finished}
+            return self.core.stats()
         if kind == "flush_cache":
-            return self.scheduler.flush_cache()
+            return self.core.flush_cache()
         if kind == "end_program":
-            return self.scheduler.end_program(arg)
+            return self.core.end_program(arg)
         raise ValueError(f"unknown control call {kind!r}")
 
     # ------------------------------------------------------------------ output
-    def send_updates(self, reqs: list[Req], error: str | None = None) -> None:
-        """Streaming requests get every new token; others only their finished result."""
-        updates: list[TokenUpdate] = []
-        ids: list[int] = []
-        for req in reqs:
-            if not (req.stream or req.is_finished):
-                continue
-            start = self.sent.get(req.rid, 0)
-            new = req.output_ids[start:]
-            ids.extend(new)
-            updates.append(_update(req, start, len(new), error))
-            if req.is_finished:
-                self.sent.pop(req.rid, None)
-                self.num_finished += 1
-            else:
-                self.sent[req.rid] = len(req.output_ids)
-        if updates:
+    def send_updates(self, outputs: list[RequestOutput]) -> None:
+        if outputs:
+            updates = [_update(out) for out in outputs]
+            ids = [t for out in outputs for t in out.new_ids]
             ipc.send(self.send_sock, BatchTokenOut(updates, np.asarray(ids, dtype=np.int32)))
 
 
-def _update(req: Req, start: int, num_new: int, error: str | None) -> TokenUpdate:
-    p = req.params
+def _update(out: RequestOutput) -> TokenUpdate:
+    req, start, p = out.req, out.start, out.req.params
     update = TokenUpdate(
         rid=req.rid,
-        num_new=num_new,
+        num_new=out.num_new,
         finished_reason=req.finished_reason,
         prompt_tokens=len(req.input_ids),
         cached_tokens=req.cached_tokens,
@@ -132,7 +111,7 @@ def _update(req: Req, start: int, num_new: int, error: str | None) -> TokenUpdat
         skip_special_tokens=p.skip_special_tokens,
         stop=tuple(p.stop),
         no_stop_trim=p.no_stop_trim,
-        error=error,
+        error=out.error,
     )
     if req.return_logprob:
         if start == 0:
@@ -155,11 +134,8 @@ def run_scheduler_process(args: ServerArgs, model_dir: str, recv_from: str, send
         from pathlib import Path
 
         from runtime.tokenizer import Tokenizer
-        from runtime.worker import ModelWorker
 
-        tokenizer = Tokenizer(Path(model_dir))
-        worker = ModelWorker(args, Path(model_dir), tokenizer.eos_token_ids)
-        scheduler = Scheduler(args, worker, tokenizer.decode)
+        core = EngineCore(args, Path(model_dir), Tokenizer(Path(model_dir)))
     except Exception as err:  # report why, then exit: the server fails fast with the reason
         # A ValueError is a setting the model cannot take: its message says it all. Anything
         # else is unexpected, and the log gets its traceback.
@@ -169,9 +145,10 @@ def run_scheduler_process(args: ServerArgs, model_dir: str, recv_from: str, send
             logger.error("model load failed:\n%s", traceback.format_exc())
         time.sleep(0.2)  # let the message leave
         raise SystemExit(1) from err
+    worker = core.worker
     info = {
         "max_context_len": worker.max_context_len,
-        "max_total_tokens": scheduler.allocator.capacity,
+        "max_total_tokens": core.scheduler.allocator.capacity,
         "vocab_size": worker.model_config.vocab_size,
         "dtype": args.resolved_dtype,
         "device": args.resolved_device,
@@ -180,4 +157,4 @@ def run_scheduler_process(args: ServerArgs, model_dir: str, recv_from: str, send
         "gemm": worker.gemm,
     }
     ipc.send(send_sock, ReadyOut(info=info))
-    SchedulerServer(scheduler, recv_sock, send_sock).loop()
+    SchedulerServer(core, recv_sock, send_sock).loop()

@@ -1,0 +1,114 @@
+"""The engine core: the one owner of the model worker and the scheduler, and the only code
+that steps the scheduler.
+
+Three drivers sit on it, each a thin loop that feeds it requests and routes its outputs:
+the offline ``Engine`` (``runtime/engine.py``), the scheduler process's ZMQ loop
+(``runtime/scheduler/process.py``) and the DSL's in-process backend
+(``frontend_lang/backend/engine.py``). What they get back from ``step`` is the same:
+one ``RequestOutput`` per request with something to report — every new token of a
+streaming request, and each request once when it finishes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from runtime.config import ServerArgs
+from runtime.scheduler.req import Req
+from runtime.scheduler.scheduler import Scheduler
+from runtime.tokenizer import Tokenizer
+from runtime.worker import ModelWorker
+
+
+@dataclass
+class RequestOutput:
+    """A request's tokens not reported before: ``req.output_ids[start:start + num_new]``."""
+
+    req: Req
+    start: int
+    num_new: int
+    finished: bool  # the request ended with this output
+    error: str | None = None  # the request failed alone (e.g. it can never fit the pool)
+
+    @property
+    def new_ids(self) -> list[int]:
+        return self.req.output_ids[self.start : self.start + self.num_new]
+
+
+class EngineCore:
+    """``add_request``, ``abort``, ``step -> outputs``, ``stats``; not thread-safe (one
+    driver thread calls it)."""
+
+    def __init__(self, args: ServerArgs, model_dir: Path, tokenizer: Tokenizer) -> None:
+        self.worker = ModelWorker(args, model_dir, tokenizer.eos_token_ids)
+        self.scheduler = Scheduler(args, self.worker, tokenizer.decode)
+        self._reported: dict[str, int] = {}  # rid -> output tokens already reported
+        self.num_finished = 0
+        self._idle_checked = True
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work
+
+    def validate(self, req: Req) -> None:
+        """Raise ``ValueError`` if ``req`` can never run here (see ``Scheduler.validate_request``)."""
+        self.scheduler.validate_request(req)
+
+    def add_request(self, req: Req) -> None:
+        """Queue ``req``; raises ``ValueError`` (queuing nothing) if it can never run here."""
+        self.scheduler.add_request(req)
+        self._reported[req.rid] = 0
+
+    def reject(self, req: Req, err: ValueError) -> RequestOutput:
+        """The output of a request ``add_request`` refused: finished, with the reason."""
+        req.finished_reason = {"type": "abort", "message": str(err)}
+        req.finished_at = time.perf_counter()
+        self.num_finished += 1
+        return RequestOutput(req, 0, 0, True, error=str(err))
+
+    def abort(self, rid: str) -> list[RequestOutput]:
+        """Drop request ``rid`` (see ``Scheduler.abort``); its final output, if it was here."""
+        req = self.scheduler.abort(rid)
+        return self._outputs([req]) if req is not None else []
+
+    def step(self) -> list[RequestOutput]:
+        """Run one batch if there is work; otherwise check the KV invariant once (a leak is
+        a bug and raises) and return nothing."""
+        if not self.scheduler.has_work:
+            if not self._idle_checked:
+                self.scheduler.check_invariants()
+                self._idle_checked = True
+            return []
+        self._idle_checked = False
+        return self._outputs(self.scheduler.step())
+
+    def stats(self) -> dict[str, Any]:
+        return {**self.scheduler.stats(), "num_finished_reqs": self.num_finished}
+
+    def flush_cache(self) -> bool:
+        return self.scheduler.flush_cache()
+
+    def end_program(self, program_id: str) -> int:
+        return self.scheduler.end_program(program_id)
+
+    def shutdown(self) -> None:
+        self.scheduler.check_invariants()
+        self.worker.shutdown()
+
+    def _outputs(self, touched: list[Req]) -> list[RequestOutput]:
+        """Streaming requests report every new token; the others only their finished result."""
+        outputs = []
+        for req in touched:
+            if not (req.stream or req.is_finished):
+                continue
+            start = self._reported.get(req.rid, 0)
+            outputs.append(RequestOutput(req, start, len(req.output_ids) - start, req.is_finished))
+            if req.is_finished:
+                self._reported.pop(req.rid, None)
+                self.num_finished += 1
+            else:
+                self._reported[req.rid] = len(req.output_ids)
+        return outputs
