@@ -32,6 +32,7 @@ from typing import Any
 import httpx
 
 from bench_agent.drivers import KVProbe, kv_probe_for_url
+from bench_agent.measure import finish, measure, open_driver, selected_workloads
 from frontend_lang.backend.base import Backend
 
 
@@ -110,11 +111,9 @@ def open_peer(ns: argparse.Namespace) -> Iterator[tuple[Backend, KVProbe | None,
 
 def run_compared(ns: argparse.Namespace) -> int:
     """Each workload on forkserve (fresh local server unless --url), then on the other."""
-    from bench_agent.cli import _workloads, finish, measure, open_driver
-
     concurrency = ns.concurrency or 8
     rows: list[dict[str, Any]] = []
-    for workload in _workloads(ns):
+    for workload in selected_workloads(ns):
         with open_driver(ns) as (backend, probe, label):
             rows.append(measure(workload, backend, ns, ns.backend, label, probe, ns.num_programs, concurrency))
         with open_peer(ns) as (backend, probe, label):

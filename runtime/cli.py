@@ -111,10 +111,21 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _generate_parser(sub)
     _serve_parser(sub)
-    from bench_agent.cli import add_bench_parser
-
-    add_bench_parser(sub)
+    _add_registered_commands(sub)
     return parser
+
+
+# Other subcommands register under this entry-point group: a function that adds its
+# parser to the subparsers (pyproject.toml registers `bench`, from bench_agent). So the
+# engine's command line does not import the benchmarks, and runs without them.
+COMMAND_GROUP = "forkserve.commands"
+
+
+def _add_registered_commands(sub: argparse._SubParsersAction) -> None:
+    from importlib.metadata import entry_points
+
+    for entry in sorted(entry_points(group=COMMAND_GROUP), key=lambda e: e.name):
+        entry.load()(sub)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,8 +28,8 @@ import torch
 from torch import nn
 
 from kernels.attention.base import AttentionBackend
+from kernels.attention.forward_context import ForwardContext, forward_context
 from runtime.device_req_to_token import DeviceReqToToken
-from runtime.forward_context import ForwardContext, forward_context
 from runtime.kv_pool import KVPool
 
 

@@ -20,11 +20,13 @@ import torch
 import zmq
 
 from runtime import ipc
-from runtime.distributed import destroy_tensor_parallel, init_tensor_parallel
+from runtime.distributed import check_tp_size, destroy_tensor_parallel, init_tensor_parallel
+from runtime.model_loader.weights import load_hf_config
+from runtime.models.config import ModelConfig
+from runtime.worker import ForwardBatch, ModelWorker, prepare_process
 
 if TYPE_CHECKING:
     from runtime.config import ServerArgs
-    from runtime.worker import ForwardBatch
 
 _STOP_TIMEOUT_S = 10.0
 
@@ -101,16 +103,22 @@ class TPPeers:
         ipc.remove_ipc_files(self.endpoints)
 
 
+def start_tp_peers(args: ServerArgs, model_dir: Path) -> TPPeers:
+    """Ranks 1..N-1 for ``--tp-size N``, refused (``ValueError``) before any starts when the
+    model's KV heads do not split N ways (the model checks again for its own TPInfo)."""
+    check_tp_size(args.tp_size, ModelConfig.from_hf(load_hf_config(model_dir)).num_kv_heads)
+    return TPPeers(args, model_dir)
+
+
 def run_tp_worker_process(
     args: ServerArgs, model_dir: str, rank: int, init_method: str, endpoint: str, parent_pid: int
 ) -> None:
-    from runtime.worker import ModelWorker
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0's process decides when we stop
     ipc.exit_with_parent(parent_pid)
     ctx = zmq.Context()
     sock = ipc.bind(ctx, zmq.PULL, endpoint)
     tp = init_tensor_parallel(rank, args.tp_size, init_method, args.resolved_device)
+    prepare_process(args)
     worker = ModelWorker(args, Path(model_dir), tp=tp)
     table = worker.req_to_token.table
     with torch.inference_mode():

@@ -7,11 +7,13 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
 from kernels.attention import check_backend_can_run, create_attention_backend
 from kernels.attention.base import AttentionShape
+from kernels.attention.forward_context import ForwardContext, forward_context
 from kernels.cpu import gemm_choice
 from kernels.cpu.elementwise import argmax_rows
 from kernels.cpu.packed_linear import PackedLinearUnavailable
@@ -19,17 +21,13 @@ from radix_cache import ReqToTokenTable
 from runtime.config import MIN_KV_TOKENS, ServerArgs
 from runtime.cuda_graph_runner import CudaGraphRunner
 from runtime.device_req_to_token import DeviceReqToToken
-from runtime.distributed import NO_TP, TPInfo, check_tp_size, split_range
-from runtime.forward_context import ForwardContext, forward_context
+from runtime.distributed import NO_TP, TPInfo, split_range
 from runtime.kv_pool import KVPool
 from runtime.layers import enable_cpu_kernels, pack_linear_weights, packed_weights
-from runtime.model_loader.weights import load_hf_config
 from runtime.models import load_model
-from runtime.models.config import ModelConfig
 from runtime.models.cpu_decoder_layers import CpuDecoderLayers
 from runtime.sampling.sampler import sample, torch_argmax
 from runtime.scheduler.req import Req
-from runtime.tp_worker import TPPeers
 
 logger = logging.getLogger(__name__)
 
@@ -66,37 +64,50 @@ class BatchResult:
     input_top_logprobs: list[list[list[tuple[float, int]] | None]] = field(default_factory=list)
 
 
+class RankPeers(Protocol):
+    """Rank 0's handle on tensor-parallel ranks 1..N-1 (``runtime/tp_worker.py``: ``TPPeers``)."""
+
+    tp: TPInfo
+
+    def send_step(self, batch: ForwardBatch, rows: torch.Tensor, table: torch.Tensor) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+def prepare_process(args: ServerArgs) -> None:
+    """Set this process up for a worker and refuse, before anything loads or any rank starts,
+    a device or attention backend that cannot run here (``ValueError``)."""
+    device = args.resolved_device
+    threads = args.num_threads or (max(1, (os.cpu_count() or 1) // args.tp_size) if args.tp_size > 1 else None)
+    if threads:
+        torch.set_num_threads(threads)
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} was asked for, but torch {torch.__version__} finds no CUDA device")
+    if device == "cpu":
+        _keep_freed_memory_in_process()
+    backend = args.resolved_attention_backend  # looks for a C++ compiler on PATH: once
+    check_backend_can_run(backend, device)
+    if device == "cpu" and args.attention_backend is None and backend == "torch_native":
+        logger.warning("no C++ compiler on PATH: attention uses torch_native, which copies K/V each "
+                       "step; install g++ (or set CXX) to get the compiled cpu backend")
+
+
 class ModelWorker:
-    """Rank 0 of the model. With ``--tp-size N`` it starts ranks 1..N-1 (``runtime/tp_worker``)
-    and sends each step's batch to them before its own forward; all ranks then run the same
-    layers on their slices and meet in the all-reduces."""
+    """One rank of the model (rank 0 unless ``tp`` says otherwise), in a process set up by
+    ``prepare_process``. With ``--tp-size N``, rank 0 gets ``peers`` (ranks 1..N-1, started by
+    ``runtime/tp_worker.py``) and sends each step's batch to them before its own forward;
+    all ranks then run the same layers on their slices and meet in the all-reduces."""
 
     def __init__(
-        self, args: ServerArgs, model_dir: Path, eos_token_ids: tuple[int, ...] = (), tp: TPInfo | None = None
+        self, args: ServerArgs, model_dir: Path, eos_token_ids: tuple[int, ...] = (), tp: TPInfo | None = None,
+        peers: RankPeers | None = None,
     ) -> None:
         self.args = args
         self.device = args.resolved_device
         self.dtype = TORCH_DTYPES[args.resolved_dtype]
-        threads = args.num_threads or (max(1, (os.cpu_count() or 1) // args.tp_size) if args.tp_size > 1 else None)
-        if threads:
-            torch.set_num_threads(threads)
-        if self.device.startswith("cuda") and not torch.cuda.is_available():
-            raise ValueError(f"device {self.device!r} was asked for, but torch {torch.__version__} finds no CUDA device")
-        if self.device == "cpu":
-            _keep_freed_memory_in_process()
-        # Before loading anything: a backend that cannot run here is a config error.
-        backend = args.resolved_attention_backend  # looks for a C++ compiler on PATH: once
-        check_backend_can_run(backend, self.device)
-        if self.device == "cpu" and args.attention_backend is None and backend == "torch_native":
-            logger.warning("no C++ compiler on PATH: attention uses torch_native, which copies K/V each "
-                           "step; install g++ (or set CXX) to get the compiled cpu backend")
-        self.peers: TPPeers | None = None
-        if tp is None and args.tp_size > 1:
-            # Refused before any rank starts (the model checks again for its own TPInfo).
-            check_tp_size(args.tp_size, ModelConfig.from_hf(load_hf_config(model_dir)).num_kv_heads)
-            self.peers = TPPeers(args, model_dir)
-            tp = self.peers.tp
-        self.tp = tp or NO_TP
+        backend = args.resolved_attention_backend
+        self.peers = peers
+        self.tp = (peers.tp if peers is not None else tp) or NO_TP
         self.model, self.model_config = load_model(model_dir, self.dtype, self.device, self.tp)
         cfg = self.model_config
         # EOS ids: the tokenizer's and generation config's (passed in) and the model config's.

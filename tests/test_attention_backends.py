@@ -10,7 +10,7 @@ import torch
 
 from kernels.attention import create_attention_backend
 from kernels.attention.base import AttentionShape
-from runtime.forward_context import ForwardContext, forward_context
+from kernels.attention.forward_context import ForwardContext, forward_context
 from runtime.kv_pool import KVPool
 
 

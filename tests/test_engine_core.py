@@ -9,6 +9,8 @@ import pytest
 from runtime.sampling.params import SamplingParams
 from runtime.scheduler.req import Req
 
+pytestmark = pytest.mark.slow  # the real default model
+
 GREEDY = {"temperature": 0, "ignore_eos": True}
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.forward_context import ForwardContext
+from kernels.attention.forward_context import ForwardContext
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,9 @@ from __future__ import annotations
 import torch
 
 from kernels.attention.base import AttentionBackend
+from kernels.attention.forward_context import ForwardContext
 from kernels.cpu.build import load_kernels
 from kernels.cpu.paged_attention import PagedBatch, paged_attention, store_kv
-from runtime.forward_context import ForwardContext
 
 
 class CpuBackend(AttentionBackend):

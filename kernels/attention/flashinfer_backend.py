@@ -36,9 +36,9 @@ from typing import Any
 import torch
 
 from kernels.attention.base import AttentionBackend, AttentionShape
+from kernels.attention.forward_context import ForwardContext
 from kernels.triton.kv_indices import build_kv_indices
 from kernels.triton.store_kv import store_kv
-from runtime.forward_context import ForwardContext
 
 WORKSPACE_BYTES = 128 * 1024 * 1024
 KERNEL_BACKEND = "fa2"

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.attention.base import AttentionBackend
-from runtime.forward_context import ForwardContext
+from kernels.attention.forward_context import ForwardContext
 
 
 @dataclass

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import torch
 
 from kernels.attention.base import AttentionBackend, AttentionShape
+from kernels.attention.forward_context import ForwardContext
 from kernels.triton.decode_attention import decode_attention, decode_scratch
 from kernels.triton.extend_attention import extend_attention
 from kernels.triton.store_kv import store_kv
-from runtime.forward_context import ForwardContext
 
 # Splits per decode sequence. Enough programs to fill a GPU at batch 1 with a few KV heads;
 # at large batches the extra merge work is small. Fixed so CUDA graphs can capture it.

@@ -3,7 +3,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from runtime.forward_context import get_forward_context
+from kernels.attention.forward_context import get_forward_context
 
 
 class RadixAttention(nn.Module):

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from kernels.attention.forward_context import get_forward_context
 from kernels.cpu.build import CpuKernelsUnavailable, load_kernels
 from kernels.cpu.paged_attention import PagedBatch
-from runtime.forward_context import get_forward_context
 
 if TYPE_CHECKING:
     from runtime.kv_pool import KVPool

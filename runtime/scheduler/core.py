@@ -20,7 +20,8 @@ from runtime.config import ServerArgs
 from runtime.scheduler.req import Req
 from runtime.scheduler.scheduler import Scheduler
 from runtime.tokenizer import Tokenizer
-from runtime.worker import ModelWorker
+from runtime.tp_worker import start_tp_peers
+from runtime.worker import ModelWorker, prepare_process
 
 
 @dataclass
@@ -43,7 +44,9 @@ class EngineCore:
     driver thread calls it)."""
 
     def __init__(self, args: ServerArgs, model_dir: Path, tokenizer: Tokenizer) -> None:
-        self.worker = ModelWorker(args, model_dir, tokenizer.eos_token_ids)
+        prepare_process(args)  # a device or backend that cannot run here fails before anything starts
+        peers = start_tp_peers(args, model_dir) if args.tp_size > 1 else None
+        self.worker = ModelWorker(args, model_dir, tokenizer.eos_token_ids, peers=peers)
         self.scheduler = Scheduler(args, self.worker, tokenizer.decode)
         self._reported: dict[str, int] = {}  # rid -> output tokens already reported
         self.num_finished = 0

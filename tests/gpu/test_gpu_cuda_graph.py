@@ -49,7 +49,7 @@ def test_graphs_are_captured_and_padded(backend, gpu_model_dir):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_replayed_step_equals_eager_step(backend, gpu_model_dir):
     """One decode step of 5 requests, through the graph of 8 and eagerly on the same KV."""
-    from runtime.forward_context import ForwardContext, forward_context
+    from kernels.attention.forward_context import ForwardContext, forward_context
 
     engine = _engine(gpu_model_dir, backend)
     try:

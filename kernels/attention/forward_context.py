@@ -3,6 +3,10 @@
 The worker builds one per step and installs it with ``forward_context(ctx)``; attention
 layers read it with ``get_forward_context()``. Model code therefore stays free of batch
 bookkeeping, and nested or leaked contexts are caught.
+
+It lives beside the attention backends, which read it, so that ``kernels`` imports nothing
+from ``runtime``: the KV pool is seen through the ``KVCache`` protocol, which
+``runtime/kv_pool.py``'s ``KVPool`` fulfils.
 """
 
 from __future__ import annotations
@@ -10,13 +14,23 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 if TYPE_CHECKING:
     from kernels.attention.base import AttentionBackend
-    from runtime.kv_pool import KVPool
+
+
+class KVCache(Protocol):
+    """What the attention backends read of the KV pool: per layer, the K and V tensors (in
+    the backend's ``kv_layout``), and a write of one step's K/V at given slots."""
+
+    k: list[torch.Tensor]
+    v: list[torch.Tensor]
+    layout: str
+
+    def write(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None: ...
 
 
 @dataclass
@@ -35,7 +49,7 @@ class ForwardContext:
     extend_lens: list[int]
     out_cache_loc: torch.Tensor  # [num_tokens] int64
     req_to_token: torch.Tensor  # [max_requests, max_context_len] int64
-    kv_pool: KVPool
+    kv_pool: KVCache
     attn_backend: AttentionBackend
     attn_metadata: Any = None
     seq_lens: list[int] = field(init=False)
