@@ -11,6 +11,10 @@ idle: vLLM's CPU worker spins a core) skews the first. So, per workload:
 The table then has both rows per workload, and a second table the ratios forkserve / other
 for programs/s and TTFT p50 (lower is better for TTFT, so the ratio there is other / ours).
 
+With ``--rounds N`` each workload runs N times on each server, alternating which goes first
+(ours-theirs, theirs-ours, ...), and the ratio table gives the median of the rounds' ratios
+with each round's: a machine whose speed drifts over minutes then weighs on both sides alike.
+
     forkserve bench --backend openai --workload critique --workload tot \\
         --compare http://127.0.0.1:8001 --compare-cmd "vllm serve ... --port 8001"
 """
@@ -22,6 +26,7 @@ import contextlib
 import os
 import shlex
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -45,6 +50,8 @@ def add_compare_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compare-label", help="Name of the --compare server in the tables (default: its URL).")
     p.add_argument("--compare-timeout", type=float, default=600.0, help="Seconds to wait for the --compare-cmd "
                    "server to answer /v1/models (default: %(default)s).")
+    p.add_argument("--rounds", type=int, default=1, help="With --compare: run each workload this many times on "
+                   "each server, alternating which goes first, and report the median ratio (default: %(default)s).")
 
 
 class PeerServer:
@@ -110,28 +117,45 @@ def open_peer(ns: argparse.Namespace) -> Iterator[tuple[Backend, KVProbe | None,
 
 
 def run_compared(ns: argparse.Namespace) -> int:
-    """Each workload on forkserve (fresh local server unless --url), then on the other."""
+    """Each workload on forkserve (fresh local server unless --url) and on the other, one at
+    a time, ``--rounds`` times with the order alternating; rows in pairs (ours, theirs)."""
     concurrency = ns.concurrency or 8
     rows: list[dict[str, Any]] = []
     for workload in selected_workloads(ns):
-        with open_driver(ns) as (backend, probe, label):
-            rows.append(measure(workload, backend, ns, ns.backend, label, probe, ns.num_programs, concurrency))
-        with open_peer(ns) as (backend, probe, label):
-            rows.append(measure(workload, backend, ns, "openai", label, probe, ns.num_programs, concurrency))
+        for number in range(ns.rounds):
+            pair: dict[str, dict[str, Any]] = {}
+            for side in ("ours", "theirs") if number % 2 == 0 else ("theirs", "ours"):
+                opened, driver = (open_driver, ns.backend) if side == "ours" else (open_peer, "openai")
+                with opened(ns) as (backend, probe, label):
+                    pair[side] = measure(workload, backend, ns, driver, label, probe, ns.num_programs, concurrency)
+                if ns.rounds > 1:
+                    pair[side].update(round=number + 1, backend=f"{pair[side]['backend']} (round {number + 1})")
+            rows += [pair["ours"], pair["theirs"]]
     return finish(rows, ns, title=f"forkserve bench ({ns.size}) vs {ns.compare_label or ns.compare}",
                   extra_markdown=ratio_table(rows))
 
 
 def ratio_table(rows: list[dict[str, Any]]) -> str:
-    """Per workload (rows in pairs: forkserve, then the other): programs/s ours / theirs and
-    TTFT p50 theirs / ours, so that above 1 means forkserve is ahead on both."""
-    lines = ["| workload | forkserve / other programs/s | other / forkserve TTFT p50 |", "|---|---|---|"]
+    """Per workload (rows in pairs: forkserve, then the other, one pair per round):
+    programs/s ours / theirs and TTFT p50 theirs / ours, so that above 1 means forkserve is
+    ahead on both; over several rounds the median, then each round's in brackets."""
+    ratios: dict[str, list[tuple[float | None, float | None]]] = {}
     for ours, theirs in zip(rows[::2], rows[1::2], strict=True):
         rate = ours["programs_per_s"] / theirs["programs_per_s"] if theirs["programs_per_s"] else None
         a, b = ours.get("ttft_ms_p50"), theirs.get("ttft_ms_p50")
-        ttft = b / a if a and b else None
-        lines.append(f"| {ours['workload']} | {_x(rate)} | {_x(ttft)} |")
+        ratios.setdefault(ours["workload"], []).append((rate, b / a if a and b else None))
+    lines = ["| workload | forkserve / other programs/s | other / forkserve TTFT p50 |", "|---|---|---|"]
+    for workload, rounds in ratios.items():
+        lines.append(f"| {workload} | {_summary([r[0] for r in rounds])} | {_summary([r[1] for r in rounds])} |")
     return "\n".join(lines)
+
+
+def _summary(values: list[float | None]) -> str:
+    """One ratio, or the median of several (of those known) with each listed."""
+    if len(values) == 1:
+        return _x(values[0])
+    known = [v for v in values if v is not None]
+    return f"{_x(statistics.median(known) if known else None)} ({', '.join(_x(v) for v in values)})"
 
 
 def _x(value: float | None) -> str:
@@ -139,6 +163,8 @@ def _x(value: float | None) -> str:
 
 
 def check_compare_args(ns: argparse.Namespace) -> None:
+    if ns.rounds < 1 or (ns.rounds > 1 and not ns.compare):
+        raise ValueError("--rounds takes a count of at least 1, and applies with --compare only")
     if ns.compare_cmd and not ns.compare:
         raise ValueError("--compare-cmd needs --compare URL (where that server listens)")
     if ns.compare and (ns.suite or ns.backend == "hf" or ns.in_process):

@@ -3,6 +3,7 @@ message encoding, per-call timing, percentiles and Poisson arrivals."""
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 
@@ -118,6 +119,46 @@ def test_compare_ratios_put_forkserve_ahead_above_one():
     table = ratio_table(rows).splitlines()
     assert table[2] == "| critique | 1.50x | 2.50x |"
     assert table[3] == "| no_reuse | n/a | n/a |"
+
+
+def test_compare_rounds_give_the_median_ratio_and_each_rounds():
+    from bench_agent.compare import ratio_table
+
+    rows = []
+    for ours, theirs in ((3.0, 2.0), (1.0, 2.0), (2.0, 1.0)):  # ratios 1.5, 0.5, 2.0
+        rows += [{"workload": "tot", "programs_per_s": ours, "ttft_ms_p50": 100.0},
+                 {"workload": "tot", "programs_per_s": theirs, "ttft_ms_p50": None}]
+    assert ratio_table(rows).splitlines()[2] == "| tot | 1.50x (1.50x, 0.50x, 2.00x) | n/a (n/a, n/a, n/a) |"
+
+
+def test_compare_rounds_alternate_which_server_goes_first(monkeypatch):
+    """Round 1 runs forkserve first, round 2 the other first, and so on; the rows stay in
+    (ours, theirs) pairs labelled by round."""
+    import argparse
+
+    from bench_agent import compare
+
+    order = []
+
+    def opener(side):  # noqa: ANN001, ANN202
+        @contextlib.contextmanager
+        def open_side(ns):  # noqa: ANN001, ANN202
+            order.append(side)
+            yield None, None, side
+        return open_side
+
+    monkeypatch.setattr(compare, "open_driver", opener("ours"))
+    monkeypatch.setattr(compare, "open_peer", opener("theirs"))
+    monkeypatch.setattr(compare, "selected_workloads", lambda ns: [type("W", (), {"name": "tot"})()])
+    monkeypatch.setattr(compare, "measure", lambda w, b, ns, d, label, *a: {
+        "workload": w.name, "backend": label, "programs_per_s": 1.0, "ttft_ms_p50": 1.0, "errors": 0})
+    rows = []
+    monkeypatch.setattr(compare, "finish", lambda r, ns, title, extra_markdown: rows.extend(r) or 0)
+    ns = argparse.Namespace(concurrency=None, rounds=3, backend="openai", num_programs=None, size="quick",
+                            compare="http://x", compare_label=None)
+    assert compare.run_compared(ns) == 0
+    assert order == ["ours", "theirs", "theirs", "ours", "ours", "theirs"]
+    assert [r["backend"] for r in rows] == [f"{side} (round {n})" for n in (1, 2, 3) for side in ("ours", "theirs")]
 
 
 def test_compare_flags_that_do_not_combine_are_refused(capsys):
