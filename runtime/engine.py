@@ -17,6 +17,7 @@ from tqdm import tqdm
 from runtime.config import ServerArgs
 from runtime.model_loader import resolve_model_path
 from runtime.output_format import logprob_meta
+from runtime.request_options import RequestOptions
 from runtime.sampling.params import SamplingParams, check_logprob_options
 from runtime.scheduler.core import EngineCore
 from runtime.scheduler.req import Req
@@ -90,18 +91,11 @@ class Engine:
         prompts, is_batch = self._prompt_ids(prompt, input_ids)
         params = self._params(sampling_params, len(prompts))
         check_logprob_options(logprob_start_len, top_logprobs_num, self.worker.model_config.vocab_size)
-        opts = dict(
-            return_logprob=return_logprob,
-            logprob_start_len=logprob_start_len,
-            top_logprobs_num=top_logprobs_num,
-            namespace=namespace,
-            stream=stream,
-            program_id=program_id,
-        )
+        options = RequestOptions(stream, return_logprob, logprob_start_len, top_logprobs_num, namespace, program_id)
         reqs = []
         for ids, p in zip(prompts, params, strict=True):
             for _ in range(p.n):
-                reqs.append(Req(f"req-{next(self._rids)}", ids, p, **opts))
+                reqs.append(Req(f"req-{next(self._rids)}", ids, p, options))
         for req in reqs:
             self.core.validate(req)
         return reqs, is_batch
@@ -178,14 +172,14 @@ class Engine:
             "cached_tokens": req.cached_tokens,
             "e2e_latency": (req.finished_at or time.perf_counter()) - req.created_at,
         }
-        if req.return_logprob:
+        if req.options.return_logprob:
             meta.update(
                 logprob_meta(
                     req.input_token_logprobs,
                     req.input_top_logprobs,
                     req.output_token_logprobs,
                     req.output_top_logprobs,
-                    req.logprob_start_len,
+                    req.options.logprob_start_len,
                     req.input_ids[0],
                     self.tokenizer.id_to_text if text_in_logprobs else None,
                 )

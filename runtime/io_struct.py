@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from runtime.request_options import RequestOptions
 from runtime.sampling.params import SamplingParams
 
 
@@ -23,12 +24,7 @@ class TokenizedGenerateReq:
     rid: str
     input_ids: np.ndarray  # int32
     params: SamplingParams
-    stream: bool = False
-    return_logprob: bool = False
-    logprob_start_len: int = -1
-    top_logprobs_num: int = 0
-    namespace: Any = None
-    program_id: str | None = None
+    options: RequestOptions
 
 
 @dataclass

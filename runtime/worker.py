@@ -288,8 +288,8 @@ class ModelWorker:
         logprobs = torch.log_softmax(logits, dim=-1)
         picked = logprobs.gather(1, targets.unsqueeze(1)).squeeze(1).tolist()
         pairs = list(zip(picked, targets.tolist(), strict=True))
-        if req.top_logprobs_num > 0:
-            vals, idx = logprobs.topk(req.top_logprobs_num, dim=-1)
+        if req.options.top_logprobs_num > 0:
+            vals, idx = logprobs.topk(req.options.top_logprobs_num, dim=-1)
             tops = [list(zip(v, i, strict=True)) for v, i in zip(vals.tolist(), idx.tolist(), strict=True)]
         else:
             tops = [None] * len(pairs)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from runtime.request_options import RequestOptions
 from runtime.sampling.params import SamplingParams
 from runtime.scheduler.req import Req
 
@@ -16,7 +17,7 @@ GREEDY = {"temperature": 0, "ignore_eos": True}
 
 def _req(engine, rid: str, text: str, max_new: int, stream: bool) -> Req:
     params = SamplingParams.from_dict({**GREEDY, "max_new_tokens": max_new})
-    return Req(rid, engine.tokenizer.encode(text), params, stream=stream)
+    return Req(rid, engine.tokenizer.encode(text), params, RequestOptions(stream=stream))
 
 
 def _drain(core) -> list:

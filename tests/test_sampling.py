@@ -19,6 +19,7 @@ by far more than the tolerance, so a sampler ignoring the option would fail.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
+from runtime.request_options import RequestOptions
 from runtime.sampling.params import SamplingParams
 from runtime.sampling.sampler import apply_penalties, filter_probs, sample
 
@@ -40,8 +42,12 @@ class FakeReq:
     input_ids: list[int] = field(default_factory=lambda: [0])
     output_ids: list[int] = field(default_factory=list)
     generator: torch.Generator | None = None
-    top_logprobs_num: int = 0
-    return_logprob: bool = False
+    top_logprobs_num: dataclasses.InitVar[int] = 0
+    return_logprob: dataclasses.InitVar[bool] = False
+    options: RequestOptions = field(init=False)
+
+    def __post_init__(self, top_logprobs_num: int, return_logprob: bool) -> None:
+        self.options = RequestOptions(return_logprob=return_logprob, top_logprobs_num=top_logprobs_num)
 
 
 def _params(**kw) -> SamplingParams:

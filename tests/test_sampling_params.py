@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from runtime.request_options import RequestOptions
 from runtime.sampling.params import SamplingParams
 
 
@@ -100,7 +101,7 @@ def test_the_extreme_allowed_values_sample_finite_probabilities():
     from runtime.sampling.sampler import sample
 
     class Req:
-        input_ids, output_ids, generator, top_logprobs_num, return_logprob = [1, 2, 3], [4], None, 0, False
+        input_ids, output_ids, generator, options = [1, 2, 3], [4], None, RequestOptions()
 
     logits = torch.randn(4, 50) * 30
     reqs = []

@@ -13,6 +13,7 @@ from typing import Protocol
 
 import torch
 
+from runtime.request_options import RequestOptions
 from runtime.sampling.params import SamplingParams
 
 
@@ -21,8 +22,7 @@ class SamplingRequest(Protocol):
     input_ids: list[int]
     output_ids: list[int]
     generator: torch.Generator | None
-    top_logprobs_num: int
-    return_logprob: bool
+    options: RequestOptions  # return_logprob and top_logprobs_num are read
 
 
 @dataclass
@@ -83,7 +83,7 @@ def sample(
 ) -> SampleOutput:
     """``logits``: float32 ``[len(reqs), vocab]`` (modified in place). ``argmax`` picks each
     row's first largest logit (the worker passes the compiled one on the cpu backend)."""
-    want_logprobs = [r.return_logprob for r in reqs]
+    want_logprobs = [r.options.return_logprob for r in reqs]
     raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_logprobs) else None
     apply_penalties(logits, reqs, banned)
 
@@ -108,10 +108,10 @@ def sample(
     tops: list[list[tuple[float, int]] | None] = [None] * len(reqs)
     if raw_logprobs is not None:
         for i, r in enumerate(reqs):
-            if not r.return_logprob:
+            if not r.options.return_logprob:
                 continue
             logprobs[i] = float(raw_logprobs[i, ids[i]])
-            if r.top_logprobs_num > 0:
-                vals, idx = raw_logprobs[i].topk(r.top_logprobs_num)
+            if r.options.top_logprobs_num > 0:
+                vals, idx = raw_logprobs[i].topk(r.options.top_logprobs_num)
                 tops[i] = list(zip(vals.tolist(), idx.tolist(), strict=True))
     return SampleOutput(ids, logprobs, tops)

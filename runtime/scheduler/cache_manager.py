@@ -32,14 +32,14 @@ class CacheManager:
 
     def match_len(self, req: Req) -> int:
         ids = req.fill_ids[: req.max_reusable_prefix]
-        return self.tree.match_prefix(ids, req.namespace).prefix_len
+        return self.tree.match_prefix(ids, req.options.namespace).prefix_len
 
     def admit(self, req: Req) -> bool:
         """Give ``req`` a row and its cached prefix. False (nothing changed) if no row is free."""
         row = self.table.alloc()
         if row is None:
             return False
-        match = self.tree.match_prefix(req.fill_ids[: req.max_reusable_prefix], req.namespace)
+        match = self.tree.match_prefix(req.fill_ids[: req.max_reusable_prefix], req.options.namespace)
         self.tree.inc_lock_ref(match.last_node)
         prefix_len = match.prefix_len
         self.table.write(row, 0, match.indices)
@@ -82,7 +82,7 @@ class CacheManager:
         if self.tree.disable:
             return  # nothing to share; the request keeps owning its slots
         self._insert_computed(req)
-        match = self.tree.match_prefix(req.fill_ids[: req.kv_len], req.namespace)
+        match = self.tree.match_prefix(req.fill_ids[: req.kv_len], req.options.namespace)
         assert req.row is not None
         self.table.write(req.row, 0, match.indices)
         self.tree.inc_lock_ref(match.last_node)
@@ -108,6 +108,6 @@ class CacheManager:
         freed it)."""
         assert req.row is not None
         slots = self.table.read(req.row, req.kv_len)
-        already = self.tree.insert(req.fill_ids[: req.kv_len], slots, req.namespace)
+        already = self.tree.insert(req.fill_ids[: req.kv_len], slots, req.options.namespace)
         if already > req.cache_protected_len:
             self.allocator.free(slots[req.cache_protected_len : already])

@@ -105,7 +105,7 @@ class EngineCore:
         """Streaming requests report every new token; the others only their finished result."""
         outputs = []
         for req in touched:
-            if not (req.stream or req.is_finished):
+            if not (req.options.stream or req.is_finished):
                 continue
             start = self._reported.get(req.rid, 0)
             outputs.append(RequestOutput(req, start, len(req.output_ids) - start, req.is_finished))

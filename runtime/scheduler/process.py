@@ -66,17 +66,7 @@ class SchedulerServer:
             raise TypeError(f"scheduler got an unknown message {type(msg).__name__}")
 
     def add(self, msg: TokenizedGenerateReq) -> None:
-        req = Req(
-            msg.rid,
-            msg.input_ids.tolist(),
-            msg.params,
-            return_logprob=msg.return_logprob,
-            logprob_start_len=msg.logprob_start_len,
-            top_logprobs_num=msg.top_logprobs_num,
-            namespace=msg.namespace,
-            stream=msg.stream,
-            program_id=msg.program_id,
-        )
+        req = Req(msg.rid, msg.input_ids.tolist(), msg.params, msg.options)
         try:
             self.core.add_request(req)
         except ValueError as err:
@@ -113,7 +103,7 @@ def _update(out: RequestOutput) -> TokenUpdate:
         no_stop_trim=p.no_stop_trim,
         error=out.error,
     )
-    if req.return_logprob:
+    if req.options.return_logprob:
         if start == 0:
             update.input_token_logprobs = list(req.input_token_logprobs)
             update.input_top_logprobs = list(req.input_top_logprobs)

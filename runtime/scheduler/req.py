@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from runtime.request_options import RequestOptions
 from runtime.sampling.params import SamplingParams
 
 if TYPE_CHECKING:
@@ -28,12 +29,7 @@ class Req:
     rid: str
     input_ids: list[int]
     params: SamplingParams
-    return_logprob: bool = False
-    logprob_start_len: int = -1
-    top_logprobs_num: int = 0
-    namespace: Any = None
-    stream: bool = False
-    program_id: str | None = None  # pins its prefix in the cache until the program ends
+    options: RequestOptions = field(default_factory=RequestOptions)
 
     output_ids: list[int] = field(default_factory=list)
     finished_reason: dict[str, Any] | None = None
@@ -78,7 +74,8 @@ class Req:
 
     @property
     def wants_input_logprobs(self) -> bool:
-        return self.return_logprob and 0 <= self.logprob_start_len < len(self.input_ids) and not self.is_retracted
+        opts = self.options
+        return opts.return_logprob and 0 <= opts.logprob_start_len < len(self.input_ids) and not self.is_retracted
 
     @property
     def max_reusable_prefix(self) -> int:
@@ -86,5 +83,5 @@ class Req:
         to get logits, and prompt logprobs need the logits of every position they cover."""
         limit = len(self.fill_ids) - 1
         if self.wants_input_logprobs:
-            limit = min(limit, max(self.logprob_start_len - 1, 0))
+            limit = min(limit, max(self.options.logprob_start_len - 1, 0))
         return limit

@@ -231,7 +231,7 @@ class Scheduler:
                 assert self.chunked is None, "two chunked requests in one batch"
                 self.chunked = req
             if req.wants_input_logprobs:  # logits at p give the logprob of prompt token p + 1
-                logit_start = min(max(start, max(req.logprob_start_len, 1) - 1), end)
+                logit_start = min(max(start, max(req.options.logprob_start_len, 1) - 1), end)
             else:
                 logit_start = end - 1 if wants_sample else end
             reqs.append(req)
@@ -324,7 +324,7 @@ class Scheduler:
                 req.finished_reason = {"type": "length", "length": 0}
             else:
                 req.output_ids.append(token)
-                if req.return_logprob:
+                if req.options.return_logprob:
                     req.output_token_logprobs.append((result.output_logprobs[i], token))  # type: ignore[arg-type]
                     req.output_top_logprobs.append(result.output_top_logprobs[i])
                 req.finished_reason = check_stop(req, self.eos_token_ids, self.max_context_len, self.decode_tail)
@@ -338,8 +338,8 @@ class Scheduler:
                     self.running.remove(req)
                 computed = req.fill_ids[: req.kv_len]
                 self.cache.release(req)
-                if req.program_id is not None:
-                    self.pins.pin(req.program_id, computed, req.namespace)
+                if req.options.program_id is not None:
+                    self.pins.pin(req.options.program_id, computed, req.options.namespace)
             touched.append(req)
         return touched
 
@@ -358,7 +358,7 @@ def _shares_uncached_prefix(req: Req, cached: int, picked: list[tuple[Req, int]]
     if len(ids) - cached < _MIN_SHARED_TO_DEFER:
         return False
     for other, n in picked:
-        if other.namespace != req.namespace:
+        if other.options.namespace != req.options.namespace:
             continue
         theirs = np.asarray(other.fill_ids[: other.kv_len + n], dtype=np.int64)
         m = min(len(ids), len(theirs))

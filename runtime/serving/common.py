@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from runtime.config import HttpArgs, ServerArgs
 from runtime.output_format import logprob_meta
+from runtime.request_options import RequestOptions
 from runtime.sampling.params import InvalidField, SamplingParams
 from runtime.serving.protocol import ApiError
 from runtime.serving.tokenizer_manager import ReqState, ServerUnavailable, TokenizerManager
@@ -111,7 +112,8 @@ class ServerContext:
 
     # ------------------------------------------------------------------ submission
     def submit_group(
-        self, prompts: list[list[int]], params: list[SamplingParams], rids: list[str] | None = None, **opts: Any
+        self, prompts: list[list[int]], params: list[SamplingParams], options: RequestOptions,
+        rids: list[str] | None = None,
     ) -> list[ReqState]:
         """Submit one request per (prompt, params) pair; every check passes before any is sent."""
         self.check_available()
@@ -126,7 +128,7 @@ class ServerContext:
         if taken or len(set(rids)) != len(rids):
             raise ApiError(400, f"request ids must be unique and not in use: {taken or rids}", param="rid")
         try:
-            return [self.manager.submit(rid, ids, p, **opts) for rid, ids, p in zip(rids, prompts, params, strict=True)]
+            return [self.manager.submit(rid, ids, p, options) for rid, ids, p in zip(rids, prompts, params, strict=True)]
         except ServerUnavailable as err:
             raise ApiError(500, f"The server cannot serve requests: {err}") from err
         except ValueError as err:

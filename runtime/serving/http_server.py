@@ -21,6 +21,7 @@ from fastapi.responses import (
 )
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from runtime.request_options import RequestOptions
 from runtime.sampling.params import InvalidField, check_logprob_options
 from runtime.serving import openai_api
 from runtime.serving.common import (
@@ -227,17 +228,9 @@ async def handle_generate(ctx: ServerContext, req: GenerateReqInput, request: Re
     is_batch = is_batch or len(flat_prompts) > 1
     rids = _rids(req.rid, len(flat_prompts))
     namespace = req.extra_key or req.cache_salt
-    states = ctx.submit_group(
-        flat_prompts,
-        flat_params,
-        rids,
-        stream=req.stream,
-        return_logprob=req.return_logprob,
-        logprob_start_len=req.logprob_start_len,
-        top_logprobs_num=req.top_logprobs_num,
-        namespace=namespace,
-        program_id=req.program_id,
-    )
+    options = RequestOptions(req.stream, req.return_logprob, req.logprob_start_len, req.top_logprobs_num, namespace,
+                             req.program_id)
+    states = ctx.submit_group(flat_prompts, flat_params, options, rids)
 
     def render(state: Any) -> dict[str, Any]:
         return native_output(state, ctx.tokenizer, req.return_text_in_logprobs, req.logprob_start_len)

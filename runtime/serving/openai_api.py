@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
+from runtime.request_options import RequestOptions
 from runtime.sampling.params import MAX_N, SamplingParams
 from runtime.serving.common import (
     SSE_DONE,
@@ -125,13 +126,9 @@ class _OpenAIHandler:
             flat += [ids] * n
             params += [p] * n
         self.num_prompts = len(prompts)
-        return ctx.submit_group(
-            flat,
-            params,
-            stream=self.req.stream,
-            return_logprob=top_logprobs is not None,
-            top_logprobs_num=top_logprobs or 0,
-        )
+        options = RequestOptions(stream=self.req.stream, return_logprob=top_logprobs is not None,
+                                 top_logprobs_num=top_logprobs or 0)
+        return ctx.submit_group(flat, params, options)
 
     def usage(self, states: list[ReqState]) -> dict[str, Any]:
         n = self.req.n

@@ -31,6 +31,7 @@ from runtime.io_struct import (
     TokenizedGenerateReq,
     split_ids,
 )
+from runtime.request_options import RequestOptions
 from runtime.sampling.params import SamplingParams
 from runtime.serving.metrics import ServerMetrics
 
@@ -149,31 +150,17 @@ class TokenizerManager:
         rid: str,
         input_ids: list[int],
         params: SamplingParams,
-        stream: bool = False,
-        return_logprob: bool = False,
-        logprob_start_len: int = -1,
-        top_logprobs_num: int = 0,
-        namespace: Any = None,
-        program_id: str | None = None,
+        options: RequestOptions | None = None,
     ) -> ReqState:
         if self.failure is not None:
             raise ServerUnavailable(self.failure)
         if rid in self.states:
             raise ValueError(f"request id {rid!r} is already in use")
-        state = ReqState(rid, len(input_ids), return_logprob, input_ids[0])
+        options = options or RequestOptions()
+        state = ReqState(rid, len(input_ids), options.return_logprob, input_ids[0])
         self.states[rid] = state
         self.metrics.on_submit(len(input_ids))
-        msg = TokenizedGenerateReq(
-            rid,
-            np.asarray(input_ids, dtype=np.int32),
-            params,
-            stream=stream,
-            return_logprob=return_logprob,
-            logprob_start_len=logprob_start_len,
-            top_logprobs_num=top_logprobs_num,
-            namespace=namespace,
-            program_id=program_id,
-        )
+        msg = TokenizedGenerateReq(rid, np.asarray(input_ids, dtype=np.int32), params, options)
         self.send_sock.send_multipart(ipc.encode(msg), copy=False)
         return state
 
