@@ -18,6 +18,7 @@ from radix_cache import RadixCache, SlotAllocator
 from runtime.config import ServerArgs
 from runtime.scheduler.cache_manager import CacheManager
 from runtime.scheduler.policy import order_waiting
+from runtime.scheduler.prefill_budget import PrefillBudget
 from runtime.scheduler.program_pins import ProgramPins
 from runtime.scheduler.req import Req
 from runtime.scheduler.stop import check_stop
@@ -28,7 +29,6 @@ logger = logging.getLogger(__name__)
 # Reserve for running requests' future decode tokens, as a fraction of what they may still
 # generate: optimistic by default (finished requests free memory), raised after a retraction.
 _INIT_NEW_TOKEN_RATIO, _MIN_NEW_TOKEN_RATIO, _NEW_TOKEN_RATIO_DECAY = 0.7, 0.1, 0.001
-_RESERVE_CAP_PER_REQ = 4096
 # Most prefill steps in a row while requests wait to decode.
 MAX_PREFILL_STREAK = 4
 
@@ -156,32 +156,28 @@ class Scheduler:
 
     # ------------------------------------------------------------------ prefill
     def _prefill_batch(self) -> ForwardBatch | None:
-        budget = self.args.chunked_prefill_size if self.args.chunked_prefill_size > 0 else 1 << 62
         mix = not self.args.disable_mixed_chunk and bool(self.running)
-        if mix:  # the running requests' tokens count against the step's budget too
-            budget = max(budget - len(self.running), 1)
-        reserve = self._decode_reserve()
+        budget = PrefillBudget.for_step(self.args.chunked_prefill_size, self.args.max_running_requests,
+                                        len(self.running), mix, self._decode_reserve())
         picked: list[tuple[Req, int]] = []
         if self.chunked is not None:
             req, self.chunked = self.chunked, None
-            n = min(len(req.fill_ids) - req.kv_len, budget)
+            n = budget.chunk(len(req.fill_ids) - req.kv_len)
             if not self.cache.grant(req, n):
                 self.chunked = req  # wait for memory
                 return None
             picked.append((req, n))
-            budget -= n
+            budget.take(n)
         candidates = order_waiting(self.waiting, self.args.schedule_policy, self.cache) if self.waiting else []
         for req in candidates:
-            if budget <= 0 or len(self.running) + len(picked) >= self.args.max_running_requests:
+            if budget.exhausted or self.chunked is not None:  # one chunked request at a time
                 break
-            if self.chunked is not None:
-                break  # one chunked request at a time
             cached = self.cache.match_len(req)
             if _shares_uncached_prefix(req, cached, picked):
                 continue  # a request in this batch computes the same prefix; reuse it next step
             need = len(req.fill_ids) - cached
-            n = min(need, budget)
-            if self.cache.free_slots < n + reserve:
+            n = budget.chunk(need)
+            if not budget.leaves_reserve(self.cache.free_slots, n):
                 break
             if not self.cache.admit(req):
                 break
@@ -191,8 +187,7 @@ class Scheduler:
             n = req.alloc_len - req.kv_len
             self.waiting.remove(req)
             picked.append((req, n))
-            budget -= n
-            reserve += min(req.params.max_new_tokens, _RESERVE_CAP_PER_REQ) * self.new_token_ratio
+            budget.take(n, PrefillBudget.expected_decode_tokens(req.params.max_new_tokens, self.new_token_ratio))
         if not picked:
             return None
         for req in self.waiting:
@@ -298,11 +293,9 @@ class Scheduler:
         logger.info("retracted request %s to free KV memory", victim.rid)
 
     def _decode_reserve(self) -> float:
-        reserve = 0.0
-        for r in self.running:
-            left = r.params.max_new_tokens - len(r.output_ids)
-            reserve += min(left, _RESERVE_CAP_PER_REQ) * self.new_token_ratio
-        return reserve
+        """KV slots the running requests may still need for their decode tokens."""
+        return sum(PrefillBudget.expected_decode_tokens(r.params.max_new_tokens - len(r.output_ids),
+                                                        self.new_token_ratio) for r in self.running)
 
     # ------------------------------------------------------------------ results
     def _process(self, batch: ForwardBatch, result: BatchResult) -> list[Req]:
