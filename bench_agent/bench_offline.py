@@ -201,7 +201,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     from runtime.engine import Engine
-    from runtime.worker import TORCH_DTYPES
+    from runtime.executor.worker import TORCH_DTYPES
 
     engine = Engine(dtype=args.dtype, max_total_tokens=200_000, max_running_requests=64)
     dtype_name = engine.args.resolved_dtype

@@ -92,7 +92,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_serve(ns: argparse.Namespace) -> int:
-    from runtime.serving.launch import serve
+    from runtime.server.launch import serve
 
     try:
         args: ServerArgs = args_from_namespace(ns, ServerArgs)

@@ -17,7 +17,7 @@ import numpy as np
 import zmq
 
 from runtime import ipc
-from runtime.io_struct import BatchStrOut, BatchTokenOut, StrUpdate, TokenUpdate, split_ids
+from runtime.ipc.messages import BatchStrOut, BatchTokenOut, StrUpdate, TokenUpdate, split_ids
 from runtime.tokenizer import Tokenizer
 
 # Tokens re-decoded before the newest ones, so merges across the boundary come out right.

@@ -3,7 +3,7 @@
 Where things happen: a request enters in ``Engine.generate`` (validated and tokenized
 here), is stepped by the engine core (``runtime/scheduler/core.py``), gets its KV slots in
 ``runtime/scheduler/cache_manager.py`` and its tokens sampled in
-``runtime/sampling/sampler.py`` via ``runtime/worker.py``.
+``runtime/sampling/sampler.py`` via ``runtime/executor/worker.py``.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 from tqdm import tqdm
 
 from runtime.config import ServerArgs
+from runtime.executor.worker import ModelWorker
 from runtime.model_loader import resolve_model_path
 from runtime.output_format import logprob_meta
 from runtime.request_options import RequestOptions
@@ -23,7 +24,6 @@ from runtime.scheduler.core import EngineCore
 from runtime.scheduler.req import Req
 from runtime.scheduler.scheduler import Scheduler
 from runtime.tokenizer import Tokenizer
-from runtime.worker import ModelWorker
 
 
 class Engine:

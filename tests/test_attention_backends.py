@@ -11,7 +11,7 @@ import torch
 from kernels.attention import create_attention_backend
 from kernels.attention.base import AttentionShape
 from kernels.attention.forward_context import ForwardContext, forward_context
-from runtime.kv_pool import KVPool
+from runtime.executor.kv_pool import KVPool
 
 
 def _reference(q, k_all, v_all, prefix_lens, extend_lens, scale):

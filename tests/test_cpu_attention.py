@@ -18,7 +18,7 @@ if build.find_compiler() is None:
     pytest.skip("no C++ compiler on PATH: the cpu backend cannot be built", allow_module_level=True)
 
 from kernels.cpu.paged_attention import PagedBatch, paged_attention, store_kv  # noqa: E402
-from runtime.kv_pool import KVPool  # noqa: E402
+from runtime.executor.kv_pool import KVPool  # noqa: E402
 
 # (query heads, KV heads, head dim): GQA ratios 1, 3, 4 and 8, head dims 64 and 128
 GEOMETRIES = [(4, 4, 64), (9, 3, 64), (8, 2, 128), (8, 1, 64)]

@@ -8,7 +8,11 @@ import pytest
 import torch
 
 from runtime.config import ServerArgs
-from runtime.cuda_graph_runner import capture_batch_sizes, pad_decode_batch, padded_batch_size
+from runtime.executor.cuda_graph_runner import (
+    capture_batch_sizes,
+    pad_decode_batch,
+    padded_batch_size,
+)
 
 
 def test_capture_sizes_ladder():

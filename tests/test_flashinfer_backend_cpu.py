@@ -23,7 +23,7 @@ if tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 9):
 from kernels.attention.base import AttentionShape  # noqa: E402
 from kernels.attention.forward_context import ForwardContext, forward_context  # noqa: E402
 from kernels.attention.triton_backend import TritonBackend  # noqa: E402
-from runtime.kv_pool import KVPool  # noqa: E402
+from runtime.executor.kv_pool import KVPool  # noqa: E402
 from tests.fake_flashinfer import fake_flashinfer_module  # noqa: E402
 from tests.test_attention_backends import _reference, _run  # noqa: E402
 

@@ -20,7 +20,7 @@ from bench_agent.roofline import (
 )
 from kernels.cpu import linear_bf16
 from kernels.cpu.build import load_kernels
-from runtime.kv_pool import KVPool
+from runtime.executor.kv_pool import KVPool
 from runtime.models.config import ModelConfig
 from tests.tiny_models import build_hf_model
 

@@ -98,7 +98,7 @@ def test_an_unexpected_error_is_a_json_500_that_keeps_the_connection():
     (which then closes the client's keep-alive connection)."""
     import asyncio
 
-    from runtime.serving.http_server import UnexpectedErrorAsJson
+    from runtime.server.http_server import UnexpectedErrorAsJson
 
     async def broken_app(scope, receive, send):
         raise KeyError("boom")

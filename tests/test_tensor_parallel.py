@@ -50,8 +50,8 @@ def test_tp_larger_than_kv_heads_is_refused(model_dir):
 
 
 def test_tp_larger_than_kv_heads_is_refused_before_any_rank_starts(model_dir, monkeypatch):
-    from runtime import tp_worker
     from runtime.engine import Engine
+    from runtime.executor import tp_worker
 
     def no_spawn(*args, **kwargs):
         raise AssertionError("a rank was started")

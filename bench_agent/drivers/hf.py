@@ -23,9 +23,9 @@ from bench_agent.drivers import check_sampling_params
 from bench_agent.drivers.streaming import StreamingBackend
 from frontend_lang.backend.base import BackendError
 from runtime.config import ServerArgs
+from runtime.executor.worker import TORCH_DTYPES
 from runtime.model_loader.default_model import resolve_model_path
 from runtime.tokenizer import Tokenizer
-from runtime.worker import TORCH_DTYPES
 
 _DONE = object()
 

@@ -12,7 +12,7 @@ Rules every backend follows:
     ``[num_tokens, num_kv_heads, head_dim]``; output ``[num_tokens, num_heads, head_dim]``.
     ``num_heads`` is a multiple of ``num_kv_heads`` (grouped-query attention).
 
-Decode steps may be replayed from CUDA graphs (``runtime/cuda_graph_runner.py``). A backend
+Decode steps may be replayed from CUDA graphs (``runtime/executor/cuda_graph_runner.py``). A backend
 that allows it sets ``supports_cuda_graph`` and implements the three graph hooks: its
 metadata then lives in buffers allocated once, filled before each replay, so the captured
 kernels read the new batch through the same addresses.
@@ -48,7 +48,7 @@ class AttentionShape:
 
 
 class AttentionBackend(ABC):
-    kv_layout: str = "NHD"  # the KV pool layout this backend reads (see runtime/kv_pool.py)
+    kv_layout: str = "NHD"  # the KV pool layout this backend reads (see runtime/executor/kv_pool.py)
     supports_cuda_graph: bool = False
 
     @abstractmethod

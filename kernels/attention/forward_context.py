@@ -6,7 +6,7 @@ bookkeeping, and nested or leaked contexts are caught.
 
 It lives beside the attention backends, which read it, so that ``kernels`` imports nothing
 from ``runtime``: the KV pool is seen through the ``KVCache`` protocol, which
-``runtime/kv_pool.py``'s ``KVPool`` fulfils.
+``runtime/executor/kv_pool.py``'s ``KVPool`` fulfils.
 """
 
 from __future__ import annotations

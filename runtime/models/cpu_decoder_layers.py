@@ -25,7 +25,7 @@ from kernels.cpu.build import CpuKernelsUnavailable, load_kernels
 from kernels.cpu.paged_attention import PagedBatch
 
 if TYPE_CHECKING:
-    from runtime.kv_pool import KVPool
+    from runtime.executor.kv_pool import KVPool
     from runtime.models.llama import LlamaForCausalLM
 
 _I64, _P, _F = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float

@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from runtime.config import ServerArgs
+from runtime.executor.tp_worker import start_tp_peers
+from runtime.executor.worker import ModelWorker, prepare_process
 from runtime.scheduler.req import Req
 from runtime.scheduler.scheduler import Scheduler
 from runtime.tokenizer import Tokenizer
-from runtime.tp_worker import start_tp_peers
-from runtime.worker import ModelWorker, prepare_process
 
 
 @dataclass

@@ -19,7 +19,7 @@ import zmq
 
 from runtime import ipc
 from runtime.config import ServerArgs
-from runtime.io_struct import (
+from runtime.ipc.messages import (
     AbortReq,
     BatchTokenOut,
     ControlOut,

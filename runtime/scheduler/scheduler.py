@@ -16,13 +16,13 @@ import torch
 
 from radix_cache import RadixCache, SlotAllocator
 from runtime.config import ServerArgs
+from runtime.executor.worker import BatchResult, ForwardBatch, ModelWorker
 from runtime.scheduler.cache_manager import CacheManager
 from runtime.scheduler.policy import order_waiting
 from runtime.scheduler.prefill_budget import PrefillBudget
 from runtime.scheduler.program_pins import ProgramPins
 from runtime.scheduler.req import Req
 from runtime.scheduler.stop import check_stop
-from runtime.worker import BatchResult, ForwardBatch, ModelWorker
 
 logger = logging.getLogger(__name__)
 

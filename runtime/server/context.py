@@ -1,26 +1,23 @@
-"""What every HTTP handler shares: the server's context, input checks, submission of a
-group of requests, SSE framing and the SGLang-shaped result of one request."""
+"""What every HTTP handler starts from: the server's context (model info, limits, the
+scheduler client), the input checks, the body parser, and the submission of a group of
+requests. What they answer with is in ``responses.py``."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 from fastapi import Request
-from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 
 from runtime.config import HttpArgs, ServerArgs
-from runtime.output_format import logprob_meta
 from runtime.request_options import RequestOptions
 from runtime.sampling.params import InvalidField, SamplingParams
-from runtime.serving.protocol import ApiError
-from runtime.serving.tokenizer_manager import ReqState, ServerUnavailable, TokenizerManager
+from runtime.server.protocol import ApiError
+from runtime.server.scheduler_client import ReqState, SchedulerClient, ServerUnavailable
 from runtime.tokenizer import Tokenizer
 
 # Below this many characters a request's text is tokenized inline (a thread hop costs more).
@@ -29,7 +26,7 @@ _INLINE_ENCODE_CHARS = 20_000
 
 @dataclass
 class ServerContext:
-    manager: TokenizerManager
+    client: SchedulerClient
     tokenizer: Tokenizer
     args: ServerArgs
     http: HttpArgs
@@ -52,7 +49,7 @@ class ServerContext:
 
     @property
     def is_healthy(self) -> bool:
-        return self.is_ready and not self.is_shutting_down and self.manager.failure is None
+        return self.is_ready and not self.is_shutting_down and self.client.failure is None
 
     # ------------------------------------------------------------------ checks
     def check_model(self, model: str) -> None:
@@ -89,17 +86,17 @@ class ServerContext:
         limit = self.http.max_queued_requests
         if limit is None:
             return
-        if self.manager.num_open_requests + num_new > self.args.max_running_requests + limit:
+        if self.client.num_open_requests + num_new > self.args.max_running_requests + limit:
             raise ApiError(
                 503,
-                f"The server is at capacity ({self.manager.num_open_requests} requests open, at most "
+                f"The server is at capacity ({self.client.num_open_requests} requests open, at most "
                 f"{self.args.max_running_requests} running + {limit} queued); retry shortly.",
                 headers={"Retry-After": "1"},
             )
 
     def check_available(self) -> None:
-        if self.manager.failure is not None:
-            raise ApiError(500, f"The server cannot serve requests: {self.manager.failure}")
+        if self.client.failure is not None:
+            raise ApiError(500, f"The server cannot serve requests: {self.client.failure}")
         if self.is_shutting_down:
             raise ApiError(503, "The server is shutting down.")
 
@@ -123,12 +120,12 @@ class ServerContext:
             except InvalidField as err:
                 raise ApiError(400, str(err), param=err.field) from err
         self.check_capacity(len(prompts))
-        rids = rids or [self.manager.new_rid() for _ in prompts]
-        taken = [r for r in rids if r in self.manager.states]
+        rids = rids or [self.client.new_rid() for _ in prompts]
+        taken = [r for r in rids if r in self.client.states]
         if taken or len(set(rids)) != len(rids):
             raise ApiError(400, f"request ids must be unique and not in use: {taken or rids}", param="rid")
         try:
-            return [self.manager.submit(rid, ids, p, options) for rid, ids, p in zip(rids, prompts, params, strict=True)]
+            return [self.client.submit(rid, ids, p, options) for rid, ids, p in zip(rids, prompts, params, strict=True)]
         except ServerUnavailable as err:
             raise ApiError(500, f"The server cannot serve requests: {err}") from err
         except ValueError as err:
@@ -163,90 +160,3 @@ async def read_body(request: Request, model: type[BaseModel]) -> Any:
         first = err.errors()[0]
         where = ".".join(str(x) for x in first["loc"])
         raise ApiError(400, f"{where}: {first['msg']}" + (f" ({len(err.errors())} errors)" if len(err.errors()) > 1 else ""), param=where) from err
-
-
-class JsonResponse(Response):
-    """JSON via orjson (fast, and handles numpy scalars)."""
-
-    media_type = "application/json"
-
-    def render(self, content: Any) -> bytes:
-        return orjson.dumps(content)
-
-
-def sse(obj: Any) -> bytes:
-    return b"data: " + orjson.dumps(obj) + b"\n\n"
-
-
-SSE_DONE = b"data: [DONE]\n\n"
-
-
-def error_of(state: ReqState) -> ApiError | None:
-    if state.error is None:
-        return None
-    return ApiError(state.error_status, state.error)
-
-
-async def wait_all(manager: TokenizerManager, states: list[ReqState], request: Request) -> list[ReqState]:
-    """Wait for every state; abort all of them if the client goes away."""
-    return list(await asyncio.gather(*(manager.wait(s, request.is_disconnected) for s in states)))
-
-
-async def merged_updates(
-    manager: TokenizerManager, states: list[ReqState], is_disconnected: Callable[[], Awaitable[bool]] | None = None
-) -> AsyncIterator[tuple[int, ReqState]]:
-    """``(index, state)`` each time one of ``states`` changes, until all finish. Closing the
-    iterator (client gone) aborts the unfinished ones."""
-    if len(states) == 1:
-        async with contextlib.aclosing(manager.stream(states[0], is_disconnected)) as it:
-            async for s in it:
-                yield 0, s
-        return
-    queue: asyncio.Queue[tuple[int, ReqState] | None] = asyncio.Queue()
-
-    async def pump(i: int, state: ReqState) -> None:
-        async with contextlib.aclosing(manager.stream(state, is_disconnected)) as it:
-            async for s in it:
-                queue.put_nowait((i, s))
-        queue.put_nowait(None)
-
-    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(states)]
-    try:
-        remaining = len(tasks)
-        while remaining:
-            item = await queue.get()
-            if item is None:
-                remaining -= 1
-            else:
-                yield item
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def native_output(state: ReqState, tokenizer: Tokenizer, text_in_logprobs: bool, logprob_start_len: int) -> dict[str, Any]:
-    """One request's result in SGLang's ``/generate`` shape."""
-    end = state.finished_at if state.is_finished else None
-    meta: dict[str, Any] = {
-        "id": state.rid,
-        "finish_reason": state.finished_reason,
-        "prompt_tokens": state.prompt_tokens,
-        "completion_tokens": len(state.output_ids),
-        "cached_tokens": state.cached_tokens,
-    }
-    if end is not None:
-        meta["e2e_latency"] = end - state.created_at
-    if state.return_logprob:
-        meta.update(
-            logprob_meta(
-                state.input_token_logprobs,
-                state.input_top_logprobs,
-                state.output_token_logprobs,
-                state.output_top_logprobs,
-                logprob_start_len,
-                state.first_prompt_token,
-                tokenizer.id_to_text if text_in_logprobs else None,
-            )
-        )
-    return {"text": state.text, "output_ids": list(state.output_ids), "meta_info": meta}

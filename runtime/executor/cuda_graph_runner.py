@@ -29,8 +29,8 @@ from torch import nn
 
 from kernels.attention.base import AttentionBackend
 from kernels.attention.forward_context import ForwardContext, forward_context
-from runtime.device_req_to_token import DeviceReqToToken
-from runtime.kv_pool import KVPool
+from runtime.executor.device_req_to_token import DeviceReqToToken
+from runtime.executor.kv_pool import KVPool
 
 
 def capture_batch_sizes(max_bs: int) -> list[int]:

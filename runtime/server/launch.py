@@ -128,21 +128,21 @@ class Launcher:
     async def _serve(self, sock: socket.socket, model_dir: Path) -> None:
         import uvicorn
 
-        from runtime.serving.common import ServerContext
-        from runtime.serving.http_server import create_app, probe_generate
-        from runtime.serving.metrics import ServerMetrics
-        from runtime.serving.tokenizer_manager import TokenizerManager
+        from runtime.server.context import ServerContext
+        from runtime.server.http_server import create_app, probe_generate
+        from runtime.server.metrics import ServerMetrics
+        from runtime.server.scheduler_client import SchedulerClient
         from runtime.tokenizer import Tokenizer
 
         to_scheduler, _, to_tokenizer = self.ipc_names
-        manager = TokenizerManager(to_scheduler, to_tokenizer, ServerMetrics())
+        client = SchedulerClient(to_scheduler, to_tokenizer, ServerMetrics())
         tokenizer = Tokenizer(model_dir)
-        await manager.wait_ready(self.http.startup_timeout, self.dead_child)
+        await client.wait_ready(self.http.startup_timeout, self.dead_child)
         name = self.http.served_model_name or default_model_name(self.args.model_path, model_dir)
-        ctx = ServerContext(manager, tokenizer, self.args, self.http, name, self.args.model_path or str(model_dir), manager.info)
+        ctx = ServerContext(client, tokenizer, self.args, self.http, name, self.args.model_path or str(model_dir), client.info)
         ctx.role_markers = tokenizer.role_markers()
         ctx.process_ids = {"http": os.getpid(), **{n: p.pid for n, p in self.children.items() if p.pid}}
-        receiver = manager.start()
+        receiver = client.start()
         config = uvicorn.Config(
             create_app(ctx), log_level="warning", timeout_graceful_shutdown=_GRACE_S + _ANSWER_S, timeout_keep_alive=30,
             lifespan="off",
@@ -155,7 +155,7 @@ class Launcher:
         ctx.is_ready = True
         if not serving.done():
             if await probe_generate(ctx, timeout=max(60.0, self.http.startup_timeout)):
-                print(f"forkserve: {describe_engine(manager.info)}", flush=True)
+                print(f"forkserve: {describe_engine(client.info)}", flush=True)
                 host = f"[{self.http.host}]" if ":" in self.http.host else self.http.host
                 print(f"forkserve ready: http://{host}:{self.http.port} (model {name}; OpenAI API under /v1)", flush=True)
             else:
@@ -175,13 +175,13 @@ class Launcher:
                 # Requests still running after the grace period get a JSON 503 (streams an
                 # error event and [DONE]) before uvicorn cancels their handlers.
                 await asyncio.sleep(_GRACE_S)
-                ctx.manager.end_open_requests("The server is shutting down.", 503)
+                ctx.client.end_open_requests("The server is shutting down.", 503)
                 return
             dead = self.dead_child()
             if dead:
                 msg = f"the {dead} process died"
                 print(f"forkserve: {msg}; failing open requests and exiting", file=sys.stderr, flush=True)
-                ctx.manager.fail_all(msg)
+                ctx.client.fail_all(msg)
                 self.exit_code = 1
                 await asyncio.sleep(0.2)  # let handlers answer before the server stops
                 server.should_exit = True

@@ -13,24 +13,15 @@ from fastapi.responses import Response, StreamingResponse
 
 from runtime.request_options import RequestOptions
 from runtime.sampling.params import MAX_N, SamplingParams
-from runtime.serving.common import (
-    SSE_DONE,
-    JsonResponse,
-    ServerContext,
-    error_of,
-    merged_updates,
-    read_body,
-    sampling_params,
-    sse,
-    wait_all,
-)
-from runtime.serving.protocol import (
+from runtime.server.context import ServerContext, read_body, sampling_params
+from runtime.server.protocol import (
     ApiError,
     ChatCompletionRequest,
     CompletionRequest,
     reject_unsupported,
 )
-from runtime.serving.tokenizer_manager import ReqState
+from runtime.server.responses import SSE_DONE, JsonResponse, error_of, merged_updates, sse, wait_all
+from runtime.server.scheduler_client import ReqState
 
 
 def add_routes(app: FastAPI, ctx: ServerContext) -> None:
@@ -145,7 +136,7 @@ class _OpenAIHandler:
 
     async def respond(self, states: list[ReqState]) -> Response:
         if not self.req.stream:
-            await wait_all(self.ctx.manager, states, self.request)
+            await wait_all(self.ctx.client, states, self.request)
             for s in states:
                 err = error_of(s)
                 if err is not None:
@@ -184,7 +175,7 @@ class _OpenAIHandler:
         sent_tokens = [0] * len(states)
         for head in self.stream_start(len(states)):
             yield self.chunk([head])
-        async with contextlib.aclosing(merged_updates(self.ctx.manager, states)) as updates:
+        async with contextlib.aclosing(merged_updates(self.ctx.client, states)) as updates:
             async for i, s in updates:
                 err = error_of(s)
                 if err is not None:

@@ -21,9 +21,9 @@ import zmq
 
 from runtime import ipc
 from runtime.distributed import check_tp_size, destroy_tensor_parallel, init_tensor_parallel
+from runtime.executor.worker import ForwardBatch, ModelWorker, prepare_process
 from runtime.model_loader.weights import load_hf_config
 from runtime.models.config import ModelConfig
-from runtime.worker import ForwardBatch, ModelWorker, prepare_process
 
 if TYPE_CHECKING:
     from runtime.config import ServerArgs

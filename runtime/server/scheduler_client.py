@@ -1,5 +1,5 @@
-"""The HTTP process's side of the pipeline: one state per request, ZMQ to the scheduler and
-back from the detokenizer.
+"""The HTTP process's client of the scheduler (it does not tokenize: the handlers do): one
+state per request, ZMQ to the scheduler and back from the detokenizer.
 
 A request enters the server in ``submit`` (already validated and tokenized by the HTTP
 handlers), and its results arrive in ``_receive_loop``; ``wait`` and ``stream`` hand them to
@@ -21,7 +21,7 @@ import zmq
 import zmq.asyncio
 
 from runtime import ipc
-from runtime.io_struct import (
+from runtime.ipc.messages import (
     AbortReq,
     BatchStrOut,
     ControlOut,
@@ -33,7 +33,7 @@ from runtime.io_struct import (
 )
 from runtime.request_options import RequestOptions
 from runtime.sampling.params import SamplingParams
-from runtime.serving.metrics import ServerMetrics
+from runtime.server.metrics import ServerMetrics
 
 
 class ServerUnavailable(Exception):
@@ -88,7 +88,7 @@ class ReqState:
         self.changed.set()
 
 
-class TokenizerManager:
+class SchedulerClient:
     def __init__(self, to_scheduler: str, from_detokenizer: str, metrics: ServerMetrics) -> None:
         self.ctx = zmq.asyncio.Context()
         self.send_sock = ipc.connect(self.ctx, zmq.PUSH, to_scheduler)

@@ -19,10 +19,10 @@ from kernels.cpu.elementwise import argmax_rows
 from kernels.cpu.packed_linear import PackedLinearUnavailable
 from radix_cache import ReqToTokenTable
 from runtime.config import MIN_KV_TOKENS, ServerArgs
-from runtime.cuda_graph_runner import CudaGraphRunner
-from runtime.device_req_to_token import DeviceReqToToken
 from runtime.distributed import NO_TP, TPInfo, split_range
-from runtime.kv_pool import KVPool
+from runtime.executor.cuda_graph_runner import CudaGraphRunner
+from runtime.executor.device_req_to_token import DeviceReqToToken
+from runtime.executor.kv_pool import KVPool
 from runtime.layers import enable_cpu_kernels, pack_linear_weights, packed_weights
 from runtime.models import load_model
 from runtime.models.cpu_decoder_layers import CpuDecoderLayers
@@ -65,7 +65,7 @@ class BatchResult:
 
 
 class RankPeers(Protocol):
-    """Rank 0's handle on tensor-parallel ranks 1..N-1 (``runtime/tp_worker.py``: ``TPPeers``)."""
+    """Rank 0's handle on tensor-parallel ranks 1..N-1 (``runtime/executor/tp_worker.py``: ``TPPeers``)."""
 
     tp: TPInfo
 
@@ -95,7 +95,7 @@ def prepare_process(args: ServerArgs) -> None:
 class ModelWorker:
     """One rank of the model (rank 0 unless ``tp`` says otherwise), in a process set up by
     ``prepare_process``. With ``--tp-size N``, rank 0 gets ``peers`` (ranks 1..N-1, started by
-    ``runtime/tp_worker.py``) and sends each step's batch to them before its own forward;
+    ``runtime/executor/tp_worker.py``) and sends each step's batch to them before its own forward;
     all ranks then run the same layers on their slices and meet in the all-reduces."""
 
     def __init__(

@@ -1,6 +1,6 @@
 """The FastAPI app: SGLang's native API, health and introspection endpoints, and the
 OpenAI routes from ``openai_api``. Handlers validate and tokenize, then hand the request
-to the ``TokenizerManager``."""
+to the ``SchedulerClient``."""
 
 from __future__ import annotations
 
@@ -23,20 +23,18 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from runtime.request_options import RequestOptions
 from runtime.sampling.params import InvalidField, check_logprob_options
-from runtime.serving import openai_api
-from runtime.serving.common import (
+from runtime.server import openai_api
+from runtime.server.context import ServerContext, read_body, sampling_params
+from runtime.server.protocol import ApiError, EndProgramReq, GenerateReqInput, reject_unsupported
+from runtime.server.responses import (
     SSE_DONE,
     JsonResponse,
-    ServerContext,
     error_of,
     merged_updates,
     native_output,
-    read_body,
-    sampling_params,
     sse,
     wait_all,
 )
-from runtime.serving.protocol import ApiError, EndProgramReq, GenerateReqInput, reject_unsupported
 
 _OPEN_PATHS = ("/health", "/health_generate")
 logger = logging.getLogger("forkserve")
@@ -149,7 +147,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
     @app.get("/metrics")
     async def metrics() -> Response:
         stats = await scheduler_call(ctx, "stats")
-        text = ctx.manager.metrics.render(stats, ctx.model_name)
+        text = ctx.client.metrics.render(stats, ctx.model_name)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     # ------------------------------------------------------------------ native generate
@@ -165,7 +163,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
 async def scheduler_call(ctx: ServerContext, kind: str, arg: Any = None) -> Any:
     ctx.check_available()
     try:
-        return await ctx.manager.call(kind, arg)
+        return await ctx.client.call(kind, arg)
     except asyncio.TimeoutError as err:
         raise ApiError(503, f"the scheduler did not answer '{kind}' in time") from err
     except Exception as err:
@@ -174,12 +172,12 @@ async def scheduler_call(ctx: ServerContext, kind: str, arg: Any = None) -> Any:
 
 async def probe_generate(ctx: ServerContext, timeout: float = 20.0) -> bool:
     """Run one token through the whole pipeline."""
-    if not ctx.is_ready or ctx.manager.failure is not None or ctx.is_shutting_down:
+    if not ctx.is_ready or ctx.client.failure is not None or ctx.is_shutting_down:
         return False
     ids = ctx.tokenizer.encode("ping") or [0]
-    state = ctx.manager.submit(f"health-{ctx.manager.new_rid()}", ids, sampling_params({"max_new_tokens": 1}))
+    state = ctx.client.submit(f"health-{ctx.client.new_rid()}", ids, sampling_params({"max_new_tokens": 1}))
     try:
-        await asyncio.wait_for(ctx.manager.wait(state), timeout)
+        await asyncio.wait_for(ctx.client.wait(state), timeout)
     except asyncio.TimeoutError:
         return False
     return state.error is None
@@ -236,7 +234,7 @@ async def handle_generate(ctx: ServerContext, req: GenerateReqInput, request: Re
         return native_output(state, ctx.tokenizer, req.return_text_in_logprobs, req.logprob_start_len)
 
     if not req.stream:
-        await wait_all(ctx.manager, states, request)
+        await wait_all(ctx.client, states, request)
         for s in states:
             err = error_of(s)
             if err is not None:
@@ -245,7 +243,7 @@ async def handle_generate(ctx: ServerContext, req: GenerateReqInput, request: Re
         return JsonResponse(outs if is_batch else outs[0])
 
     async def events() -> AsyncIterator[bytes]:
-        async with contextlib.aclosing(merged_updates(ctx.manager, states)) as updates:
+        async with contextlib.aclosing(merged_updates(ctx.client, states)) as updates:
             async for i, state in updates:
                 err = error_of(state)
                 if err is not None:

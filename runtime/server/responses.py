@@ -1,0 +1,105 @@
+"""What the HTTP handlers answer with: JSON and SSE framing, waiting on a group of requests
+(aborting them if the client goes away), and the SGLang-shaped result of one request."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import orjson
+from fastapi import Request
+from fastapi.responses import Response
+
+from runtime.output_format import logprob_meta
+from runtime.server.protocol import ApiError
+from runtime.server.scheduler_client import ReqState, SchedulerClient
+from runtime.tokenizer import Tokenizer
+
+
+class JsonResponse(Response):
+    """JSON via orjson (fast, and handles numpy scalars)."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
+
+
+def sse(obj: Any) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def error_of(state: ReqState) -> ApiError | None:
+    if state.error is None:
+        return None
+    return ApiError(state.error_status, state.error)
+
+
+async def wait_all(client: SchedulerClient, states: list[ReqState], request: Request) -> list[ReqState]:
+    """Wait for every state; abort all of them if the client goes away."""
+    return list(await asyncio.gather(*(client.wait(s, request.is_disconnected) for s in states)))
+
+
+async def merged_updates(
+    client: SchedulerClient, states: list[ReqState], is_disconnected: Callable[[], Awaitable[bool]] | None = None
+) -> AsyncIterator[tuple[int, ReqState]]:
+    """``(index, state)`` each time one of ``states`` changes, until all finish. Closing the
+    iterator (client gone) aborts the unfinished ones."""
+    if len(states) == 1:
+        async with contextlib.aclosing(client.stream(states[0], is_disconnected)) as it:
+            async for s in it:
+                yield 0, s
+        return
+    queue: asyncio.Queue[tuple[int, ReqState] | None] = asyncio.Queue()
+
+    async def pump(i: int, state: ReqState) -> None:
+        async with contextlib.aclosing(client.stream(state, is_disconnected)) as it:
+            async for s in it:
+                queue.put_nowait((i, s))
+        queue.put_nowait(None)
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(states)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            item = await queue.get()
+            if item is None:
+                remaining -= 1
+            else:
+                yield item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def native_output(state: ReqState, tokenizer: Tokenizer, text_in_logprobs: bool, logprob_start_len: int) -> dict[str, Any]:
+    """One request's result in SGLang's ``/generate`` shape."""
+    end = state.finished_at if state.is_finished else None
+    meta: dict[str, Any] = {
+        "id": state.rid,
+        "finish_reason": state.finished_reason,
+        "prompt_tokens": state.prompt_tokens,
+        "completion_tokens": len(state.output_ids),
+        "cached_tokens": state.cached_tokens,
+    }
+    if end is not None:
+        meta["e2e_latency"] = end - state.created_at
+    if state.return_logprob:
+        meta.update(
+            logprob_meta(
+                state.input_token_logprobs,
+                state.input_top_logprobs,
+                state.output_token_logprobs,
+                state.output_top_logprobs,
+                logprob_start_len,
+                state.first_prompt_token,
+                tokenizer.id_to_text if text_in_logprobs else None,
+            )
+        )
+    return {"text": state.text, "output_ids": list(state.output_ids), "meta_info": meta}
