@@ -11,6 +11,7 @@ import torch
 
 from kernels.cpu import linear_bf16
 from runtime.engine import Engine
+from runtime.executor.model_input import ForwardInput
 from tests.tiny_models import build_hf_model, random_prompts, save_hf_folder
 
 pytestmark = pytest.mark.skipif(not linear_bf16.available(), reason="no bfloat16 GEMM kernel on this CPU")
@@ -86,7 +87,8 @@ def test_a_bad_position_or_slot_raises_either_way(tiny_gqa_llama, slot, position
         for layers in (compiled, None):
             worker.model.compiled_layers = layers
             with pytest.raises(ValueError, match=error):
-                worker.run_model(False, torch.tensor([0]), [0], [1], loc, torch.tensor([5]), torch.tensor([position]))
+                worker.run_model(ForwardInput(False, torch.tensor([0]), torch.tensor([5]), torch.tensor([position]),
+                                              [0], [1], loc))
     finally:
         worker.model.compiled_layers = compiled
         engine.shutdown()

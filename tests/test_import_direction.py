@@ -1,5 +1,6 @@
 """Imports point one way: ``kernels`` and ``radix_cache`` know nothing of the engine,
-``runtime`` knows nothing of the DSL or the benchmarks, and no modules import each other in
+``runtime`` knows nothing of the DSL or the benchmarks, the executor nothing of the
+scheduler or the server, and no modules import each other in
 a cycle. Read from the source with ``ast`` (every import, module-level or inside a
 function; those under ``if TYPE_CHECKING:`` count for direction but not for cycles, since
 they never run)."""
@@ -11,12 +12,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("runtime", "radix_cache", "frontend_lang", "kernels", "bench_agent")
-# package -> packages it must not import
+# package -> packages it must not import. The executor gets the scheduler's decisions as
+# data (runtime/executor/model_input.py), never its requests.
 FORBIDDEN = {
     "kernels": {"runtime", "frontend_lang", "bench_agent"},
     "radix_cache": {"runtime", "frontend_lang", "bench_agent"},
     "runtime": {"frontend_lang", "bench_agent"},
+    "runtime.executor": {"runtime.scheduler", "runtime.server"},
 }
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
 
 
 def module_sources(root: Path = ROOT) -> dict[str, tuple[str, bool]]:
@@ -75,8 +82,8 @@ def import_graph(sources: dict[str, tuple[str, bool]]) -> dict[str, dict[str, bo
 def wrong_way(graph: dict[str, dict[str, bool]]) -> list[str]:
     found = []
     for module, edges in graph.items():
-        banned = FORBIDDEN.get(module.split(".")[0], set())
-        found += [f"{module} -> {target}" for target in edges if target.split(".")[0] in banned]
+        banned = {b for package, names in FORBIDDEN.items() if _within(module, package) for b in names}
+        found += [f"{module} -> {target}" for target in edges if any(_within(target, b) for b in banned)]
     return sorted(found)
 
 

@@ -15,13 +15,15 @@ def _run(model_dir, mixed: bool, tight_pool: bool = False) -> tuple[list[dict], 
     engine = Engine(str(model_dir), dtype="float32", chunked_prefill_size=24, disable_mixed_chunk=not mixed,
                     max_total_tokens=200 if tight_pool else 4000)
     mixed_rows: list[int] = []
-    run_batch = engine.worker.run_batch
+    scheduled = engine.scheduler._prefill_batch
 
-    def recording(batch):
-        mixed_rows.append(batch.num_mixed_decodes)
-        return run_batch(batch)
+    def recording():
+        batch = scheduled()
+        if batch is not None:
+            mixed_rows.append(batch.num_mixed_decodes)
+        return batch
 
-    engine.worker.run_batch = recording
+    engine.scheduler._prefill_batch = recording
     try:
         prompts = random_prompts(11, (30, 70, 45, 9, 100))
         params = [{"temperature": 0, "max_new_tokens": n, "ignore_eos": True} for n in (20, 6, 15, 30, 8)]

@@ -21,7 +21,8 @@ import zmq
 
 from runtime import ipc
 from runtime.distributed import check_tp_size, destroy_tensor_parallel, init_tensor_parallel
-from runtime.executor.worker import ForwardBatch, ModelWorker, prepare_process
+from runtime.executor.model_input import ForwardInput
+from runtime.executor.worker import ModelWorker, prepare_process
 from runtime.model_loader.weights import load_hf_config
 from runtime.models.config import ModelConfig
 
@@ -33,13 +34,7 @@ _STOP_TIMEOUT_S = 10.0
 
 @dataclass
 class TPStep:
-    is_decode: bool
-    rows: np.ndarray  # int64 [bs]
-    prefix_lens: list[int]
-    extend_lens: list[int]
-    out_cache_loc: np.ndarray  # int64
-    input_ids: np.ndarray  # int64
-    positions: np.ndarray  # int64
+    forward: ForwardInput  # what rank 0 runs
     row_slots: np.ndarray  # int64, each request's slots [0, seq_len), concatenated
 
 
@@ -72,20 +67,12 @@ class TPPeers:
         self.endpoints = endpoints
         self.tp = init_tensor_parallel(0, size, init_method, args.resolved_device)
 
-    def send_step(self, batch: ForwardBatch, rows: torch.Tensor, table: torch.Tensor) -> None:
-        seq_lens = [p + e for p, e in zip(batch.prefix_lens, batch.extend_lens, strict=True)]
-        slots = torch.cat([table[r, :n] for r, n in zip(rows.tolist(), seq_lens, strict=True)])
-        msg = TPStep(
-            batch.is_decode,
-            rows.numpy(),
-            batch.prefix_lens,
-            batch.extend_lens,
-            batch.out_cache_loc.cpu().numpy(),
-            batch.input_ids.cpu().numpy(),
-            batch.positions.cpu().numpy(),
-            slots.cpu().numpy(),
-        )
-        frames = ipc.encode(msg)
+    def send_step(self, fwd: ForwardInput, table: torch.Tensor) -> None:
+        seq_lens = [p + e for p, e in zip(fwd.prefix_lens, fwd.extend_lens, strict=True)]
+        slots = torch.cat([table[r, :n] for r, n in zip(fwd.rows.tolist(), seq_lens, strict=True)])
+        cpu = ForwardInput(fwd.is_decode, fwd.rows.cpu(), fwd.input_ids.cpu(), fwd.positions.cpu(), fwd.prefix_lens,
+                           fwd.extend_lens, fwd.out_cache_loc.cpu())
+        frames = ipc.encode(TPStep(cpu, slots.cpu().numpy()))
         for sock in self.socks:
             sock.send_multipart(frames, copy=False)
 
@@ -126,13 +113,9 @@ def run_tp_worker_process(
             msg = ipc.recv(sock)
             if isinstance(msg, TPStop):
                 break
-            rows = torch.from_numpy(msg.rows)
-            offset = 0
-            for r, p, e in zip(msg.rows.tolist(), msg.prefix_lens, msg.extend_lens, strict=True):
+            fwd, offset = msg.forward, 0
+            for r, p, e in zip(fwd.rows.tolist(), fwd.prefix_lens, fwd.extend_lens, strict=True):
                 table[r, : p + e] = torch.from_numpy(msg.row_slots[offset : offset + p + e])
                 offset += p + e
-            worker.run_model(
-                msg.is_decode, rows, msg.prefix_lens, msg.extend_lens, torch.from_numpy(msg.out_cache_loc),
-                torch.from_numpy(msg.input_ids), torch.from_numpy(msg.positions),
-            )
+            worker.run_model(fwd)
     destroy_tensor_parallel(tp)

@@ -23,35 +23,15 @@ from runtime.distributed import NO_TP, TPInfo, split_range
 from runtime.executor.cuda_graph_runner import CudaGraphRunner
 from runtime.executor.device_req_to_token import DeviceReqToToken
 from runtime.executor.kv_pool import KVPool
+from runtime.executor.model_input import ForwardInput, ModelInput, PromptLogprobs
 from runtime.layers import enable_cpu_kernels, pack_linear_weights, packed_weights
 from runtime.models import load_model
 from runtime.models.cpu_decoder_layers import CpuDecoderLayers
 from runtime.sampling.sampler import sample, torch_argmax
-from runtime.scheduler.req import Req
 
 logger = logging.getLogger(__name__)
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-@dataclass
-class ForwardBatch:
-    """One step's work. Request ``i`` computes positions ``[prefix_lens[i], prefix_lens[i] +
-    extend_lens[i])`` and needs logits at positions ``[logit_starts[i], that end)``, an empty
-    range when it neither samples nor reports prompt logprobs in this chunk."""
-
-    is_decode: bool
-    reqs: list[Req]
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    prefix_lens: list[int]
-    extend_lens: list[int]
-    out_cache_loc: torch.Tensor
-    logit_starts: list[int]
-    samples: list[bool]  # whether request i samples a next token at its last position
-    # The last this many requests of an extend batch are running requests decoding one token
-    # each (mixed into a prefill step).
-    num_mixed_decodes: int = 0
 
 
 @dataclass
@@ -69,7 +49,7 @@ class RankPeers(Protocol):
 
     tp: TPInfo
 
-    def send_step(self, batch: ForwardBatch, rows: torch.Tensor, table: torch.Tensor) -> None: ...
+    def send_step(self, fwd: ForwardInput, table: torch.Tensor) -> None: ...
 
     def stop(self) -> None: ...
 
@@ -188,121 +168,98 @@ class ModelWorker:
         )
 
     @torch.inference_mode()
-    def run_batch(self, batch: ForwardBatch) -> BatchResult:
-        logits = self.forward(batch)
-        return self._postprocess(batch, logits)
+    def run(self, inp: ModelInput) -> BatchResult:
+        """One step: the forward, then sampling and logprobs where ``inp`` asks for them."""
+        return self._postprocess(inp, self.forward(inp))
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+    def forward(self, inp: ModelInput) -> torch.Tensor:
         """Float32 logits at each request's logit range, concatenated in batch order."""
-        rows = torch.tensor([r.row for r in batch.reqs], dtype=torch.int64)
+        fwd = inp.forward
         if self.peers is not None:
-            self.peers.send_step(batch, rows, self.req_to_token.table)
-        hidden = self.run_model(
-            batch.is_decode, rows, batch.prefix_lens, batch.extend_lens, batch.out_cache_loc, batch.input_ids,
-            batch.positions,
-        )
-        if batch.is_decode:  # every token is the last of its request
+            self.peers.send_step(fwd, self.req_to_token.table)
+        hidden = self.run_model(fwd)
+        if fwd.is_decode:  # every token is the last of its request
             return self.model.compute_logits(hidden).cpu()
         picks, offset = [], 0
-        for prefix, ext, start in zip(batch.prefix_lens, batch.extend_lens, batch.logit_starts, strict=True):
+        for prefix, ext, start in zip(fwd.prefix_lens, fwd.extend_lens, inp.logit_starts, strict=True):
             picks.append(torch.arange(offset + start - prefix, offset + ext))
             offset += ext
         return self.model.compute_logits(hidden[torch.cat(picks).to(self.device)]).cpu()
 
-    def run_model(
-        self,
-        is_decode: bool,
-        rows: torch.Tensor,
-        prefix_lens: list[int],
-        extend_lens: list[int],
-        out_cache_loc: torch.Tensor,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-    ) -> torch.Tensor:
+    def run_model(self, fwd: ForwardInput) -> torch.Tensor:
         """The model's hidden states for one step (every TP rank runs this)."""
         table = self.req_to_token.table
         if self.device_table is not None:
-            seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]
-            self.device_table.sync(rows, max(seq_lens, default=0))
+            seq_lens = [p + e for p, e in zip(fwd.prefix_lens, fwd.extend_lens, strict=True)]
+            self.device_table.sync(fwd.rows, max(seq_lens, default=0))
             table = self.device_table.table
-        if is_decode and self.graph_runner is not None and self.graph_runner.can_run(len(extend_lens)):
-            return self.graph_runner.replay(rows, prefix_lens, out_cache_loc, input_ids, positions)
+        if fwd.is_decode and self.graph_runner is not None and self.graph_runner.can_run(len(fwd.extend_lens)):
+            return self.graph_runner.replay(fwd.rows, fwd.prefix_lens, fwd.out_cache_loc, fwd.input_ids, fwd.positions)
         ctx = ForwardContext(
-            is_decode=is_decode,
-            req_rows=rows,
-            prefix_lens=prefix_lens,
-            extend_lens=extend_lens,
-            out_cache_loc=out_cache_loc.to(self.device),
+            is_decode=fwd.is_decode,
+            req_rows=fwd.rows,
+            prefix_lens=fwd.prefix_lens,
+            extend_lens=fwd.extend_lens,
+            out_cache_loc=fwd.out_cache_loc.to(self.device),
             req_to_token=table,
             kv_pool=self.kv_pool,
             attn_backend=self.attn_backend,
         )
         with forward_context(ctx):
-            return self.model(input_ids.to(self.device), positions.to(self.device))
+            return self.model(fwd.input_ids.to(self.device), fwd.positions.to(self.device))
 
     def shutdown(self) -> None:
         if self.peers is not None:
             self.peers.stop()
             self.peers = None
 
-    def _postprocess(self, batch: ForwardBatch, logits: torch.Tensor) -> BatchResult:
-        sample_rows, sample_reqs, banned = [], [], []
-        result = BatchResult([None] * len(batch.reqs), [None] * len(batch.reqs), [None] * len(batch.reqs))
+    def _postprocess(self, inp: ModelInput, logits: torch.Tensor) -> BatchResult:
+        bs = inp.batch_size
+        sample_rows, rows_of = [], []
+        result = BatchResult([None] * bs, [None] * bs, [None] * bs)
         offset = 0
-        for i, req in enumerate(batch.reqs):
-            end = batch.prefix_lens[i] + batch.extend_lens[i]
-            n = end - batch.logit_starts[i]
-            n_prompt = n - 1 if batch.samples[i] else n
-            lp, tops = self._prompt_logprobs(req, logits[offset : offset + n_prompt], batch.logit_starts[i])
+        for i in range(bs):
+            fwd = inp.forward
+            n = fwd.prefix_lens[i] + fwd.extend_lens[i] - inp.logit_starts[i]
+            lp, tops = _prompt_logprobs(inp.prompt_logprobs[i], logits[offset : offset + n])
             result.input_logprobs.append(lp)
             result.input_top_logprobs.append(tops)
-            if batch.samples[i]:
+            row = inp.sampling[i]
+            if row is not None:
                 sample_rows.append(offset + n - 1)
-                sample_reqs.append(req)
-                banned.append(self._banned_ids(req))
+                rows_of.append(row)
             offset += n
-        if sample_reqs:
+        if rows_of:
             # Decode samples every row in order: skip copying the [bs, vocab] logits.
-            rows = logits if len(sample_rows) == logits.shape[0] else logits[sample_rows]
-            out = sample(rows, sample_reqs, banned, self.default_generator, self.argmax)
+            picked = logits if len(sample_rows) == logits.shape[0] else logits[sample_rows]
+            out = sample(picked, rows_of, [r.banned_ids for r in rows_of], self.default_generator, self.argmax)
             j = 0
-            for i, wants in enumerate(batch.samples):
-                if wants:
+            for i, row in enumerate(inp.sampling):
+                if row is not None:
                     result.next_ids[i] = out.next_ids[j]
                     result.output_logprobs[i] = out.logprobs[j]
                     result.output_top_logprobs[i] = out.top_logprobs[j]
                     j += 1
         return result
 
-    def _prompt_logprobs(
-        self, req: Req, logits: torch.Tensor, start: int
-    ) -> tuple[list[tuple[float, int]], list[list[tuple[float, int]] | None]]:
-        """Logprobs of prompt tokens ``start+1 ..`` from the logits at positions ``start ..``."""
-        # A prefill-only request's last position has no prompt token after it.
-        n = min(logits.shape[0], len(req.input_ids) - start - 1)
-        if n <= 0:
-            return [], []
-        targets = torch.tensor(req.input_ids[start + 1 : start + 1 + n])
-        logits = logits[:n]
-        logprobs = torch.log_softmax(logits, dim=-1)
-        picked = logprobs.gather(1, targets.unsqueeze(1)).squeeze(1).tolist()
-        pairs = list(zip(picked, targets.tolist(), strict=True))
-        if req.options.top_logprobs_num > 0:
-            vals, idx = logprobs.topk(req.options.top_logprobs_num, dim=-1)
-            tops = [list(zip(v, i, strict=True)) for v, i in zip(vals.tolist(), idx.tolist(), strict=True)]
-        else:
-            tops = [None] * len(pairs)
-        return pairs, tops
 
-    def _banned_ids(self, req: Req) -> list[int]:
-        """Tokens that would end the request before ``min_new_tokens``."""
-        if len(req.output_ids) >= req.params.min_new_tokens:
-            return []
-        stops = list(req.params.stop_token_ids)
-        if not req.params.ignore_eos:
-            stops += list(self.eos_token_ids)
-        return stops
+def _prompt_logprobs(
+    span: PromptLogprobs | None, logits: torch.Tensor
+) -> tuple[list[tuple[float, int]], list[list[tuple[float, int]] | None]]:
+    """Logprobs of ``span.targets`` from the logits at the positions before each."""
+    if span is None:
+        return [], []
+    targets = torch.tensor(span.targets)
+    logprobs = torch.log_softmax(logits[: len(span.targets)], dim=-1)
+    picked = logprobs.gather(1, targets.unsqueeze(1)).squeeze(1).tolist()
+    pairs = list(zip(picked, span.targets, strict=True))
+    if span.top_k > 0:
+        vals, idx = logprobs.topk(span.top_k, dim=-1)
+        tops = [list(zip(v, i, strict=True)) for v, i in zip(vals.tolist(), idx.tolist(), strict=True)]
+    else:
+        tops = [None] * len(pairs)
+    return pairs, tops
 
 
 def _keep_freed_memory_in_process() -> None:

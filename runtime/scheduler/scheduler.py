@@ -16,7 +16,8 @@ import torch
 
 from radix_cache import RadixCache, SlotAllocator
 from runtime.config import ServerArgs
-from runtime.executor.worker import BatchResult, ForwardBatch, ModelWorker
+from runtime.executor.worker import BatchResult, ModelWorker
+from runtime.scheduler.batch import ScheduledBatch, lower
 from runtime.scheduler.cache_manager import CacheManager
 from runtime.scheduler.policy import order_waiting
 from runtime.scheduler.prefill_budget import PrefillBudget
@@ -97,7 +98,7 @@ class Scheduler:
                 )
             self.check_invariants()
             return []
-        result = self.worker.run_batch(batch)
+        result = self.worker.run(lower(batch, self.eos_token_ids))
         if not batch.is_decode:
             self.num_prefill_tokens += sum(batch.extend_lens) - batch.num_mixed_decodes
         return self._process(batch, result)
@@ -155,7 +156,7 @@ class Scheduler:
         }
 
     # ------------------------------------------------------------------ prefill
-    def _prefill_batch(self) -> ForwardBatch | None:
+    def _prefill_batch(self) -> ScheduledBatch | None:
         mix = not self.args.disable_mixed_chunk and bool(self.running)
         budget = PrefillBudget.for_step(self.args.chunked_prefill_size, self.args.max_running_requests,
                                         len(self.running), mix, self._decode_reserve())
@@ -197,7 +198,7 @@ class Scheduler:
             self._mix_in_decodes(batch)
         return batch
 
-    def _mix_in_decodes(self, batch: ForwardBatch) -> None:
+    def _mix_in_decodes(self, batch: ScheduledBatch) -> None:
         """Append every running request's next token to a prefill batch (as a one-token
         extend), so running requests decode in this step too; unchanged when the pool has
         no slot for each of them (the next decode step makes room)."""
@@ -214,7 +215,7 @@ class Scheduler:
         batch.samples += decodes.samples
         batch.num_mixed_decodes = len(decodes.reqs)
 
-    def _build_extend_batch(self, picked: list[tuple[Req, int]]) -> ForwardBatch:
+    def _build_extend_batch(self, picked: list[tuple[Req, int]]) -> ScheduledBatch:
         reqs, ids, positions, prefix_lens, extend_lens, locs, logit_starts, samples = [], [], [], [], [], [], [], []
         for req, n in picked:
             start, end = req.kv_len, req.kv_len + n
@@ -237,7 +238,7 @@ class Scheduler:
             locs.append(self.cache.table.read(req.row, end, start))  # type: ignore[arg-type]
             logit_starts.append(logit_start)
             samples.append(wants_sample)
-        return ForwardBatch(
+        return ScheduledBatch(
             is_decode=False,
             reqs=reqs,
             input_ids=torch.tensor(ids, dtype=torch.int64),
@@ -250,7 +251,7 @@ class Scheduler:
         )
 
     # ------------------------------------------------------------------ decode
-    def _decode_batch(self) -> ForwardBatch | None:
+    def _decode_batch(self) -> ScheduledBatch | None:
         if not self.running:
             return None
         self.new_token_ratio = max(_MIN_NEW_TOKEN_RATIO, self.new_token_ratio - _NEW_TOKEN_RATIO_DECAY)
@@ -261,14 +262,14 @@ class Scheduler:
             raise RuntimeError("KV pool exhausted by a single request; this is a bug: admission checks its size")
         return batch
 
-    def _next_tokens(self, reqs: list[Req]) -> ForwardBatch | None:
+    def _next_tokens(self, reqs: list[Req]) -> ScheduledBatch | None:
         """A decode batch of ``reqs``' next tokens, one new slot each; None (nothing changed)
         when the pool is short of slots."""
         out_cache_loc = self.cache.grant_one_each(reqs)
         if out_cache_loc is None:
             return None
         seq_lens = [r.alloc_len for r in reqs]
-        return ForwardBatch(
+        return ScheduledBatch(
             is_decode=True,
             reqs=reqs,
             input_ids=torch.tensor([r.output_ids[-1] for r in reqs], dtype=torch.int64),
@@ -298,7 +299,7 @@ class Scheduler:
                                                         self.new_token_ratio) for r in self.running)
 
     # ------------------------------------------------------------------ results
-    def _process(self, batch: ForwardBatch, result: BatchResult) -> list[Req]:
+    def _process(self, batch: ScheduledBatch, result: BatchResult) -> list[Req]:
         touched = []
         first_decode = len(batch.reqs) - batch.num_mixed_decodes if not batch.is_decode else 0
         for i, req in enumerate(batch.reqs):
