@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -25,7 +26,7 @@ from runtime.executor.device_req_to_token import DeviceReqToToken
 from runtime.executor.kv_pool import KVPool
 from runtime.executor.model_input import ForwardInput, ModelInput, PromptLogprobs
 from runtime.layers import enable_cpu_kernels, pack_linear_weights, packed_weights
-from runtime.models import load_model
+from runtime.model_loader.load_model import load_model
 from runtime.models.cpu_decoder_layers import CpuDecoderLayers
 from runtime.sampling.sampler import sample, torch_argmax
 
@@ -89,39 +90,17 @@ class ModelWorker:
         self.peers = peers
         self.tp = (peers.tp if peers is not None else tp) or NO_TP
         self.model, self.model_config = load_model(model_dir, self.dtype, self.device, self.tp)
-        cfg = self.model_config
         # EOS ids: the tokenizer's and generation config's (passed in) and the model config's.
-        self.eos_token_ids = tuple(sorted(set(eos_token_ids) | set(cfg.eos_token_ids)))
-        self.max_context_len = args.max_context_len or cfg.max_position_embeddings
-        if self.max_context_len > cfg.max_position_embeddings:
-            raise ValueError(
-                f"max_context_len {self.max_context_len} exceeds the model's "
-                f"max_position_embeddings {cfg.max_position_embeddings}"
-            )
-        # Sized by the whole model's KV heads, so every TP rank has the same slots.
-        per_slot = KVPool.bytes_per_slot(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.dtype)
-        num_tokens = args.max_total_tokens or int(args.kv_cache_memory * 2**30 // per_slot)
-        if num_tokens < MIN_KV_TOKENS:
-            raise ValueError(
-                f"kv_cache_memory {args.kv_cache_memory:g} GiB holds {num_tokens} tokens of this model's KV "
-                f"cache ({per_slot} bytes each); at least {MIN_KV_TOKENS} are needed"
-            )
-        self.num_slots = num_tokens + 1  # plus the reserved padding slot 0
+        self.eos_token_ids = tuple(sorted(set(eos_token_ids) | set(self.model_config.eos_token_ids)))
+        self.max_context_len = self._context_len()
+        self.num_slots = self._kv_tokens() + 1  # plus the reserved padding slot 0
         # Rows for running requests plus headroom for requests admitted in the same step.
         self.req_to_token = ReqToTokenTable(args.max_running_requests + 8, self.max_context_len)
+        cfg = self.model_config
         local_kv_heads = split_range(cfg.num_kv_heads, self.tp.size, self.tp.rank)[1]
         shape = AttentionShape(local_kv_heads * (cfg.num_heads // cfg.num_kv_heads), local_kv_heads, cfg.head_dim)
         self.attn_backend = create_attention_backend(backend, self.device, shape)
-        self.argmax = torch_argmax
-        self.gemm = "F.linear"  # what multiplies the linear weights, in words (the start-up log)
-        if backend == "cpu":  # the same compiled library has the elementwise kernels
-            enable_cpu_kernels(self.model)
-            self.argmax = argmax_rows
-            try:
-                pack_linear_weights(self.model, self.dtype)
-            except PackedLinearUnavailable as err:
-                logger.warning("linear layers use plain F.linear (slower): %s", err)
-            self.gemm = self._choose_gemm()
+        self.argmax, self.gemm = self._cpu_kernels() if backend == "cpu" else (torch_argmax, "F.linear")
         self.kv_pool = KVPool(
             self.num_slots, cfg.num_layers, local_kv_heads, cfg.head_dim, self.dtype, self.device,
             layout=self.attn_backend.kv_layout,
@@ -136,6 +115,37 @@ class ModelWorker:
         self.device_table = DeviceReqToToken(self.req_to_token.table, self.device) if self._on_cuda else None
         self.graph_runner = self._build_graph_runner(cfg.hidden_size)
         self.default_generator = torch.Generator().manual_seed(args.random_seed)
+
+    def _context_len(self) -> int:
+        """``--max-context-len``, at most (and by default) the model's position limit."""
+        limit = self.model_config.max_position_embeddings
+        context_len = self.args.max_context_len or limit
+        if context_len > limit:
+            raise ValueError(f"max_context_len {context_len} exceeds the model's max_position_embeddings {limit}")
+        return context_len
+
+    def _kv_tokens(self) -> int:
+        """Tokens the KV pool holds: ``--max-total-tokens``, or what ``--kv-cache-memory`` fits.
+        Sized by the whole model's KV heads, so every TP rank has the same slots."""
+        cfg, args = self.model_config, self.args
+        per_slot = KVPool.bytes_per_slot(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.dtype)
+        num_tokens = args.max_total_tokens or int(args.kv_cache_memory * 2**30 // per_slot)
+        if num_tokens < MIN_KV_TOKENS:
+            raise ValueError(
+                f"kv_cache_memory {args.kv_cache_memory:g} GiB holds {num_tokens} tokens of this model's KV "
+                f"cache ({per_slot} bytes each); at least {MIN_KV_TOKENS} are needed"
+            )
+        return num_tokens
+
+    def _cpu_kernels(self) -> tuple[Callable[[torch.Tensor], torch.Tensor], str]:
+        """The ``cpu`` backend's compiled elementwise kernels and packed linear weights (the
+        same library); returns the argmax to sample greedy rows with, and the GEMM in words."""
+        enable_cpu_kernels(self.model)
+        try:
+            pack_linear_weights(self.model, self.dtype)
+        except PackedLinearUnavailable as err:
+            logger.warning("linear layers use plain F.linear (slower): %s", err)
+        return argmax_rows, self._choose_gemm()
 
     def _choose_gemm(self) -> str:
         """Which kernel multiplies the packed weights, in words; for bf16 weights on our GEMM,
