@@ -137,6 +137,18 @@ def test_the_worker_states_its_gemm(tiny_gqa_llama, restore_threshold):
         fp32.shutdown()
 
 
+@pytest.mark.skipif(not linear_bf16.available(), reason="no bfloat16 GEMM kernel on this CPU")
+def test_the_worker_warns_when_amx_is_here_but_measured_off(tiny_gqa_llama, restore_threshold, monkeypatch, caplog):
+    from runtime.engine import Engine
+
+    monkeypatch.setattr(gemm_choice, "amx_available", lambda: True)
+    monkeypatch.setattr(gemm_choice, "crossovers", lambda shapes, threads=None: dict.fromkeys(shapes, gemm_choice.NEVER))
+    with caplog.at_level("WARNING"):
+        engine = Engine(str(tiny_gqa_llama), dtype="bfloat16", max_total_tokens=2000)
+    engine.shutdown()
+    assert "AMX tiles, but the measured GEMM choice" in caplog.text
+
+
 def test_a_noisy_loss_neither_moves_the_crossover_nor_turns_the_tiles_off(monkeypatch):
     """The crossover is the first size where the tiles win, given they win at 16 rows; a
     measurement where they lose at 16 is repeated (another process can take a core for a

@@ -163,6 +163,14 @@ def _cache_file() -> Path:
     return library_path(compiler).with_suffix(f".gemm-v{_CACHE_VERSION}.json")
 
 
+def cache_file_name() -> str:
+    """Where the measured choices are cached (for messages that tell how to measure again)."""
+    try:
+        return str(_cache_file())
+    except CpuKernelsUnavailable:
+        return "the GEMM choice cache"
+
+
 def _read_cache(path: Path) -> dict[str, int]:
     try:
         data = json.loads(path.read_text())

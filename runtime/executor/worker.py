@@ -156,6 +156,10 @@ class ModelWorker:
             return "oneDNN GEMM on packed weights" if weights else "F.linear"
         bf16 = [(p.data, p.in_features, p.out_features) for p in weights if p.kind == "bf16_panels"]
         rows = gemm_choice.choose_for({(p.in_features, p.out_features) for p in weights})
+        if rows >= gemm_choice.NEVER and gemm_choice.amx_available():
+            logger.warning("this CPU has AMX tiles, but the measured GEMM choice keeps every product on the vector "
+                           "kernel (prefill ~10x slower); another process probably took a core while it was "
+                           "measured: delete %s to measure again", gemm_choice.cache_file_name())
         prefetch = rows > 1 and gemm_choice.choose_small_prefetch(bf16)
         return gemm_choice.describe(rows, prefetch)
 
