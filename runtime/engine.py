@@ -1,7 +1,8 @@
 """The offline engine: the whole server in one process, driven by ``generate``.
 
-Where things happen: a request enters in ``Engine.generate`` (validated and tokenized
-here), is stepped by the engine core (``runtime/scheduler/core.py``), gets its KV slots in
+Where things happen: a request enters in ``Engine.generate`` (tokenized here, checked by
+``runtime/request_builder.py`` as over HTTP), is stepped by the engine core
+(``runtime/scheduler/core.py``), gets its KV slots in
 ``runtime/scheduler/cache_manager.py`` and its tokens sampled in
 ``runtime/sampling/sampler.py`` via ``runtime/executor/worker.py``.
 """
@@ -18,8 +19,8 @@ from runtime.config import ServerArgs
 from runtime.executor.worker import ModelWorker
 from runtime.model_loader import resolve_model_path
 from runtime.output_format import logprob_meta
+from runtime.request_builder import RequestLimits, build_requests, parse_sampling_params
 from runtime.request_options import RequestOptions
-from runtime.sampling.params import SamplingParams, check_logprob_options
 from runtime.scheduler.core import EngineCore
 from runtime.scheduler.req import Req
 from runtime.scheduler.scheduler import Scheduler
@@ -85,20 +86,21 @@ class Engine:
         program_id: str | None = None,
     ) -> tuple[list[Req], bool]:
         """Validate and tokenize; the ``Req``s to queue (``n`` expanded) and whether the
-        input was a batch. Raises ``ValueError`` naming the problem."""
-        if not isinstance(return_logprob, bool):
-            raise ValueError(f"return_logprob must be True or False, got {return_logprob!r}")
+        input was a batch. Raises ``ValueError`` naming the problem (the checks are
+        ``runtime/request_builder.py``'s, as over HTTP)."""
         prompts, is_batch = self._prompt_ids(prompt, input_ids)
-        params = self._params(sampling_params, len(prompts))
-        check_logprob_options(logprob_start_len, top_logprobs_num, self.worker.model_config.vocab_size)
         options = RequestOptions(stream, return_logprob, logprob_start_len, top_logprobs_num, namespace, program_id)
-        reqs = []
-        for ids, p in zip(prompts, params, strict=True):
-            for _ in range(p.n):
-                reqs.append(Req(f"req-{next(self._rids)}", ids, p, options))
+        requests = build_requests(prompts, parse_sampling_params(sampling_params, len(prompts)), options,
+                                  self.limits, prompt_field="prompt" if input_ids is None else "input_ids")
+        reqs = [Req(f"req-{next(self._rids)}", r.input_ids, r.params, r.options) for r in requests]
         for req in reqs:
             self.core.validate(req)
         return reqs, is_batch
+
+    @property
+    def limits(self) -> RequestLimits:
+        return RequestLimits(self.worker.model_config.vocab_size, self.scheduler.max_context_len,
+                             self.scheduler.allocator.capacity)
 
     def end_program(self, program_id: str) -> None:
         """Release the cache pins of ``program_id`` (see ``runtime/scheduler/program_pins.py``)."""
@@ -143,25 +145,10 @@ class Engine:
                 raise ValueError(f"input_ids must be a list of token ids or a list of such lists, got {type(input_ids).__name__}")
             is_batch = bool(input_ids) and isinstance(input_ids[0], list)
             ids = input_ids if is_batch else [input_ids]
-            vocab = self.worker.model_config.vocab_size
             for row in ids:
                 if not isinstance(row, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in row):
                     raise ValueError("input_ids must be a list of token ids or a list of such lists")
-                if any(t < 0 or t >= vocab for t in row):
-                    raise ValueError(f"input_ids contains a token id outside the vocabulary [0, {vocab})")
-        for row in ids:
-            if not row:
-                raise ValueError("prompt is empty: at least one token is needed")
         return ids, is_batch
-
-    def _params(self, sampling_params: Any, n: int) -> list[SamplingParams]:
-        if isinstance(sampling_params, list):
-            if len(sampling_params) != n:
-                raise ValueError(f"got {len(sampling_params)} sampling_params for {n} prompts")
-            return [SamplingParams.from_dict(p) for p in sampling_params]
-        if sampling_params is not None and not isinstance(sampling_params, dict):
-            raise ValueError("sampling_params must be a dict or a list of dicts")
-        return [SamplingParams.from_dict(sampling_params)] * n
 
     def format_output(self, req: Req, text_in_logprobs: bool = False) -> dict[str, Any]:
         meta: dict[str, Any] = {

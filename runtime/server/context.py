@@ -14,7 +14,7 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from runtime.config import HttpArgs, ServerArgs
-from runtime.request_options import RequestOptions
+from runtime.request_builder import GenerateRequest, RequestLimits
 from runtime.sampling.params import InvalidField, SamplingParams
 from runtime.server.protocol import ApiError
 from runtime.server.scheduler_client import ReqState, SchedulerClient, ServerUnavailable
@@ -48,6 +48,10 @@ class ServerContext:
         return int(self.info["max_total_tokens"])
 
     @property
+    def limits(self) -> RequestLimits:
+        return RequestLimits(int(self.info["vocab_size"]), self.max_context_len, self.max_total_tokens)
+
+    @property
     def is_healthy(self) -> bool:
         return self.is_ready and not self.is_shutting_down and self.client.failure is None
 
@@ -55,32 +59,6 @@ class ServerContext:
     def check_model(self, model: str) -> None:
         if model not in (self.model_name, self.model_path):
             raise ApiError(404, f"The model '{model}' does not exist; this server serves '{self.model_name}'", param="model")
-
-    def check_lengths(self, prompt_len: int, max_new: int, *, within_context: bool) -> None:
-        """Refuse what can never run; ``within_context`` also refuses prompt + max_new beyond
-        the context (OpenAI's rule) instead of stopping there (the native API's rule)."""
-        ctx = self.max_context_len
-        if prompt_len >= ctx or (within_context and prompt_len + max_new > ctx):
-            raise ApiError(
-                400,
-                f"This model's maximum context length is {ctx} tokens. However, you requested "
-                f"{prompt_len + max_new} tokens ({prompt_len} in the prompt, {max_new} for the completion).",
-                param="max_tokens" if prompt_len < ctx else "prompt",
-            )
-        if prompt_len + max_new > self.max_total_tokens:
-            raise ApiError(
-                400,
-                f"The request needs {prompt_len + max_new} tokens ({prompt_len} in the prompt, {max_new} "
-                f"for the completion) but the KV cache holds {self.max_total_tokens}.",
-                param="max_tokens" if prompt_len < self.max_total_tokens else "prompt",
-            )
-
-    def check_token_ids(self, ids: list[int], param: str) -> None:
-        vocab = int(self.info["vocab_size"])
-        if not ids:
-            raise ApiError(400, "the prompt is empty: at least one token is needed", param=param)
-        if any(t < 0 or t >= vocab for t in ids):
-            raise ApiError(400, f"token ids must be in [0, {vocab})", param=param)
 
     def check_capacity(self, num_new: int) -> None:
         limit = self.http.max_queued_requests
@@ -108,24 +86,17 @@ class ServerContext:
         return await asyncio.to_thread(lambda: [self.tokenizer.encode(t) for t in texts])
 
     # ------------------------------------------------------------------ submission
-    def submit_group(
-        self, prompts: list[list[int]], params: list[SamplingParams], options: RequestOptions,
-        rids: list[str] | None = None,
-    ) -> list[ReqState]:
-        """Submit one request per (prompt, params) pair; every check passes before any is sent."""
+    def submit_group(self, requests: list[GenerateRequest], rids: list[str] | None = None) -> list[ReqState]:
+        """Submit checked requests (``runtime/request_builder.py``) as one group: the server
+        must be up, have room for all of them, and the ids must be free, before any is sent."""
         self.check_available()
-        for p in params:
-            try:
-                p.check_vocab(int(self.info["vocab_size"]))
-            except InvalidField as err:
-                raise ApiError(400, str(err), param=err.field) from err
-        self.check_capacity(len(prompts))
-        rids = rids or [self.client.new_rid() for _ in prompts]
+        self.check_capacity(len(requests))
+        rids = rids or [self.client.new_rid() for _ in requests]
         taken = [r for r in rids if r in self.client.states]
         if taken or len(set(rids)) != len(rids):
             raise ApiError(400, f"request ids must be unique and not in use: {taken or rids}", param="rid")
         try:
-            return [self.client.submit(rid, ids, p, options) for rid, ids, p in zip(rids, prompts, params, strict=True)]
+            return [self.client.submit(rid, r.input_ids, r.params, r.options) for rid, r in zip(rids, requests, strict=True)]
         except ServerUnavailable as err:
             raise ApiError(500, f"The server cannot serve requests: {err}") from err
         except ValueError as err:

@@ -21,8 +21,9 @@ from fastapi.responses import (
 )
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from runtime.request_builder import build_requests, parse_sampling_params
 from runtime.request_options import RequestOptions
-from runtime.sampling.params import InvalidField, check_logprob_options
+from runtime.sampling.params import InvalidField
 from runtime.server import openai_api
 from runtime.server.context import ServerContext, read_body, sampling_params
 from runtime.server.protocol import ApiError, EndProgramReq, GenerateReqInput, reject_unsupported
@@ -205,30 +206,18 @@ async def handle_generate(ctx: ServerContext, req: GenerateReqInput, request: Re
     else:
         is_batch = bool(req.input_ids) and isinstance(req.input_ids[0], list)
         prompts = req.input_ids if is_batch else [req.input_ids]  # type: ignore[list-item]
-    for ids in prompts:
-        ctx.check_token_ids(ids, "text" if req.text is not None else "input_ids")
-    if isinstance(req.sampling_params, list):
-        if len(req.sampling_params) != len(prompts):
-            raise ApiError(400, f"got {len(req.sampling_params)} sampling_params for {len(prompts)} prompts", param="sampling_params")
-        params = [sampling_params(p) for p in req.sampling_params]
-    else:
-        params = [sampling_params(req.sampling_params)] * len(prompts)
+    options = RequestOptions(req.stream, req.return_logprob, req.logprob_start_len, req.top_logprobs_num,
+                             req.extra_key or req.cache_salt, req.program_id)
     try:
-        check_logprob_options(req.logprob_start_len, req.top_logprobs_num, int(ctx.info["vocab_size"]))
+        params = parse_sampling_params(req.sampling_params, len(prompts))
+        requests = build_requests(prompts, params, options, ctx.limits,
+                                  prompt_field="text" if req.text is not None else "input_ids")
     except InvalidField as err:
         raise ApiError(400, str(err), param=err.field) from err
-    # n > 1 expands into a batch, as in SGLang
-    flat_prompts, flat_params = [], []
-    for ids, p in zip(prompts, params, strict=True):
-        ctx.check_lengths(len(ids), p.max_new_tokens, within_context=False)
-        flat_prompts += [ids] * p.n
-        flat_params += [p] * p.n
-    is_batch = is_batch or len(flat_prompts) > 1
-    rids = _rids(req.rid, len(flat_prompts))
-    namespace = req.extra_key or req.cache_salt
-    options = RequestOptions(req.stream, req.return_logprob, req.logprob_start_len, req.top_logprobs_num, namespace,
-                             req.program_id)
-    states = ctx.submit_group(flat_prompts, flat_params, options, rids)
+    except (ValueError, TypeError) as err:
+        raise ApiError(400, str(err), param="sampling_params") from err
+    is_batch = is_batch or len(requests) > 1
+    states = ctx.submit_group(requests, _rids(req.rid, len(requests)))
 
     def render(state: Any) -> dict[str, Any]:
         return native_output(state, ctx.tokenizer, req.return_text_in_logprobs, req.logprob_start_len)

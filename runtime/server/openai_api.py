@@ -11,8 +11,9 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
+from runtime.request_builder import build_requests
 from runtime.request_options import RequestOptions
-from runtime.sampling.params import MAX_N, SamplingParams
+from runtime.sampling.params import MAX_N, InvalidField, SamplingParams
 from runtime.server.context import ServerContext, read_body, sampling_params
 from runtime.server.protocol import (
     ApiError,
@@ -104,22 +105,23 @@ class _OpenAIHandler:
 
     def submit(self, prompts: list[list[int]], max_tokens: int | None, top_logprobs: int | None) -> list[ReqState]:
         """``n`` requests per prompt, prompt-major (choice index = prompt * n + k)."""
-        ctx, n = self.ctx, self.req.n
-        flat, params = [], []
+        ctx = self.ctx
+        options = RequestOptions(stream=self.req.stream, return_logprob=top_logprobs is not None,
+                                 top_logprobs_num=top_logprobs or 0)
+        requests = []
         for ids in prompts:
-            ctx.check_token_ids(ids, "prompt")
             room = min(ctx.max_context_len, ctx.max_total_tokens) - len(ids)
             max_new = max(room, 0) if max_tokens is None else max_tokens
             if max_new < 0:
                 raise ApiError(400, "max_tokens must be >= 0", param="max_tokens")
-            ctx.check_lengths(len(ids), max_new, within_context=True)
-            p = self.params(max_new)
-            flat += [ids] * n
-            params += [p] * n
+            params = self.params(max_new)
+            try:
+                one = build_requests([ids], [params], options, ctx.limits, prompt_field="prompt", within_context=True)
+            except InvalidField as err:
+                raise ApiError(400, str(err), param=err.field) from err
+            requests += one * self.req.n
         self.num_prompts = len(prompts)
-        options = RequestOptions(stream=self.req.stream, return_logprob=top_logprobs is not None,
-                                 top_logprobs_num=top_logprobs or 0)
-        return ctx.submit_group(flat, params, options)
+        return ctx.submit_group(requests)
 
     def usage(self, states: list[ReqState]) -> dict[str, Any]:
         n = self.req.n

@@ -1,0 +1,92 @@
+"""One way in: what a caller sends (token ids per prompt, sampling parameters, options)
+becomes checked ``GenerateRequest``s, the same for ``Engine.generate``, the native
+``/generate`` and the OpenAI routes. Each edge only turns its own body into token ids
+(tokenizing text or applying the chat template) and maps ``InvalidField`` to its way of
+saying no: a ``ValueError`` offline, a 400 naming the field over HTTP.
+
+Checks: every prompt has tokens, all inside the vocabulary; the sampling parameters parse
+and their token ids exist; the logprob options fit the vocabulary; prompt plus
+``max_new_tokens`` fit the KV pool, and the prompt fits the context (with
+``within_context``, the OpenAI rule, prompt plus completion must fit it too). ``n`` expands
+into that many requests, prompt-major.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from runtime.request_options import RequestOptions
+from runtime.sampling.params import InvalidField, SamplingParams, check_logprob_options
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    vocab_size: int
+    max_context_len: int
+    max_total_tokens: int  # the KV pool
+
+
+@dataclass
+class GenerateRequest:
+    """One request as it enters, checked; ``n`` already expanded."""
+
+    input_ids: list[int]
+    params: SamplingParams
+    options: RequestOptions
+
+
+def parse_sampling_params(spec: Any, num_prompts: int) -> list[SamplingParams]:
+    """One ``SamplingParams`` per prompt from a dict (shared), a list of dicts (one each) or
+    None (defaults)."""
+    if isinstance(spec, list):
+        if len(spec) != num_prompts:
+            raise InvalidField("sampling_params", f"got {len(spec)} sampling_params for {num_prompts} prompts")
+        if not all(isinstance(p, dict) for p in spec):
+            raise InvalidField("sampling_params", "sampling_params must be a dict or a list of dicts")
+        return [SamplingParams.from_dict(p) for p in spec]
+    if spec is not None and not isinstance(spec, dict):
+        raise InvalidField("sampling_params", "sampling_params must be a dict or a list of dicts")
+    return [SamplingParams.from_dict(spec)] * num_prompts
+
+
+def build_requests(prompts: list[list[int]], params: list[SamplingParams], options: RequestOptions,
+                   limits: RequestLimits, *, prompt_field: str, within_context: bool = False) -> list[GenerateRequest]:
+    """Checked requests for ``prompts`` (``params[i]`` for prompt ``i``); raises
+    ``InvalidField`` for the first problem, before anything is queued. ``prompt_field``
+    names the prompt in errors (``prompt``, ``text``, ``input_ids``...)."""
+    if not isinstance(options.return_logprob, bool):
+        raise InvalidField("return_logprob", f"return_logprob must be True or False, got {options.return_logprob!r}")
+    check_logprob_options(options.logprob_start_len, options.top_logprobs_num, limits.vocab_size)
+    requests = []
+    for ids, p in zip(prompts, params, strict=True):
+        check_prompt(ids, limits, prompt_field)
+        p.check_vocab(limits.vocab_size)
+        check_lengths(len(ids), p.max_new_tokens, limits, within_context=within_context)
+        requests += [GenerateRequest(ids, p, options) for _ in range(p.n)]
+    return requests
+
+
+def check_prompt(ids: list[int], limits: RequestLimits, field: str) -> None:
+    if not ids:
+        raise InvalidField(field, "the prompt is empty: at least one token is needed")
+    if any(t < 0 or t >= limits.vocab_size for t in ids):
+        raise InvalidField(field, f"{field}: token ids must be in [0, {limits.vocab_size}) (the vocabulary)")
+
+
+def check_lengths(prompt_len: int, max_new: int, limits: RequestLimits, *, within_context: bool) -> None:
+    """Refuse what can never run; ``within_context`` also refuses prompt + max_new beyond
+    the context (OpenAI's rule) instead of stopping there (the native API's rule)."""
+    ctx, pool = limits.max_context_len, limits.max_total_tokens
+    if prompt_len >= ctx or (within_context and prompt_len + max_new > ctx):
+        raise InvalidField(
+            "max_tokens" if prompt_len < ctx else "prompt",
+            f"This model's maximum context length is {ctx} tokens. However, you requested "
+            f"{prompt_len + max_new} tokens ({prompt_len} in the prompt, {max_new} for the completion).",
+        )
+    if prompt_len + max_new > pool:
+        raise InvalidField(
+            "max_tokens" if prompt_len < pool else "prompt",
+            f"The request needs {prompt_len + max_new} tokens ({prompt_len} in the prompt, {max_new} "
+            f"for the completion) but the KV cache holds {pool}.",
+        )

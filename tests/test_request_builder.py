@@ -1,0 +1,66 @@
+"""The one request builder (``runtime/request_builder.py``) that Engine.generate, /generate
+and the OpenAI routes share: each refusal names its field, n expands prompt-major, and the
+two length rules (native: the prompt must fit the context; OpenAI: prompt plus completion)."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime.request_builder import (
+    RequestLimits,
+    build_requests,
+    check_lengths,
+    parse_sampling_params,
+)
+from runtime.request_options import RequestOptions
+from runtime.sampling.params import InvalidField, SamplingParams
+
+LIMITS = RequestLimits(vocab_size=100, max_context_len=50, max_total_tokens=80)
+
+
+def _build(prompts, params=None, options=RequestOptions(), **kw):  # noqa: ANN001, ANN202, B008
+    params = params or [SamplingParams(max_new_tokens=5)] * len(prompts)
+    return build_requests(prompts, params, options, LIMITS, prompt_field="input_ids", **kw)
+
+
+def test_n_expands_prompt_major_and_every_request_carries_its_options():
+    options = RequestOptions(stream=True, program_id="p")
+    reqs = _build([[1, 2], [3]], [SamplingParams(n=2, max_new_tokens=5), SamplingParams(n=3, max_new_tokens=5)], options)
+    assert [r.input_ids for r in reqs] == [[1, 2], [1, 2], [3], [3], [3]]
+    assert all(r.options is options for r in reqs)
+
+
+@pytest.mark.parametrize(("prompts", "params", "options", "field"), [
+    ([[]], None, RequestOptions(), "input_ids"),
+    ([[1, 100]], None, RequestOptions(), "input_ids"),
+    ([[1, -1]], None, RequestOptions(), "input_ids"),
+    ([[1] * 50], None, RequestOptions(), "prompt"),  # the prompt alone reaches the context
+    ([[1]], [SamplingParams(max_new_tokens=80)], RequestOptions(), "max_tokens"),  # beyond the KV pool
+    ([[1]], [SamplingParams(min_new_tokens=1, stop_token_ids=[100])], RequestOptions(), "stop_token_ids"),
+    ([[1]], None, RequestOptions(return_logprob=True, logprob_start_len=-2), "logprob_start_len"),
+    ([[1]], None, RequestOptions(return_logprob=True, top_logprobs_num=101), "top_logprobs_num"),
+    ([[1]], None, RequestOptions(return_logprob="yes"), "return_logprob"),
+])
+def test_each_refusal_names_its_field(prompts, params, options, field):
+    with pytest.raises(InvalidField) as err:
+        _build(prompts, params, options)
+    assert err.value.field == field
+
+
+def test_the_openai_rule_also_fits_the_completion_in_the_context():
+    check_lengths(40, 30, LIMITS, within_context=False)  # native: generation stops at the context
+    with pytest.raises(InvalidField, match="maximum context length is 50") as err:
+        check_lengths(40, 30, LIMITS, within_context=True)
+    assert err.value.field == "max_tokens"
+
+
+def test_sampling_params_one_for_all_or_one_each():
+    shared = parse_sampling_params({"max_new_tokens": 3}, 2)
+    assert [p.max_new_tokens for p in shared] == [3, 3]
+    assert parse_sampling_params(None, 1)[0] == SamplingParams()
+    each = parse_sampling_params([{"max_new_tokens": 1}, {"max_new_tokens": 2}], 2)
+    assert [p.max_new_tokens for p in each] == [1, 2]
+    for bad in ([{"max_new_tokens": 1}], [1, 2], "x"):
+        with pytest.raises(InvalidField) as err:
+            parse_sampling_params(bad, 2)
+        assert err.value.field == "sampling_params"
