@@ -92,10 +92,7 @@ class Engine:
         options = RequestOptions(stream, return_logprob, logprob_start_len, top_logprobs_num, namespace, program_id)
         requests = build_requests(prompts, parse_sampling_params(sampling_params, len(prompts)), options,
                                   self.limits, prompt_field="prompt" if input_ids is None else "input_ids")
-        reqs = [Req(f"req-{next(self._rids)}", r.input_ids, r.params, r.options) for r in requests]
-        for req in reqs:
-            self.core.validate(req)
-        return reqs, is_batch
+        return [Req(f"req-{next(self._rids)}", r.input_ids, r.params, r.options) for r in requests], is_batch
 
     @property
     def limits(self) -> RequestLimits:

@@ -232,9 +232,8 @@ class ModelWorker:
         bs = inp.batch_size
         sample_rows, rows_of = [], []
         result = BatchResult([None] * bs, [None] * bs, [None] * bs)
-        offset = 0
+        fwd, offset = inp.forward, 0
         for i in range(bs):
-            fwd = inp.forward
             n = fwd.prefix_lens[i] + fwd.extend_lens[i] - inp.logit_starts[i]
             lp, tops = _prompt_logprobs(inp.prompt_logprobs[i], logits[offset : offset + n])
             result.input_logprobs.append(lp)

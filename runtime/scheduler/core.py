@@ -56,10 +56,6 @@ class EngineCore:
     def has_work(self) -> bool:
         return self.scheduler.has_work
 
-    def validate(self, req: Req) -> None:
-        """Raise ``ValueError`` if ``req`` can never run here (see ``Scheduler.validate_request``)."""
-        self.scheduler.validate_request(req)
-
     def add_request(self, req: Req) -> None:
         """Queue ``req``; raises ``ValueError`` (queuing nothing) if it can never run here."""
         self.scheduler.add_request(req)
