@@ -5,7 +5,9 @@ requests. What they answer with is in ``responses.py``."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,17 +105,25 @@ class ServerContext:
             raise ApiError(400, str(err), param="rid") from err
 
 
-def sampling_params(d: dict[str, Any] | None, param: str = "sampling_params",
-                    names: dict[str, str] | None = None) -> SamplingParams:
-    """``SamplingParams.from_dict``, its errors as 400s naming the field (``param`` when none is
-    known); ``names`` maps our field names to the API's (the OpenAI API's ``max_tokens``)."""
+@contextlib.contextmanager
+def bad_input_as_400(param: str, names: dict[str, str] | None = None) -> Iterator[None]:
+    """Bad input raised inside the block as a 400: an ``InvalidField`` names its field (as
+    ``names`` maps our field names to the API's, e.g. the OpenAI API's ``max_tokens``), any
+    other ``ValueError``/``TypeError`` names ``param``."""
     try:
-        return SamplingParams.from_dict(d)
+        yield
     except InvalidField as err:
         name = (names or {}).get(err.field, err.field)
         raise ApiError(400, str(err).replace(err.field, name, 1), param=name) from err
     except (ValueError, TypeError) as err:
         raise ApiError(400, str(err), param=param) from err
+
+
+def sampling_params(d: dict[str, Any] | None, param: str = "sampling_params",
+                    names: dict[str, str] | None = None) -> SamplingParams:
+    """``SamplingParams.from_dict``, its errors as 400s (see ``bad_input_as_400``)."""
+    with bad_input_as_400(param, names):
+        return SamplingParams.from_dict(d)
 
 
 async def read_body(request: Request, model: type[BaseModel]) -> Any:

@@ -23,9 +23,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from runtime.request_builder import build_requests, parse_sampling_params
 from runtime.request_options import RequestOptions
-from runtime.sampling.params import InvalidField
 from runtime.server import openai_api
-from runtime.server.context import ServerContext, read_body, sampling_params
+from runtime.server.context import ServerContext, bad_input_as_400, read_body, sampling_params
 from runtime.server.protocol import ApiError, EndProgramReq, GenerateReqInput, reject_unsupported
 from runtime.server.responses import (
     SSE_DONE,
@@ -208,14 +207,10 @@ async def handle_generate(ctx: ServerContext, req: GenerateReqInput, request: Re
         prompts = req.input_ids if is_batch else [req.input_ids]  # type: ignore[list-item]
     options = RequestOptions(req.stream, req.return_logprob, req.logprob_start_len, req.top_logprobs_num,
                              req.extra_key or req.cache_salt, req.program_id)
-    try:
+    with bad_input_as_400("sampling_params"):
         params = parse_sampling_params(req.sampling_params, len(prompts))
         requests = build_requests(prompts, params, options, ctx.limits,
                                   prompt_field="text" if req.text is not None else "input_ids")
-    except InvalidField as err:
-        raise ApiError(400, str(err), param=err.field) from err
-    except (ValueError, TypeError) as err:
-        raise ApiError(400, str(err), param="sampling_params") from err
     is_batch = is_batch or len(requests) > 1
     states = ctx.submit_group(requests, _rids(req.rid, len(requests)))
 

@@ -13,8 +13,8 @@ from fastapi.responses import Response, StreamingResponse
 
 from runtime.request_builder import build_requests
 from runtime.request_options import RequestOptions
-from runtime.sampling.params import MAX_N, InvalidField, SamplingParams
-from runtime.server.context import ServerContext, read_body, sampling_params
+from runtime.sampling.params import MAX_N, SamplingParams
+from runtime.server.context import ServerContext, bad_input_as_400, read_body, sampling_params
 from runtime.server.protocol import (
     ApiError,
     ChatCompletionRequest,
@@ -115,10 +115,8 @@ class _OpenAIHandler:
             if max_new < 0:
                 raise ApiError(400, "max_tokens must be >= 0", param="max_tokens")
             params = self.params(max_new)
-            try:
+            with bad_input_as_400("prompt"):
                 one = build_requests([ids], [params], options, ctx.limits, prompt_field="prompt", within_context=True)
-            except InvalidField as err:
-                raise ApiError(400, str(err), param=err.field) from err
             requests += one * self.req.n
         self.num_prompts = len(prompts)
         return ctx.submit_group(requests)
