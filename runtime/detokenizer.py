@@ -18,6 +18,7 @@ import zmq
 
 from runtime import ipc
 from runtime.ipc.messages import BatchStrOut, BatchTokenOut, StrUpdate, TokenUpdate, split_ids
+from runtime.sampling import stop_regex
 from runtime.tokenizer import Tokenizer
 
 # Tokens re-decoded before the newest ones, so merges across the boundary come out right.
@@ -45,15 +46,18 @@ class IncrementalText:
             self.read_offset = len(self.ids)
 
 
-def visible_text(text: str, stop: tuple[str, ...]) -> str:
-    """``text`` without a tail that may still grow into a stop string."""
+def visible_text(text: str, stop: tuple[str, ...], regexes: tuple[str, ...] = ()) -> str:
+    """``text`` without a tail that may still grow into a stop string or a stop regex match."""
     held = 0
     for s in stop:
         for k in range(min(len(s) - 1, len(text)), held, -1):
             if text.endswith(s[:k]):
                 held = k
                 break
-    return text[: len(text) - held] if held else text
+    end = len(text) - held
+    if regexes:
+        end = min(end, stop_regex.held_from(regexes, text))
+    return text[:end]
 
 
 class Detokenizer:
@@ -78,7 +82,7 @@ class Detokenizer:
         if state is None:
             state = self.states[u.rid] = IncrementalText()
         state.feed(self.tokenizer, new_ids.tolist(), u.skip_special_tokens)
-        return visible_text(state.text, u.stop) if not u.no_stop_trim else state.text
+        return visible_text(state.text, u.stop, u.stop_regex) if not u.no_stop_trim else state.text
 
 
 def run_detokenizer_process(model_dir: str, recv_from: str, send_to: str, parent_pid: int) -> None:

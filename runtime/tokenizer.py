@@ -8,6 +8,8 @@ from typing import Any
 
 from transformers import AutoTokenizer
 
+from runtime.sampling import stop_regex
+
 
 class Tokenizer:
     def __init__(self, model_dir: Path) -> None:
@@ -76,13 +78,17 @@ class Tokenizer:
         return self.hf.decode([token_id], skip_special_tokens=False)
 
     def output_text(self, output_ids: list[int], finished_reason: dict[str, Any] | None, params: Any) -> str:
-        """The response text: stop token dropped, cut before the first stop string."""
-        ids = output_ids
-        if finished_reason and isinstance(finished_reason.get("matched"), int) and not params.no_stop_trim:
-            ids = ids[:-1]
+        """The response text: stop token dropped, cut before the stop string or the stop
+        regex's match that ended the request."""
+        matched = finished_reason.get("matched") if finished_reason and not params.no_stop_trim else None
+        ids = output_ids[:-1] if isinstance(matched, int) else output_ids
         text = self.decode(ids, skip_special_tokens=params.skip_special_tokens)
-        if finished_reason and isinstance(finished_reason.get("matched"), str) and not params.no_stop_trim:
-            cut = text.find(finished_reason["matched"])
+        if isinstance(matched, str):
+            if matched in params.stop:
+                cut = text.find(matched)
+            else:  # one of params.stop_regex
+                found = stop_regex.first_match([matched], text)
+                cut = found[1] if found else -1
             if cut >= 0:
                 text = text[:cut]
         return text

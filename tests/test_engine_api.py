@@ -7,6 +7,8 @@ string / stop token are taken from one greedy reference answer computed once per
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from runtime.sampling.params import SamplingParams
@@ -74,6 +76,17 @@ def test_stop_string_cuts_text_before_it(engine, chat_prompt, ref):
     assert out["output_ids"] == ids[:k]  # stopped on the token completing the stop string
     assert out["text"] == ref["text"][: ref["text"].find(stop)]
     assert stop not in out["text"]
+
+
+def test_stop_regex_cuts_text_at_the_match(engine, chat_prompt, ref):
+    ids, pattern = ref["output_ids"], r"\d"  # the answer holds the number
+    k = next(k for k in range(1, len(ids) + 1) if re.search(pattern, _decode(engine, ids[:k])))
+    out = engine.generate(chat_prompt, {**GREEDY, "max_new_tokens": 16, "stop_regex": ["@@never@@", pattern]})
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": pattern}
+    assert out["output_ids"] == ids[:k]
+    assert out["text"] == ref["text"][: re.search(pattern, ref["text"]).start()]
+    kept = engine.generate(chat_prompt, {**GREEDY, "max_new_tokens": 16, "stop_regex": pattern, "no_stop_trim": True})
+    assert kept["text"] == _decode(engine, ids[:k])
 
 
 def test_stop_token_ids(engine, chat_prompt, ref):

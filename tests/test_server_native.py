@@ -3,6 +3,7 @@ token ids, prefill-only, logprobs, SSE), introspection endpoints and client disc
 
 from __future__ import annotations
 
+import re
 import time
 
 import httpx
@@ -118,6 +119,20 @@ def test_stream_is_cumulative_and_ends_with_done(server, engine):
     assert chunks[-1]["text"] == ref["text"]
     assert chunks[-1]["output_ids"] == ref["output_ids"]
     assert chunks[-1]["meta_info"]["finish_reason"] == ref["meta_info"]["finish_reason"]
+
+
+def test_stream_with_stop_regex_never_shows_the_match(server, engine):
+    params = {"max_new_tokens": 24, "temperature": 0}
+    free = engine.generate("Here is a short poem:", params)["text"]
+    word = max(re.findall(r"[a-z]{4,}", free[len(free) // 3 :]), key=len)  # a word late in the answer
+    pattern = re.escape(word[:2]) + r"[a-z]*" + re.escape(word[-1])
+    body = {"text": "Here is a short poem:", "sampling_params": {**params, "stop_regex": pattern}, "stream": True}
+    with httpx.stream("POST", server.url + "/generate", json=body, timeout=120) as resp:
+        chunks = sse_events(resp.iter_lines())[:-1]
+    assert all(not re.search(pattern, c["text"]) for c in chunks)
+    ref = engine.generate(body["text"], body["sampling_params"])
+    assert ref["meta_info"]["finish_reason"] == {"type": "stop", "matched": pattern}
+    assert chunks[-1]["text"] == ref["text"] == free[: re.search(pattern, free).start()]
 
 
 def test_n_expands_into_a_batch(server):

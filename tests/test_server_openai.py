@@ -91,6 +91,14 @@ def test_stop_strings_and_seed(client):
     assert client.completions.create(**kw).choices[0].text == client.completions.create(**kw).choices[0].text
 
 
+def test_stop_regex_extra_field(client):
+    resp = client.completions.create(
+        model=MODEL, prompt="1, 2, 3, 4,", max_tokens=30, temperature=0, extra_body={"stop_regex": [r"\b[6-9]\b"]}
+    )
+    assert resp.choices[0].finish_reason == "stop"
+    assert resp.choices[0].text.startswith(" 5") and not any(c in resp.choices[0].text for c in "6789")
+
+
 def test_extra_sampling_fields(client):
     resp = client.completions.create(
         model=MODEL, prompt="Hello", max_tokens=40, temperature=0,

@@ -69,6 +69,7 @@ class TokenUpdate:
     # only for the detokenizer's text rules
     skip_special_tokens: bool = True
     stop: tuple[str, ...] = ()
+    stop_regex: tuple[str, ...] = ()
     no_stop_trim: bool = False
     # logprob deltas as (logprob, token_id) pairs; top lists as lists of pairs
     input_token_logprobs: list[Any] | None = None

@@ -6,6 +6,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from runtime.sampling.stop_regex import check_pattern
+
 
 class InvalidField(ValueError):
     """Bad user input in one named field; the HTTP layer turns it into a 400 with ``param=field``."""
@@ -49,6 +51,7 @@ class SamplingParams:
     min_new_tokens: int = 0
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
+    stop_regex: list[str] = field(default_factory=list)
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
@@ -76,8 +79,9 @@ class SamplingParams:
             raise ValueError(f"unknown sampling parameter(s): {', '.join(unknown)}")
         # JSON clients send null for "use the default".
         d = {k: v for k, v in d.items() if v is not None or k in ("seed", "regex", "json_schema")}
-        if isinstance(d.get("stop"), str):
-            d["stop"] = [d["stop"]]
+        for name in ("stop", "stop_regex"):
+            if isinstance(d.get(name), str):
+                d[name] = [d[name]]
         params = cls(**d)
         params.validate()
         return params
@@ -105,6 +109,12 @@ class SamplingParams:
              f"must be in [{low:g}, {high:g}] (1 = no penalty)")
         need(isinstance(self.stop, list) and all(isinstance(s, str) and s for s in self.stop), "stop", "must be a string or a list of non-empty strings")
         need(isinstance(self.stop_token_ids, list) and all(_is_int(t) and t >= 0 for t in self.stop_token_ids), "stop_token_ids", "must be a list of token ids")
+        need(isinstance(self.stop_regex, list) and all(isinstance(s, str) and s for s in self.stop_regex), "stop_regex",
+             "must be a regular expression or a list of them")
+        for pattern in self.stop_regex:
+            problem = check_pattern(pattern)
+            if problem:
+                raise InvalidField("stop_regex", f"stop_regex {pattern!r} {problem}")
         need(self.seed is None or (_is_int(self.seed) and -(2**63) <= self.seed < 2**64), "seed",
              "must be an integer in [-2**63, 2**64)")
         need(_is_int(self.n) and 1 <= self.n <= MAX_N, "n", f"must be an integer in [1, {MAX_N}]")

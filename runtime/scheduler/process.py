@@ -100,6 +100,7 @@ def _update(out: RequestOutput) -> TokenUpdate:
         completion_tokens=len(req.output_ids),
         skip_special_tokens=p.skip_special_tokens,
         stop=tuple(p.stop),
+        stop_regex=tuple(p.stop_regex),
         no_stop_trim=p.no_stop_trim,
         error=out.error,
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from runtime.sampling import stop_regex
 from runtime.scheduler.req import Req
 
 
@@ -12,8 +13,8 @@ def check_stop(
     req: Req, eos_token_ids: tuple[int, ...], max_context_len: int, decode: Callable[[list[int]], str]
 ) -> dict[str, Any] | None:
     """The finish reason in SGLang's shape, or None to keep going. Order: stop tokens, then
-    length, then stop strings (a stop string that completes on the last allowed token still
-    counts as a stop)."""
+    length, then stop strings and stop regexes (one that completes on the last allowed token
+    still counts as a stop)."""
     p = req.params
     token = req.output_ids[-1]
     num_out = len(req.output_ids)
@@ -27,6 +28,11 @@ def check_stop(
             for s in p.stop:
                 if s in tail:
                     return {"type": "stop", "matched": s}
+        if p.stop_regex:
+            n = stop_regex.tail_tokens(p.stop_regex)
+            found = stop_regex.first_match(p.stop_regex, decode(req.output_ids[-n:] if n else req.output_ids))
+            if found:
+                return {"type": "stop", "matched": found[0]}
     if num_out >= p.max_new_tokens:
         return {"type": "length", "length": num_out}
     if len(req.input_ids) + num_out >= max_context_len:

@@ -85,6 +85,7 @@ class _OpenAIHandler:
             "min_p": r.min_p,
             "stop": r.stop,
             "stop_token_ids": r.stop_token_ids,
+            "stop_regex": r.stop_regex,
             "frequency_penalty": r.frequency_penalty,
             "presence_penalty": r.presence_penalty,
             "repetition_penalty": r.repetition_penalty,

@@ -91,6 +91,7 @@ class _OpenAISampling(_Strict):
     min_tokens: int = 0
     repetition_penalty: float | None = None
     stop_token_ids: list[int] | None = None
+    stop_regex: str | list[str] | None = None
     skip_special_tokens: bool = True
     no_stop_trim: bool = False
     # not supported unless neutral

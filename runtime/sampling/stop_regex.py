@@ -1,0 +1,77 @@
+"""``stop_regex``: a regular expression whose match in the output stops the request, like a
+stop string. The same three rules as for stop strings, in one place: when to stop (the
+scheduler), where to cut the finished text (``Tokenizer.output_text``) and how much of a
+streamed tail to hold back because it may still become a match (the detokenizer).
+
+Patterns use the ``regex`` package (a superset of Python's ``re`` syntax) because it can
+tell a *partial* match at the end of the text, which streaming needs.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import regex
+
+# A bounded pattern of width w chars is found in the last 4*w + 2 tokens: a character can
+# take up to 4 byte-level tokens, and the extra tokens cover a merge at the window's edge.
+_TOKENS_PER_CHAR = 4
+
+
+@lru_cache(maxsize=256)
+def compile_pattern(pattern: str) -> regex.Pattern[str]:
+    """The compiled pattern; ``regex.error`` for a bad one."""
+    return regex.compile(pattern)
+
+
+@lru_cache(maxsize=256)
+def max_width(pattern: str) -> int | None:
+    """Longest text the pattern can match, or None when unbounded (``\\d+``, ``.*``) or not
+    computable: then the whole output is searched."""
+    try:
+        import re._parser as sre_parse  # Python >= 3.11
+
+        width = sre_parse.parse(pattern).getwidth()[1]
+    except Exception:  # syntax only ``regex`` knows, or another Python's parser
+        return None
+    return None if width >= sre_parse.MAXREPEAT else int(width)
+
+
+def check_pattern(pattern: str) -> str | None:
+    """Why ``pattern`` cannot be a stop regex, or None when it can."""
+    try:
+        compiled = compile_pattern(pattern)
+    except regex.error as err:
+        return f"is not a valid regular expression ({err})"
+    if compiled.fullmatch("") is not None:
+        return "matches the empty string, so it would stop every request at once"
+    return None
+
+
+def tail_tokens(patterns: list[str]) -> int | None:
+    """How many of the newest output tokens a new match can lie in (None: all of them)."""
+    widths = [max_width(p) for p in patterns]
+    if any(w is None for w in widths):
+        return None
+    return _TOKENS_PER_CHAR * max(widths) + 2  # type: ignore[type-var, operator]
+
+
+def first_match(patterns: list[str] | tuple[str, ...], text: str) -> tuple[str, int] | None:
+    """The pattern whose match starts first in ``text`` and where it starts, or None."""
+    best: tuple[str, int] | None = None
+    for p in patterns:
+        m = compile_pattern(p).search(text)
+        if m is not None and (best is None or m.start() < best[1]):
+            best = (p, m.start())
+    return best
+
+
+def held_from(patterns: tuple[str, ...], text: str) -> int:
+    """Where streamed text must stop for now: the start of the earliest full or partial
+    match (a tail that more output could turn into a match), else ``len(text)``."""
+    cut = len(text)
+    for p in patterns:
+        m = compile_pattern(p).search(text, partial=True)
+        if m is not None:
+            cut = min(cut, m.start())
+    return cut

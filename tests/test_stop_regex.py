@@ -1,0 +1,108 @@
+"""``stop_regex`` without the model: the scheduler's bounded-tail check finds a match on the
+same token as searching the whole output would (Python's ``re`` as the oracle), the
+streamed text never shows a tail that may still become a match, and bad patterns are
+refused naming the field."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from transformers import AutoTokenizer
+
+from runtime.detokenizer import visible_text
+from runtime.sampling.params import InvalidField, SamplingParams
+from runtime.sampling.stop_regex import held_from, tail_tokens
+from runtime.scheduler.stop import check_stop
+
+PATTERNS = [r"\d{2}", r"ab+c", r"END|STOP", r"x.y", r"[A-Z][a-z]{3}\b", r"\n\n", r"é\w"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_dir):
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+class _Req:
+    """What ``check_stop`` reads of a request."""
+
+    def __init__(self, params: SamplingParams, output_ids: list[int]) -> None:
+        self.params, self.output_ids, self.input_ids = params, output_ids, [0]
+
+
+def _first_stop_step(tokenizer, params: SamplingParams, ids: list[int]) -> int | None:
+    for k in range(1, len(ids) + 1):
+        if check_stop(_Req(params, ids[:k]), (), 10**9, tokenizer.decode):
+            return k
+    return None
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    text=st.text(alphabet="abcxyENDSTOP0123456789 \nÉéAQuiz", min_size=1, max_size=60),
+    patterns=st.lists(st.sampled_from(PATTERNS), min_size=1, max_size=3, unique=True),
+)
+def test_bounded_tail_check_stops_where_a_full_search_would(tokenizer, text, patterns):
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    params = SamplingParams(max_new_tokens=10**6, stop_regex=patterns)
+    expected = next(
+        (
+            k
+            for k in range(1, len(ids) + 1)
+            if any(re.search(p, tokenizer.decode(ids[:k])) for p in patterns)
+        ),
+        None,
+    )
+    assert _first_stop_step(tokenizer, params, ids) == expected
+
+
+def test_unbounded_patterns_search_the_whole_output():
+    assert tail_tokens([r"\d+"]) is None and tail_tokens([r"ab", r".*z"]) is None
+    assert tail_tokens([r"ab", r"x{5}"]) == 4 * 5 + 2
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    text=st.text(alphabet="abcxyz0123 ", max_size=30),
+    pattern=st.sampled_from([r"ab+c", r"x\d\d", r"c z"]),
+)
+def test_streamed_text_never_shows_a_possible_match(text, pattern):
+    """What the stream shows may not contain a match, and no continuation of the text can
+    turn the shown part into one: it stops at the earliest full or partial match."""
+    shown = visible_text(text, (), (pattern,))
+    assert text.startswith(shown) and not re.search(pattern, shown)
+    cut = held_from((pattern,), text)
+    assert shown == text[:cut]
+    # the held tail really can still complete: some extension of it matches from its start
+    if cut < len(text):
+        assert any(
+            re.match(pattern, text[cut:] + tail) for tail in ("", "c", "bc", "0", "00", " z", "z")
+        )
+
+
+def test_visible_text_holds_the_earliest_of_strings_and_regexes():
+    assert visible_text("answer: 4 EN", ("END",), (r"\d\d",)) == "answer: 4 "
+    assert visible_text("answer: 4 EN", ("END",), (r"4",)) == "answer: "
+    assert visible_text("answer: 4", (), ()) == "answer: 4"
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ("(", "not a valid regular expression"),
+        ("a*", "empty string"),
+        ("", "regular expression"),
+        (["ok", 3], "regular"),
+    ],
+)
+def test_bad_stop_regex_is_refused_naming_the_field(value, why):
+    with pytest.raises(InvalidField, match=why) as err:
+        SamplingParams.from_dict({"stop_regex": value})
+    assert err.value.field == "stop_regex"
+
+
+def test_stop_regex_string_becomes_a_list():
+    assert SamplingParams.from_dict({"stop_regex": r"\d"}).stop_regex == [r"\d"]
+    assert SamplingParams.from_dict({"stop_regex": None}).stop_regex == []
