@@ -15,11 +15,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from frontend_lang.choices import (
+    greedy_token_selection,
+    token_length_normalized,
+    unconditional_likelihood_normalized,
+)
 from frontend_lang.ir import (
     assistant,
     assistant_begin,
     assistant_end,
     gen,
+    gen_int,
+    gen_string,
     select,
     system,
     system_begin,
@@ -44,12 +51,17 @@ __all__ = [
     "assistant_end",
     "function",
     "gen",
+    "gen_int",
+    "gen_string",
+    "greedy_token_selection",
     "get_default_backend",
     "select",
     "set_default_backend",
     "system",
     "system_begin",
     "system_end",
+    "token_length_normalized",
+    "unconditional_likelihood_normalized",
     "user",
     "user_begin",
     "user_end",

@@ -1,12 +1,17 @@
-"""``select``: score each choice by its mean token logprob after the prefix, in one batch.
+"""``select``: score each choice by its token logprobs after the prefix, in one batch.
 
 1. The prefix is prefilled once (a ``max_new_tokens: 0`` request), which also tells its
    token count ``n``.
 2. One batched request scores ``prefix + choice`` for every choice, with prompt logprobs
    from position ``n - 2`` (the choice's first token may merge with the prefix's last) and
-   the tokens' text. The choice's tokens are those whose text reaches past the prefix;
-   the score is the mean of their logprobs (token-length normalised), the decision its
-   argmax (the first on ties).
+   the tokens' text. The choice's tokens are those whose text reaches past the prefix.
+3. A choices method (SGLang's three) turns those logprobs into a decision:
+   ``token_length_normalized`` (the default) takes the highest mean logprob;
+   ``greedy_token_selection`` compares the choices token by token, keeping those with the
+   best logprob at each position (a shorter choice counts its own mean past its end);
+   ``unconditional_likelihood_normalized`` subtracts each choice's mean logprob without the
+   prefix (one more batched request), favouring what the context makes likely rather than
+   what is likely anyway. Ties go to the first choice.
 """
 
 from __future__ import annotations
@@ -35,33 +40,101 @@ def choice_token_logprobs(prefix: str, choice: str, triples: list[list[Any]], st
     return picked
 
 
+class ChoicesMethod:
+    """A rule from per-choice token logprobs to the chosen index and each choice's score."""
+
+    name = ""
+    needs_unconditional = False
+
+    def decide(self, cond: list[list[float]], uncond: list[list[float]] | None) -> tuple[int, list[float]]:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else float("-inf")
+
+
+def _first_best(scores: list[float]) -> int:
+    return max(range(len(scores)), key=lambda i: scores[i])  # max keeps the first on ties
+
+
+class TokenLengthNormalized(ChoicesMethod):
+    name = "token_length_normalized"
+
+    def decide(self, cond: list[list[float]], uncond: list[list[float]] | None) -> tuple[int, list[float]]:
+        scores = [_mean(lps) for lps in cond]
+        return _first_best(scores), scores
+
+
+class GreedyTokenSelection(ChoicesMethod):
+    name = "greedy_token_selection"
+
+    def decide(self, cond: list[list[float]], uncond: list[list[float]] | None) -> tuple[int, list[float]]:
+        width = max(len(lps) for lps in cond)
+        padded = [lps + [_mean(lps)] * (width - len(lps)) for lps in cond]
+        alive = list(range(len(cond)))
+        for j in range(width):
+            best = max(padded[i][j] for i in alive)
+            alive = [i for i in alive if padded[i][j] == best]
+            if len(alive) == 1:
+                break
+        return alive[0], [_mean(lps) for lps in cond]
+
+
+class UnconditionalLikelihoodNormalized(ChoicesMethod):
+    name = "unconditional_likelihood_normalized"
+    needs_unconditional = True
+
+    def decide(self, cond: list[list[float]], uncond: list[list[float]] | None) -> tuple[int, list[float]]:
+        assert uncond is not None
+        scores = [_mean(c) - (_mean(u) if u else 0.0) for c, u in zip(cond, uncond, strict=True)]
+        return _first_best(scores), scores
+
+
+token_length_normalized = TokenLengthNormalized()
+greedy_token_selection = GreedyTokenSelection()
+unconditional_likelihood_normalized = UnconditionalLikelihoodNormalized()
+
+
+def _prompt_logprobs(outs: Any) -> list[list[float]]:
+    return [[t[0] for t in o["meta_info"]["input_token_logprobs"] if t[0] is not None] for o in outs]
+
+
 def select_choice(
-    backend: Backend, prefix: str, choices: list[str], program_id: str | None = None
+    backend: Backend, prefix: str, choices: list[str], program_id: str | None = None,
+    method: ChoicesMethod = token_length_normalized,
 ) -> tuple[str, dict[str, Any]]:
     if backend.can_cache_prefix:
         n = backend.cache_prefix(prefix, program_id)["meta_info"]["prompt_tokens"]
     else:
         n = 0  # nothing to reuse: score from the first token
     start = max(n - _LOOKBACK, 0)
+    greedy = {"max_new_tokens": 0, "temperature": 0}
     outs = backend.generate(
-        [prefix + c for c in choices],
-        {"max_new_tokens": 0, "temperature": 0},
-        return_logprob=True,
-        logprob_start_len=start,
-        return_text_in_logprobs=True,
-        program_id=program_id,
+        [prefix + c for c in choices], greedy, return_logprob=True, logprob_start_len=start,
+        return_text_in_logprobs=True, program_id=program_id,
     )
     assert isinstance(outs, list)
     per_choice = [
         choice_token_logprobs(prefix, c, o["meta_info"]["input_token_logprobs"], start, n)
         for c, o in zip(choices, outs, strict=True)
     ]
-    scores = [sum(lps) / len(lps) if lps else float("-inf") for lps in per_choice]
-    best = max(range(len(choices)), key=lambda i: scores[i])
+    uncond = None
+    if method.needs_unconditional:
+        alone = backend.generate(list(choices), greedy, return_logprob=True, logprob_start_len=0, program_id=program_id)
+        uncond = _prompt_logprobs(alone)
+    best, scores = method.decide(per_choice, uncond)
     meta = {
-        "normalized_prompt_logprobs": scores,
+        "normalized_prompt_logprobs": [_mean(lps) for lps in per_choice],
+        "scores": scores,
+        "choices_method": method.name,
         "choice_token_logprobs": per_choice,
         "cached_tokens": [o["meta_info"]["cached_tokens"] for o in outs],
         "prefix_tokens": n,
     }
+    if uncond is not None:
+        meta["unconditional_token_logprobs"] = uncond
     return choices[best], meta

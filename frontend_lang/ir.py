@@ -5,8 +5,11 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
+
+from frontend_lang.choices import ChoicesMethod, token_length_normalized
 
 ROLES = ("system", "user", "assistant")
 
@@ -49,6 +52,7 @@ class Select(Expr):
     name: str | None
     choices: list[str]
     temperature: float = 0.0
+    choices_method: ChoicesMethod = token_length_normalized
 
     def describe(self) -> str:
         return f"select({self.name!r})"
@@ -110,15 +114,26 @@ def gen(
     return_text_in_logprobs: bool | None = None,
     choices: list[str] | None = None,
     regex: str | None = None,
-    json_schema: str | None = None,
+    json_schema: str | dict[str, Any] | type | None = None,
     dtype: type | None = None,
     seed: int | None = None,
+    choices_method: ChoicesMethod | None = None,
 ) -> Expr:
-    """Generate text into variable ``name``. With ``choices`` it is ``select``."""
+    """Generate text into variable ``name``. With ``choices`` it is ``select``.
+
+    ``regex`` / ``json_schema`` (a JSON string, a dict or a pydantic model class) constrain
+    the output; ``dtype`` (``int``, ``float``, ``bool`` or ``str``) is a shorthand for a
+    regex of that type's literal, ended by a space or newline as in SGLang. The variable
+    holds the text either way."""
     if choices is not None:
-        return select(name, choices, temperature=temperature or 0.0)
-    if regex is not None or json_schema is not None or dtype is not None:
-        raise ValueError("gen(): constrained decoding (regex, json_schema, dtype) is not supported by forkserve yet")
+        return select(name, choices, temperature=temperature or 0.0, choices_method=choices_method)
+    if dtype is not None:
+        if regex is not None or json_schema is not None:
+            raise ValueError("gen(): give one of regex, json_schema and dtype")
+        if dtype not in DTYPE_REGEX:
+            raise ValueError(f"gen(): dtype must be one of int, float, bool, str; got {dtype!r}")
+        regex = DTYPE_REGEX[dtype]
+        stop = [*([stop] if isinstance(stop, str) else stop or []), " ", "\n"]
     sampling = {
         "max_new_tokens": max_tokens,
         "min_new_tokens": min_tokens,
@@ -134,17 +149,54 @@ def gen(
         "repetition_penalty": repetition_penalty,
         "ignore_eos": ignore_eos,
         "seed": seed,
+        "regex": regex,
+        "json_schema": _schema_text(json_schema),
     }
     return Gen(name, sampling, return_logprob, logprob_start_len, top_logprobs_num, return_text_in_logprobs)
 
 
-def select(name: str | None = None, choices: list[str] | None = None, temperature: float = 0.0) -> Select:
-    """Append the choice with the highest token-length-normalised logprob (greedy only)."""
+def select(
+    name: str | None = None, choices: list[str] | None = None, temperature: float = 0.0,
+    choices_method: ChoicesMethod | None = None,
+) -> Select:
+    """Append the best choice by ``choices_method`` (default: the highest
+    token-length-normalised logprob; see ``frontend_lang/choices.py``). Greedy only."""
     if not choices or not all(isinstance(c, str) for c in choices):
         raise ValueError("select(): choices must be a non-empty list of strings")
     if temperature > 1e-5:
         raise ValueError("select(): only temperature 0 is supported (the choice is an argmax)")
-    return Select(name, list(choices), temperature)
+    method = token_length_normalized if choices_method is None else choices_method
+    if not isinstance(method, ChoicesMethod):
+        raise ValueError(f"select(): choices_method must be one of the frontend_lang choices methods, got {method!r}")
+    return Select(name, list(choices), temperature, method)
+
+
+# gen(dtype=...): a literal of the type, optionally followed by the space or newline that ends it
+DTYPE_REGEX: dict[type, str] = {
+    int: r"[-+]?[0-9]+[ \n]?",
+    float: r"[-+]?[0-9]+(\.[0-9]+)?[ \n]?",
+    bool: r"(True|False)",
+    str: r"\"[^\"\n]*\"",
+}
+
+
+def gen_int(name: str | None = None, **kwargs: Any) -> Expr:
+    return gen(name, dtype=int, **kwargs)
+
+
+def gen_string(name: str | None = None, **kwargs: Any) -> Expr:
+    return gen(name, dtype=str, **kwargs)
+
+
+def _schema_text(schema: str | dict[str, Any] | type | None) -> str | None:
+    """A JSON schema as JSON text, from text, a dict or a pydantic model class."""
+    if schema is None or isinstance(schema, str):
+        return schema
+    if isinstance(schema, dict):
+        return json.dumps(schema)
+    if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
+        return json.dumps(schema.model_json_schema())
+    raise ValueError(f"json_schema must be JSON text, a dict or a pydantic model class, got {type(schema).__name__}")
 
 
 def _role(role: str, expr: Any = None) -> ExprList:

@@ -144,6 +144,10 @@ class ProgramState:
         self.sync()
         self.variables[name] = value
 
+    def __setitem__(self, name: str, value: Any) -> None:
+        """``s["name"] = value``: a program stores a computed value as a variable."""
+        self.set_var(name, value)
+
     def get_meta_info(self, name: str) -> Any:
         self.sync()
         return self.meta_info.get(name)
@@ -243,7 +247,8 @@ class ProgramState:
         elif isinstance(expr, Gen):
             self._gen(expr)
         elif isinstance(expr, Select):
-            decision, meta = select_choice(self.program.backend, self.text_, expr.choices, self.program.program_id)
+            decision, meta = select_choice(self.program.backend, self.text_, expr.choices, self.program.program_id,
+                                           expr.choices_method)
             self._append(decision, expr.name)
             if expr.name:
                 self.variables[expr.name], self.meta_info[expr.name] = decision, meta

@@ -109,6 +109,11 @@ class ServerArgs:
         "Largest decode batch replayed from a CUDA graph (sizes 1, 2, 4, 8, then steps of 8 and 16 "
         "are captured up to it); larger batches run eagerly. Default: --max-running-requests, at most 256.",
     )
+    grammar_compile_timeout: float = _arg(
+        30.0,
+        "Seconds a request may wait for its regex / json_schema / ebnf grammar to compile (on a "
+        "worker thread; other requests keep running) before it fails with an error.",
+    )
     random_seed: int = _arg(0, "Seed for sampling requests that do not give their own seed.")
     tp_size: int = _arg(
         1,

@@ -70,6 +70,9 @@ class Engine:
         for req in reqs:
             self.core.add_request(req)
         self._run_until_done(reqs, progress)
+        failed = next((r for r in reqs if r.error is not None), None)
+        if failed is not None:  # e.g. a grammar that did not compile in time
+            raise ValueError(failed.error)
         outs = [self.format_output(r, return_text_in_logprobs) for r in reqs]
         return outs if is_batch or len(outs) > 1 else outs[0]
 

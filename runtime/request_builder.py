@@ -5,7 +5,7 @@ becomes checked ``GenerateRequest``s, the same for ``Engine.generate``, the nati
 saying no: a ``ValueError`` offline, a 400 naming the field over HTTP.
 
 Checks: every prompt has tokens, all inside the vocabulary; the sampling parameters parse
-and their token ids exist; the logprob options fit the vocabulary; prompt plus
+and their token ids exist; a regex / json_schema / ebnf constraint parses; the logprob options fit the vocabulary; prompt plus
 ``max_new_tokens`` fit the KV pool, and the prompt fits the context (with
 ``within_context``, the OpenAI rule, prompt plus completion must fit it too). ``n`` expands
 into that many requests, prompt-major.
@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from runtime.constrained.spec import check_constraint
 from runtime.request_options import RequestOptions
 from runtime.sampling.params import InvalidField, SamplingParams, check_logprob_options
 
@@ -62,6 +63,7 @@ def build_requests(prompts: list[list[int]], params: list[SamplingParams], optio
     for ids, p in zip(prompts, params, strict=True):
         check_prompt(ids, limits, prompt_field)
         p.check_vocab(limits.vocab_size)
+        check_constraint(p)
         check_lengths(len(ids), p.max_new_tokens, limits, within_context=within_context)
         requests += [GenerateRequest(ids, p, options) for _ in range(p.n)]
     return requests

@@ -5,10 +5,13 @@ the program line, run_batch keeps going past a failed program, streaming works."
 from __future__ import annotations
 
 import asyncio
+import re
+from typing import Literal
 
 import httpx
 import pytest
 import torch
+from pydantic import BaseModel, Field
 
 import frontend_lang as sgl
 from examples.llm_judge import llm_judge
@@ -146,8 +149,49 @@ def test_errors_name_the_operation_and_line(local, server):
 
     with pytest.raises(sgl.ProgramError, match=r"gen\('y'\) at .*cannot reach"):
         ok.run(backend=down)
-    with pytest.raises(ValueError, match="constrained decoding"):
-        sgl.gen("z", regex="[0-9]+")
+    with pytest.raises(ValueError, match="one of regex, json_schema and dtype"):
+        sgl.gen("z", regex="[0-9]+", dtype=int)
+
+
+class Pet(BaseModel):
+    name: str = Field(max_length=12)
+    kind: Literal["cat", "dog", "fish"]
+    age: int = Field(ge=0, le=30)
+
+
+@pytest.mark.parametrize("which", ["local", "remote"])
+def test_constrained_gen_and_computed_variables(which, request):
+    @sgl.function
+    def form(s):
+        s += sgl.user("Invent a pet and describe it as JSON.")
+        s += sgl.assistant(sgl.gen("pet", json_schema=Pet, max_tokens=60))
+        s += sgl.user("How many legs does it have?")
+        s += sgl.assistant(sgl.gen("legs", dtype=int, max_tokens=6))
+        s += sgl.user("Give me a date.")
+        s += sgl.assistant(sgl.gen("date", regex=r"20\d\d-[01]\d-[0-3]\d", max_tokens=12))
+        s["pet_obj"] = Pet.model_validate_json(s["pet"])
+        s += sgl.user("Is it friendly?") + sgl.assistant(sgl.select("friendly", ["yes", "no"],
+                                                                     choices_method=sgl.greedy_token_selection))
+
+    state = form.run(temperature=0, backend=request.getfixturevalue(which))
+    assert isinstance(state["pet_obj"], Pet)
+    assert re.fullmatch(r"[-+]?[0-9]+", state["legs"])
+    assert re.fullmatch(r"20\d\d-[01]\d-[0-3]\d", state["date"])
+    assert state["friendly"] in ("yes", "no")
+    assert state.get_meta_info("friendly")["choices_method"] == "greedy_token_selection"
+
+
+def test_unconditional_likelihood_normalized_select(local):
+    @sgl.function
+    def pick(s):
+        s += "Q: What colour is the sky on a clear day?\nA:" + sgl.select(
+            "c", [" blue", " green", " purple"], choices_method=sgl.unconditional_likelihood_normalized)
+
+    meta = pick.run(backend=local).get_meta_info("c")
+    cond, uncond = meta["choice_token_logprobs"], meta["unconditional_token_logprobs"]
+    scores = [sum(c) / len(c) - (sum(u) / len(u) if u else 0.0) for c, u in zip(cond, uncond, strict=True)]
+    assert meta["scores"] == pytest.approx(scores)
+    assert pick.run(backend=local)["c"] == [" blue", " green", " purple"][max(range(3), key=lambda i: scores[i])]
 
 
 def test_run_batch_reports_errors_per_program(local):

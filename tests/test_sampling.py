@@ -42,6 +42,7 @@ class FakeReq:
     input_ids: list[int] = field(default_factory=lambda: [0])
     output_ids: list[int] = field(default_factory=list)
     generator: torch.Generator | None = None
+    allowed: torch.Tensor | None = None
     top_logprobs_num: dataclasses.InitVar[int] = 0
     return_logprob: dataclasses.InitVar[bool] = False
     options: RequestOptions = field(init=False)

@@ -46,7 +46,7 @@ def assert_error(resp: httpx.Response, status: int, *words: str, param: str | No
         ("/generate", {"input_ids": [5, -1]}, 400, ["token ids"], "input_ids"),
         ("/generate", {"text": "a", "sampling_params": {"max_new_token": 3}}, 400, ["max_new_token"], None),
         ("/generate", {"text": "a", "sampling_params": {"min_new_tokens": 9, "max_new_tokens": 2}}, 400, ["min_new_tokens"], None),
-        ("/generate", {"text": "a", "sampling_params": {"regex": "[ab]+"}}, 400, ["not supported"], None),
+        ("/generate", {"text": "a", "sampling_params": {"regex": "[ab"}}, 400, ["regex cannot be compiled"], "regex"),
         ("/generate", {"text": "a", "return_logprob": True, "logprob_start_len": -2}, 400, ["logprob_start_len", "-1"], "logprob_start_len"),
         ("/generate", {"text": "a", "return_logprob": True, "top_logprobs_num": -1}, 400, ["top_logprobs_num"], "top_logprobs_num"),
         ("/generate", {"text": "a", "return_logprob": True, "top_logprobs_num": 10**6}, 400, ["vocabulary"], "top_logprobs_num"),

@@ -179,7 +179,8 @@ class EngineBackend(Backend):
             if req.is_finished:
                 del self._calls[req]
                 if all(r.is_finished for r in call.reqs):
-                    self._finish(call, None)
+                    failed = next((r.error for r in call.reqs if r.error is not None), None)
+                    self._finish(call, ValueError(failed) if failed else None)
 
     @staticmethod
     def _finish(call: _Call, error: BaseException | None) -> None:

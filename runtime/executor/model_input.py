@@ -45,6 +45,9 @@ class SamplingRow:
     generator: torch.Generator | None
     options: RequestOptions
     banned_ids: list[int]  # may not be drawn yet (stop tokens before min_new_tokens)
+    # constrained decoding: the tokens the grammar allows next, as one bitmask row (int32,
+    # bit t % 32 of word t // 32); None: unconstrained
+    allowed: torch.Tensor | None = None
 
 
 @dataclass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,8 +66,10 @@ class SamplingParams:
     no_stop_trim: bool = False
     seed: int | None = None
     n: int = 1
+    # constrained decoding, at most one (checked by runtime/constrained/spec.py)
     regex: str | None = None
     json_schema: str | None = None
+    ebnf: str | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> SamplingParams:
@@ -78,7 +81,9 @@ class SamplingParams:
         if unknown:
             raise ValueError(f"unknown sampling parameter(s): {', '.join(unknown)}")
         # JSON clients send null for "use the default".
-        d = {k: v for k, v in d.items() if v is not None or k in ("seed", "regex", "json_schema")}
+        d = {k: v for k, v in d.items() if v is not None or k in ("seed", "regex", "json_schema", "ebnf")}
+        if isinstance(d.get("json_schema"), dict):  # a schema object is as good as its JSON text
+            d["json_schema"] = json.dumps(d["json_schema"])
         for name in ("stop", "stop_regex"):
             if isinstance(d.get(name), str):
                 d[name] = [d[name]]
@@ -118,10 +123,11 @@ class SamplingParams:
         need(self.seed is None or (_is_int(self.seed) and -(2**63) <= self.seed < 2**64), "seed",
              "must be an integer in [-2**63, 2**64)")
         need(_is_int(self.n) and 1 <= self.n <= MAX_N, "n", f"must be an integer in [1, {MAX_N}]")
+        for name in ("regex", "json_schema", "ebnf"):
+            need(getattr(self, name) is None or (isinstance(getattr(self, name), str) and getattr(self, name) != ""),
+                 name, "must be a non-empty string")
         for name in BOOL_FIELDS:
             need(isinstance(getattr(self, name), bool), name, "must be true or false")
-        if self.regex is not None or self.json_schema is not None:
-            raise ValueError("constrained decoding (regex / json_schema) is not supported by this server yet")
 
     def check_vocab(self, vocab_size: int) -> None:
         """Token ids must exist in the model's vocabulary (the sampler indexes logits by them)."""

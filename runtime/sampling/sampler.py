@@ -2,7 +2,8 @@
 
 Logprobs reported to users are those of the model's raw distribution (``log_softmax`` of
 the logits before penalties and temperature), which is what a client comparing against
-the model itself expects.
+the model itself expects; for a constrained request, of that distribution restricted to
+what its grammar allows (the mask comes first).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Protocol
 
 import torch
 
+from runtime.constrained.bitmask import apply_bitmask
 from runtime.request_options import RequestOptions
 from runtime.sampling.params import SamplingParams
 
@@ -23,6 +25,7 @@ class SamplingRequest(Protocol):
     output_ids: list[int]
     generator: torch.Generator | None
     options: RequestOptions  # return_logprob and top_logprobs_num are read
+    allowed: torch.Tensor | None  # a grammar's allowed-token bitmask row, or None
 
 
 @dataclass
@@ -83,6 +86,12 @@ def sample(
 ) -> SampleOutput:
     """``logits``: float32 ``[len(reqs), vocab]`` (modified in place). ``argmax`` picks each
     row's first largest logit (the worker passes the compiled one on the cpu backend)."""
+    constrained = [i for i, r in enumerate(reqs) if r.allowed is not None]
+    if constrained:  # before everything else: penalties, temperature and logprobs see the mask
+        rows = torch.tensor(constrained)
+        masked = logits[rows]
+        apply_bitmask(masked, torch.stack([reqs[i].allowed for i in constrained]))  # type: ignore[misc]
+        logits[rows] = masked
     want_logprobs = [r.options.return_logprob for r in reqs]
     raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_logprobs) else None
     apply_penalties(logits, reqs, banned)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from runtime.constrained.bitmask import allocate_bitmask, clear_bits
 from runtime.executor.model_input import ForwardInput, ModelInput, PromptLogprobs, SamplingRow
 from runtime.scheduler.req import Req
 
@@ -33,7 +34,7 @@ class ScheduledBatch:
     num_mixed_decodes: int = 0
 
 
-def lower(batch: ScheduledBatch, eos_token_ids: tuple[int, ...]) -> ModelInput:
+def lower(batch: ScheduledBatch, eos_token_ids: tuple[int, ...], vocab_size: int) -> ModelInput:
     """The executor's input for ``batch``: tensors and per-request data, no ``Req``."""
     forward = ForwardInput(
         batch.is_decode, torch.tensor([r.row for r in batch.reqs], dtype=torch.int64), batch.input_ids,
@@ -41,10 +42,22 @@ def lower(batch: ScheduledBatch, eos_token_ids: tuple[int, ...]) -> ModelInput:
     )
     sampling: list[SamplingRow | None] = []
     prompt: list[PromptLogprobs | None] = []
+    constrained = [i for i, req in enumerate(batch.reqs) if req.grammar is not None and batch.samples[i]]
+    masks = allocate_bitmask(len(constrained), vocab_size) if constrained else None
     for i, req in enumerate(batch.reqs):
         samples = batch.samples[i]
-        sampling.append(SamplingRow(req.params, req.input_ids, req.output_ids, req.generator, req.options,
-                                    banned_ids(req, eos_token_ids)) if samples else None)
+        row = None
+        if samples:
+            banned = banned_ids(req, eos_token_ids)
+            allowed = None
+            if req.grammar is not None:
+                allowed = masks[constrained.index(i)]  # type: ignore[index]
+                req.grammar.fill_bitmask(masks, constrained.index(i))  # type: ignore[arg-type]
+                # min_new_tokens' bans go into the mask, unless the grammar allows nothing else
+                clear_bits(allowed, banned)
+                banned = []
+            row = SamplingRow(req.params, req.input_ids, req.output_ids, req.generator, req.options, banned, allowed)
+        sampling.append(row)
         start = batch.logit_starts[i]
         num_prompt = batch.prefix_lens[i] + batch.extend_lens[i] - start - (1 if samples else 0)
         # logits at position p give the logprob of prompt token p + 1; the prompt's last

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.config import ServerArgs
+from runtime.constrained.xgrammar_backend import XGrammarBackend
 from runtime.executor.tp_worker import start_tp_peers
 from runtime.executor.worker import ModelWorker, prepare_process
 from runtime.scheduler.req import Req
@@ -47,7 +48,11 @@ class EngineCore:
         prepare_process(args)  # a device or backend that cannot run here fails before anything starts
         peers = start_tp_peers(args, model_dir) if args.tp_size > 1 else None
         self.worker = ModelWorker(args, model_dir, tokenizer.eos_token_ids, peers=peers)
-        self.scheduler = Scheduler(args, self.worker, tokenizer.decode)
+        vocab_size, eos = self.worker.model_config.vocab_size, tokenizer.eos_token_ids
+        self.scheduler = Scheduler(
+            args, self.worker, tokenizer.decode,
+            make_grammar_backend=lambda: XGrammarBackend(tokenizer.hf, vocab_size, eos),
+        )
         self._reported: dict[str, int] = {}  # rid -> output tokens already reported
         self.num_finished = 0
         self._idle_checked = True
@@ -94,6 +99,7 @@ class EngineCore:
         return self.scheduler.end_program(program_id)
 
     def shutdown(self) -> None:
+        self.scheduler.grammars.shutdown()
         self.scheduler.check_invariants()
         self.worker.shutdown()
 
@@ -104,7 +110,7 @@ class EngineCore:
             if not (req.options.stream or req.is_finished):
                 continue
             start = self._reported.get(req.rid, 0)
-            outputs.append(RequestOutput(req, start, len(req.output_ids) - start, req.is_finished))
+            outputs.append(RequestOutput(req, start, len(req.output_ids) - start, req.is_finished, req.error))
             if req.is_finished:
                 self._reported.pop(req.rid, None)
                 self.num_finished += 1

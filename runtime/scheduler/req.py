@@ -21,7 +21,10 @@ from runtime.request_options import RequestOptions
 from runtime.sampling.params import SamplingParams
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
     from radix_cache import TreeNode
+    from runtime.constrained.backend import Grammar, GrammarMatcher
 
 
 @dataclass(eq=False)
@@ -34,6 +37,11 @@ class Req:
     output_ids: list[int] = field(default_factory=list)
     finished_reason: dict[str, Any] | None = None
     generator: torch.Generator | None = None
+    error: str | None = None  # the request failed alone (e.g. its grammar did not compile)
+
+    # constrained decoding: the compile in flight, then this request's own matcher
+    grammar_future: Future[Grammar] | None = None
+    grammar: GrammarMatcher | None = None
 
     # KV ownership (see the module docstring)
     row: int | None = None

@@ -16,14 +16,16 @@ import torch
 
 from radix_cache import RadixCache, SlotAllocator
 from runtime.config import ServerArgs
+from runtime.constrained.backend import GrammarBackend
 from runtime.executor.worker import BatchResult, ModelWorker
 from runtime.scheduler.batch import ScheduledBatch, lower
 from runtime.scheduler.cache_manager import CacheManager
+from runtime.scheduler.grammar_queue import GrammarQueue
 from runtime.scheduler.policy import order_waiting
 from runtime.scheduler.prefill_budget import PrefillBudget
 from runtime.scheduler.program_pins import ProgramPins
 from runtime.scheduler.req import Req
-from runtime.scheduler.stop import check_stop
+from runtime.scheduler.stop import check_stop, grammar_stop
 
 logger = logging.getLogger(__name__)
 
@@ -36,11 +38,13 @@ MAX_PREFILL_STREAK = 4
 
 class Scheduler:
     def __init__(
-        self, args: ServerArgs, worker: ModelWorker, decode_tail: Callable[[list[int]], str]
+        self, args: ServerArgs, worker: ModelWorker, decode_tail: Callable[[list[int]], str],
+        make_grammar_backend: Callable[[], GrammarBackend] | None = None,
     ) -> None:
         self.args = args
         self.worker = worker
         self.decode_tail = decode_tail  # token ids -> text, for stop strings
+        self.grammars = GrammarQueue(make_grammar_backend or _no_grammar_backend, args.grammar_compile_timeout)
         self.allocator = SlotAllocator(worker.num_slots)
         self.tree = RadixCache(self.allocator, page_size=args.page_size, disable=args.disable_radix_cache)
         self.cache = CacheManager(self.tree, self.allocator, worker.req_to_token)
@@ -72,14 +76,21 @@ class Scheduler:
 
     def add_request(self, req: Req) -> None:
         self.validate_request(req)
-        self.waiting.append(req)
+        if self.grammars.needs_grammar(req):
+            self.grammars.add(req)  # joins the waiting queue once its grammar is compiled
+        else:
+            self.waiting.append(req)
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.chunked)
+        return bool(self.waiting or self.running or self.chunked or self.grammars)
 
     def step(self) -> list[Req]:
         """Run one batch; return the requests that got a new token or finished."""
+        failed: list[Req] = []
+        if self.grammars:
+            ready, failed = self.grammars.take_ready()
+            self.waiting.extend(ready)
         # Prefill wins (it grows the decode batch), but not forever: a stream of long
         # prompts would otherwise keep running requests from ever decoding.
         decode_first = bool(self.running) and self.prefill_streak >= MAX_PREFILL_STREAK
@@ -87,8 +98,11 @@ class Scheduler:
         if batch is not None:  # a step that decoded every running request ends a streak
             self.prefill_streak = 0 if batch.is_decode or batch.num_mixed_decodes else self.prefill_streak + 1
         if batch is None:
+            if self.grammars and not (self.waiting or self.running or self.chunked):
+                self.grammars.wait(0.05)  # only compiles are pending
+                return failed
             if self.has_work and self.pins.release_oldest():
-                return self.step()  # programs' pinned prefixes held the memory: unpin, retry
+                return failed + self.step()  # programs' pinned prefixes held the memory: unpin, retry
             if self.has_work:
                 # Admission guarantees every request fits an otherwise empty pool, so work
                 # with nothing runnable is a scheduler bug: fail loudly instead of spinning.
@@ -98,10 +112,10 @@ class Scheduler:
                 )
             self.check_invariants()
             return []
-        result = self.worker.run(lower(batch, self.eos_token_ids))
+        result = self.worker.run(lower(batch, self.eos_token_ids, self.vocab_size))
         if not batch.is_decode:
             self.num_prefill_tokens += sum(batch.extend_lens) - batch.num_mixed_decodes
-        return self._process(batch, result)
+        return failed + self._process(batch, result)
 
     def check_invariants(self) -> None:
         held = sum(r.num_owned_slots for r in self._admitted())
@@ -111,9 +125,10 @@ class Scheduler:
         """Drop request ``rid`` wherever it is and free what it holds; its computed KV stays
         in the tree. Returns the request (finished with an ``abort`` reason), or None if it
         is not here (already finished)."""
-        req = next((r for r in self.waiting if r.rid == rid), None)
+        req = next((r for r in self.waiting if r.rid == rid), None) or self.grammars.remove(rid)
         if req is not None:
-            self.waiting.remove(req)
+            if req in self.waiting:
+                self.waiting.remove(req)
         else:
             req = next((r for r in self._admitted() if r.rid == rid), None)
             if req is None:
@@ -144,7 +159,8 @@ class Scheduler:
         held = sum(r.num_owned_slots for r in self._admitted())
         return {
             "num_running_reqs": len(self._admitted()),
-            "num_waiting_reqs": len(self.waiting),
+            "num_waiting_reqs": len(self.waiting) + len(self.grammars),
+            "num_grammar_queue_reqs": len(self.grammars),
             "kv_capacity": self.allocator.capacity,
             "kv_free": self.allocator.available,
             "kv_evictable": self.tree.evictable_size,
@@ -322,6 +338,8 @@ class Scheduler:
                     req.output_token_logprobs.append((result.output_logprobs[i], token))  # type: ignore[arg-type]
                     req.output_top_logprobs.append(result.output_top_logprobs[i])
                 req.finished_reason = check_stop(req, self.eos_token_ids, self.max_context_len, self.decode_tail)
+                if req.grammar is not None and not req.is_finished:
+                    req.finished_reason = grammar_stop(req, token)
             if req.first_token_at is None:
                 req.first_token_at = time.perf_counter()
             if prefilled and not req.is_finished:
@@ -339,6 +357,10 @@ class Scheduler:
 
     def _admitted(self) -> list[Req]:
         return self.running + ([self.chunked] if self.chunked is not None else [])
+
+
+def _no_grammar_backend() -> GrammarBackend:
+    raise ValueError("constrained decoding needs a grammar backend, and this scheduler has none")
 
 
 # Deferring a request is worth a step of its latency only when it saves real prefill work.

@@ -38,3 +38,15 @@ def check_stop(
     if len(req.input_ids) + num_out >= max_context_len:
         return {"type": "length", "length": num_out}
     return None
+
+
+def grammar_stop(req: Req, token: int) -> dict[str, Any] | None:
+    """Advance a constrained request's matcher by its new token (the bitmask allowed it);
+    it is done when the grammar is complete (its stop token was accepted)."""
+    assert req.grammar is not None
+    if not req.grammar.accept_token(token):
+        req.error = f"token {token} broke the request's grammar; this is a bug"
+        return {"type": "abort", "message": req.error}
+    if req.grammar.is_terminated():
+        return {"type": "stop", "matched": token}
+    return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -23,6 +24,9 @@ from runtime.server.protocol import (
 )
 from runtime.server.responses import SSE_DONE, JsonResponse, error_of, merged_updates, sse, wait_all
 from runtime.server.scheduler_client import ReqState
+
+# Sampling fields as OpenAI clients call them, for error messages.
+_OPENAI_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "json_schema": "response_format"}
 
 
 def add_routes(app: FastAPI, ctx: ServerContext) -> None:
@@ -93,12 +97,28 @@ class _OpenAIHandler:
             "skip_special_tokens": r.skip_special_tokens,
             "no_stop_trim": r.no_stop_trim,
             "seed": r.seed,
+            **self.constraint(),
         }
-        return sampling_params(d, param="request", names={"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"})
+        return sampling_params(d, param="request", names=_OPENAI_NAMES)
+
+    def constraint(self) -> dict[str, Any]:
+        """The request's output constraint as sampling fields: ``response_format`` becomes a
+        ``json_schema`` (``json_object``: any object), ``regex`` and ``ebnf`` pass through."""
+        r, fields = self.req, {"regex": self.req.regex, "ebnf": self.req.ebnf}
+        fmt = r.response_format
+        if fmt is None or fmt.type == "text":
+            return fields
+        if fmt.type == "json_object":
+            schema: dict[str, Any] = {"type": "object"}
+        elif fmt.json_schema is None:
+            raise ApiError(400, "response_format of type json_schema needs a 'json_schema' object", param="response_format")
+        else:
+            schema = fmt.json_schema.schema_ or {}  # no schema: any JSON value
+        return {**fields, "json_schema": json.dumps(schema)}
 
     def check_common(self) -> None:
         self.ctx.check_model(self.req.model)
-        reject_unsupported(self.req, ("logit_bias", "regex"))
+        reject_unsupported(self.req, ("logit_bias",))
         if self.req.best_of not in (None, 1):
             raise ApiError(400, "'best_of' is not supported by this server", param="best_of")
         if not 1 <= self.req.n <= MAX_N:
@@ -116,7 +136,7 @@ class _OpenAIHandler:
             if max_new < 0:
                 raise ApiError(400, "max_tokens must be >= 0", param="max_tokens")
             params = self.params(max_new)
-            with bad_input_as_400("prompt"):
+            with bad_input_as_400("prompt", _OPENAI_NAMES):
                 one = build_requests([ids], [params], options, ctx.limits, prompt_field="prompt", within_context=True)
             requests += one * self.req.n
         self.num_prompts = len(prompts)
@@ -276,8 +296,6 @@ class ChatCompletion(_OpenAIHandler):
         r = self.req
         self.check_common()
         reject_unsupported(r, ("tools", "tool_choice", "parallel_tool_calls"))
-        if r.response_format not in (None, {"type": "text"}):
-            raise ApiError(400, "'response_format' other than text is not supported", param="response_format")
         if r.max_tokens is not None and r.max_completion_tokens is not None and r.max_tokens != r.max_completion_tokens:
             raise ApiError(400, "give max_tokens or max_completion_tokens, not two different values", param="max_tokens")
         if r.top_logprobs and not r.logprobs:

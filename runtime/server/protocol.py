@@ -70,6 +70,18 @@ class StreamOptions(_Strict):
     continuous_usage_stats: bool = False
 
 
+class JsonSchemaFormat(_Strict):
+    name: str
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class _OpenAISampling(_Strict):
     """Fields shared by completions and chat, including the common non-OpenAI extras."""
 
@@ -94,10 +106,13 @@ class _OpenAISampling(_Strict):
     stop_regex: str | list[str] | None = None
     skip_special_tokens: bool = True
     no_stop_trim: bool = False
+    # constrained output: OpenAI's response_format, or vLLM / SGLang's regex and ebnf
+    response_format: ResponseFormat | None = None
+    regex: str | None = None
+    ebnf: str | None = None
     # not supported unless neutral
     logit_bias: dict[str, float] | None = None
     best_of: int | None = None
-    regex: str | None = None
 
 
 class CompletionRequest(_OpenAISampling):
@@ -136,5 +151,4 @@ class ChatCompletionRequest(_OpenAISampling):
     # not supported unless neutral
     tools: list[Any] | None = None
     tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None

@@ -1,0 +1,74 @@
+"""Which constraint a request carries, and a syntax check that needs no tokenizer."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Literal
+
+from runtime.sampling.params import InvalidField
+
+Kind = Literal["regex", "json_schema", "ebnf"]
+KINDS: tuple[Kind, ...] = ("regex", "json_schema", "ebnf")
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """A constraint as the user gave it: ``kind`` is the sampling field's name, ``text`` its
+    value (a JSON schema as a JSON string). Hashable: compiled grammars are cached by it."""
+
+    kind: Kind
+    text: str
+
+
+def spec_of(params: Any) -> GrammarSpec | None:
+    """The request's constraint, or None. ``params`` has ``regex``, ``json_schema``, ``ebnf``."""
+    given = [(k, getattr(params, k)) for k in KINDS if getattr(params, k) is not None]
+    if not given:
+        return None
+    if len(given) > 1:
+        names = " and ".join(k for k, _ in given)
+        raise InvalidField(given[1][0], f"give at most one of regex, json_schema and ebnf, not {names}")
+    kind, text = given[0]
+    if not isinstance(text, str) or not text:
+        raise InvalidField(kind, f"{kind} must be a non-empty string, got {text!r}")
+    return GrammarSpec(kind, text)
+
+
+def check_constraint(params: Any) -> None:
+    """``check_spec`` of the request's constraint, if it has one."""
+    spec = spec_of(params)
+    if spec is not None:
+        check_spec(spec)
+
+
+@lru_cache(maxsize=256)
+def check_spec(spec: GrammarSpec) -> None:
+    """Raise ``InvalidField`` naming the field when the constraint cannot be compiled: a
+    regex that does not parse, a schema that is not JSON or uses what the grammar engine
+    does not support, EBNF with a syntax error (no ``root`` rule included)."""
+    if spec.kind == "json_schema":
+        try:
+            schema = json.loads(spec.text)
+        except json.JSONDecodeError as err:
+            raise InvalidField("json_schema", f"json_schema is not valid JSON: {err}") from err
+        if not isinstance(schema, (dict, bool)):
+            raise InvalidField("json_schema", f"json_schema must be a JSON object, got {type(schema).__name__}")
+    import xgrammar as xgr  # imported on first use: it takes a second or two
+
+    build = {"regex": xgr.Grammar.from_regex, "json_schema": xgr.Grammar.from_json_schema,
+             "ebnf": xgr.Grammar.from_ebnf}[spec.kind]
+    try:
+        build(spec.text)
+    except Exception as err:  # the engine's parse errors are RuntimeErrors with a C++ location
+        raise InvalidField(spec.kind, f"{spec.kind} cannot be compiled: {engine_message(err)}") from err
+
+
+def engine_message(err: BaseException) -> str:
+    """xgrammar's message without its timestamp, source location and assertion text."""
+    text = str(err).strip()
+    text = re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", text)
+    text = re.sub(r"^Check failed: \(.*?\) is false: ", "", text)
+    return text.splitlines()[0] if text else type(err).__name__

@@ -1,0 +1,96 @@
+"""Requests waiting for their grammar to compile (SGLang's grammar queue). Compiles run on
+the cache's worker thread; each step the scheduler moves the requests whose grammar is ready
+to the waiting queue, each with a matcher of its own, and fails those whose compile failed
+or took longer than the timeout. Other requests never wait for a compile."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, wait
+
+from runtime.constrained.backend import GrammarBackend
+from runtime.constrained.grammar_cache import GrammarCache
+from runtime.constrained.spec import GrammarSpec, spec_of
+from runtime.scheduler.req import Req
+
+
+class GrammarQueue:
+    def __init__(self, make_backend: Callable[[], GrammarBackend], timeout_s: float) -> None:
+        self._make_backend = make_backend
+        self._cache: GrammarCache | None = None
+        self.timeout_s = timeout_s
+        self.reqs: list[Req] = []
+        self._specs: dict[Req, GrammarSpec] = {}
+
+    @property
+    def cache(self) -> GrammarCache:
+        """Built on the first constrained request: the backend indexes the whole vocabulary."""
+        if self._cache is None:
+            self._cache = GrammarCache(self._make_backend())
+        return self._cache
+
+    def __len__(self) -> int:
+        return len(self.reqs)
+
+    def needs_grammar(self, req: Req) -> bool:
+        return spec_of(req.params) is not None
+
+    def add(self, req: Req) -> None:
+        spec = spec_of(req.params)
+        assert spec is not None
+        self._specs[req] = spec
+        req.grammar_future = self.cache.get(spec)
+        self.reqs.append(req)
+
+    def take_ready(self) -> tuple[list[Req], list[Req]]:
+        """(requests whose matcher is ready, requests that failed: finished with an error)."""
+        ready, failed = [], []
+        now = time.perf_counter()
+        for req in list(self.reqs):
+            fut = req.grammar_future
+            assert fut is not None
+            if not fut.done():
+                if now - req.created_at > self.timeout_s:
+                    self.cache.forget(self._specs[req])
+                    self._fail(req, f"its {self._specs[req].kind} did not compile within {self.timeout_s:g} s")
+                    failed.append(req)
+                continue
+            try:
+                req.grammar = fut.result().matcher()
+            except ValueError as err:
+                self.cache.forget(self._specs[req])
+                self._fail(req, str(err))
+                failed.append(req)
+                continue
+            self._drop(req)
+            ready.append(req)
+        return ready, failed
+
+    def wait(self, timeout_s: float) -> None:
+        """Block until a compile finishes (or ``timeout_s``): nothing else can run."""
+        futures = [r.grammar_future for r in self.reqs if r.grammar_future is not None]
+        if futures:
+            wait(futures, timeout=timeout_s, return_when=FIRST_COMPLETED)
+
+    def remove(self, rid: str) -> Req | None:
+        req = next((r for r in self.reqs if r.rid == rid), None)
+        if req is not None:
+            self._drop(req)
+        return req
+
+    def _fail(self, req: Req, message: str) -> None:
+        self._drop(req)
+        req.error = message
+        req.finished_reason = {"type": "abort", "message": message}
+        req.finished_at = time.perf_counter()
+
+    def _drop(self, req: Req) -> None:
+        if req in self.reqs:
+            self.reqs.remove(req)
+        self._specs.pop(req, None)
+        req.grammar_future = None
+
+    def shutdown(self) -> None:
+        if self._cache is not None:
+            self._cache.shutdown()

@@ -1,0 +1,179 @@
+"""Constrained decoding on the real default model through ``Engine.generate``: JSON-schema
+outputs validate with ``jsonschema``, regex outputs ``re.fullmatch``, EBNF outputs parse;
+greedy output equals a decoder that masks with the brute-force reference matcher; the
+same requests give the same output under a tight KV pool (retractions) and beside plain
+requests, and plain requests are unchanged by constrained neighbours."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import jsonschema
+import pytest
+
+from runtime.constrained.grammar_cache import GrammarCache
+from runtime.constrained.reference import ReferenceRegexBackend
+from runtime.constrained.spec import GrammarSpec
+
+pytestmark = pytest.mark.slow
+
+SCHEMAS = [
+    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+     "required": ["name", "age"], "additionalProperties": False},
+    {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16},
+                                      "country": {"type": "string", "enum": ["France", "Japan", "Peru"]}},
+     "required": ["city", "country"], "additionalProperties": False},
+    {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string", "enum": ["red", "green", "blue"]},
+                                               "minItems": 1, "maxItems": 3}},
+     "required": ["tags"], "additionalProperties": False},
+    {"type": "object", "properties": {"ok": {"type": "boolean"}, "score": {"type": "integer", "minimum": 0, "maximum": 10}},
+     "required": ["ok", "score"], "additionalProperties": False},
+    {"type": "object", "properties": {"person": {"type": "object", "properties": {
+        "first": {"type": "string", "maxLength": 12}, "last": {"type": "string", "maxLength": 12}},
+        "required": ["first", "last"], "additionalProperties": False},
+        "year": {"type": "integer", "minimum": 1000, "maximum": 2100}}, "required": ["person", "year"], "additionalProperties": False},
+    {"type": "object", "properties": {"steps": {"type": "array", "maxItems": 2, "items": {
+        "type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 9}, "do": {"type": "string", "maxLength": 15}},
+        "required": ["n", "do"], "additionalProperties": False}}}, "required": ["steps"], "additionalProperties": False},
+]
+TOPICS = ["a famous scientist", "a city you like", "a colour palette", "a test result", "a novelist",
+          "a cooking recipe", "a sports team", "a holiday trip", "a small company"]
+
+REGEXES = [r"\(\d{3}\) \d{3}-\d{4}", r"(19|20)\d\d-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])", r"(yes|no|maybe)",
+           r"[A-Z][a-z]{2,10}", r"#[0-9a-f]{6}", r"\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}"]
+QUESTIONS = ["Give me a phone number.", "When did it happen?", "Will it rain?", "Name a fruit.",
+             "Pick a colour.", "What is the server address?"]
+
+EBNF = """
+root ::= answer ", because " reason "."
+answer ::= "yes" | "no"
+reason ::= [a-z]+ (" " [a-z]+)*
+"""
+EBNF_AS_REGEX = r"(yes|no), because [a-z]+( [a-z]+)*\."
+
+
+def _chat(engine, text: str) -> str:
+    return engine.tokenizer.apply_chat_template([{"role": "user", "content": text}])
+
+
+def test_json_schema_outputs_validate(engine):
+    prompts, params = [], []
+    for schema in SCHEMAS:
+        for topic in TOPICS:
+            prompts.append(_chat(engine, f"Describe {topic} as JSON."))
+            params.append({"temperature": 0, "max_new_tokens": 120, "json_schema": json.dumps(schema)})
+    assert len(prompts) >= 50
+    outs = engine.generate(prompts, params)
+    for out, p in zip(outs, params, strict=True):
+        assert out["meta_info"]["finish_reason"]["type"] == "stop", out
+        jsonschema.validate(json.loads(out["text"]), json.loads(p["json_schema"]))
+
+
+def test_regex_and_ebnf_outputs_match(engine):
+    prompts = [_chat(engine, q) for q in QUESTIONS]
+    params = [{"temperature": 0.7, "seed": i, "max_new_tokens": 40, "regex": r} for i, r in enumerate(REGEXES)]
+    prompts.append(_chat(engine, "Is the sky blue? Answer and explain in a few words."))
+    params.append({"temperature": 0, "max_new_tokens": 40, "ebnf": EBNF})
+    outs = engine.generate(prompts, params)
+    for out, p in zip(outs, params, strict=True):
+        assert out["meta_info"]["finish_reason"]["type"] == "stop", out
+        assert re.fullmatch(p.get("regex") or EBNF_AS_REGEX, out["text"]), (p, out["text"])
+
+
+def test_json_object_and_n_with_sampling(engine):
+    outs = engine.generate(_chat(engine, "Give me a JSON object about cats."),
+                           {"temperature": 1.0, "seed": 7, "n": 3, "max_new_tokens": 80,
+                            "json_schema": json.dumps({"type": "object", "maxProperties": 3,
+                                                       "additionalProperties": {"type": "integer", "minimum": 0, "maximum": 99}})})
+    for out in outs:
+        assert out["meta_info"]["finish_reason"]["type"] == "stop", out
+        assert isinstance(json.loads(out["text"]), dict)
+
+
+@pytest.fixture(scope="module")
+def reference_backend(engine):
+    return ReferenceRegexBackend.from_hf(engine.tokenizer.hf, engine.worker.model_config.vocab_size,
+                                         engine.tokenizer.eos_token_ids)
+
+
+def test_greedy_equals_the_brute_force_reference_decoder(engine, reference_backend):
+    prompts = [_chat(engine, q) for q in QUESTIONS[:4]]
+    params = [{"temperature": 0, "max_new_tokens": 16, "regex": r} for r in REGEXES[:4]]
+    want = engine.generate(prompts, params)
+    grammars = engine.scheduler.grammars
+    fast_cache = grammars.cache
+    grammars._cache = GrammarCache(reference_backend)
+    try:
+        got = engine.generate(prompts, params)
+    finally:
+        grammars._cache.shutdown()
+        grammars._cache = fast_cache
+    for g, w in zip(got, want, strict=True):
+        assert g["output_ids"] == w["output_ids"]
+        assert g["meta_info"]["finish_reason"] == w["meta_info"]["finish_reason"]
+
+
+def test_retraction_and_plain_neighbours_change_nothing(model_dir, engine):
+    from runtime.engine import Engine
+
+    constrained = [_chat(engine, f"Describe {t} as JSON. " + "Be precise. " * 30) for t in TOPICS[:6]]
+    c_params = [{"temperature": 0, "max_new_tokens": 60, "json_schema": json.dumps(SCHEMAS[i % 3])} for i in range(6)]
+    plain = [_chat(engine, f"Tell me about {t}.") for t in TOPICS[:4]]
+    p_params = [{"temperature": 0, "max_new_tokens": 40, "ignore_eos": True}] * 4
+    engine.flush_cache()
+    alone = engine.generate(plain, p_params)
+    want = engine.generate(constrained, c_params)
+    mixed = engine.generate(constrained + plain, c_params + p_params)
+    assert [o["output_ids"] for o in mixed] == [o["output_ids"] for o in want + alone]
+
+    # Twelve long prompts whose regex outlives max_new_tokens, in a pool that holds ~4 of them.
+    long = [_chat(engine, f"Write story {i} about {TOPICS[i % 9]}. " + "Use many short words. " * 50) for i in range(12)]
+    l_params = {"temperature": 0, "max_new_tokens": 100, "regex": r"([a-z]+ ){200}"}
+    want_long = engine.generate(long, l_params)
+    small = Engine(str(model_dir), dtype="float32", max_total_tokens=1500, chunked_prefill_size=256)
+    try:
+        got = small.generate(long, l_params)
+        assert small.scheduler.num_retractions > 0, "the pool was meant to be too small for all requests"
+        small.scheduler.check_invariants()
+    finally:
+        small.shutdown()
+    assert [o["output_ids"] for o in got] == [o["output_ids"] for o in want_long]
+    assert all(re.fullmatch(r"([a-z]+ )*[a-z]*", o["text"]) for o in got)
+
+
+class _SlowBackend:
+    """Delays every compile, to show other requests do not wait for it."""
+
+    def __init__(self, inner, delay_s: float) -> None:
+        self.inner, self.delay_s, self.vocab_size = inner, delay_s, inner.vocab_size
+
+    def compile(self, spec: GrammarSpec):
+        time.sleep(self.delay_s)
+        return self.inner.compile(spec)
+
+
+def test_a_compiling_grammar_blocks_no_one(engine):
+    from runtime.sampling.params import SamplingParams
+    from runtime.scheduler.req import Req
+
+    grammars = engine.scheduler.grammars
+    fast_cache = grammars.cache
+    grammars._cache = GrammarCache(_SlowBackend(fast_cache.backend, 3.0))
+    try:
+        ids = engine.tokenizer.encode(_chat(engine, "Will it rain?"))
+        slow = Req("slow", ids, SamplingParams(temperature=0, max_new_tokens=4, regex="(yes|no)"))
+        quick = Req("quick", ids, SamplingParams(temperature=0, max_new_tokens=4, ignore_eos=True))
+        engine.core.add_request(slow)
+        engine.core.add_request(quick)
+        start = time.perf_counter()
+        while not quick.is_finished:
+            engine.core.step()
+        assert time.perf_counter() - start < 2.5 and not slow.is_finished and slow.grammar is None
+        while not slow.is_finished:
+            engine.core.step()
+        assert slow.output_ids and re.fullmatch("(yes|no)", engine.tokenizer.decode(slow.output_ids[:-1]))
+    finally:
+        grammars._cache.shutdown()
+        grammars._cache = fast_cache
