@@ -109,6 +109,13 @@ class ServerArgs:
         "Largest decode batch replayed from a CUDA graph (sizes 1, 2, 4, 8, then steps of 8 and 16 "
         "are captured up to it); larger batches run eagerly. Default: --max-running-requests, at most 256.",
     )
+    enable_jump_forward: bool = _arg(
+        True,
+        "Jump-forward decoding for regex / json_schema / ebnf requests: where the grammar allows "
+        "only one continuation (a JSON key, closing braces), append its tokens at once and compute "
+        "them in one step instead of sampling them one step each. Requests that ask for logprobs "
+        "or have stop strings are never jumped. --no-enable-jump-forward turns it off.",
+    )
     grammar_compile_timeout: float = _arg(
         30.0,
         "Seconds a request may wait for its regex / json_schema / ebnf grammar to compile (on a "
@@ -243,7 +250,10 @@ def add_cli_args(parser: argparse.ArgumentParser, cls: type = ServerArgs) -> Non
         meta = f.metadata
         default = f.default
         if f.type in (bool, "bool"):
-            parser.add_argument(*flags, action="store_true", help=meta["help"])
+            if default:  # on by default: --flag / --no-flag
+                parser.add_argument(*flags, action=argparse.BooleanOptionalAction, default=True, help=meta["help"])
+            else:
+                parser.add_argument(*flags, action="store_true", help=meta["help"])
             continue
         kind = _cli_type(f.type)
         kw: dict[str, Any] = {"type": kind, "default": default, "help": meta["help"]}

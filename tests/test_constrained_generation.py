@@ -101,14 +101,17 @@ def reference_backend(engine):
 def test_greedy_equals_the_brute_force_reference_decoder(engine, reference_backend):
     prompts = [_chat(engine, q) for q in QUESTIONS[:4]]
     params = [{"temperature": 0, "max_new_tokens": 16, "regex": r} for r in REGEXES[:4]]
-    want = engine.generate(prompts, params)
     grammars = engine.scheduler.grammars
     fast_cache = grammars.cache
-    grammars._cache = GrammarCache(reference_backend)
+    engine.scheduler.jump_forward = False  # token for token: every token sampled
     try:
+        want = engine.generate(prompts, params)
+        grammars._cache = GrammarCache(reference_backend)
         got = engine.generate(prompts, params)
     finally:
-        grammars._cache.shutdown()
+        engine.scheduler.jump_forward = True
+        if grammars._cache is not fast_cache:
+            grammars._cache.shutdown()
         grammars._cache = fast_cache
     for g, w in zip(got, want, strict=True):
         assert g["output_ids"] == w["output_ids"]
@@ -141,6 +144,26 @@ def test_retraction_and_plain_neighbours_change_nothing(model_dir, engine):
         small.shutdown()
     assert [o["output_ids"] for o in got] == [o["output_ids"] for o in want_long]
     assert all(re.fullmatch(r"([a-z]+ )*[a-z]*", o["text"]) for o in got)
+
+
+def test_jump_forward_keeps_outputs_valid_in_fewer_steps(engine):
+    props = {f"field_{k}": {"type": "integer", "minimum": 0, "maximum": 9} for k in range(10)}
+    schema = {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+    prompts = [_chat(engine, f"Fill in form {i} as JSON.") for i in range(3)]
+    params = {"temperature": 0, "max_new_tokens": 200, "json_schema": json.dumps(schema)}
+    steps = {}
+    for on in (False, True):
+        engine.scheduler.jump_forward = on
+        before = engine.core.stats()
+        outs = engine.generate(prompts, params)
+        after = engine.core.stats()
+        steps[on] = after["num_forward_steps"] - before["num_forward_steps"]
+        jumped = after["num_jumped_tokens"] - before["num_jumped_tokens"]
+        assert (jumped > 0) == on
+        for out in outs:
+            assert out["meta_info"]["finish_reason"]["type"] == "stop"
+            jsonschema.validate(json.loads(out["text"]), schema)
+    assert steps[True] * 3 < steps[False], steps
 
 
 class _SlowBackend:

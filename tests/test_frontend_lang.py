@@ -14,6 +14,7 @@ import torch
 from pydantic import BaseModel, Field
 
 import frontend_lang as sgl
+from examples.json_extraction import DOCUMENT, TOOLS, extract_and_act
 from examples.llm_judge import llm_judge
 from examples.react_tool import react
 from examples.self_critique import self_critique
@@ -26,6 +27,7 @@ EXAMPLES = [
     (tree_of_thought, {"question": "How can I sleep better?", "width": 2, "depth": 2}),
     (llm_judge, {"question": "What is 2 + 2?", "answer": "4, because two pairs make four."}),
     (react, {"question": "How many people live in the capital of Japan?"}),
+    (extract_and_act, {"document": DOCUMENT}),
 ]
 
 
@@ -51,6 +53,8 @@ def test_examples_same_text_in_process_and_over_http(program, kwargs, local, rem
     assert a.ret_value == b.ret_value
     assert a.messages() == b.messages()
     assert len(a.text()) > 200
+    if program is extract_and_act:  # the tools' arguments came back typed
+        assert all(isinstance(a[name], model) and a[name] == b[name] for name, model in TOOLS.items())
 
 
 def test_role_text_matches_the_chat_template(local, engine):

@@ -102,7 +102,7 @@ def test_the_extreme_allowed_values_sample_finite_probabilities():
     from runtime.sampling.sampler import sample
 
     class Req:
-        input_ids, output_ids, generator, options = [1, 2, 3], [4], None, RequestOptions()
+        input_ids, output_ids, generator, options, allowed = [1, 2, 3], [4], None, RequestOptions(), None
 
     logits = torch.randn(4, 50) * 30
     reqs = []

@@ -48,7 +48,8 @@ def messages_from_text(text: str) -> list[dict[str, str]]:
 
 
 def _request_body(model: str, messages: list[dict[str, str]], params: dict[str, Any]) -> dict[str, Any]:
-    check_sampling_params(params, {"max_new_tokens", "temperature", "top_p", "top_k", "ignore_eos", "stop", "seed"}, "OpenAI chat")
+    check_sampling_params(params, {"max_new_tokens", "temperature", "top_p", "top_k", "ignore_eos", "stop", "seed",
+                                   "json_schema"}, "OpenAI chat")
     body: dict[str, Any] = {
         "model": model,
         "messages": messages,
@@ -64,6 +65,9 @@ def _request_body(model: str, messages: list[dict[str, str]], params: dict[str, 
     # are only sent when set, so strict servers see a plain request otherwise.
     if params.get("ignore_eos"):
         body["ignore_eos"] = True
+    if params.get("json_schema"):  # guided decoding, as OpenAI's structured outputs ask for it
+        schema = orjson.loads(params["json_schema"])
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
     if params.get("top_k", -1) not in (-1, 0, None):
         body["top_k"] = params["top_k"]
     return body

@@ -13,6 +13,7 @@ _MODULES = {
     "react": "bench_agent.workloads.react",
     "multi_turn": "bench_agent.workloads.multi_turn",
     "no_reuse": "bench_agent.workloads.no_reuse",
+    "extract": "bench_agent.workloads.extract",
 }
 ALIASES = {"tot": "tree_of_thought", "chat": "multi_turn", "control": "no_reuse"}
 NAMES = tuple(_MODULES)

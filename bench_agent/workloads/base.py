@@ -3,7 +3,8 @@
 A workload is written once as a ``frontend_lang`` program using only chat roles and
 ``gen`` calls that open an assistant turn, so the same program runs on every driver: the
 DSL itself, any OpenAI-compatible chat server, and transformers in-process. Outputs have
-fixed lengths (the runner sends ``ignore_eos``) and the control flow never depends on the
+fixed lengths (the runner sends ``ignore_eos``; a workload whose outputs end with their
+grammar says so with ``fixed_lengths=False``) and the control flow never depends on the
 generated text, so every backend does the same amount of work.
 """
 
@@ -31,6 +32,8 @@ class Workload:
     make_args: Callable[[int, int, dict[str, int]], dict[str, Any]]
     # sizes -> the number of gen calls one program makes
     gen_calls: Callable[[dict[str, int]], int]
+    # whether every gen runs to its max_tokens (ignore_eos); False where a grammar ends it
+    fixed_lengths: bool = True
 
     def sizes(self, size: str) -> dict[str, int]:
         if size not in self.presets:

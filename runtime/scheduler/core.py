@@ -52,6 +52,7 @@ class EngineCore:
         self.scheduler = Scheduler(
             args, self.worker, tokenizer.decode,
             make_grammar_backend=lambda: XGrammarBackend(tokenizer.hf, vocab_size, eos),
+            encode=lambda text: tokenizer.hf.encode(text, add_special_tokens=False),
         )
         self._reported: dict[str, int] = {}  # rid -> output tokens already reported
         self.num_finished = 0

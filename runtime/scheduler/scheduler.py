@@ -21,6 +21,7 @@ from runtime.executor.worker import BatchResult, ModelWorker
 from runtime.scheduler.batch import ScheduledBatch, lower
 from runtime.scheduler.cache_manager import CacheManager
 from runtime.scheduler.grammar_queue import GrammarQueue
+from runtime.scheduler.jump_forward import is_eligible, jump_forward
 from runtime.scheduler.policy import order_waiting
 from runtime.scheduler.prefill_budget import PrefillBudget
 from runtime.scheduler.program_pins import ProgramPins
@@ -40,10 +41,13 @@ class Scheduler:
     def __init__(
         self, args: ServerArgs, worker: ModelWorker, decode_tail: Callable[[list[int]], str],
         make_grammar_backend: Callable[[], GrammarBackend] | None = None,
+        encode: Callable[[str], list[int]] | None = None,
     ) -> None:
         self.args = args
         self.worker = worker
         self.decode_tail = decode_tail  # token ids -> text, for stop strings
+        self.encode = encode  # text -> token ids (no special tokens), for jump-forward
+        self.jump_forward = args.enable_jump_forward and encode is not None
         self.grammars = GrammarQueue(make_grammar_backend or _no_grammar_backend, args.grammar_compile_timeout)
         self.allocator = SlotAllocator(worker.num_slots)
         self.tree = RadixCache(self.allocator, page_size=args.page_size, disable=args.disable_radix_cache)
@@ -51,12 +55,15 @@ class Scheduler:
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
         self.chunked: Req | None = None  # the request whose prompt is part-way through prefill
+        self.jumped: list[Req] = []  # running requests with forced tokens to compute (jump-forward)
         self.new_token_ratio = _INIT_NEW_TOKEN_RATIO
         self.max_context_len = worker.max_context_len
         self.vocab_size = worker.model_config.vocab_size
         self.eos_token_ids = worker.eos_token_ids
         self.num_retractions = 0
         self.num_prefill_tokens = 0  # prompt tokens computed (not served from the cache)
+        self.num_forward_steps = 0
+        self.num_jumped_tokens = 0  # output tokens appended by jump-forward, not sampled
         self.prefill_streak = 0  # prefill steps since the last decode step
         self.pins = ProgramPins(self.tree, self.allocator.capacity)
 
@@ -83,7 +90,7 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.chunked or self.grammars)
+        return bool(self.waiting or self.running or self.chunked or self.jumped or self.grammars)
 
     def step(self) -> list[Req]:
         """Run one batch; return the requests that got a new token or finished."""
@@ -98,7 +105,7 @@ class Scheduler:
         if batch is not None:  # a step that decoded every running request ends a streak
             self.prefill_streak = 0 if batch.is_decode or batch.num_mixed_decodes else self.prefill_streak + 1
         if batch is None:
-            if self.grammars and not (self.waiting or self.running or self.chunked):
+            if self.grammars and not (self.waiting or self._admitted()):
                 self.grammars.wait(0.05)  # only compiles are pending
                 return failed
             if self.has_work and self.pins.release_oldest():
@@ -113,6 +120,7 @@ class Scheduler:
             self.check_invariants()
             return []
         result = self.worker.run(lower(batch, self.eos_token_ids, self.vocab_size))
+        self.num_forward_steps += 1
         if not batch.is_decode:
             self.num_prefill_tokens += sum(batch.extend_lens) - batch.num_mixed_decodes
         return failed + self._process(batch, result)
@@ -135,6 +143,8 @@ class Scheduler:
                 return None
             if req is self.chunked:
                 self.chunked = None
+            elif req in self.jumped:
+                self.jumped.remove(req)
             else:
                 self.running.remove(req)
             self.cache.release(req)
@@ -169,6 +179,8 @@ class Scheduler:
             "num_retractions": self.num_retractions,
             "num_pinned_programs": len(self.pins.pins),
             "num_prefill_tokens": self.num_prefill_tokens,
+            "num_forward_steps": self.num_forward_steps,
+            "num_jumped_tokens": self.num_jumped_tokens,
         }
 
     # ------------------------------------------------------------------ prefill
@@ -183,6 +195,16 @@ class Scheduler:
             if not self.cache.grant(req, n):
                 self.chunked = req  # wait for memory
                 return None
+            picked.append((req, n))
+            budget.take(n)
+        for req in list(self.jumped):  # forced tokens: one extend each, never split
+            n = len(req.fill_ids) - req.kv_len
+            if budget.exhausted or budget.chunk(n) < n:
+                break
+            self.jumped.remove(req)
+            if not self.cache.grant(req, n):
+                self._retract(req)  # memory is short: recompute it later from the tree
+                continue
             picked.append((req, n))
             budget.take(n)
         candidates = order_waiting(self.waiting, self.args.schedule_policy, self.cache) if self.waiting else []
@@ -302,12 +324,15 @@ class Scheduler:
         its computed KV goes to the tree, so it may be reused when it comes back."""
         victim = min(self.running, key=lambda r: (len(r.output_ids), -len(r.input_ids)))
         self.running.remove(victim)
-        self.cache.release(victim)
-        victim.is_retracted = True
-        self.waiting.appendleft(victim)
+        self._retract(victim)
+
+    def _retract(self, req: Req) -> None:
+        self.cache.release(req)
+        req.is_retracted = True
+        self.waiting.appendleft(req)
         self.num_retractions += 1
         self.new_token_ratio = _INIT_NEW_TOKEN_RATIO
-        logger.info("retracted request %s to free KV memory", victim.rid)
+        logger.info("retracted request %s to free KV memory", req.rid)
 
     def _decode_reserve(self) -> float:
         """KV slots the running requests may still need for their decode tokens."""
@@ -316,7 +341,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------ results
     def _process(self, batch: ScheduledBatch, result: BatchResult) -> list[Req]:
-        touched = []
+        touched, jumped = [], []
         first_decode = len(batch.reqs) - batch.num_mixed_decodes if not batch.is_decode else 0
         for i, req in enumerate(batch.reqs):
             req.kv_len = req.alloc_len
@@ -340,6 +365,8 @@ class Scheduler:
                 req.finished_reason = check_stop(req, self.eos_token_ids, self.max_context_len, self.decode_tail)
                 if req.grammar is not None and not req.is_finished:
                     req.finished_reason = grammar_stop(req, token)
+                    if self.jump_forward and not req.is_finished and self._jump(req):
+                        jumped.append(req)
             if req.first_token_at is None:
                 req.first_token_at = time.perf_counter()
             if prefilled and not req.is_finished:
@@ -353,10 +380,21 @@ class Scheduler:
                 if req.options.program_id is not None:
                     self.pins.pin(req.options.program_id, computed, req.options.namespace)
             touched.append(req)
+        for req in jumped:  # its forced tokens are computed by the next prefill step
+            self.running.remove(req)
+            self.jumped.append(req)
         return touched
 
+    def _jump(self, req: Req) -> bool:
+        if not is_eligible(req):
+            return False
+        room = min(req.params.max_new_tokens, self.max_context_len - len(req.input_ids)) - len(req.output_ids)
+        added = jump_forward(req, self.decode_tail, self.encode, room)  # type: ignore[arg-type]
+        self.num_jumped_tokens += added
+        return added > 0
+
     def _admitted(self) -> list[Req]:
-        return self.running + ([self.chunked] if self.chunked is not None else [])
+        return self.running + self.jumped + ([self.chunked] if self.chunked is not None else [])
 
 
 def _no_grammar_backend() -> GrammarBackend:
