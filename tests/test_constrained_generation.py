@@ -82,6 +82,13 @@ def test_regex_and_ebnf_outputs_match(engine):
         assert re.fullmatch(p.get("regex") or EBNF_AS_REGEX, out["text"]), (p, out["text"])
 
 
+def test_stop_string_inside_a_constraint(engine):
+    out = engine.generate(_chat(engine, "Count from one to nine."),
+                          {"temperature": 0, "max_new_tokens": 40, "regex": r"[1-9](, [1-9])*", "stop": ", 4"})
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": ", 4"} or ", 4" not in out["text"]
+    assert re.fullmatch(r"[1-9](, [1-9])*", out["text"]) and ", 4" not in out["text"]
+
+
 def test_json_object_and_n_with_sampling(engine):
     outs = engine.generate(_chat(engine, "Give me a JSON object about cats."),
                            {"temperature": 1.0, "seed": 7, "n": 3, "max_new_tokens": 80,
@@ -188,8 +195,11 @@ def test_a_compiling_grammar_blocks_no_one(engine):
         ids = engine.tokenizer.encode(_chat(engine, "Will it rain?"))
         slow = Req("slow", ids, SamplingParams(temperature=0, max_new_tokens=4, regex="(yes|no)"))
         quick = Req("quick", ids, SamplingParams(temperature=0, max_new_tokens=4, ignore_eos=True))
-        engine.core.add_request(slow)
-        engine.core.add_request(quick)
+        dropped = Req("dropped", ids, SamplingParams(temperature=0, max_new_tokens=4, regex="(maybe|perhaps)"))
+        for req in (slow, quick, dropped):
+            engine.core.add_request(req)
+        (out,) = engine.core.abort("dropped")  # still compiling: leaves the grammar queue at once
+        assert out.finished and dropped.finished_reason["type"] == "abort" and len(engine.scheduler.grammars) == 1
         start = time.perf_counter()
         while not quick.is_finished:
             engine.core.step()

@@ -31,6 +31,11 @@ def test_tp2_greedy_equals_tp1(engine, model_dir):
         attn = tp2.worker.model.layers[0].self_attn
         assert (attn.num_kv_heads, attn.num_heads) == (2, 6)
         got = tp2.generate(PROMPTS, params, return_logprob=True)
+        # constrained rows (masks on rank 0, jump-forward extends on every rank) as well
+        schema = {"json_schema": '{"type": "object", "properties": {"a": {"type": "integer", "maximum": 99}}}'}
+        tp_json = tp2.generate(PROMPTS, {**params, **schema})
+    for j, want in zip(tp_json, engine.generate(PROMPTS, {**params, **schema}), strict=True):
+        assert j["output_ids"] == want["output_ids"]
     for g, r in zip(got, ref, strict=True):
         assert g["output_ids"] == r["output_ids"]
         glp = torch.tensor([t[0] for t in g["meta_info"]["output_token_logprobs"]])
