@@ -222,6 +222,10 @@ class HttpArgs:
         "Default: no limit.",
     )
     startup_timeout: float = _arg(600.0, "Seconds to wait for the model to load before giving up.")
+    max_request_bytes: int = _arg(
+        32 * 2**20,
+        "Largest request body accepted, in bytes; a larger one gets 413 before it is parsed or tokenized.",
+    )
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -229,6 +233,8 @@ class HttpArgs:
             raise ValueError(f"startup_timeout must be positive, got {self.startup_timeout}")
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
+        if self.max_request_bytes < 1:
+            raise ValueError(f"max_request_bytes must be positive, got {self.max_request_bytes}")
         if self.max_queued_requests is not None and self.max_queued_requests < 0:
             raise ValueError("max_queued_requests must be >= 0")
 

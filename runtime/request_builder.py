@@ -13,6 +13,7 @@ into that many requests, prompt-major.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,11 +63,22 @@ def build_requests(prompts: list[list[int]], params: list[SamplingParams], optio
     requests = []
     for ids, p in zip(prompts, params, strict=True):
         check_prompt(ids, limits, prompt_field)
+        if options.return_logprob and options.logprob_start_len >= len(ids):
+            raise InvalidField("logprob_start_len", f"logprob_start_len ({options.logprob_start_len}) must be below "
+                               f"the prompt's length ({len(ids)} tokens), or -1 for output tokens only")
         p.check_vocab(limits.vocab_size)
         check_constraint(p)
         check_lengths(len(ids), p.max_new_tokens, limits, within_context=within_context)
-        requests += [GenerateRequest(ids, p, options) for _ in range(p.n)]
+        requests += [GenerateRequest(ids, _nth_sample(p, k), options) for k in range(p.n)]
     return requests
+
+
+def _nth_sample(params: SamplingParams, k: int) -> SamplingParams:
+    """The ``k``-th of ``n`` samples: with a seed, its own seed derived from it (as vLLM
+    does), so ``n`` seeded samples differ and the same request gives the same ``n`` again."""
+    if k == 0 or params.seed is None:
+        return params
+    return dataclasses.replace(params, seed=(params.seed + k) % 2**64)
 
 
 def check_prompt(ids: list[int], limits: RequestLimits, field: str) -> None:

@@ -33,10 +33,14 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         return self.hf.encode(text, add_special_tokens=True)
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            continue_final_message: bool = False, **template_kwargs: Any) -> str:
+        """The prompt text. ``continue_final_message``: leave the last (assistant) message
+        open for the model to continue; ``template_kwargs`` reach the template's variables."""
         if not self.hf.chat_template:
             raise ValueError("this model has no chat template; use completions instead of chat")
-        return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+        return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                           continue_final_message=continue_final_message, **template_kwargs)
 
     def role_markers(self) -> dict[str, Any]:
         """The text the chat template puts around each role's content, found by rendering

@@ -38,6 +38,7 @@ def test_n_expands_prompt_major_and_every_request_carries_its_options():
     ([[1]], [SamplingParams(max_new_tokens=80)], RequestOptions(), "max_tokens"),  # beyond the KV pool
     ([[1]], [SamplingParams(min_new_tokens=1, stop_token_ids=[100])], RequestOptions(), "stop_token_ids"),
     ([[1]], None, RequestOptions(return_logprob=True, logprob_start_len=-2), "logprob_start_len"),
+    ([[1, 2]], None, RequestOptions(return_logprob=True, logprob_start_len=2), "logprob_start_len"),  # past the prompt
     ([[1]], None, RequestOptions(return_logprob=True, top_logprobs_num=101), "top_logprobs_num"),
     ([[1]], None, RequestOptions(return_logprob="yes"), "return_logprob"),
 ])
@@ -45,6 +46,12 @@ def test_each_refusal_names_its_field(prompts, params, options, field):
     with pytest.raises(InvalidField) as err:
         _build(prompts, params, options)
     assert err.value.field == field
+
+
+def test_n_seeded_samples_get_their_own_seeds():
+    reqs = _build([[1]], [SamplingParams(max_new_tokens=5, n=3, seed=7)], RequestOptions())
+    assert [r.params.seed for r in reqs] == [7, 8, 9]
+    assert [r.params.seed for r in _build([[1]], [SamplingParams(max_new_tokens=5, n=2)], RequestOptions())] == [None, None]
 
 
 def test_the_openai_rule_also_fits_the_completion_in_the_context():

@@ -31,7 +31,6 @@ def assert_error(resp: httpx.Response, status: int, *words: str, param: str | No
     ("path", "body", "status", "words", "param"),
     [
         ("/v1/chat/completions", {**CHAT, "temperature": -1}, 400, ["temperature"], None),
-        ("/v1/chat/completions", {**CHAT, "max_tokenz": 3}, 400, ["max_tokenz", "xtra"], "max_tokenz"),
         ("/v1/chat/completions", {**CHAT, "messages": []}, 400, ["messages"], "messages"),
         ("/v1/chat/completions", {**CHAT, "messages": [{"role": "robot", "content": "x"}]}, 400, ["role"], "messages.0.role"),
         ("/v1/chat/completions", {**CHAT, "model": "gpt-9"}, 404, ["gpt-9"], "model"),

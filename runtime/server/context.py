@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,6 +22,8 @@ from runtime.sampling.params import InvalidField, SamplingParams
 from runtime.server.protocol import ApiError
 from runtime.server.scheduler_client import ReqState, SchedulerClient, ServerUnavailable
 from runtime.tokenizer import Tokenizer
+
+logger = logging.getLogger("forkserve")
 
 # Below this many characters a request's text is tokenized inline (a thread hop costs more).
 _INLINE_ENCODE_CHARS = 20_000
@@ -126,9 +129,17 @@ def sampling_params(d: dict[str, Any] | None, param: str = "sampling_params",
         return SamplingParams.from_dict(d)
 
 
-async def read_body(request: Request, model: type[BaseModel]) -> Any:
-    """Parse the JSON body into ``model``; a 400 naming the field otherwise."""
-    raw = await request.body()
+async def read_body(request: Request, model: type[BaseModel], max_bytes: int | None = None) -> Any:
+    """Parse the JSON body into ``model``; a 400 naming the field otherwise, a 413 for a
+    body over ``max_bytes`` (checked before reading when the client declares its length)."""
+    declared = request.headers.get("content-length")
+    if max_bytes is not None and declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise ApiError(413, f"The request body has {int(declared)} bytes; this server accepts at most {max_bytes}")
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if max_bytes is not None and len(raw) > max_bytes:
+            raise ApiError(413, f"The request body is over {max_bytes} bytes, the most this server accepts")
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as err:
@@ -136,8 +147,21 @@ async def read_body(request: Request, model: type[BaseModel]) -> Any:
     if not isinstance(data, dict):
         raise ApiError(400, "The request body must be a JSON object")
     try:
-        return model.model_validate(data)
+        body = model.model_validate(data)
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(x) for x in first["loc"])
         raise ApiError(400, f"{where}: {first['msg']}" + (f" ({len(err.errors())} errors)" if len(err.errors()) > 1 else ""), param=where) from err
+    warn_unknown_fields(request.url.path, body)
+    return body
+
+
+_warned_fields: set[tuple[str, str]] = set()
+
+
+def warn_unknown_fields(route: str, body: BaseModel) -> None:
+    """Fields no model declares are ignored; say so once per route and name."""
+    for name in body.model_extra or {}:
+        if (route, name) not in _warned_fields:
+            _warned_fields.add((route, name))
+            logger.warning("%s: ignoring unknown request field %r (logged once)", route, name)

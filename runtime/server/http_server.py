@@ -141,7 +141,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
 
     @app.post("/end_program")
     async def end_program(request: Request) -> dict[str, Any]:
-        req: EndProgramReq = await read_body(request, EndProgramReq)
+        req: EndProgramReq = await read_body(request, EndProgramReq, ctx.http.max_request_bytes)
         return {"released_nodes": await scheduler_call(ctx, "end_program", req.program_id)}
 
     @app.get("/metrics")
@@ -153,7 +153,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
     # ------------------------------------------------------------------ native generate
     @app.api_route("/generate", methods=["POST", "PUT"])
     async def generate(request: Request) -> Response:
-        req: GenerateReqInput = await read_body(request, GenerateReqInput)
+        req: GenerateReqInput = await read_body(request, GenerateReqInput, ctx.http.max_request_bytes)
         return await handle_generate(ctx, req, request)
 
     openai_api.add_routes(app, ctx)
@@ -193,7 +193,7 @@ def _version() -> str:
 
 
 async def handle_generate(ctx: ServerContext, req: GenerateReqInput, request: Request) -> Response:
-    reject_unsupported(req, ("image_data", "lora_path", "input_embeds", "token_ids_logprob"))
+    reject_unsupported(req, req.UNSUPPORTED)
     if (req.text is None) == (req.input_ids is None):
         raise ApiError(400, "give exactly one of 'text' or 'input_ids'", param="text")
     if req.text is not None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -51,12 +53,12 @@ def add_routes(app: FastAPI, ctx: ServerContext) -> None:
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        req: CompletionRequest = await read_body(request, CompletionRequest)
+        req: CompletionRequest = await read_body(request, CompletionRequest, ctx.http.max_request_bytes)
         return await Completion(ctx, req, request).run()
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        req: ChatCompletionRequest = await read_body(request, ChatCompletionRequest)
+        req: ChatCompletionRequest = await read_body(request, ChatCompletionRequest, ctx.http.max_request_bytes)
         return await ChatCompletion(ctx, req, request).run()
 
 
@@ -95,7 +97,8 @@ class _OpenAIHandler:
             "repetition_penalty": r.repetition_penalty,
             "ignore_eos": r.ignore_eos,
             "skip_special_tokens": r.skip_special_tokens,
-            "no_stop_trim": r.no_stop_trim,
+            "no_stop_trim": r.no_stop_trim or r.include_stop_str_in_output,
+            "spaces_between_special_tokens": r.spaces_between_special_tokens,
             "seed": r.seed,
             **self.constraint(),
         }
@@ -104,7 +107,13 @@ class _OpenAIHandler:
     def constraint(self) -> dict[str, Any]:
         """The request's output constraint as sampling fields: ``response_format`` becomes a
         ``json_schema`` (``json_object``: any object), ``regex`` and ``ebnf`` pass through."""
-        r, fields = self.req, {"regex": self.req.regex, "ebnf": self.req.ebnf}
+        r = self.req
+        regex = r.regex or r.guided_regex
+        if r.guided_choice:
+            regex = "|".join(re.escape(c) for c in r.guided_choice)
+        fields: dict[str, Any] = {"regex": regex, "ebnf": r.ebnf or r.guided_grammar}
+        if r.guided_json is not None:
+            fields["json_schema"] = r.guided_json if isinstance(r.guided_json, str) else json.dumps(r.guided_json)
         fmt = r.response_format
         if fmt is None or fmt.type == "text":
             return fields
@@ -118,7 +127,7 @@ class _OpenAIHandler:
 
     def check_common(self) -> None:
         self.ctx.check_model(self.req.model)
-        reject_unsupported(self.req, ("logit_bias",))
+        reject_unsupported(self.req, self.req.UNSUPPORTED)
         if self.req.best_of not in (None, 1):
             raise ApiError(400, "'best_of' is not supported by this server", param="best_of")
         if not 1 <= self.req.n <= MAX_N:
@@ -128,17 +137,17 @@ class _OpenAIHandler:
         """``n`` requests per prompt, prompt-major (choice index = prompt * n + k)."""
         ctx = self.ctx
         options = RequestOptions(stream=self.req.stream, return_logprob=top_logprobs is not None,
-                                 top_logprobs_num=top_logprobs or 0)
+                                 top_logprobs_num=top_logprobs or 0, namespace=self.req.extra_key or self.req.cache_salt)
         requests = []
         for ids in prompts:
             room = min(ctx.max_context_len, ctx.max_total_tokens) - len(ids)
             max_new = max(room, 0) if max_tokens is None else max_tokens
             if max_new < 0:
                 raise ApiError(400, "max_tokens must be >= 0", param="max_tokens")
-            params = self.params(max_new)
+            params = dataclasses.replace(self.params(max_new), n=self.req.n)  # n checked in check_common
             with bad_input_as_400("prompt", _OPENAI_NAMES):
-                one = build_requests([ids], [params], options, ctx.limits, prompt_field="prompt", within_context=True)
-            requests += one * self.req.n
+                requests += build_requests([ids], [params], options, ctx.limits, prompt_field="prompt",
+                                           within_context=True)
         self.num_prompts = len(prompts)
         return ctx.submit_group(requests)
 
@@ -295,14 +304,24 @@ class ChatCompletion(_OpenAIHandler):
     async def run(self) -> Response:
         r = self.req
         self.check_common()
-        reject_unsupported(r, ("tools", "tool_choice", "parallel_tool_calls"))
+        reject_unsupported(r, r.CHAT_UNSUPPORTED)
+        if r.tool_choice not in (None, "none", "auto"):  # nothing to call without tools
+            raise ApiError(400, "'tool_choice' needs 'tools', which this server does not support yet", param="tool_choice")
+        if r.web_search_options is not None:  # even {} asks for a search
+            raise ApiError(400, "'web_search_options' is not supported by this server", param="web_search_options")
+        if r.modalities not in (None, ["text"]):
+            raise ApiError(400, "only the text modality is supported", param="modalities")
+        if any(m.tool_calls or m.function_call for m in r.messages):
+            raise ApiError(400, "assistant messages with 'tool_calls' are not supported yet", param="messages")
         if r.max_tokens is not None and r.max_completion_tokens is not None and r.max_tokens != r.max_completion_tokens:
             raise ApiError(400, "give max_tokens or max_completion_tokens, not two different values", param="max_tokens")
         if r.top_logprobs and not r.logprobs:
             raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
         messages = [m.as_template_dict() for m in r.messages]
         try:
-            text = self.ctx.tokenizer.apply_chat_template(messages)
+            text = self.ctx.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=r.add_generation_prompt and not r.continue_final_message,
+                continue_final_message=r.continue_final_message, **(r.chat_template_kwargs or {}))
         except Exception as err:  # jinja errors name the template's complaint
             raise ApiError(400, f"the chat template rejected the messages: {err}", param="messages") from err
         prompts = await self.ctx.encode([text])

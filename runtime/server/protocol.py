@@ -1,15 +1,18 @@
 """Request bodies of the HTTP API (pydantic) and the one error type handlers raise.
 
-Unknown fields are rejected (as OpenAI's API does) so a misspelt parameter is a 400 naming
-it, never silently ignored. Fields we know but do not implement are accepted only at their
-neutral value and are otherwise a 400 that says they are not supported.
+Every field of OpenAI's request schemas and of SGLang's (its frontend and its gateway send
+them) is declared: each is implemented, accepted and ignored where it changes nothing here
+(``user``, ``metadata``, ``store``...), or accepted only at its neutral value and otherwise a
+400 that says it is not supported. ``null`` means "not given". Fields outside all of these
+are ignored with one warning in the log per name (vLLM's behaviour); wrong JSON types stay
+400s naming the field.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class ApiError(Exception):
@@ -26,11 +29,22 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.status}}
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+class _Body(BaseModel):
+    """A request body: JSON types checked strictly (no numbers as strings); ``null`` means
+    "not given", so the field keeps its default; fields outside the model are kept aside
+    (``model_extra``) for ``read_body`` to log once and ignore, as vLLM does."""
+
+    model_config = ConfigDict(extra="allow", strict=True, populate_by_name=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_not_given(cls, data: Any) -> Any:
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
 
 
 def reject_unsupported(req: BaseModel, names: tuple[str, ...]) -> None:
+    """A 400 for each of ``names`` given a value other than its neutral one (unset, false,
+    empty): something the server cannot do."""
     for name in names:
         value = getattr(req, name)
         if value not in (None, False, [], {}):
@@ -38,7 +52,7 @@ def reject_unsupported(req: BaseModel, names: tuple[str, ...]) -> None:
 
 
 # ---------------------------------------------------------------- native (SGLang) API
-class GenerateReqInput(_Strict):
+class GenerateReqInput(_Body):
     text: str | list[str] | None = None
     input_ids: list[int] | list[list[int]] | None = None
     sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
@@ -53,37 +67,61 @@ class GenerateReqInput(_Strict):
     cache_salt: str | None = None
     # Keep this request's prefix cached until POST /end_program with the same id.
     program_id: str | None = None
+    # accepted and ignored: they change nothing here
+    model: str | None = None
+    log_metrics: bool = True
+    no_logs: bool = False
     # accepted at their neutral value only
     image_data: Any = None
+    video_data: Any = None
+    audio_data: Any = None
     lora_path: Any = None
+    lora_id: Any = None
     input_embeds: Any = None
     token_ids_logprob: Any = None
+    session_params: Any = None
+    custom_logit_processor: Any = None
+    return_hidden_states: bool = False
+    return_routed_experts: bool = False
+    return_bytes: bool = False
+    return_entropy: bool = False
+    background: bool = False
+    bootstrap_host: Any = None
+    bootstrap_port: Any = None
+    bootstrap_room: Any = None
+    data_parallel_rank: Any = None
+    priority: Any = None
+
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("image_data", "video_data", "audio_data", "lora_path", "lora_id", "input_embeds",
+                   "token_ids_logprob", "session_params", "custom_logit_processor", "return_hidden_states",
+                   "return_routed_experts", "return_bytes", "return_entropy", "background", "bootstrap_host",
+                   "bootstrap_port", "bootstrap_room", "data_parallel_rank", "priority")
 
 
-class EndProgramReq(_Strict):
+class EndProgramReq(_Body):
     program_id: str
 
 
 # ---------------------------------------------------------------- OpenAI API
-class StreamOptions(_Strict):
+class StreamOptions(_Body):
     include_usage: bool = False
     continuous_usage_stats: bool = False
 
 
-class JsonSchemaFormat(_Strict):
+class JsonSchemaFormat(_Body):
     name: str
     description: str | None = None
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     strict: bool | None = None
 
 
-class ResponseFormat(_Strict):
+class ResponseFormat(_Body):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
 
-class _OpenAISampling(_Strict):
-    """Fields shared by completions and chat, including the common non-OpenAI extras."""
+class _OpenAISampling(_Body):
+    """Fields shared by completions and chat: OpenAI's, then the extras of vLLM and SGLang."""
 
     model: str
     n: int = 1
@@ -95,6 +133,7 @@ class _OpenAISampling(_Strict):
     stream_options: StreamOptions | None = None
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
+    # accepted and ignored: they change nothing here
     user: str | None = None
     # extras (vLLM / SGLang names)
     top_k: int | None = None
@@ -105,14 +144,51 @@ class _OpenAISampling(_Strict):
     stop_token_ids: list[int] | None = None
     stop_regex: str | list[str] | None = None
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
     no_stop_trim: bool = False
-    # constrained output: OpenAI's response_format, or vLLM / SGLang's regex and ebnf
+    include_stop_str_in_output: bool = False  # vLLM's name for no_stop_trim
+    # requests with different keys never share cached prefixes (SGLang)
+    extra_key: str | None = None
+    cache_salt: str | None = None
+    # constrained output: OpenAI's response_format, vLLM / SGLang's regex and ebnf, vLLM's guided_*
     response_format: ResponseFormat | None = None
     regex: str | None = None
     ebnf: str | None = None
-    # not supported unless neutral
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_grammar: str | None = None
+    guided_choice: list[str] | None = None
+    # accepted and ignored (SGLang's gateway sends them)
+    rid: str | list[str] | None = None
+    return_text_in_logprobs: bool = False
+    # accepted at their neutral value only
     logit_bias: dict[str, float] | None = None
     best_of: int | None = None
+    lora_path: Any = None
+    session_params: Any = None
+    custom_logit_processor: Any = None
+    custom_params: Any = None
+    return_hidden_states: bool = False
+    return_routed_experts: bool = False
+    bootstrap_host: Any = None
+    bootstrap_port: Any = None
+    bootstrap_room: Any = None
+    data_parallel_rank: Any = None
+    priority: Any = None
+    structural_tag: Any = None
+    allowed_token_ids: Any = None
+    bad_words: Any = None
+    logits_processors: Any = None
+    prompt_logprobs: Any = None
+    truncate_prompt_tokens: Any = None
+    use_beam_search: bool = False
+
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = (
+        "logit_bias", "lora_path", "session_params", "custom_logit_processor", "custom_params",
+        "return_hidden_states", "return_routed_experts", "bootstrap_host", "bootstrap_port", "bootstrap_room",
+        "data_parallel_rank", "priority", "structural_tag", "allowed_token_ids", "bad_words", "logits_processors",
+        "prompt_logprobs", "truncate_prompt_tokens", "use_beam_search",
+    )
 
 
 class CompletionRequest(_OpenAISampling):
@@ -123,21 +199,49 @@ class CompletionRequest(_OpenAISampling):
     suffix: str | None = None
 
 
-class TextPart(_Strict):
+class TextPart(_Body):
     type: Literal["text"]
     text: str
 
 
-class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+class ContentPart(_Body):
+    """A message part that is not text (an image, audio, a file): refused with a 400."""
+
+    type: str
+
+
+class FunctionCall(_Body):
+    name: str
+    arguments: str
+
+
+class ToolCall(_Body):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(_Body):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[TextPart | ContentPart] | None = None
     name: str | None = None
     tool_call_id: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    # accepted and ignored: what clients echo back from earlier responses
+    refusal: str | None = None
+    reasoning_content: str | None = None
+    annotations: Any = None
+    audio: Any = None
+    function_call: Any = None
 
     def as_template_dict(self) -> dict[str, Any]:
         content = self.content
         if isinstance(content, list):
-            content = "".join(p.text for p in content)
+            other = next((p.type for p in content if not isinstance(p, TextPart)), None)
+            if other is not None:
+                raise ApiError(400, f"message content of type '{other}' is not supported (text only)",
+                               param="messages")
+            content = "".join(p.text for p in content)  # type: ignore[union-attr]
         role = "system" if self.role == "developer" else self.role
         return {"role": role, "content": content or ""}
 
@@ -148,7 +252,31 @@ class ChatCompletionRequest(_OpenAISampling):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    # not supported unless neutral
+    # chat template controls (vLLM / SGLang)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    # accepted and ignored: they change nothing here
+    metadata: dict[str, Any] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    verbosity: str | None = None
+    parallel_tool_calls: bool | None = None
+    separate_reasoning: bool = True
+    stream_reasoning: bool = True
+    modalities: list[str] | None = None  # ["text"] only
+    # accepted at their neutral value only
     tools: list[Any] | None = None
     tool_choice: Any = None
-    parallel_tool_calls: bool | None = None
+    functions: Any = None
+    function_call: Any = None
+    audio: Any = None
+    prediction: Any = None
+    web_search_options: Any = None
+    reasoning_effort: Any = None
+
+    CHAT_UNSUPPORTED: ClassVar[tuple[str, ...]] = (
+        "tools", "functions", "function_call", "audio", "prediction", "web_search_options", "reasoning_effort",
+    )

@@ -1,0 +1,143 @@
+"""What real clients send is accepted: every OpenAI request field with ``null`` meaning
+"not given", the extra fields of SGLang's gateway and of vLLM's clients, unknown fields
+ignored with one warning; each value the server cannot honour is a 400 naming its field.
+Plus the fields that are implemented here: ``n`` with a seed, ``continue_final_message``,
+vLLM's ``guided_*`` and ``include_stop_str_in_output``, cache keys."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+pytestmark = pytest.mark.slow
+
+MODEL = "SmolLM2-135M-Instruct"
+MESSAGES = [{"role": "user", "content": "Name a planet."}]
+
+# As the openai client, LangChain and hand-written clients send them: every optional field null.
+OPENAI_NULLS = {
+    "audio": None, "frequency_penalty": None, "function_call": None, "functions": None, "logit_bias": None,
+    "logprobs": None, "max_completion_tokens": None, "metadata": None, "modalities": None, "n": None,
+    "parallel_tool_calls": None, "prediction": None, "presence_penalty": None, "prompt_cache_key": None,
+    "reasoning_effort": None, "response_format": None, "safety_identifier": None, "seed": None,
+    "service_tier": None, "stop": None, "store": None, "stream": None, "stream_options": None,
+    "temperature": None, "tool_choice": None, "tools": None, "top_logprobs": None, "top_p": None, "user": None,
+    "verbosity": None, "web_search_options": None,
+}
+# Values that change nothing here, as clients set them.
+OPENAI_HARMLESS = {"user": "user-1", "metadata": {"run": "7"}, "store": False, "service_tier": "auto",
+                   "parallel_tool_calls": True, "prompt_cache_key": "k", "safety_identifier": "s",
+                   "modalities": ["text"], "tool_choice": "none", "verbosity": "medium"}
+# What SGLang's model gateway forwards on the chat route (its own fields at their defaults).
+GATEWAY_CHAT = {"continue_final_message": False, "separate_reasoning": True, "stream_reasoning": True,
+                "no_stop_trim": False, "return_hidden_states": False, "skip_special_tokens": True,
+                "lora_path": None, "session_params": None, "rid": None, "chat_template_kwargs": None,
+                "bootstrap_host": None, "bootstrap_port": None, "bootstrap_room": None, "top_k": -1, "min_p": 0.0,
+                "min_tokens": 0, "repetition_penalty": 1.0, "stop_token_ids": None, "ignore_eos": False,
+                "regex": None, "ebnf": None, "json_schema": None, "priority": None}
+# ... and on /generate.
+GATEWAY_GENERATE = {"model": None, "log_metrics": True, "no_logs": False, "background": False, "return_bytes": False,
+                    "return_entropy": False, "return_hidden_states": False, "lora_path": None, "stream": False,
+                    "rid": None, "image_data": None, "bootstrap_host": None, "data_parallel_rank": None}
+
+
+def post(server, path: str, body: dict) -> httpx.Response:
+    return httpx.post(server.url + path, json=body, timeout=120)
+
+
+@pytest.mark.parametrize("extra", [OPENAI_NULLS, OPENAI_HARMLESS, GATEWAY_CHAT], ids=["nulls", "harmless", "gateway"])
+def test_chat_bodies_clients_send_are_accepted(server, extra):
+    resp = post(server, "/v1/chat/completions", {"model": MODEL, "messages": MESSAGES, "max_tokens": 4, **extra})
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["choices"][0]["message"]["role"] == "assistant"
+
+
+def test_completion_and_generate_bodies_with_nulls_and_gateway_fields(server):
+    body = {"model": MODEL, "prompt": "Hello", "max_tokens": 3, "n": None, "best_of": None, "echo": None,
+            "logprobs": None, "suffix": None, "user": None, "stream": None, "seed": None, "logit_bias": None}
+    assert post(server, "/v1/completions", body).status_code == 200
+    resp = post(server, "/generate", {"text": "Hello", "sampling_params": {"max_new_tokens": 3}, **GATEWAY_GENERATE})
+    assert resp.status_code == 200, resp.text
+
+
+def test_unknown_fields_are_ignored_with_one_warning(server):
+    for _ in range(2):
+        resp = post(server, "/v1/chat/completions", {"model": MODEL, "messages": MESSAGES, "max_tokens": 2,
+                                                      "frobnicate_level": 3})
+        assert resp.status_code == 200, resp.text
+    log = server.read_output()
+    assert log.count("ignoring unknown request field 'frobnicate_level'") == 1
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("logit_bias", {"42": 5}), ("audio", {"voice": "alloy", "format": "mp3"}), ("prediction", {"type": "content", "content": "x"}),
+        ("reasoning_effort", "high"), ("web_search_options", {}), ("modalities", ["text", "audio"]),
+        ("return_hidden_states", True), ("lora_path", "adapter"), ("tools", [{"type": "function", "function": {"name": "f"}}]),
+        ("tool_choice", "required"), ("use_beam_search", True), ("allowed_token_ids", [1, 2]),
+    ],
+)
+def test_values_we_cannot_honour_are_400s_naming_the_field(server, field, value):
+    resp = post(server, "/v1/chat/completions", {"model": MODEL, "messages": MESSAGES, "max_tokens": 2, field: value})
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["param"] == field
+
+
+def test_images_and_tool_history_are_refused_and_types_still_checked(server):
+    image = [{"role": "user", "content": [{"type": "text", "text": "What is this?"},
+                                          {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}]}]
+    resp = post(server, "/v1/chat/completions", {"model": MODEL, "messages": image, "max_tokens": 2})
+    assert resp.status_code == 400 and "image_url" in resp.json()["error"]["message"]
+    history = [*MESSAGES, {"role": "assistant", "content": None,
+                           "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]
+    resp = post(server, "/v1/chat/completions", {"model": MODEL, "messages": history, "max_tokens": 2})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "messages"
+    resp = post(server, "/v1/chat/completions", {"model": MODEL, "messages": MESSAGES, "n": "2"})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "n"
+
+
+def test_n_seeded_samples_differ_and_repeat(server):
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    kw = dict(model=MODEL, messages=[{"role": "user", "content": "Write a short poem about the sea."}],
+              n=4, seed=1, temperature=1.0, max_tokens=12)
+    first = [c.message.content for c in client.chat.completions.create(**kw).choices]
+    again = [c.message.content for c in client.chat.completions.create(**kw).choices]
+    assert len(set(first)) == 4 and first == again
+
+
+def test_continue_final_message(server, engine):
+    partial = [{"role": "user", "content": "What is the capital of France?"},
+               {"role": "assistant", "content": "The capital of France is"}]
+    resp = post(server, "/v1/chat/completions", {"model": MODEL, "messages": partial, "max_tokens": 6,
+                                                  "temperature": 0, "continue_final_message": True})
+    assert resp.status_code == 200, resp.text
+    prompt = engine.tokenizer.apply_chat_template(partial, add_generation_prompt=False, continue_final_message=True)
+    assert prompt.endswith("The capital of France is")
+    want = engine.generate(prompt, {"temperature": 0, "max_new_tokens": 6})
+    assert resp.json()["choices"][0]["message"]["content"] == want["text"]
+
+
+def test_vllm_guided_fields_and_stop_string_kept(server):
+    resp = post(server, "/v1/chat/completions", {"model": MODEL, "messages": MESSAGES, "max_tokens": 8, "temperature": 0,
+                                                  "guided_choice": ["Mars", "Venus", "Jupiter"]})
+    assert resp.json()["choices"][0]["message"]["content"] in ("Mars", "Venus", "Jupiter")
+    plain = post(server, "/v1/completions", {"model": MODEL, "prompt": "1, 2, 3,", "max_tokens": 12, "temperature": 0,
+                                             "stop": [" 5"]}).json()["choices"][0]["text"]
+    kept = post(server, "/v1/completions", {"model": MODEL, "prompt": "1, 2, 3,", "max_tokens": 12, "temperature": 0,
+                                            "stop": [" 5"], "include_stop_str_in_output": True}).json()["choices"][0]["text"]
+    assert kept == plain + " 5"
+
+
+def test_a_body_over_the_limit_is_413_before_parsing(server):
+    resp = httpx.post(server.url + "/v1/completions", content=b" " * (33 * 2**20),
+                      headers={"content-type": "application/json"}, timeout=120)
+    assert resp.status_code == 413 and "at most" in resp.json()["error"]["message"]
+    assert post(server, "/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 1}).status_code == 200
+
+
+def test_logprob_start_len_past_the_prompt_is_400(server):
+    resp = post(server, "/generate", {"input_ids": [1, 2, 3], "return_logprob": True, "logprob_start_len": 3,
+                                      "sampling_params": {"max_new_tokens": 1}})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "logprob_start_len"

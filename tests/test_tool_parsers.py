@@ -1,0 +1,65 @@
+"""Tool-call parsers on hand-written model outputs (no model): calls and content split
+right for each format, bad markup stays content, and streaming gives the same calls and
+content as parsing the whole text while never showing markup."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from runtime.server.tools.parsers import StreamingToolParser, get_parser, parser_for_template
+
+CASES = {
+    "hermes": ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+               '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'),
+    "qwen25": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+    "llama3_json": '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "add", "parameters": {"a": 1, "b": 2}}',
+    "mistral": 'Sure. [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "add", "arguments": {"a": 1, "b": 2}}]',
+}
+CONTENT = {"hermes": "Let me check.", "qwen25": "", "llama3_json": "", "mistral": "Sure."}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_calls_and_content_are_split(name):
+    content, calls = get_parser(name).parse(CASES[name])
+    assert content == CONTENT[name]
+    assert calls[0].name == "get_weather" and json.loads(calls[0].arguments) == {"city": "Paris"}
+    if name != "qwen25":
+        assert calls[1].name == "add" and json.loads(calls[1].arguments) == {"a": 1, "b": 2}
+    assert all(c.as_openai()["id"].startswith("call_") for c in calls)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_plain_text_and_broken_markup_stay_content(name):
+    parser = get_parser(name)
+    assert parser.parse("Just an answer.") == ("Just an answer.", [])
+    broken = parser.start + ' {"name": "f", "arguments": '
+    assert parser.parse(broken) == (broken, [])
+
+
+@pytest.mark.parametrize("name", ["hermes", "mistral", "llama3_json"])
+def test_streaming_matches_whole_parse_and_hides_markup(name):
+    text = CASES[name]
+    stream = StreamingToolParser(get_parser(name))
+    content, calls = "", []
+    for end in range(1, len(text) + 1):
+        delta, new_calls = stream.feed(text[:end], finished=end == len(text))
+        content += delta
+        calls += new_calls
+        assert "<tool" not in content and "[TOOL" not in content and "python_tag" not in content
+    want_content, want_calls = get_parser(name).parse(text)
+    assert content == want_content
+    heads = [c for c in calls if "id" in c]
+    assert [h["function"]["name"] for h in heads] == [c.name for c in want_calls]
+    args = [c["function"]["arguments"] for c in calls if "id" not in c]
+    assert [json.loads(a) for a in args] == [json.loads(c.arguments) for c in want_calls]
+    assert [h["index"] for h in heads] == list(range(len(want_calls)))
+
+
+def test_auto_picks_the_format_from_the_template():
+    assert parser_for_template("{{ '[TOOL_CALLS]' }}").name == "mistral"
+    assert parser_for_template("<|python_tag|>").name == "llama3_json"
+    assert parser_for_template("<tool_call>").name == "hermes"
+    with pytest.raises(ValueError, match="unknown tool-call parser"):
+        get_parser("pythonic")
