@@ -222,6 +222,16 @@ class HttpArgs:
         "Default: no limit.",
     )
     startup_timeout: float = _arg(600.0, "Seconds to wait for the model to load before giving up.")
+    tool_call_parser: str = _arg(
+        "auto",
+        "How the model writes tool calls, for the chat route's 'tools': hermes (<tool_call> JSON blocks), "
+        "qwen25, llama3_json, mistral, or auto (picked from the chat template; hermes for the template "
+        "shipped for ChatML models that cannot show tools, such as the default model).",
+        choices=["auto", "hermes", "qwen25", "llama3_json", "mistral"],
+    )
+    chat_template: str | None = _arg(
+        None, "A Jinja chat template file to use instead of the model's (for chats with and without tools)."
+    )
     max_request_bytes: int = _arg(
         32 * 2**20,
         "Largest request body accepted, in bytes; a larger one gets 413 before it is parsed or tokenized.",

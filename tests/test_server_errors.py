@@ -36,7 +36,7 @@ def assert_error(resp: httpx.Response, status: int, *words: str, param: str | No
         ("/v1/chat/completions", {**CHAT, "model": "gpt-9"}, 404, ["gpt-9"], "model"),
         ("/v1/chat/completions", {**CHAT, "max_tokens": 100_000}, 400, ["8192", "100", "maximum context length"], "max_tokens"),
         ("/v1/chat/completions", {**CHAT, "top_logprobs": 2}, 400, ["logprobs"], "top_logprobs"),
-        ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function"}]}, 400, ["tools", "not supported"], "tools"),
+        ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function"}]}, 400, ["tools.0.function"], "tools.0.function"),
         ("/v1/completions", {"model": MODEL, "prompt": "x", "top_p": 0}, 400, ["top_p"], None),
         ("/v1/completions", {"model": MODEL, "prompt": [[1, 2], [999_999]]}, 400, ["token ids"], "prompt"),
         ("/v1/completions", {"model": MODEL, "prompt": []}, 400, ["prompt"], None),

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -43,6 +45,12 @@ class ServerContext:
     is_ready: bool = False
     is_shutting_down: bool = False
     started_at: float = field(default_factory=time.time)
+
+    @functools.cached_property
+    def chat_template_override(self) -> str | None:
+        """The text of ``--chat-template``'s file, if one was given."""
+        path = self.http.chat_template
+        return Path(path).read_text() if path else None
 
     @property
     def max_context_len(self) -> int:

@@ -26,6 +26,14 @@ from runtime.server.protocol import (
 )
 from runtime.server.responses import SSE_DONE, JsonResponse, error_of, merged_updates, sse, wait_all
 from runtime.server.scheduler_client import ReqState
+from runtime.server.tools.constraint import tool_grammar
+from runtime.server.tools.parsers import (
+    StreamingToolParser,
+    ToolCallParser,
+    get_parser,
+    parser_for_template,
+)
+from runtime.server.tools.template import render, tool_template
 
 # Sampling fields as OpenAI clients call them, for error messages.
 _OPENAI_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "json_schema": "response_format"}
@@ -217,7 +225,9 @@ class _OpenAIHandler:
                     continue
                 logprobs = self.logprobs(s, sent_tokens[i], len(s.output_token_logprobs), sent_text[i])
                 sent_text[i], sent_tokens[i] = len(s.text), len(s.output_token_logprobs)
-                yield self.chunk([self.delta_choice(i, text, finish, logprobs)])
+                choice = self.stream_choice(i, s, text, finish, logprobs)
+                if choice is not None:
+                    yield self.chunk([choice])
         if self.include_usage:
             yield self.chunk([], self.usage(states))
         yield SSE_DONE
@@ -225,6 +235,11 @@ class _OpenAIHandler:
     # subclass hooks
     def choice(self, index: int, state: ReqState) -> dict[str, Any]:
         raise NotImplementedError
+
+    def stream_choice(self, index: int, state: ReqState, text: str, finish: str | None,
+                      logprobs: Any) -> dict[str, Any] | None:
+        """The chunk choice for new ``text`` of choice ``index`` (None: nothing to send yet)."""
+        return self.delta_choice(index, text, finish, logprobs)
 
     def stream_start(self, num_choices: int) -> list[dict[str, Any]]:
         return []
@@ -300,42 +315,108 @@ class Completion(_OpenAIHandler):
 class ChatCompletion(_OpenAIHandler):
     object_name = "chat.completion"
     id_prefix = "chatcmpl"
+    tool_parser: ToolCallParser | None = None
+    tool_ebnf: str | None = None
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.tool_streams: dict[int, StreamingToolParser] = {}
 
     async def run(self) -> Response:
         r = self.req
         self.check_common()
         reject_unsupported(r, r.CHAT_UNSUPPORTED)
-        if r.tool_choice not in (None, "none", "auto"):  # nothing to call without tools
-            raise ApiError(400, "'tool_choice' needs 'tools', which this server does not support yet", param="tool_choice")
+        tools = [t.model_dump(exclude_none=True) for t in r.tools] if r.tools else None
+        self.check_tool_choice(tools)
         if r.web_search_options is not None:  # even {} asks for a search
             raise ApiError(400, "'web_search_options' is not supported by this server", param="web_search_options")
         if r.modalities not in (None, ["text"]):
             raise ApiError(400, "only the text modality is supported", param="modalities")
-        if any(m.tool_calls or m.function_call for m in r.messages):
-            raise ApiError(400, "assistant messages with 'tool_calls' are not supported yet", param="messages")
+        if any(m.function_call for m in r.messages):
+            raise ApiError(400, "'function_call' in messages is the deprecated form; send 'tool_calls'", param="messages")
         if r.max_tokens is not None and r.max_completion_tokens is not None and r.max_tokens != r.max_completion_tokens:
             raise ApiError(400, "give max_tokens or max_completion_tokens, not two different values", param="max_tokens")
         if r.top_logprobs and not r.logprobs:
             raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
         messages = [m.as_template_dict() for m in r.messages]
-        try:
-            text = self.ctx.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=r.add_generation_prompt and not r.continue_final_message,
-                continue_final_message=r.continue_final_message, **(r.chat_template_kwargs or {}))
-        except Exception as err:  # jinja errors name the template's complaint
-            raise ApiError(400, f"the chat template rejected the messages: {err}", param="messages") from err
+        text = self.render_prompt(messages, tools)
         prompts = await self.ctx.encode([text])
         max_tokens = r.max_completion_tokens if r.max_completion_tokens is not None else r.max_tokens
         top = (r.top_logprobs or 0) if r.logprobs else None
         return await self.respond(self.submit(prompts, max_tokens, top))
 
+    def check_tool_choice(self, tools: list[dict[str, Any]] | None) -> None:
+        choice = self.req.tool_choice
+        if choice in (None, "none", "auto"):
+            return
+        if not tools:
+            raise ApiError(400, f"tool_choice {choice!r} needs 'tools'", param="tool_choice")
+        if isinstance(choice, dict):
+            name = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
+            if name not in {t["function"]["name"] for t in tools}:
+                raise ApiError(400, "tool_choice must name one of the given tools: "
+                               '{"type": "function", "function": {"name": ...}}', param="tool_choice")
+
+    def render_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+        """The prompt text; with tools (or tool turns in the history) through a template that
+        can show them, and the grammar that keeps the model's calls valid."""
+        r, hf, override = self.req, self.ctx.tokenizer.hf, self.ctx.chat_template_override
+        uses_tools = bool(tools) or any(m.get("tool_calls") or m["role"] == "tool" for m in messages)
+        kwargs = dict(add_generation_prompt=r.add_generation_prompt and not r.continue_final_message,
+                      continue_final_message=r.continue_final_message, **(r.chat_template_kwargs or {}))
+        try:
+            template = tool_template(hf, override) if uses_tools else (override or hf.chat_template)
+            if not template:
+                raise ValueError("this model has no chat template; use completions instead of chat")
+            text = render(hf, template, messages, tools, **kwargs)
+        except ValueError as err:
+            raise ApiError(400, str(err), param="messages") from err
+        except Exception as err:  # jinja errors name the template's complaint
+            raise ApiError(400, f"the chat template rejected the messages: {err}", param="messages") from err
+        if tools and r.tool_choice != "none":
+            if r.response_format is not None or r.regex or r.ebnf:
+                raise ApiError(400, "'tools' cannot be combined with another output constraint", param="tools")
+            name = self.ctx.http.tool_call_parser
+            self.tool_parser = get_parser(name) if name != "auto" else parser_for_template(template)
+            self.tool_ebnf = tool_grammar(tools, r.tool_choice, self.tool_parser.name)
+        return text
+
+    def constraint(self) -> dict[str, Any]:
+        fields = super().constraint()
+        if self.tool_ebnf is not None:
+            fields["ebnf"] = self.tool_ebnf
+        return fields
+
     def choice(self, index: int, state: ReqState) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": state.text}
+        finish = _finish_reason(state)
+        if self.tool_parser is not None:
+            content, calls = self.tool_parser.parse(state.text)
+            if calls:
+                message = {"role": "assistant", "content": content or None,
+                           "tool_calls": [c.as_openai() for c in calls]}
+                finish = "tool_calls" if finish == "stop" else finish
         return {
             "index": index,
-            "message": {"role": "assistant", "content": state.text},
+            "message": message,
             "logprobs": self.logprobs(state, 0, len(state.output_token_logprobs), 0),
-            "finish_reason": _finish_reason(state),
+            "finish_reason": finish,
         }
+
+    def stream_choice(self, index: int, state: ReqState, text: str, finish: str | None,
+                      logprobs: Any) -> dict[str, Any] | None:
+        if self.tool_parser is None:
+            return self.delta_choice(index, text, finish, logprobs)
+        stream = self.tool_streams.setdefault(index, StreamingToolParser(self.tool_parser))
+        content, calls = stream.feed(state.text, finished=finish is not None)
+        if not content and not calls and finish is None:
+            return None
+        delta: dict[str, Any] = {"content": content} if content else {}
+        if calls:
+            delta["tool_calls"] = calls
+        if finish == "stop" and stream.sent_calls:
+            finish = "tool_calls"
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
 
     def stream_start(self, num_choices: int) -> list[dict[str, Any]]:
         return [

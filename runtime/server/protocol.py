@@ -221,6 +221,18 @@ class ToolCall(_Body):
     function: FunctionCall
 
 
+class FunctionDef(_Body):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Body):
+    type: Literal["function"]
+    function: FunctionDef
+
+
 class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[TextPart | ContentPart] | None = None
@@ -243,7 +255,14 @@ class ChatMessage(_Body):
                                param="messages")
             content = "".join(p.text for p in content)  # type: ignore[union-attr]
         role = "system" if self.role == "developer" else self.role
-        return {"role": role, "content": content or ""}
+        out: dict[str, Any] = {"role": role, "content": content or ""}
+        if self.tool_calls:
+            out["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
 
 
 class ChatCompletionRequest(_OpenAISampling):
@@ -267,9 +286,9 @@ class ChatCompletionRequest(_OpenAISampling):
     separate_reasoning: bool = True
     stream_reasoning: bool = True
     modalities: list[str] | None = None  # ["text"] only
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     # accepted at their neutral value only
-    tools: list[Any] | None = None
-    tool_choice: Any = None
     functions: Any = None
     function_call: Any = None
     audio: Any = None
@@ -278,5 +297,5 @@ class ChatCompletionRequest(_OpenAISampling):
     reasoning_effort: Any = None
 
     CHAT_UNSUPPORTED: ClassVar[tuple[str, ...]] = (
-        "tools", "functions", "function_call", "audio", "prediction", "web_search_options", "reasoning_effort",
+        "functions", "function_call", "audio", "prediction", "web_search_options", "reasoning_effort",
     )

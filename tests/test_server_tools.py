@@ -1,0 +1,109 @@
+"""Tool calling through the official ``openai`` client against a real server: a multi-step
+loop (``tool_choice`` required, then auto) where every returned call names a declared tool
+and its arguments validate against that tool's schema; streaming gives the same calls as
+non-streaming; a named ``tool_choice`` is obeyed; bad tool requests are 400s."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+pytestmark = pytest.mark.slow
+
+MODEL = "SmolLM2-135M-Instruct"
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "Current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                                        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+                       "required": ["city", "unit"], "additionalProperties": False}}},
+    {"type": "function", "function": {
+        "name": "calculator", "description": "Evaluate a sum of two integers",
+        "parameters": {"type": "object", "properties": {"a": {"type": "integer", "minimum": -999, "maximum": 999},
+                                                        "b": {"type": "integer", "minimum": -999, "maximum": 999}},
+                       "required": ["a", "b"], "additionalProperties": False}}},
+]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+
+
+def run_tool(name: str, args: dict) -> str:
+    return f"{args['city']}: 18 degrees, sunny" if name == "get_weather" else str(args["a"] + args["b"])
+
+
+def check_calls(calls) -> None:
+    assert calls
+    for call in calls:
+        assert call.type == "function" and call.id
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def test_a_tool_loop_with_required_then_auto(client):
+    messages = [{"role": "user", "content": "What is the weather in Paris, in celsius?"}]
+    for step, choice in enumerate(["required", "auto", "auto"]):
+        resp = client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, tool_choice=choice,
+                                              temperature=0, max_tokens=60)
+        msg = resp.choices[0].message
+        if step == 0:
+            assert resp.choices[0].finish_reason == "tool_calls" and "<tool_call>" not in (msg.content or "")
+        if not msg.tool_calls:
+            assert msg.content and "<tool_call>" not in msg.content
+            break
+        check_calls(msg.tool_calls)
+        messages.append(msg.model_dump(exclude_none=True))
+        for call in msg.tool_calls:
+            messages.append({"role": "tool", "tool_call_id": call.id,
+                             "content": run_tool(call.function.name, json.loads(call.function.arguments))})
+
+
+def test_streaming_gives_the_same_calls(client):
+    kw = dict(model=MODEL, tools=TOOLS, tool_choice="required", temperature=0, max_tokens=60,
+              messages=[{"role": "user", "content": "Add 17 and 25."}])
+    whole = client.chat.completions.create(**kw).choices[0].message.tool_calls
+    names, args, content, finish = {}, {}, "", None
+    for chunk in client.chat.completions.create(**kw, stream=True):
+        for choice in chunk.choices:
+            content += choice.delta.content or ""
+            finish = choice.finish_reason or finish
+            for d in choice.delta.tool_calls or []:
+                if d.function and d.function.name:
+                    names[d.index] = d.function.name
+                if d.function and d.function.arguments:
+                    args[d.index] = args.get(d.index, "") + d.function.arguments
+    assert finish == "tool_calls" and "<tool_call>" not in content
+    assert [names[i] for i in sorted(names)] == [c.function.name for c in whole]
+    assert [json.loads(args[i]) for i in sorted(args)] == [json.loads(c.function.arguments) for c in whole]
+
+
+def test_a_named_tool_choice_is_obeyed(client):
+    resp = client.chat.completions.create(
+        model=MODEL, tools=TOOLS, temperature=0, max_tokens=60,
+        tool_choice={"type": "function", "function": {"name": "calculator"}},
+        messages=[{"role": "user", "content": "What is the weather in Rome?"}])
+    calls = resp.choices[0].message.tool_calls
+    check_calls(calls)
+    assert [c.function.name for c in calls] == ["calculator"]
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"tool_choice": "required"}, "tool_choice"),  # no tools
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+        ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools.0.function.name"),
+        ({"tools": TOOLS, "response_format": {"type": "json_object"}}, "tools"),
+    ],
+)
+def test_bad_tool_requests_are_400s(server, body, param):
+    resp = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
+        "model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, **body})
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["param"] == param
