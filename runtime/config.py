@@ -229,6 +229,13 @@ class HttpArgs:
         "shipped for ChatML models that cannot show tools, such as the default model).",
         choices=["auto", "hermes", "qwen25", "llama3_json", "mistral"],
     )
+    reasoning_parser: str | None = _arg(
+        None,
+        "Split a reasoning model's thinking from its answer on the chat route: text between its think "
+        "markers goes to message.reasoning_content (and reasoning_content deltas). deepseek-r1 (the "
+        "template opens the thinking) or qwen3 (the model writes <think>).",
+        choices=["deepseek-r1", "qwen3"],
+    )
     chat_template: str | None = _arg(
         None, "A Jinja chat template file to use instead of the model's (for chats with and without tools)."
     )

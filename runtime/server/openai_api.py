@@ -24,6 +24,8 @@ from runtime.server.protocol import (
     CompletionRequest,
     reject_unsupported,
 )
+from runtime.server.reasoning import PARSERS as REASONING_PARSERS
+from runtime.server.reasoning import StreamingReasoning
 from runtime.server.responses import SSE_DONE, JsonResponse, error_of, merged_updates, sse, wait_all
 from runtime.server.scheduler_client import ReqState
 from runtime.server.tools.constraint import tool_grammar
@@ -321,6 +323,9 @@ class ChatCompletion(_OpenAIHandler):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.tool_streams: dict[int, StreamingToolParser] = {}
+        self.reasoning_streams: dict[int, StreamingReasoning] = {}
+        name = self.ctx.http.reasoning_parser
+        self.reasoning = REASONING_PARSERS[name] if name and self.req.separate_reasoning else None
 
     async def run(self) -> Response:
         r = self.req
@@ -390,11 +395,13 @@ class ChatCompletion(_OpenAIHandler):
     def choice(self, index: int, state: ReqState) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": state.text}
         finish = _finish_reason(state)
+        if self.reasoning is not None:
+            reasoning, message["content"], _ = self.reasoning.split(state.text)
+            message["reasoning_content"] = reasoning or None
         if self.tool_parser is not None:
-            content, calls = self.tool_parser.parse(state.text)
+            content, calls = self.tool_parser.parse(message["content"])
             if calls:
-                message = {"role": "assistant", "content": content or None,
-                           "tool_calls": [c.as_openai() for c in calls]}
+                message.update(content=content or None, tool_calls=[c.as_openai() for c in calls])
                 finish = "tool_calls" if finish == "stop" else finish
         return {
             "index": index,
@@ -405,17 +412,26 @@ class ChatCompletion(_OpenAIHandler):
 
     def stream_choice(self, index: int, state: ReqState, text: str, finish: str | None,
                       logprobs: Any) -> dict[str, Any] | None:
-        if self.tool_parser is None:
+        if self.tool_parser is None and self.reasoning is None:
             return self.delta_choice(index, text, finish, logprobs)
-        stream = self.tool_streams.setdefault(index, StreamingToolParser(self.tool_parser))
-        content, calls = stream.feed(state.text, finished=finish is not None)
-        if not content and not calls and finish is None:
+        finished = finish is not None
+        reasoning, content, calls, answer = "", text, [], state.text
+        if self.reasoning is not None:
+            thinking = self.reasoning_streams.setdefault(index, StreamingReasoning(self.reasoning))
+            reasoning, content = thinking.feed(state.text, finished)
+            answer = thinking.content
+        if self.tool_parser is not None:
+            stream = self.tool_streams.setdefault(index, StreamingToolParser(self.tool_parser))
+            content, calls = stream.feed(answer, finished)
+            if finish == "stop" and stream.sent_calls:
+                finish = "tool_calls"
+        if not (reasoning or content or calls or finished):
             return None
-        delta: dict[str, Any] = {"content": content} if content else {}
+        delta: dict[str, Any] = {"reasoning_content": reasoning} if reasoning else {}
+        if content:
+            delta["content"] = content
         if calls:
             delta["tool_calls"] = calls
-        if finish == "stop" and stream.sent_calls:
-            finish = "tool_calls"
         return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
 
     def stream_start(self, num_choices: int) -> list[dict[str, Any]]:

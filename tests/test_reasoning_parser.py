@@ -1,0 +1,59 @@
+"""Reasoning parsers on stand-in texts with think markers (no model): whole and streamed
+(character by character) give the same reasoning and content, and markers never leak."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime.server.reasoning import PARSERS, StreamingReasoning
+
+CASES = [
+    ("deepseek-r1", "The user wants a number.\nTwo plus two is four.</think>\n\nThe answer is 4.",
+     "The user wants a number.\nTwo plus two is four.", "The answer is 4."),
+    ("deepseek-r1", "<think>short</think>Done.", "short", "Done."),
+    ("deepseek-r1", "still thinking when cut off", "still thinking when cut off", ""),
+    ("qwen3", "<think>\nLet me think.\n</think>\n\nHello!", "\nLet me think.\n", "Hello!"),
+    ("qwen3", "No thinking here.", "", "No thinking here."),
+    ("qwen3", "<think>cut off", "cut off", ""),
+]
+
+
+@pytest.mark.parametrize(("name", "text", "reasoning", "content"), CASES)
+def test_whole_and_streamed_agree(name, text, reasoning, content):
+    parser = PARSERS[name]
+    got_reasoning, got_content, _ = parser.split(text)
+    assert (got_reasoning, got_content) == (reasoning, content)
+    stream = StreamingReasoning(parser)
+    r_all, c_all = "", ""
+    for end in range(1, len(text) + 1):
+        r, c = stream.feed(text[:end], finished=end == len(text))
+        r_all, c_all = r_all + r, c_all + c
+        assert "<think" not in r_all + c_all and "</think" not in r_all + c_all
+    assert (r_all, c_all) == (reasoning, content)
+
+
+@pytest.mark.slow
+def test_a_server_with_a_reasoning_parser_splits_reasoning():
+    """A forced output (EBNF) stands in for a reasoning model: whole and streamed responses
+    carry the same reasoning_content and content; separate_reasoning false keeps it whole."""
+    import openai
+
+    from bench_agent.local_server import ServerProcess
+
+    proc = ServerProcess("--reasoning-parser", "deepseek-r1", "--max-total-tokens", "4000").wait_ready()
+    try:
+        client = openai.OpenAI(base_url=proc.url + "/v1", api_key="unused", max_retries=0)
+        kw = dict(model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": "Hi"}], max_tokens=40,
+                  extra_body={"ebnf": 'root ::= "I should greet them.</think>Hello there."'})
+        msg = client.chat.completions.create(**kw).choices[0].message
+        assert (msg.reasoning_content, msg.content) == ("I should greet them.", "Hello there.")
+        reasoning = content = ""
+        for chunk in client.chat.completions.create(**kw, stream=True):
+            for choice in chunk.choices:
+                reasoning += getattr(choice.delta, "reasoning_content", None) or ""
+                content += choice.delta.content or ""
+        assert (reasoning, content) == ("I should greet them.", "Hello there.")
+        whole = client.chat.completions.create(**{**kw, "extra_body": {**kw["extra_body"], "separate_reasoning": False}})
+        assert whole.choices[0].message.content == "I should greet them.</think>Hello there."
+    finally:
+        assert proc.stop() == 0
