@@ -137,3 +137,29 @@ def test_logprob_start_len_past_the_prompt_is_400(server):
     resp = post(server, "/generate", {"input_ids": [1, 2, 3], "return_logprob": True, "logprob_start_len": 3,
                                       "sampling_params": {"max_new_tokens": 1}})
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "logprob_start_len"
+
+
+def test_openapi_documents_every_request_body(server):
+    spec = httpx.get(server.url + "/openapi.json", timeout=30).json()
+    schemas = spec["components"]["schemas"]
+    for path, model, field in [("/v1/chat/completions", "ChatCompletionRequest", "messages"),
+                               ("/v1/completions", "CompletionRequest", "prompt"),
+                               ("/generate", "GenerateReqInput", "sampling_params")]:
+        ops = spec["paths"][path]
+        body = next(iter(ops.values()))["requestBody"]["content"]["application/json"]["schema"]
+        assert body["$ref"].endswith("/" + model) and field in schemas[model]["properties"]
+    refs = {ref.rsplit("/", 1)[1] for ref in _refs(spec)}
+    assert refs <= set(schemas), refs - set(schemas)  # every $ref resolves
+    assert httpx.get(server.url + "/docs", timeout=30).status_code == 200
+
+
+def _refs(node):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k == "$ref":
+                yield v
+            else:
+                yield from _refs(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _refs(v)

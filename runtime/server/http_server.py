@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from runtime.request_builder import build_requests, parse_sampling_params
 from runtime.request_options import RequestOptions
-from runtime.server import openai_api
+from runtime.server import openai_api, openapi
 from runtime.server.context import ServerContext, bad_input_as_400, read_body, sampling_params
 from runtime.server.protocol import ApiError, EndProgramReq, GenerateReqInput, reject_unsupported
 from runtime.server.responses import (
@@ -157,6 +157,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
         return await handle_generate(ctx, req, request)
 
     openai_api.add_routes(app, ctx)
+    openapi.install(app)
     return app
 
 
