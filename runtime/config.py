@@ -239,6 +239,11 @@ class HttpArgs:
     chat_template: str | None = _arg(
         None, "A Jinja chat template file to use instead of the model's (for chats with and without tools)."
     )
+    stream_cumulative_logprobs: bool = _arg(
+        False,
+        "On streamed /generate responses with return_logprob, repeat every logprob so far in each event "
+        "(SGLang's form) instead of sending each token's logprobs once.",
+    )
     max_request_bytes: int = _arg(
         32 * 2**20,
         "Largest request body accepted, in bytes; a larger one gets 413 before it is parsed or tokenized.",

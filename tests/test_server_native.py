@@ -121,6 +121,18 @@ def test_stream_is_cumulative_and_ends_with_done(server, engine):
     assert chunks[-1]["meta_info"]["finish_reason"] == ref["meta_info"]["finish_reason"]
 
 
+def test_streamed_logprobs_come_once_per_token(server):
+    body = {"text": "Here is a short poem:", "sampling_params": {"max_new_tokens": 12, "temperature": 0},
+            "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 2}
+    whole = post(server, "/generate", body).json()["meta_info"]
+    with httpx.stream("POST", server.url + "/generate", json={**body, "stream": True}, timeout=120) as resp:
+        events = [e["meta_info"] for e in sse_events(resp.iter_lines())[:-1]]
+    assert sum((e["output_token_logprobs"] for e in events), []) == whole["output_token_logprobs"]
+    assert sum((e["output_top_logprobs"] for e in events), []) == whole["output_top_logprobs"]
+    assert events[0]["input_token_logprobs"] == whole["input_token_logprobs"]
+    assert all(e["input_token_logprobs"] == [] for e in events[1:])
+
+
 def test_stream_with_stop_regex_never_shows_the_match(server, engine):
     params = {"max_new_tokens": 24, "temperature": 0}
     free = engine.generate("Here is a short poem:", params)["text"]

@@ -215,8 +215,8 @@ async def handle_generate(ctx: ServerContext, req: GenerateReqInput, request: Re
     is_batch = is_batch or len(requests) > 1
     states = ctx.submit_group(requests, _rids(req.rid, len(requests)))
 
-    def render(state: Any) -> dict[str, Any]:
-        return native_output(state, ctx.tokenizer, req.return_text_in_logprobs, req.logprob_start_len)
+    def render(state: Any, logprobs_from: int = 0) -> dict[str, Any]:
+        return native_output(state, ctx.tokenizer, req.return_text_in_logprobs, req.logprob_start_len, logprobs_from)
 
     if not req.stream:
         await wait_all(ctx.client, states, request)
@@ -227,6 +227,10 @@ async def handle_generate(ctx: ServerContext, req: GenerateReqInput, request: Re
         outs = [render(s) for s in states]
         return JsonResponse(outs if is_batch else outs[0])
 
+    # Each event carries the logprobs of its new tokens only (the prompt's in the first),
+    # unless --stream-cumulative-logprobs asks for SGLang's everything-so-far form.
+    sent_logprobs = [0] * len(states)
+
     async def events() -> AsyncIterator[bytes]:
         async with contextlib.aclosing(merged_updates(ctx.client, states)) as updates:
             async for i, state in updates:
@@ -234,7 +238,8 @@ async def handle_generate(ctx: ServerContext, req: GenerateReqInput, request: Re
                 if err is not None:
                     yield sse(err.body())
                     continue
-                out = render(state)
+                out = render(state, 0 if ctx.http.stream_cumulative_logprobs else sent_logprobs[i])
+                sent_logprobs[i] = len(state.output_token_logprobs)
                 if is_batch:
                     out["index"] = i
                 yield sse(out)

@@ -78,8 +78,11 @@ async def merged_updates(
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def native_output(state: ReqState, tokenizer: Tokenizer, text_in_logprobs: bool, logprob_start_len: int) -> dict[str, Any]:
-    """One request's result in SGLang's ``/generate`` shape."""
+def native_output(state: ReqState, tokenizer: Tokenizer, text_in_logprobs: bool, logprob_start_len: int,
+                  logprobs_from: int = 0) -> dict[str, Any]:
+    """One request's result in SGLang's ``/generate`` shape. ``logprobs_from``: report only
+    the output tokens' logprobs from there on, and the prompt's only when it is 0 (a stream's
+    later events carry just what is new)."""
     end = state.finished_at if state.is_finished else None
     meta: dict[str, Any] = {
         "id": state.rid,
@@ -93,11 +96,11 @@ def native_output(state: ReqState, tokenizer: Tokenizer, text_in_logprobs: bool,
     if state.return_logprob:
         meta.update(
             logprob_meta(
-                state.input_token_logprobs,
-                state.input_top_logprobs,
-                state.output_token_logprobs,
-                state.output_top_logprobs,
-                logprob_start_len,
+                state.input_token_logprobs if logprobs_from == 0 else [],
+                state.input_top_logprobs if logprobs_from == 0 else [],
+                state.output_token_logprobs[logprobs_from:],
+                state.output_top_logprobs[logprobs_from:],
+                logprob_start_len if logprobs_from == 0 else -1,
                 state.first_prompt_token,
                 tokenizer.id_to_text if text_in_logprobs else None,
             )
