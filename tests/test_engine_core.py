@@ -72,3 +72,24 @@ def test_an_abort_reports_the_tokens_not_yet_reported_and_ends_the_request(engin
     assert reported + last.new_ids == req.output_ids
     assert core.abort("core-abort") == []  # gone
     assert not core.has_work
+
+
+def test_step_accounting_counts_what_the_steps_computed(engine):
+    """One uncached prompt of n tokens and k output tokens: its prompt tokens are counted
+    once in prefill steps, its later tokens in decode steps (or mixed into prefill steps),
+    and every step's time goes to prefill, decode or the scheduler."""
+    core = engine.core
+    engine.flush_cache()
+    before = core.stats()
+    prompt = engine.tokenizer.encode("Step accounting: count the tokens of this prompt exactly once, please.")
+    req = Req("acct", prompt, SamplingParams.from_dict({**GREEDY, "max_new_tokens": 5}), RequestOptions())
+    core.add_request(req)
+    _drain(core)
+    after = core.stats()
+    delta = {k: after[k] - before[k] for k in after if k.startswith("step_")}
+    assert delta["step_prefill_tokens"] == len(prompt)
+    # the first output token comes from the prefill step; the other 4 from decodes (or mixed in)
+    assert delta["step_decode_tokens"] + delta["step_prefill_mixed_decodes"] == 4
+    assert delta["step_prefill_steps"] >= 1 and delta["step_decode_steps"] >= 1
+    assert after["num_forward_steps"] - before["num_forward_steps"] == delta["step_prefill_steps"] + delta["step_decode_steps"]
+    assert delta["step_prefill_seconds"] > 0 and delta["step_decode_seconds"] > 0 and delta["step_scheduler_seconds"] >= 0

@@ -170,7 +170,8 @@ def test_metrics_count_tokens_and_latency(server):
     assert _metric(server, "forkserve:generation_tokens_total") == before + 3
     for name in ("prompt_tokens_total", "cached_tokens_total", "cache_hit_rate", "num_running_reqs",
                  "num_waiting_reqs", "kv_usage", "time_to_first_token_seconds_bucket",
-                 "inter_token_latency_seconds_count"):
+                 "inter_token_latency_seconds_count", "prefill_steps_total", "prefill_computed_tokens_total",
+                 "prefill_seconds_total", "decode_steps_total", "decode_seconds_total", "scheduler_seconds_total"):
         assert f"forkserve:{name}" in text, name
 
 

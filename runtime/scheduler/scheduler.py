@@ -26,6 +26,7 @@ from runtime.scheduler.policy import order_waiting
 from runtime.scheduler.prefill_budget import PrefillBudget
 from runtime.scheduler.program_pins import ProgramPins
 from runtime.scheduler.req import Req
+from runtime.scheduler.step_stats import StepStats
 from runtime.scheduler.stop import check_stop, grammar_stop
 
 logger = logging.getLogger(__name__)
@@ -61,8 +62,7 @@ class Scheduler:
         self.vocab_size = worker.model_config.vocab_size
         self.eos_token_ids = worker.eos_token_ids
         self.num_retractions = 0
-        self.num_prefill_tokens = 0  # prompt tokens computed (not served from the cache)
-        self.num_forward_steps = 0
+        self.steps = StepStats()
         self.num_jumped_tokens = 0  # output tokens appended by jump-forward, not sampled
         self.prefill_streak = 0  # prefill steps since the last decode step
         self.pins = ProgramPins(self.tree, self.allocator.capacity)
@@ -92,8 +92,18 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.chunked or self.jumped or self.grammars)
 
+    @property
+    def num_prefill_tokens(self) -> int:
+        """Prompt tokens computed (not served from the cache)."""
+        return self.steps.prefill_tokens
+
+    @property
+    def num_forward_steps(self) -> int:
+        return self.steps.prefill_steps + self.steps.decode_steps
+
     def step(self) -> list[Req]:
         """Run one batch; return the requests that got a new token or finished."""
+        started = time.perf_counter()
         failed: list[Req] = []
         if self.grammars:
             ready, failed = self.grammars.take_ready()
@@ -119,11 +129,13 @@ class Scheduler:
                 )
             self.check_invariants()
             return []
+        forward_start = time.perf_counter()
         result = self.worker.run(lower(batch, self.eos_token_ids, self.vocab_size))
-        self.num_forward_steps += 1
-        if not batch.is_decode:
-            self.num_prefill_tokens += sum(batch.extend_lens) - batch.num_mixed_decodes
-        return failed + self._process(batch, result)
+        forward_s = time.perf_counter() - forward_start
+        done = failed + self._process(batch, result)
+        self.steps.record(batch.is_decode, len(batch.input_ids), batch.num_mixed_decodes, forward_s,
+                          time.perf_counter() - started)
+        return done
 
     def check_invariants(self) -> None:
         held = sum(r.num_owned_slots for r in self._admitted())
@@ -164,8 +176,9 @@ class Scheduler:
         self.tree.reset()
         return True
 
-    def stats(self) -> dict[str, int]:
-        """Queue lengths and the KV pool's accounting (the terms of the invariant)."""
+    def stats(self) -> dict[str, int | float]:
+        """Queue lengths, the KV pool's accounting (the terms of the invariant) and where the
+        steps' time went (``step_*``, see ``step_stats.py``)."""
         held = sum(r.num_owned_slots for r in self._admitted())
         return {
             "num_running_reqs": len(self._admitted()),
@@ -181,6 +194,7 @@ class Scheduler:
             "num_prefill_tokens": self.num_prefill_tokens,
             "num_forward_steps": self.num_forward_steps,
             "num_jumped_tokens": self.num_jumped_tokens,
+            **{f"step_{k}": v for k, v in self.steps.as_dict().items()},
         }
 
     # ------------------------------------------------------------------ prefill

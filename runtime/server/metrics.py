@@ -70,7 +70,7 @@ class ServerMetrics:
         self.cached_tokens += state.cached_tokens
         self.e2e.observe(state.finished_at - state.created_at)
 
-    def render(self, stats: dict[str, int], model_name: str) -> str:
+    def render(self, stats: dict[str, int | float], model_name: str) -> str:
         label = f'{{model_name="{model_name}"}}'
         hit_rate = self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
         used = stats["kv_capacity"] - stats["kv_free"] - stats["kv_evictable"]
@@ -86,6 +86,12 @@ class ServerMetrics:
             ("gauge", "num_waiting_reqs", "Requests waiting to be scheduled.", stats["num_waiting_reqs"]),
             ("gauge", "kv_usage", "Fraction of KV slots in use by requests (not counting evictable cache).", used / stats["kv_capacity"]),
             ("gauge", "kv_cached_tokens", "Tokens held in the radix cache.", stats["kv_evictable"] + stats["kv_protected"]),
+            ("counter", "prefill_steps_total", "Forward steps that computed prompt tokens.", stats["step_prefill_steps"]),
+            ("counter", "prefill_computed_tokens_total", "Prompt tokens computed (not served from the cache).", stats["step_prefill_tokens"]),
+            ("counter", "prefill_seconds_total", "Seconds in prefill steps' forward and sampling.", stats["step_prefill_seconds"]),
+            ("counter", "decode_steps_total", "Forward steps that only decoded.", stats["step_decode_steps"]),
+            ("counter", "decode_seconds_total", "Seconds in decode steps' forward and sampling.", stats["step_decode_seconds"]),
+            ("counter", "scheduler_seconds_total", "Seconds of steps outside the forward (batching, stop checks, cache).", stats["step_scheduler_seconds"]),
         ]
         out: list[str] = []
         for kind, name, help_text, value in rows:
