@@ -2,8 +2,8 @@
 // (prefill chunks, long new turns): FlashAttention's scheme with both products on tiles.
 //
 // Why: a 2,000-token prompt's causal attention is ~140 GFLOP on the default model, more than
-// the vdpbf16ps block path (paged_attention.cpp's attend_block, ~100 GFLOP/s on 2 cores)
-// should spend a second on; each tdpbf16ps does 8,192 multiply-adds.
+// the vdpbf16ps path (attention_rows.cpp, a few hundred GFLOP/s on 2 cores) should spend a
+// second on; each tdpbf16ps does 8,192 multiply-adds.
 //
 // Per (request, KV head), the request's visible keys and values are first read once from
 // the pool through its slot table into tile layouts (phase 1):
@@ -13,13 +13,13 @@
 // in tiles 4-5 (64 dims), its output accumulators in tiles 0-3 (16 tokens x 64 dims, float32)
 // for the whole pass over the keys, 32 keys at a time:
 //   scores: tile 6 = q k^T for 16 keys (tile 7 holds the keys), twice, stored to memory;
-//   softmax in AVX-512 on the 16 x 32 scores (online_softmax.h, as attend_block: scaled,
+//   softmax in AVX-512 on the 16 x 32 scores (online_softmax.h: scaled,
 //     masked past each token's last key, a reference that moves only when a score passes it
 //     by kSlack), so the accumulators are rarely rescaled (then: stored, scaled, reloaded);
 //     probabilities rounded to bfloat16 into one tile (6);
 //   values: tiles 0-3 += p (tile 6) x values (tile 7, 16 dims at a time).
-// Sums, maxima and the normaliser are float32, as in attend_block, whose results these equal
-// up to float32 summation order. Head size 64 only (the accumulators need DIM / 16 tiles).
+// Sums, maxima and the normaliser are float32, as in attention_rows.cpp, whose results these
+// equal up to float32 summation order and its exp's last bits. Head size 64 only (the accumulators need DIM / 16 tiles).
 //
 // Called from paged_attention.cpp for requests with at least amx_min_tokens query tokens.
 #include <algorithm>

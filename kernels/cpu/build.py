@@ -32,8 +32,8 @@ from pathlib import Path
 import platformdirs
 
 SOURCE_DIR = Path(__file__).parent
-SOURCES = ("paged_attention.cpp", "attention_amx.cpp", "elementwise.cpp", "linear_bf16.cpp", "linear_amx.cpp", "decoder_layers.cpp", "machine_probe.cpp")
-HEADERS = ("amx.h", "bf16.h", "entries.h", "gemm_panel.h", "online_softmax.h", "simd.h")
+SOURCES = ("paged_attention.cpp", "attention_rows.cpp", "attention_amx.cpp", "elementwise.cpp", "linear_bf16.cpp", "linear_amx.cpp", "decoder_layers.cpp", "machine_probe.cpp")
+HEADERS = ("amx.h", "bf16.h", "entries.h", "gemm_panel.h", "online_softmax.h", "paged_batch.h", "simd.h")
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-std=c++17", "-shared", "-fPIC")
 _COMPILERS = ("c++", "g++", "clang++")
 

@@ -9,7 +9,7 @@
 //   x = silu_and_mul(h W_gate_up^T) W_down^T
 // What it saves is the Python between them: on 2 cores the ~300 wrapper and module calls
 // of a decode step cost about as much as the batch-1 step's attention, norms and
-// activations together. The intermediate tensors live in one buffer per call.
+// activations together. The intermediate tensors live in one buffer, kept for the next call.
 //
 // Called from runtime/models/cpu_decoder_layers.py, which checks every pointer's tensor once
 // when it builds the layer table and the step's tensors on each call.
@@ -49,6 +49,19 @@ struct DecoderStep {
 // Status codes (the Python side turns them into errors).
 enum : int { kOk = 0, kBadPosition = 1, kBadSlot = 2, kBadAttentionShape = 3, kNoGemm = 4, kNoMemory = 5 };
 
+// A buffer of at least `n` values, reused from call to call (a step's intermediates are tens of
+// MiB at prefill sizes; mapping fresh pages for them every step costs page faults), or null.
+static Bf16 *scratch(size_t n) {
+    static thread_local Bf16 *buffer = nullptr;
+    static thread_local size_t size = 0;
+    if (n > size) {
+        std::free(buffer);
+        buffer = static_cast<Bf16 *>(std::malloc(sizeof(Bf16) * n));
+        size = buffer != nullptr ? n : 0;
+    }
+    return buffer;
+}
+
 // residual: in, the embeddings; out, the skip connection after the last layer. x_out: the
 // last layer's MLP output (the caller's final norm adds the two).
 extern "C" int decoder_layers_bf16(const DecoderShape *shape, const DecoderLayer *layers, int64_t num_layers,
@@ -60,7 +73,7 @@ extern "C" int decoder_layers_bf16(const DecoderShape *shape, const DecoderLayer
     const int64_t sizes[] = {s.hidden, qkv_size, q_size, q_size, 2 * s.intermediate, s.intermediate};
     int64_t total = 0;
     for (int64_t n : sizes) total += t * n;
-    Bf16 *buffer = static_cast<Bf16 *>(std::malloc(sizeof(Bf16) * static_cast<size_t>(total > 0 ? total : 1)));
+    Bf16 *buffer = scratch(static_cast<size_t>(total > 0 ? total : 1));
     if (buffer == nullptr) return kNoMemory;
     Bf16 *h = buffer, *qkv = h + t * s.hidden, *q = qkv + t * qkv_size, *attn = q + t * q_size;
     Bf16 *gate_up = attn + t * q_size, *act = gate_up + t * 2 * s.intermediate;
@@ -102,6 +115,5 @@ extern "C" int decoder_layers_bf16(const DecoderShape *shape, const DecoderLayer
         silu_and_mul_bf16(gate_up, act, t, s.intermediate, threads);
         linear_bf16(act, t, s.intermediate, s.intermediate, w.down, s.hidden, nullptr, x_out, s.hidden, threads);
     }
-    std::free(buffer);
     return status;
 }

@@ -1,5 +1,6 @@
-// One query row's step of FlashAttention's online softmax over a block of 32 keys, shared by
-// the two bfloat16 extend paths (attend_block in paged_attention.cpp, attention_amx.cpp).
+// One query row's step of FlashAttention's online softmax over a block of 32 keys, for the AMX
+// extend kernel (attention_amx.cpp); the vector kernel (attention_rows.cpp) does the same per
+// lane, with the same kSlack.
 //
 // The exponent's reference (`best`) moves only when a score passes it by more than kSlack:
 // the probabilities stay below e^kSlack, and most blocks skip the max reduction and the

@@ -18,13 +18,13 @@
 // needs, and a query token reads only the keys it may see.
 //
 // Extends in bfloat16 on AVX512-BF16 (a request with several query tokens in the step): one
-// task is a block of the request's consecutive tokens for one KV head, computed as small
-// matrix products with an online softmax (attend_block). On the default model that took
-// ~0.6x the time of the per-token tasks, for whole prompts and for short turns on long
-// cached prefixes alike.
+// task is a block of the request's consecutive tokens for one KV head, as small matrix
+// products with an online softmax (attention_rows.cpp), or, on AMX tiles, the whole request
+// (attention_amx.cpp). Tasks run largest first, so the last ones to finish are short.
 //
 // Built (with the other kernels, into one library) and loaded by kernels/cpu/build.py; called
 // from kernels/attention/cpu_backend.py.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -35,7 +35,7 @@
 
 #include "bf16.h"
 #include "entries.h"
-#include "online_softmax.h"
+#include "paged_batch.h"
 #include "simd.h"
 
 namespace {
@@ -49,12 +49,6 @@ constexpr int64_t kMaxGroup = 16;
 // hardware prefetcher cannot guess the next row: ask for the row a few keys ahead.
 constexpr int64_t kPrefetch = 8;
 
-// Locality 3 asks for L1; 2 for L2, where a request can wait longer without crowding L1.
-template <int kLocality = 3, typename T>
-inline void prefetch_row(const T *row, int64_t n) {
-    const char *p = reinterpret_cast<const char *>(row);
-    for (int64_t off = 0; off < n * static_cast<int64_t>(sizeof(T)); off += 64) __builtin_prefetch(p + off, 0, kLocality);
-}
 
 // Key rows ask for L1 this far ahead of the block being scored, and for L2 three times as far.
 constexpr int64_t kKeyAhead = 16;
@@ -164,12 +158,6 @@ template <typename T, int64_t DIM, typename... Args>
 void sum_values16(Args...);
 #endif
 
-struct Batch {
-    int64_t num_slots, r2t_stride, num_tokens, num_heads, kv_heads, dim, max_keys;
-    const int64_t *req_to_token, *rows, *prefix, *q_start, *token_req;
-    float scale;
-};
-
 // One (query token, KV head): `scores` has room for group * max_keys floats. DIM is the
 // head size when known at compile time (the common 64 and 128: fully unrolled rows), else 0.
 template <typename T, int64_t DIM>
@@ -250,151 +238,6 @@ void attend_one(const Batch &bt, const T *q, const T *k_cache, const T *v_cache,
     }
 }
 
-#if defined(__AVX512BF16__) && defined(__AVX512DQ__)
-// Extend steps in bfloat16: a block of a request's consecutive query tokens per task, as
-// small matrix products (vdpbf16ps, no horizontal sums) with an online softmax, FlashAttention's
-// scheme. Each key and value row is read once per block instead of once per token and head.
-//
-// The block's query rows are (token, head of the group) pairs, kBlockRows of them; keys come
-// kBlockKeys at a time. Scores: the 32 keys' rows transposed into (dim pair x key) words, so
-// one broadcast query pair times one vector gives 16 keys' partial dot products. Values:
-// the probabilities are rounded to bfloat16 (as FlashAttention does on GPUs) and multiplied
-// against rows interleaved in key pairs. Sums, maxima and the normaliser stay float32.
-constexpr bool kBlockExtend = true;
-constexpr int kBlockRows = 12;
-constexpr int64_t kBlockKeys = 32;
-
-struct BlockTask {
-    int64_t tok, count, h;  // query tokens [tok, tok + count) of one request, KV head h
-};
-
-template <int64_t DIM>
-void attend_block(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf16 *v_cache, Bf16 *out,
-                  const BlockTask &task) {
-    constexpr int64_t kPairs = DIM / 2, kVecs = DIM / 16;
-    static const Bf16 zero_row[DIM] = {};
-    const int64_t group = bt.num_heads / bt.kv_heads, b = bt.token_req[task.tok];
-    const int64_t rows = task.count * group;  // real rows; the rest of the tile is padding
-    const int64_t first = bt.prefix[b] + (task.tok - bt.q_start[b]);  // keys the first token sees, less one
-    const int64_t *slots = bt.req_to_token + bt.rows[b] * bt.r2t_stride;
-    const Bf16 *kh = k_cache + task.h * bt.num_slots * DIM, *vh = v_cache + task.h * bt.num_slots * DIM;
-
-    alignas(64) int32_t qp[kPairs][kBlockRows];  // query rows by dim pair
-    alignas(64) int32_t kp[kPairs][kBlockKeys];  // this step's keys by dim pair
-    alignas(64) int32_t pp[kBlockRows][kBlockKeys / 2];  // probabilities by key pair (bf16 pairs)
-    alignas(64) float acc[kBlockRows][DIM], best[kBlockRows], seen[kBlockRows];
-    bool broken[kBlockRows] = {};
-    __m512 total[kBlockRows];  // per row, 16 lanes of the softmax's denominator
-    for (int m = 0; m < kBlockRows; m++) {
-        const int64_t token = m < rows ? m / group : task.count - 1;  // padding rows copy the last token
-        const int64_t head = task.h * group + (m < rows ? m % group : 0);
-        const auto *words = reinterpret_cast<const int32_t *>(q + ((task.tok + token) * bt.num_heads + head) * DIM);
-        for (int64_t i = 0; i < kPairs; i++) qp[i][m] = m < rows ? words[i] : 0;
-        seen[m] = static_cast<float>(first + token + 1);
-        best[m] = -1e30f;
-        total[m] = _mm512_setzero_ps();
-        for (int64_t d = 0; d < DIM; d++) acc[m][d] = 0.f;
-    }
-    const int64_t keys = first + task.count;  // the last token's
-    const __m512i pair_lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
-                                             37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-    const __m512i pair_hi = _mm512_add_epi16(pair_lo, _mm512_set1_epi16(16));
-    for (int64_t k0 = 0; k0 < keys; k0 += kBlockKeys) {
-        const int64_t count = keys - k0 < kBlockKeys ? keys - k0 : kBlockKeys;
-        auto key_row = [&](const Bf16 *base, int64_t c) { return c < count ? base + slots[k0 + c] * DIM : zero_row; };
-        for (int64_t c = 0; c < kBlockKeys && k0 + kBlockKeys + c < keys; c++)
-            prefetch_row(kh + slots[k0 + kBlockKeys + c] * DIM, DIM);
-        // Keys by dim pair: 16 keys x 16 pairs at a time.
-        for (int64_t c0 = 0; c0 < kBlockKeys; c0 += 16)
-            for (int64_t i0 = 0; i0 < kPairs; i0 += 16) {
-                __m512i tile[16];
-                for (int c = 0; c < 16; c++) tile[c] = _mm512_loadu_si512(key_row(kh, c0 + c) + 2 * i0);
-                transpose16(tile);
-                for (int i = 0; i < 16; i++) _mm512_store_si512(&kp[i0 + i][c0], tile[i]);
-            }
-        // Scores of the block's rows against these keys, masked past each row's last key.
-        __m512 s[kBlockRows][2];
-        for (int m = 0; m < kBlockRows; m++) s[m][0] = s[m][1] = _mm512_setzero_ps();
-        for (int64_t i = 0; i < kPairs; i++) {
-            const __m512bh k_lo = (__m512bh)_mm512_load_si512(&kp[i][0]), k_hi = (__m512bh)_mm512_load_si512(&kp[i][16]);
-            for (int m = 0; m < kBlockRows; m++) {
-                const __m512bh qb = (__m512bh)_mm512_set1_epi32(qp[i][m]);
-                s[m][0] = _mm512_dpbf16_ps(s[m][0], qb, k_lo);
-                s[m][1] = _mm512_dpbf16_ps(s[m][1], qb, k_hi);
-            }
-        }
-        float corr[kBlockRows];
-        bool rescale = false;
-        for (int m = 0; m < kBlockRows; m++) {
-            const SoftmaxStep p = online_softmax32(s[m][0], s[m][1], seen[m] - static_cast<float>(k0), bt.scale,
-                                                   best[m], broken[m]);
-            corr[m] = p.corr;
-            rescale |= p.moved;
-            total[m] = _mm512_fmadd_ps(total[m], _mm512_set1_ps(p.corr), _mm512_add_ps(p.p_lo, p.p_hi));
-            _mm512_store_si512(pp[m], (__m512i)_mm512_cvtne2ps_pbh(p.p_hi, p.p_lo));
-        }
-        // Values by key pair, then acc = acc * corr + probabilities x values, 32 dims at a time.
-        __m512i vp[kBlockKeys / 2][kVecs];
-        for (int64_t j = 0; j < kBlockKeys / 2; j++) {
-            const Bf16 *r0 = key_row(vh, 2 * j), *r1 = key_row(vh, 2 * j + 1);
-            for (int64_t v = 0; v < kVecs; v += 2) {
-                const __m512i a = _mm512_loadu_si512(r0 + 16 * v), c = _mm512_loadu_si512(r1 + 16 * v);
-                vp[j][v] = _mm512_permutex2var_epi16(a, pair_lo, c);
-                vp[j][v + 1] = _mm512_permutex2var_epi16(a, pair_hi, c);
-            }
-        }
-        for (int64_t v = 0; v < kVecs; v += 2) {
-            __m512 o[kBlockRows][2];
-            for (int m = 0; m < kBlockRows; m++) {
-                o[m][0] = _mm512_load_ps(&acc[m][16 * v]);
-                o[m][1] = _mm512_load_ps(&acc[m][16 * v + 16]);
-                if (rescale) {
-                    o[m][0] = _mm512_mul_ps(o[m][0], _mm512_set1_ps(corr[m]));
-                    o[m][1] = _mm512_mul_ps(o[m][1], _mm512_set1_ps(corr[m]));
-                }
-            }
-            for (int64_t j = 0; j < kBlockKeys / 2; j++)
-                for (int m = 0; m < kBlockRows; m++) {
-                    const __m512bh pb = (__m512bh)_mm512_set1_epi32(pp[m][j]);
-                    o[m][0] = _mm512_dpbf16_ps(o[m][0], pb, (__m512bh)vp[j][v]);
-                    o[m][1] = _mm512_dpbf16_ps(o[m][1], pb, (__m512bh)vp[j][v + 1]);
-                }
-            for (int m = 0; m < kBlockRows; m++) {
-                _mm512_store_ps(&acc[m][16 * v], o[m][0]);
-                _mm512_store_ps(&acc[m][16 * v + 16], o[m][1]);
-            }
-        }
-    }
-    for (int64_t m = 0; m < rows; m++) {
-        const int64_t token = m / group, head = task.h * group + m % group;
-        Bf16 *dst = out + ((task.tok + token) * bt.num_heads + head) * DIM;
-        const __m512 inv = broken[m] ? _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN())
-                                     : _mm512_set1_ps(1.f / _mm512_reduce_add_ps(total[m]));
-        for (int64_t v = 0; v < kVecs; v++)
-            _mm256_storeu_si256(reinterpret_cast<__m256i *>(dst + 16 * v),
-                                (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_load_ps(&acc[m][16 * v]), inv)));
-    }
-}
-
-// Whether extend tokens of this dtype and head size go through attend_block.
-template <typename T>
-bool block_extend(const Batch &bt) {
-    return std::is_same_v<T, Bf16> && (bt.dim == 64 || bt.dim == 128) && bt.num_heads / bt.kv_heads * 2 <= kBlockRows;
-}
-#else
-struct BlockTask {
-    int64_t tok, count, h;
-};
-constexpr bool kBlockExtend = false;
-constexpr int kBlockRows = 1;
-template <typename T>
-bool block_extend(const Batch &) {
-    return false;
-}
-template <int64_t DIM, typename... Args>
-void attend_block(Args...);
-#endif
-
 // Requests with at least this many query tokens in the step go to the AMX kernel
 // (attention_amx.cpp) where it applies; set by paged_attention_set_amx_min_tokens.
 int64_t amx_min_tokens = 16;
@@ -431,10 +274,10 @@ int paged_attention(const Batch &bt, const T *q, const T *k_cache, const T *v_ca
     if (bt.dim > kMaxDim || group > kMaxGroup || group * bt.kv_heads != bt.num_heads) return 1;
     const std::vector<bool> on_amx = attend_on_amx(bt, q, k_cache, v_cache, out, num_threads);
     // Tasks for the rest: (token, KV head) through attend_one (count 0), or, for requests
-    // with several query tokens where attend_block applies, (block of tokens, KV head).
-    std::vector<BlockTask> tasks;
-    const bool blocks = block_extend<T>(bt);
-    const int64_t per_block = blocks ? kBlockRows / group : 1;
+    // with several query tokens where attend_rows applies, (block of tokens, KV head).
+    std::vector<ExtendTask> tasks;
+    const bool blocks = std::is_same_v<T, Bf16> && attend_rows_supported(bt.dim);
+    const int64_t per_block = blocks ? attend_rows_tokens(group, bt.dim) : 1;
     for (int64_t t = 0; t < bt.num_tokens;) {
         int64_t end = t + 1;
         while (end < bt.num_tokens && bt.token_req[end] == bt.token_req[t]) end++;
@@ -448,6 +291,13 @@ int paged_attention(const Batch &bt, const T *q, const T *k_cache, const T *v_ca
                 tasks.push_back({j, block ? (end - j < per_block ? end - j : per_block) : 0, h});
         t = end;
     }
+    // Largest first (keys seen times query rows), so that the dynamic schedule ends on short
+    // tasks instead of one thread finishing a prompt's last block while the other waits.
+    auto cost = [&](const ExtendTask &task) {
+        const int64_t last = task.tok + (task.count > 0 ? task.count - 1 : 0), b = bt.token_req[task.tok];
+        return (bt.prefix[b] + last - bt.q_start[b] + 1) * (task.count > 0 ? task.count : 1);
+    };
+    std::stable_sort(tasks.begin(), tasks.end(), [&](const ExtendTask &x, const ExtendTask &y) { return cost(x) > cost(y); });
     const int64_t num_tasks = static_cast<int64_t>(tasks.size());
 #pragma omp parallel num_threads(num_threads)
     {
@@ -457,14 +307,11 @@ int paged_attention(const Batch &bt, const T *q, const T *k_cache, const T *v_ca
                                        : attend_one<T, 0>;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t i = 0; i < num_tasks; i++) {
-            const BlockTask &task = tasks[i];
+            const ExtendTask &task = tasks[i];
             if (task.count == 0) {
                 attend(bt, q, k_cache, v_cache, out, task.tok, task.h, scores.data());
-            } else if constexpr (kBlockExtend && std::is_same_v<T, Bf16>) {
-                if (bt.dim == 64)
-                    attend_block<64>(bt, q, k_cache, v_cache, out, task);
-                else
-                    attend_block<128>(bt, q, k_cache, v_cache, out, task);
+            } else if constexpr (std::is_same_v<T, Bf16>) {
+                attend_rows(bt, q, k_cache, v_cache, out, task);
             }
         }
     }

@@ -21,7 +21,7 @@ inline __m512 load16(const Bf16 *p) { return widen16(_mm256_loadu_si256(reinterp
 // e^x for 16 lanes, to ~1e-7 relative: x = n ln2 + r with |r| <= ln2 / 2, e^r by its
 // Taylor series to r^6, times 2^n. Below -87 it returns ~e^-87 (not 0); above ~88, inf.
 // Under -ffast-math the compiler may still drop a NaN here: callers that must report NaN
-// check for it themselves (attend_block does).
+// check for it themselves (the extend kernels do).
 inline __m512 exp16(__m512 x) {
     x = _mm512_max_ps(_mm512_set1_ps(-87.f), x);  // x second: maxps returns it when it is NaN
     const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);
@@ -29,6 +29,18 @@ inline __m512 exp16(__m512 x) {
     r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
     __m512 p = _mm512_set1_ps(1.f / 720);
     for (const float c : {1.f / 120, 1.f / 24, 1.f / 6, 1.f / 2, 1.f, 1.f}) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+    return _mm512_scalef_ps(p, n);
+}
+
+// 2^t for 16 lanes, to ~2e-6 relative (enough for probabilities rounded to bfloat16 next):
+// t = n + f with |f| <= 1/2, 2^f = e^(f ln 2) by its Taylor series to f^5, times 2^n. Below
+// -126 it returns ~2^-126 (not 0); a NaN in t may or may not come out (see exp16).
+inline __m512 exp2_16(__m512 t) {
+    t = _mm512_max_ps(_mm512_set1_ps(-126.f), t);
+    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT);
+    const __m512 f = _mm512_sub_ps(t, n);
+    __m512 p = _mm512_set1_ps(1.3333558e-3f);
+    for (const float c : {9.6181291e-3f, 5.5504109e-2f, 0.24022651f, 0.69314718f, 1.f}) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
     return _mm512_scalef_ps(p, n);
 }
 

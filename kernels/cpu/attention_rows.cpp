@@ -1,0 +1,239 @@
+// Extend attention in bfloat16 on AVX512-BF16 vectors, for requests with several query
+// tokens in a step (prompt chunks, new turns, forced grammar text) wherever the AMX kernel
+// (attention_amx.cpp) does not take them: FlashAttention's online softmax, both products
+// as vdpbf16ps, and no transposes inside the loop over keys.
+//
+// One task is a block of a request's consecutive query tokens against one KV head. Its rows
+// are (token, query head of the group) pairs, up to 16 * RV of them, held as RV vectors of
+// 16 rows for the scores:
+//   scores, lanes = rows: the queries are transposed once per task into (dim pair, row)
+//     words; a key's 16 scores are then the sum over dim pairs of a query-pair vector times
+//     that key's pair, broadcast straight from its pool row. The softmax's running maximum,
+//     denominator and causal mask are per lane, with no horizontal reductions.
+//   values, lanes = dims: each row's probabilities are rounded to bfloat16 pairs of keys and
+//     broadcast against value rows interleaved by key pair, which is done once per block of
+//     32 keys for all of the task's rows.
+// Why: the kernel this replaced (12 rows per task, each task transposing every key block
+// itself) ran at ~40% of the vdpbf16ps peak on AMD Zen 4 and spent as many instructions on
+// transposes and shuffles as on multiply-adds. Sums, maxima and the normaliser stay float32;
+// the probabilities are rounded to bfloat16 as FlashAttention does on GPUs.
+//
+// Called per task from paged_attention.cpp, which builds the tasks (paged_batch.h).
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "online_softmax.h"
+#include "paged_batch.h"
+#include "simd.h"
+
+namespace forkserve {
+
+#if defined(__AVX512BF16__) && defined(__AVX512DQ__)
+
+namespace {
+
+constexpr int64_t kKeys = 32;  // keys per block
+constexpr int kSubKeys = 8;    // keys scored together: kSubKeys * RV accumulators in registers
+
+// Row vectors per task: 3 (48 rows) for head size 64, 2 for 128, so that a task's queries,
+// scores, sums and interleaved values stay near L1's 32 KiB.
+template <int64_t DIM>
+constexpr int kMaxRowVecs = DIM == 64 ? 3 : 2;
+
+template <int64_t DIM, int RV>
+void attend_rows_impl(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf16 *v_cache, Bf16 *out,
+                      const ExtendTask &task) {
+    constexpr int64_t kPairs = DIM / 2, kVecs = DIM / 16;
+    constexpr int kRows = 16 * RV;
+    constexpr int kChunk = 24 / kVecs;       // rows whose sums stay in registers in the value pass
+    constexpr int kRowRoom = kRows + 16;  // the last chunk may run past the real rows; rows stay 64-byte aligned
+    static const Bf16 zero_row[DIM] = {};
+    const int64_t group = bt.num_heads / bt.kv_heads, b = bt.token_req[task.tok];
+    const int64_t rows = task.count * group;
+    const int64_t first = bt.prefix[b] + (task.tok - bt.q_start[b]);  // keys the first token sees, less one
+    const int64_t keys = first + task.count;                         // keys the last token sees
+    const int64_t *slots = bt.req_to_token + bt.rows[b] * bt.r2t_stride;
+    const Bf16 *kh = k_cache + task.h * bt.num_slots * DIM, *vh = v_cache + task.h * bt.num_slots * DIM;
+
+    alignas(64) int32_t qt[kPairs][kRows];         // queries by dim pair
+    alignas(64) float s[kKeys][kRows];             // a block's scores, by key
+    alignas(64) int32_t pp[kKeys / 2][kRowRoom];   // probabilities as bf16 pairs of keys, by row
+    alignas(64) float acc[kRowRoom][DIM];          // output sums
+    alignas(64) float corr[kRowRoom];              // per row, the factor for its sums so far
+    alignas(64) float visible[kRows];              // per row, how many keys it sees
+    for (int m = 0; m < kRows; m++) {  // padding rows copy the last token's first head
+        const bool real = m < rows;
+        const int64_t token = real ? m / group : task.count - 1, head = task.h * group + (real ? m % group : 0);
+        const auto *words = reinterpret_cast<const int32_t *>(q + ((task.tok + token) * bt.num_heads + head) * DIM);
+        for (int64_t i = 0; i < kPairs; i++) qt[i][m] = real ? words[i] : 0;
+        visible[m] = static_cast<float>(first + token + 1);
+    }
+    std::memset(acc, 0, sizeof(acc));
+    std::memset(pp, 0, sizeof(pp));
+    for (int m = 0; m < kRowRoom; m++) corr[m] = 1.f;
+
+    constexpr float kLog2e = 1.44269504f;
+    const __m512 scale = _mm512_set1_ps(bt.scale * kLog2e), slack = _mm512_set1_ps(kSlack * kLog2e);
+    const __m512 floor = _mm512_set1_ps(-1e30f), one = _mm512_set1_ps(1.f);
+    __m512 best[RV], total[RV], limit[RV];
+    __mmask16 broken[RV];
+    for (int r = 0; r < RV; r++) {
+        best[r] = floor;
+        total[r] = _mm512_setzero_ps();
+        limit[r] = _mm512_load_ps(&visible[16 * r]);
+        broken[r] = 0;
+    }
+    // (p of key 2j, p of key 2j + 1) per row, from cvtne2ps_pbh's [16 of 2j | 16 of 2j + 1].
+    const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
+                                                22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i pair_lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                             37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i pair_hi = _mm512_add_epi16(pair_lo, _mm512_set1_epi16(16));
+    constexpr int kNan = 0x81;  // fpclass: quiet or signalling NaN
+
+    for (int64_t k0 = 0; k0 < keys; k0 += kKeys) {
+        const int64_t count = keys - k0 < kKeys ? keys - k0 : kKeys;
+        const bool diagonal = k0 + count > first + 1;  // some row sees only part of this block
+        auto key_row = [&](const Bf16 *base, int64_t c) { return c < count ? base + slots[k0 + c] * DIM : zero_row; };
+        for (int64_t c = k0 + kKeys; c < k0 + 2 * kKeys && c < keys; c++) {  // the next block's rows
+            prefetch_row(kh + slots[c] * DIM, DIM);
+            prefetch_row<2>(vh + slots[c] * DIM, DIM);
+        }
+        // Scores, kSubKeys keys at a time.
+        for (int64_t c0 = 0; c0 < count; c0 += kSubKeys) {
+            const int32_t *krow[kSubKeys];
+            for (int c = 0; c < kSubKeys; c++) krow[c] = reinterpret_cast<const int32_t *>(key_row(kh, c0 + c));
+            __m512 sc[kSubKeys][RV];
+            for (int c = 0; c < kSubKeys; c++)
+                for (int r = 0; r < RV; r++) sc[c][r] = _mm512_setzero_ps();
+            for (int64_t i = 0; i < kPairs; i++) {
+                __m512bh qv[RV];
+                for (int r = 0; r < RV; r++) qv[r] = (__m512bh)_mm512_load_si512(&qt[i][16 * r]);
+                for (int c = 0; c < kSubKeys; c++) {
+                    const __m512bh kb = (__m512bh)_mm512_set1_epi32(krow[c][i]);
+                    for (int r = 0; r < RV; r++) sc[c][r] = _mm512_dpbf16_ps(sc[c][r], qv[r], kb);
+                }
+            }
+            for (int c = 0; c < kSubKeys; c++)
+                for (int r = 0; r < RV; r++) _mm512_store_ps(&s[c0 + c][16 * r], sc[c][r]);
+        }
+        // Online softmax per row, in base 2: `best` is the reference for scale * log2(e) *
+        // score, which moves only when a score passes it by kSlack nats (so the sums are rarely
+        // rescaled); keys past a row's last get probability exactly 0. The probabilities go
+        // straight into bf16 pairs of keys.
+        bool rescale = false;
+        for (int r = 0; r < RV; r++) {
+            auto sees = [&](int64_t c) {
+                return _mm512_cmp_ps_mask(_mm512_set1_ps(static_cast<float>(k0 + c)), limit[r], _CMP_LT_OQ);
+            };
+            __m512 top = floor;  // unscaled: the scale is positive
+            for (int64_t c = 0; c < count; c++) {
+                const __m512 x = _mm512_load_ps(&s[c][16 * r]);
+                const __mmask16 see = diagonal ? sees(c) : static_cast<__mmask16>(0xFFFF);
+                broken[r] |= _mm512_mask_fpclass_ps_mask(see, x, kNan);
+                top = _mm512_max_ps(_mm512_mask_mov_ps(floor, see, x), top);
+            }
+            top = _mm512_mul_ps(top, scale);
+            const __mmask16 moved = _mm512_cmp_ps_mask(top, _mm512_add_ps(best[r], slack), _CMP_GT_OQ);
+            __m512 factor = one;
+            if (moved != 0) {
+                const __m512 now = _mm512_mask_mov_ps(best[r], moved, top);
+                factor = exp2_16(_mm512_sub_ps(best[r], now));
+                total[r] = _mm512_mul_ps(total[r], factor);
+                best[r] = now;
+                rescale = true;
+            }
+            _mm512_store_ps(&corr[16 * r], factor);
+            auto prob = [&](int64_t c) {
+                if (c >= count) return _mm512_setzero_ps();
+                const __m512 p = exp2_16(_mm512_fmsub_ps(_mm512_load_ps(&s[c][16 * r]), scale, best[r]));
+                return diagonal ? _mm512_maskz_mov_ps(sees(c), p) : p;
+            };
+            for (int64_t j = 0; j < (count + 1) / 2; j++) {
+                const __m512 p0 = prob(2 * j), p1 = prob(2 * j + 1);
+                total[r] = _mm512_add_ps(total[r], _mm512_add_ps(p0, p1));
+                const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(p1, p0);
+                _mm512_store_si512(&pp[j][16 * r], _mm512_permutexvar_epi16(interleave, both));
+            }
+        }
+        // Values interleaved by key pair, once for all rows; then sums = sums * corr + p x v.
+        const int64_t pairs = (count + 1) / 2;
+        __m512i vp[kKeys / 2][kVecs];
+        for (int64_t j = 0; j < pairs; j++) {
+            const Bf16 *r0 = key_row(vh, 2 * j), *r1 = key_row(vh, 2 * j + 1);
+            for (int64_t v = 0; v < kVecs; v += 2) {
+                const __m512i a = _mm512_loadu_si512(r0 + 16 * v), c = _mm512_loadu_si512(r1 + 16 * v);
+                vp[j][v] = _mm512_permutex2var_epi16(a, pair_lo, c);
+                vp[j][v + 1] = _mm512_permutex2var_epi16(a, pair_hi, c);
+            }
+        }
+        for (int64_t m0 = 0; m0 < rows; m0 += kChunk) {
+            __m512 o[kChunk][kVecs];
+            for (int m = 0; m < kChunk; m++)
+                for (int64_t v = 0; v < kVecs; v++) {
+                    o[m][v] = _mm512_load_ps(&acc[m0 + m][16 * v]);
+                    if (rescale) o[m][v] = _mm512_mul_ps(o[m][v], _mm512_set1_ps(corr[m0 + m]));
+                }
+            for (int64_t j = 0; j < pairs; j++) {
+                __m512bh w[kVecs];
+                for (int64_t v = 0; v < kVecs; v++) w[v] = (__m512bh)vp[j][v];
+                for (int m = 0; m < kChunk; m++) {
+                    const __m512bh pb = (__m512bh)_mm512_set1_epi32(pp[j][m0 + m]);
+                    for (int64_t v = 0; v < kVecs; v++) o[m][v] = _mm512_dpbf16_ps(o[m][v], pb, w[v]);
+                }
+            }
+            for (int m = 0; m < kChunk; m++)
+                for (int64_t v = 0; v < kVecs; v++) _mm512_store_ps(&acc[m0 + m][16 * v], o[m][v]);
+        }
+    }
+    alignas(64) float sums[kRows];
+    for (int r = 0; r < RV; r++) _mm512_store_ps(&sums[16 * r], total[r]);
+    for (int64_t m = 0; m < rows; m++) {
+        const int64_t token = m / group, head = task.h * group + m % group;
+        Bf16 *dst = out + ((task.tok + token) * bt.num_heads + head) * DIM;
+        // A NaN score (NaN in the query or a visible key) makes the row NaN, as in PyTorch.
+        const bool nan = (broken[m / 16] >> (m % 16)) & 1;
+        const __m512 inv = _mm512_set1_ps(nan ? std::numeric_limits<float>::quiet_NaN() : 1.f / sums[m]);
+        for (int64_t v = 0; v < kVecs; v++)
+            _mm256_storeu_si256(reinterpret_cast<__m256i *>(dst + 16 * v),
+                                (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_load_ps(&acc[m][16 * v]), inv)));
+    }
+}
+
+}  // namespace
+
+bool attend_rows_supported(int64_t dim) { return dim == 64 || dim == 128; }
+
+int64_t attend_rows_tokens(int64_t group, int64_t dim) {
+    const int64_t rows = 16 * (dim == 64 ? kMaxRowVecs<64> : kMaxRowVecs<128>);
+    return group < rows ? rows / group : 1;
+}
+
+void attend_rows(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf16 *v_cache, Bf16 *out,
+                 const ExtendTask &task) {
+    const int64_t row_vecs = (task.count * (bt.num_heads / bt.kv_heads) + 15) / 16;
+    if (bt.dim == 64) {
+        if (row_vecs <= 1)
+            attend_rows_impl<64, 1>(bt, q, k_cache, v_cache, out, task);
+        else if (row_vecs == 2)
+            attend_rows_impl<64, 2>(bt, q, k_cache, v_cache, out, task);
+        else
+            attend_rows_impl<64, 3>(bt, q, k_cache, v_cache, out, task);
+    } else if (row_vecs <= 1) {
+        attend_rows_impl<128, 1>(bt, q, k_cache, v_cache, out, task);
+    } else {
+        attend_rows_impl<128, 2>(bt, q, k_cache, v_cache, out, task);
+    }
+}
+
+#else
+
+bool attend_rows_supported(int64_t) { return false; }
+int64_t attend_rows_tokens(int64_t, int64_t) { return 1; }
+void attend_rows(const Batch &, const Bf16 *, const Bf16 *, const Bf16 *, Bf16 *, const ExtendTask &) {}
+
+#endif
+
+}  // namespace forkserve
