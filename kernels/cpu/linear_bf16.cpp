@@ -49,6 +49,8 @@ using namespace forkserve;
 
 constexpr int kMaxTile = 12;    // input rows per register tile
 constexpr int64_t kAhead = 3;   // panels a thread prefetches ahead of the one it multiplies
+constexpr int64_t kChunks = 4;  // ranges of panels per thread, handed out dynamically...
+constexpr int64_t kDynamicRows = 64;  // ...in products of at least this many rows
 int64_t small_ahead = 0;        // the same below 8 rows (0: no prefetch); set by the caller
 
 #if defined(__AVX512BF16__)
@@ -137,16 +139,28 @@ void gemm(const Bf16 *x, int64_t in_features, int64_t x_stride, Gemm g, int num_
     {
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < g.rows; r += kMaxTile) pack_rows(x, g.rows, in_features, x_stride, g.pairs, r, pairs_buf);
-        const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-        const int64_t first = panels * t / nt, last = panels * (t + 1) / nt;
+        // From kDynamicRows rows on (prefill sizes), the panels go out in kChunks contiguous
+        // ranges per thread, taken in turn: a thread that another process preempts mid-product
+        // leaves its untaken ranges to the others instead of making them wait for it at the
+        // barrier (on 2 cores the HTTP, detokenizer and client processes preempt the compute
+        // threads often: a prefill step took 7% less time beside a process busy 20% of a
+        // core). Smaller products keep one range per thread, in address order: decode steps
+        // ran ~5% slower with the ranges split.
+        const int64_t nt = omp_get_num_threads(), per_thread = g.rows >= kDynamicRows ? kChunks : 1;
+        const int64_t ranges = panels < per_thread * nt ? panels : per_thread * nt;
         for (int64_t r0 = 0; r0 < g.rows; r0 += step) {
             const int64_t r1 = r0 + step < g.rows ? r0 + step : g.rows;
-            for (int64_t p = first; p < last; p++) {
-                const uint16_t *next = ahead > 0 && p + ahead < last ? g.packed + (p + ahead) * g.panel_pairs * 2 * kPanel : nullptr;
-                const int64_t tiles = (r1 - r0 + kMaxTile - 1) / kMaxTile;
-                for (int64_t i = 0; i < tiles; i++) {
-                    const int64_t r = r0 + i * kMaxTile, n = r1 - r < kMaxTile ? r1 - r : kMaxTile;
-                    kTiles[n](g, r, p, next, Share{i, tiles});
+            const int64_t tiles = (r1 - r0 + kMaxTile - 1) / kMaxTile;
+#pragma omp for schedule(dynamic, 1) nowait
+            for (int64_t c = 0; c < ranges; c++) {
+                const int64_t first = panels * c / ranges, last = panels * (c + 1) / ranges;
+                for (int64_t p = first; p < last; p++) {
+                    const uint16_t *next =
+                        ahead > 0 && p + ahead < last ? g.packed + (p + ahead) * g.panel_pairs * 2 * kPanel : nullptr;
+                    for (int64_t i = 0; i < tiles; i++) {
+                        const int64_t r = r0 + i * kMaxTile, n = r1 - r < kMaxTile ? r1 - r : kMaxTile;
+                        kTiles[n](g, r, p, next, Share{i, tiles});
+                    }
                 }
             }
         }
