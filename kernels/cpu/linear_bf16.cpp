@@ -14,18 +14,19 @@
 // Python side sets amx_min_rows from a measurement on this machine (kernels/cpu/gemm_choice.py).
 //
 // A tile of up to 12 input rows keeps 24 float32 accumulators (12 rows x 2 vectors) in
-// registers over the whole input width, so each weight vector is loaded once per tile and
-// used 12 times. The input rows are first regrouped by k-pair (pack_rows), so a tile's
-// broadcasts read consecutive words. The threads split the panels into contiguous ranges,
-// so at decode sizes (a few rows) each streams its share of the weights once, in address
-// order, and take over the ends of each other's ranges when done (stealing_ranges.h: on 2
-// cores of a VM this made decode steps 7-8% and prefill 3% faster than a fixed split, with
-// no other load; a thread another process preempts no longer stalls the other); with 8 rows or more, the tiles of a panel also prefetch (into L2) the panel kAhead
-// places on, so its weights arrive from memory while these are multiplied. Below 8 rows the
-// same prefetch, small_ahead panels on, helps on some CPUs and hurts on others (an Intel Xeon
-// read the model's decode weights ~20% faster with it at one row; on AMD Zen 4 it cost more
-// than it saved), so it is off until the caller measures it (kernels/cpu/gemm_choice.py). Products of bf16 are exact and
-// sums are float32; the result is rounded to nearest even once.
+// registers over the whole input width, so each weight vector is loaded once per tile and used
+// 12 times. The input rows are first regrouped by k-pair (pack_rows), so a tile's broadcasts
+// read consecutive words. The threads split the panels into contiguous ranges, so at decode
+// sizes (a few rows) each streams its share of the weights once, in address order, and take
+// over the ends of each other's ranges when done (stealing_ranges.h: on 2 cores of a VM this
+// made decode steps 7-8% and prefill 3% faster than a fixed split, with no other load; a thread
+// another process preempts no longer stalls the other); with 8 rows or more, the tiles of a
+// panel also prefetch (into L2) the panel kAhead places on, so its weights arrive from memory
+// while these are multiplied. Below 8 rows the same prefetch, small_ahead panels on, helps on
+// some CPUs and hurts on others (an Intel Xeon read the model's decode weights ~20% faster with
+// it at one row; on AMD Zen 4 it cost more than it saved), so it is off until the caller
+// measures it (kernels/cpu/gemm_choice.py). Products of bf16 are exact and sums are float32;
+// the result is rounded to nearest even once.
 //
 // Why not oneDNN (kernels/cpu/packed_linear.py keeps it for float32 and for CPUs without
 // AVX512-BF16): on the default model's decode shapes its bf16 GEMMs read the weights at
