@@ -116,6 +116,13 @@ class ServerArgs:
         "them in one step instead of sampling them one step each. Requests that ask for logprobs "
         "or have stop strings are never jumped. --no-enable-jump-forward turns it off.",
     )
+    stream_interval: int = _arg(
+        1,
+        "Streaming requests report their first token at once, then every this many new tokens "
+        "(and their end). 1 sends each token as it is made; larger values send fewer, bigger "
+        "chunks, which costs the HTTP server and the client less CPU per token (SGLang's and "
+        "vLLM's flag of the same name).",
+    )
     grammar_compile_timeout: float = _arg(
         30.0,
         "Seconds a request may wait for its regex / json_schema / ebnf grammar to compile (on a "
@@ -160,6 +167,8 @@ class ServerArgs:
             raise ValueError("cuda_graph_max_bs must be at least 1")
         if self.tp_size < 1:
             raise ValueError("tp_size must be at least 1")
+        if self.stream_interval < 1:
+            raise ValueError(f"stream_interval must be at least 1, got {self.stream_interval}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError("num_threads must be at least 1")
 

@@ -47,6 +47,18 @@ def test_a_stream_reports_each_token_once_and_the_rest_only_their_result(engine)
     assert core.step() == []  # idle: nothing to report
 
 
+def test_a_stream_interval_reports_the_first_token_then_every_n_and_the_end(engine, monkeypatch):
+    """--stream-interval 3 on 8 tokens: reports at tokens 1, 4, 7 and the end (8); together
+    they are the request's tokens, each once."""
+    monkeypatch.setattr(engine.core, "stream_interval", 3)
+    streamed = _req(engine, "core-interval", "Count to ten:", 8, True)
+    engine.core.add_request(streamed)
+    mine = [o for o in _drain(engine.core) if o.req is streamed]
+    assert [(o.start, o.num_new) for o in mine] == [(0, 1), (1, 3), (4, 3), (7, 1)]
+    assert [t for o in mine for t in o.new_ids] == streamed.output_ids
+    assert [o.finished for o in mine] == [False, False, False, True]
+
+
 def test_a_request_that_can_never_run_is_refused_with_its_reason(engine):
     core = engine.core
     req = _req(engine, "core-too-long", "x " * 10, 10**9, False)

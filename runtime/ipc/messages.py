@@ -10,7 +10,8 @@ Token ids travel as numpy arrays, which the codec sends as raw buffers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import operator
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -78,11 +79,24 @@ class TokenUpdate:
     output_top_logprobs: list[Any] | None = None
     error: str | None = None  # the request failed alone (set with an abort finish reason)
 
+    # Pickled as the tuple of its field values, not a dict keyed by field name: one goes per
+    # request per step across two process hops, and the tuple form decodes ~2x faster.
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return (TokenUpdate, _token_update_values(self))
+
+
+_token_update_values = operator.attrgetter(*(f.name for f in fields(TokenUpdate)))
+
 
 def split_ids(ids: np.ndarray, updates: list[Any]) -> list[np.ndarray]:
-    """Cut a batch's concatenated token ids into one array per update."""
-    sizes = [u.num_new if isinstance(u, TokenUpdate) else u.token.num_new for u in updates]
-    return np.split(ids, np.cumsum(sizes)[:-1]) if updates else []
+    """Cut a batch's concatenated token ids into one array per update (views, by slicing:
+    ``np.split`` costs ~4x as much for a step's few rows, on every hop of every step)."""
+    out, start = [], 0
+    for u in updates:
+        end = start + (u.num_new if isinstance(u, TokenUpdate) else u.token.num_new)
+        out.append(ids[start:end])
+        start = end
+    return out
 
 
 @dataclass

@@ -55,6 +55,7 @@ class EngineCore:
             encode=lambda text: tokenizer.hf.encode(text, add_special_tokens=False),
         )
         self._reported: dict[str, int] = {}  # rid -> output tokens already reported
+        self.stream_interval = args.stream_interval
         self.num_finished = 0
         self._idle_checked = True
 
@@ -105,12 +106,16 @@ class EngineCore:
         self.worker.shutdown()
 
     def _outputs(self, touched: list[Req]) -> list[RequestOutput]:
-        """Streaming requests report every new token; the others only their finished result."""
+        """Streaming requests report their first token, then every ``--stream-interval`` new
+        tokens, and their end; the others only their finished result."""
         outputs = []
+        interval = self.stream_interval
         for req in touched:
             if not (req.options.stream or req.is_finished):
                 continue
             start = self._reported.get(req.rid, 0)
+            if not req.is_finished and start > 0 and len(req.output_ids) - start < interval:
+                continue  # held for the next report
             outputs.append(RequestOutput(req, start, len(req.output_ids) - start, req.is_finished, req.error))
             if req.is_finished:
                 self._reported.pop(req.rid, None)
