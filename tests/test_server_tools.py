@@ -1,7 +1,8 @@
 """Tool calling through the official ``openai`` client against a real server: a multi-step
 loop (``tool_choice`` required, then auto) where every returned call names a declared tool
 and its arguments validate against that tool's schema; streaming gives the same calls as
-non-streaming; a named ``tool_choice`` is obeyed; bad tool requests are 400s."""
+non-streaming; a named ``tool_choice`` is obeyed; ``parallel_tool_calls: false`` gives one
+call; bad tool requests are 400s."""
 
 from __future__ import annotations
 
@@ -91,6 +92,20 @@ def test_a_named_tool_choice_is_obeyed(client):
     calls = resp.choices[0].message.tool_calls
     check_calls(calls)
     assert [c.function.name for c in calls] == ["calculator"]
+
+
+def test_parallel_tool_calls_false_gives_one_call(client):
+    """Two things asked at once: with parallel_tool_calls false the answer holds exactly one
+    call (the grammar ends it there); with the default, every call it holds is valid."""
+    ask = [{"role": "user", "content": "What is the weather in Oslo in celsius, and what is 2 plus 3?"}]
+    one = client.chat.completions.create(model=MODEL, messages=ask, tools=TOOLS, tool_choice="required",
+                                         parallel_tool_calls=False, temperature=0, max_tokens=120)
+    assert one.choices[0].finish_reason == "tool_calls"
+    check_calls(one.choices[0].message.tool_calls)
+    assert len(one.choices[0].message.tool_calls) == 1
+    several = client.chat.completions.create(model=MODEL, messages=ask, tools=TOOLS, tool_choice="required",
+                                             temperature=0, max_tokens=120)
+    check_calls(several.choices[0].message.tool_calls)
 
 
 @pytest.mark.parametrize(

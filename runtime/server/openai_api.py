@@ -383,7 +383,8 @@ class ChatCompletion(_OpenAIHandler):
                 raise ApiError(400, "'tools' cannot be combined with another output constraint", param="tools")
             name = self.ctx.http.tool_call_parser
             self.tool_parser = get_parser(name) if name != "auto" else parser_for_template(template)
-            self.tool_ebnf = tool_grammar(tools, r.tool_choice, self.tool_parser.name)
+            self.tool_ebnf = tool_grammar(tools, r.tool_choice, self.tool_parser.name,
+                                          parallel=r.parallel_tool_calls is not False)
         return text
 
     def constraint(self) -> dict[str, Any]:

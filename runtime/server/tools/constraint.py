@@ -1,31 +1,48 @@
 """The grammar that keeps a model's tool calls valid, as EBNF text for the ``ebnf`` sampling
-field: ``tool_choice`` ``required`` or a named function -> exactly one call of the allowed
-tools, its arguments matching the tool's JSON schema; ``auto`` -> free text in which any
-call the model starts (at the format's trigger) must complete validly (xgrammar's
-structural tags)."""
+field (built from xgrammar's structural tags):
+- ``tool_choice`` ``required`` or a named function: nothing but calls of the allowed tools,
+  at least one, each one's arguments matching its tool's JSON schema;
+- ``auto``: free text in which any call the model starts (at the format's trigger) must
+  complete validly.
+With ``parallel_tool_calls: false`` the output ends after its first call."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 
 @dataclass(frozen=True)
 class CallMarkup:
-    """How a format writes one call: ``begin(name)`` + arguments JSON + ``end``."""
+    """How a format writes its calls. A block of several calls is ``prefix``, then each call
+    as ``item_begin(name)`` + arguments JSON + ``item_end``, joined by ``separator``, then
+    ``suffix``; a call on its own inside free text (``auto``) is ``begin(name)`` + arguments
+    + ``end``, opened by ``trigger``."""
 
     trigger: str
     begin: str  # with {name}
     end: str
+    item_begin: str  # with {name}
+    item_end: str
+    separator: str
+    prefix: str = ""
+    suffix: str = ""
 
 
+_HERMES = CallMarkup("<tool_call>", '<tool_call>\n{{"name": "{name}", "arguments": ', "}\n</tool_call>",
+                     '<tool_call>\n{{"name": "{name}", "arguments": ', "}\n</tool_call>", "\n")
 MARKUP = {
-    "hermes": CallMarkup("<tool_call>", '<tool_call>\n{{"name": "{name}", "arguments": ', "}\n</tool_call>"),
-    "qwen25": CallMarkup("<tool_call>", '<tool_call>\n{{"name": "{name}", "arguments": ', "}\n</tool_call>"),
-    "llama3_json": CallMarkup('{"name": ', '{{"name": "{name}", "parameters": ', "}"),
-    "mistral": CallMarkup("[TOOL_CALLS]", '[TOOL_CALLS] [{{"name": "{name}", "arguments": ', "}]"),
+    "hermes": _HERMES,
+    "qwen25": _HERMES,
+    "llama3_json": CallMarkup('{"name": ', '{{"name": "{name}", "parameters": ', "}",
+                              '{{"name": "{name}", "parameters": ', "}", "; "),
+    "mistral": CallMarkup("[TOOL_CALLS]", '[TOOL_CALLS] [{{"name": "{name}", "arguments": ', "}]",
+                          '{{"name": "{name}", "arguments": ', "}", ", ", prefix="[TOOL_CALLS] [", suffix="]"),
 }
+
+# Whitespace the arguments JSON may have in a row: enough for "a": 1, and no runs of newlines
+# from a small model that cannot decide what comes next.
+_MAX_WHITESPACE = 1
 
 
 def _functions(tools: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
@@ -37,9 +54,10 @@ def _functions(tools: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-def tool_grammar(tools: list[dict[str, Any]], tool_choice: Any, parser_name: str) -> str | None:
+def tool_grammar(tools: list[dict[str, Any]], tool_choice: Any, parser_name: str, parallel: bool = True) -> str | None:
     """EBNF text, or None when nothing is enforced (``tool_choice`` ``none``)."""
     import xgrammar as xgr
+    from xgrammar import structural_tag as st
 
     markup = MARKUP[parser_name]
     functions = _functions(tools)
@@ -48,16 +66,22 @@ def tool_grammar(tools: list[dict[str, Any]], tool_choice: Any, parser_name: str
     if isinstance(tool_choice, dict):
         wanted = (tool_choice.get("function") or {}).get("name")
         functions = [(n, p) for n, p in functions if n == wanted]
+
+    def tag(begin: str, end: str, name: str, schema: dict[str, Any]) -> Any:
+        args = st.JSONSchemaFormat(json_schema=schema, max_whitespace_cnt=_MAX_WHITESPACE)
+        return st.TagFormat(begin=begin.format(name=name), content=args, end=end)
+
     if tool_choice in (None, "auto"):
-        tags = [xgr.StructuralTagItem(begin=markup.begin.format(name=n), schema=json.dumps(p), end=markup.end)
-                for n, p in functions]
-        return str(xgr.Grammar.from_structural_tag(tags, [markup.trigger]))
-    calls = [
-        xgr.Grammar.concat(
-            xgr.Grammar.from_ebnf(f"root ::= {json.dumps(markup.begin.format(name=n))}"),
-            xgr.Grammar.from_json_schema(json.dumps(p), any_whitespace=False),
-            xgr.Grammar.from_ebnf(f"root ::= {json.dumps(markup.end)}"),
+        fmt: Any = st.TriggeredTagsFormat(
+            triggers=[markup.trigger], tags=[tag(markup.begin, markup.end, n, p) for n, p in functions],
+            stop_after_first=not parallel,
         )
-        for n, p in functions
-    ]
-    return str(calls[0] if len(calls) == 1 else xgr.Grammar.union(*calls))
+    else:
+        fmt = st.TagsWithSeparatorFormat(
+            tags=[tag(markup.item_begin, markup.item_end, n, p) for n, p in functions], separator=markup.separator,
+            at_least_one=True, stop_after_first=not parallel,
+        )
+        if markup.prefix or markup.suffix:
+            fmt = st.SequenceFormat(elements=[st.ConstStringFormat(value=markup.prefix), fmt,
+                                              st.ConstStringFormat(value=markup.suffix)])
+    return str(xgr.Grammar.from_structural_tag(st.StructuralTag(format=fmt)))
