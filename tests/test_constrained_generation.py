@@ -1,5 +1,6 @@
 """Constrained decoding on the real default model through ``Engine.generate``: JSON-schema
-outputs validate with ``jsonschema``, regex outputs ``re.fullmatch``, EBNF outputs parse;
+outputs validate with ``jsonschema``, regex outputs ``re.fullmatch``, EBNF outputs parse with
+``lark``, ``{"type": "object"}`` outputs ``json.loads`` to objects;
 greedy output equals a decoder that masks with the brute-force reference matcher; the
 same requests give the same output under a tight KV pool (retractions) and beside plain
 requests, and plain requests are unchanged by constrained neighbours."""
@@ -11,6 +12,7 @@ import re
 import time
 
 import jsonschema
+import lark
 import pytest
 
 from runtime.constrained.grammar_cache import GrammarCache
@@ -37,6 +39,9 @@ SCHEMAS = [
     {"type": "object", "properties": {"steps": {"type": "array", "maxItems": 2, "items": {
         "type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 9}, "do": {"type": "string", "maxLength": 15}},
         "required": ["n", "do"], "additionalProperties": False}}}, "required": ["steps"], "additionalProperties": False},
+    {"type": "object", "properties": {"price": {"type": "number", "minimum": 0, "maximum": 1000},
+                                      "rating": {"type": "number", "minimum": 0, "maximum": 5}},
+     "required": ["price", "rating"], "additionalProperties": False},
 ]
 TOPICS = ["a famous scientist", "a city you like", "a colour palette", "a test result", "a novelist",
           "a cooking recipe", "a sports team", "a holiday trip", "a small company"]
@@ -46,12 +51,21 @@ REGEXES = [r"\(\d{3}\) \d{3}-\d{4}", r"(19|20)\d\d-(0[1-9]|1[0-2])-(0[1-9]|[12]\
 QUESTIONS = ["Give me a phone number.", "When did it happen?", "Will it rain?", "Name a fruit.",
              "Pick a colour.", "What is the server address?"]
 
-EBNF = """
-root ::= answer ", because " reason "."
-answer ::= "yes" | "no"
-reason ::= [a-z]+ (" " [a-z]+)*
-"""
-EBNF_AS_REGEX = r"(yes|no), because [a-z]+( [a-z]+)*\."
+# (question, xgrammar EBNF, the same language for lark, an independent parser)
+EBNF_CASES = [
+    ("Is the sky blue? Answer and explain in a few words.",
+     'root ::= answer ", because " reason "."\nanswer ::= "yes" | "no"\nreason ::= [a-z]+ (" " [a-z]+)*',
+     'start: ANSWER ", because " WORD (" " WORD)* "."\nANSWER: "yes" | "no"\nWORD: /[a-z]+/'),
+    ("List a few fruits.",
+     'root ::= "[" item (", " item)* "]"\nitem ::= [a-z]+',
+     'start: "[" ITEM (", " ITEM)* "]"\nITEM: /[a-z]+/'),
+    ("Write a sum of small numbers.",
+     'root ::= term (op term)*\nop ::= " + " | " - "\nterm ::= [1-9] [0-9]?',
+     'start: TERM (OP TERM)*\nOP: " + " | " - "\nTERM: /[1-9][0-9]?/'),
+    ("Give settings as key=value pairs.",
+     'root ::= pair ("; " pair)*\npair ::= [a-z]+ "=" [0-9]+',
+     'start: PAIR ("; " PAIR)*\nPAIR: /[a-z]+=[0-9]+/'),
+]
 
 
 def _chat(engine, text: str) -> str:
@@ -71,15 +85,38 @@ def test_json_schema_outputs_validate(engine):
         jsonschema.validate(json.loads(out["text"]), json.loads(p["json_schema"]))
 
 
-def test_regex_and_ebnf_outputs_match(engine):
-    prompts = [_chat(engine, q) for q in QUESTIONS]
-    params = [{"temperature": 0.7, "seed": i, "max_new_tokens": 40, "regex": r} for i, r in enumerate(REGEXES)]
-    prompts.append(_chat(engine, "Is the sky blue? Answer and explain in a few words."))
-    params.append({"temperature": 0, "max_new_tokens": 40, "ebnf": EBNF})
+def test_regex_outputs_fullmatch(engine):
+    prompts, params = [], []
+    for seed in range(4):  # sampled, so each seed is a different output
+        for i, (question, regex) in enumerate(zip(QUESTIONS, REGEXES, strict=True)):
+            prompts.append(_chat(engine, question))
+            params.append({"temperature": 0.7, "seed": 10 * seed + i, "max_new_tokens": 40, "regex": regex})
     outs = engine.generate(prompts, params)
     for out, p in zip(outs, params, strict=True):
         assert out["meta_info"]["finish_reason"]["type"] == "stop", out
-        assert re.fullmatch(p.get("regex") or EBNF_AS_REGEX, out["text"]), (p, out["text"])
+        assert re.fullmatch(p["regex"], out["text"]), (p, out["text"])
+
+
+def test_ebnf_outputs_parse_with_the_grammar(engine):
+    """Each output parses with lark (an independent parser) under the same language."""
+    prompts, params, parsers = [], [], []
+    for question, ebnf, lark_grammar in EBNF_CASES:
+        for seed in range(3):
+            prompts.append(_chat(engine, question))
+            params.append({"temperature": 0.7, "seed": seed, "max_new_tokens": 48, "ebnf": ebnf})
+            parsers.append(lark.Lark(lark_grammar))
+    for out, parser in zip(engine.generate(prompts, params), parsers, strict=True):
+        if out["meta_info"]["finish_reason"]["type"] == "stop":  # a length cut may end mid-rule
+            parser.parse(out["text"])
+
+
+def test_json_object_outputs_load(engine):
+    prompts = [_chat(engine, f"Describe {topic} as a JSON object.") for topic in TOPICS]
+    outs = engine.generate(prompts, {"temperature": 0, "max_new_tokens": 100, "json_schema": '{"type": "object"}'})
+    done = [o for o in outs if o["meta_info"]["finish_reason"]["type"] == "stop"]
+    assert len(done) >= len(outs) // 2  # most objects close within the budget
+    for out in done:
+        assert isinstance(json.loads(out["text"]), dict)
 
 
 def test_stop_string_inside_a_constraint(engine):
