@@ -1,15 +1,20 @@
-"""``/openapi.json`` with the request bodies documented. The routes read their bodies
-themselves (to answer every error in OpenAI's shape), so FastAPI does not see the pydantic
-models; this adds each route's model, and the models it refers to, to the schema."""
+"""``/openapi.json`` with the request bodies and the answers documented. The routes read
+their bodies themselves (to answer every error in OpenAI's shape), so FastAPI does not see
+the pydantic models; this adds each route's model, and the models it refers to, to the
+schema, narrows the fields a route accepts only at their neutral value to that value, and
+puts each route's status codes, content types and answer schemas
+(``openapi_responses.py``) in place of FastAPI's guesses."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
+from runtime.server.openapi_responses import RESPONSES
 from runtime.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -34,13 +39,33 @@ def install(app: FastAPI) -> None:
             for path, model in BODIES.items():
                 body = model.model_json_schema(ref_template=_REF, by_alias=True)
                 components.update(body.pop("$defs", {}))
-                components[model.__name__] = body
+                components[model.__name__] = _narrowed(model, body)
                 for operation in schema["paths"].get(path, {}).values():
                     operation["requestBody"] = {
                         "required": True,
                         "content": {"application/json": {"schema": {"$ref": _REF.format(model=model.__name__)}}},
                     }
+            for path, operations in schema["paths"].items():
+                for operation in operations.values():
+                    operation["responses"] = copy.deepcopy(RESPONSES[path]["*"])
             app.openapi_schema = schema
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+# What "not given" may look like for a field accepted only at its neutral value.
+_NEUTRAL = {"anyOf": [{"type": "null"}, {"const": False}, {"type": "array", "maxItems": 0},
+                      {"type": "object", "maxProperties": 0}]}
+
+
+def _narrowed(model: type[BaseModel], body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` with each field the route refuses unless neutral (``UNSUPPORTED``) allowed only
+    its neutral values, and ``/generate``'s rule that a request has ``text`` or ``input_ids``."""
+    props = body.get("properties", {})
+    for name in (*getattr(model, "UNSUPPORTED", ()), *getattr(model, "CHAT_UNSUPPORTED", ())):
+        if name in props:
+            props[name] = {**_NEUTRAL, "description": "not supported: only its neutral value is accepted"}
+    if model is GenerateReqInput:
+        body["anyOf"] = [{"required": ["text"]}, {"required": ["input_ids"]}]
+    return body

@@ -1,0 +1,122 @@
+"""What every route answers, for ``/openapi.json``: status codes, content types and body
+schemas, as data. The routes build their answers by hand (orjson, SSE), so FastAPI cannot
+infer them; ``openapi.install`` puts these in place of its guesses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+ERROR = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {"error": {
+        "type": "object",
+        "required": ["message", "type", "code"],
+        "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                       "param": {"type": ["string", "null"]}, "code": {"type": "integer"}},
+    }},
+}
+_OBJECT = {"type": "object"}
+_TEXT = {"type": "string"}
+_SSE = {"text/event-stream": {"schema": _TEXT}}
+
+USAGE = {
+    "type": "object",
+    "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
+    "properties": {"prompt_tokens": {"type": "integer"}, "completion_tokens": {"type": "integer"},
+                   "total_tokens": {"type": "integer"},
+                   "prompt_tokens_details": {"type": ["object", "null"],
+                                             "properties": {"cached_tokens": {"type": "integer"}}}},
+}
+_FINISH = {"type": ["string", "null"]}
+CHAT_COMPLETION = {
+    "type": "object",
+    "required": ["id", "object", "created", "model", "choices"],
+    "properties": {
+        "id": {"type": "string"}, "object": {"const": "chat.completion"}, "created": {"type": "integer"},
+        "model": {"type": "string"}, "usage": USAGE,
+        "choices": {"type": "array", "items": {
+            "type": "object", "required": ["index", "message", "finish_reason"],
+            "properties": {
+                "index": {"type": "integer"}, "finish_reason": _FINISH, "logprobs": {"type": ["object", "null"]},
+                "message": {"type": "object", "required": ["role"], "properties": {
+                    "role": {"const": "assistant"}, "content": {"type": ["string", "null"]},
+                    "reasoning_content": {"type": ["string", "null"]},
+                    "tool_calls": {"type": ["array", "null"], "items": _OBJECT}}},
+            }}},
+    },
+}
+COMPLETION = {
+    "type": "object",
+    "required": ["id", "object", "created", "model", "choices"],
+    "properties": {
+        "id": {"type": "string"}, "object": {"const": "text_completion"}, "created": {"type": "integer"},
+        "model": {"type": "string"}, "usage": USAGE,
+        "choices": {"type": "array", "items": {
+            "type": "object", "required": ["index", "text", "finish_reason"],
+            "properties": {"index": {"type": "integer"}, "text": {"type": "string"}, "finish_reason": _FINISH,
+                           "logprobs": {"type": ["object", "null"]}}}},
+    },
+}
+GENERATE_ONE = {
+    "type": "object",
+    "required": ["text", "output_ids", "meta_info"],
+    "properties": {"text": {"type": "string"}, "output_ids": {"type": "array", "items": {"type": "integer"}},
+                   "meta_info": {"type": "object", "required": ["id", "prompt_tokens", "completion_tokens"],
+                                 "properties": {"id": {"type": "string"}, "prompt_tokens": {"type": "integer"},
+                                                "completion_tokens": {"type": "integer"},
+                                                "cached_tokens": {"type": "integer"}}}},
+}
+MODEL_CARD = {
+    "type": "object", "required": ["id", "object", "created", "owned_by"],
+    "properties": {"id": {"type": "string"}, "object": {"const": "model"}, "created": {"type": "integer"},
+                   "owned_by": {"type": "string"}, "root": {"type": "string"}, "max_model_len": {"type": "integer"}},
+}
+
+
+def _json(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"application/json": {"schema": schema}}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    what = {400: "Bad input: the message and `param` name the field", 401: "Missing or wrong API key",
+            404: "Not found (e.g. a model this server does not serve)", 413: "Request body too large",
+            503: "The server is starting, shutting down or its scheduler has failed"}
+    return {str(c): {"description": what[c], "content": _json(ERROR)} for c in codes}
+
+
+_GUARDED = (400, 401, 413, 503)  # what a route with a body can answer besides success
+# path -> method -> {status: {"description", "content"?}}; the same for every method unless listed
+RESPONSES: dict[str, dict[str, dict[str, Any]]] = {
+    "/health": {"*": {"200": {"description": "Healthy (no body)"}, "503": {"description": "Not healthy (no body)"}}},
+    "/health_generate": {"*": {"200": {"description": "One token went through every process (no body)"},
+                               "503": {"description": "It did not (no body)"}}},
+    "/get_model_info": {"*": {"200": {"description": "The served model", "content": _json(_OBJECT)},
+                              **_errors(401)}},
+    "/get_server_info": {"*": {"200": {"description": "Flags, queues, KV pool figures, process ids",
+                                       "content": _json(_OBJECT)}, **_errors(401, 503)}},
+    "/flush_cache": {"*": {"200": {"description": "Flushed", "content": {"text/plain": {"schema": _TEXT}}},
+                           "400": {"description": "Not flushed: requests are queued or running",
+                                   "content": {"text/plain": {"schema": _TEXT}}},
+                           **_errors(401, 503)}},
+    "/end_program": {"*": {"200": {"description": "Prefixes released",
+                                   "content": _json({"type": "object", "required": ["released_nodes"],
+                                                     "properties": {"released_nodes": {"type": "integer"}}})},
+                           **_errors(*_GUARDED)}},
+    "/metrics": {"*": {"200": {"description": "Prometheus text format",
+                               "content": {"text/plain": {"schema": _TEXT}}}, **_errors(401, 503)}},
+    "/generate": {"*": {"200": {"description": "One result, a list for a batch, or SSE events when streaming",
+                                "content": {**_json({"oneOf": [GENERATE_ONE, {"type": "array", "items": GENERATE_ONE}]}),
+                                            **_SSE}},
+                        **_errors(*_GUARDED)}},
+    "/v1/models": {"*": {"200": {"description": "The served model", "content": _json({
+        "type": "object", "required": ["object", "data"],
+        "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": MODEL_CARD}}})},
+        **_errors(401)}},
+    "/v1/models/{model}": {"*": {"200": {"description": "The model", "content": _json(MODEL_CARD)}, **_errors(401, 404)}},
+    "/v1/completions": {"*": {"200": {"description": "A completion, or SSE chunks when streaming",
+                                      "content": {**_json(COMPLETION), **_SSE}}, **_errors(*_GUARDED, 404)}},
+    "/v1/chat/completions": {"*": {"200": {"description": "A chat completion, or SSE chunks when streaming",
+                                           "content": {**_json(CHAT_COMPLETION), **_SSE}},
+                                   **_errors(*_GUARDED, 404)}},
+}
