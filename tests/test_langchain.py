@@ -41,8 +41,8 @@ def test_a_tool_loop_through_bind_tools(chat):
 
     schema = get_weather.tool_call_schema.model_json_schema()
     messages = [HumanMessage("What is the weather in Paris?")]
-    ai = chat.bind_tools([get_weather], tool_choice="required").invoke(messages)
-    assert ai.tool_calls and all(c["name"] == "get_weather" for c in ai.tool_calls)
+    ai = chat.bind_tools([get_weather], tool_choice="required", parallel_tool_calls=False).invoke(messages)
+    assert [c["name"] for c in ai.tool_calls] == ["get_weather"]
     for call in ai.tool_calls:
         jsonschema.validate(call["args"], schema)
     messages.append(ai)

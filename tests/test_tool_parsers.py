@@ -38,6 +38,19 @@ def test_plain_text_and_broken_markup_stay_content(name):
     assert parser.parse(broken) == (broken, [])
 
 
+@pytest.mark.parametrize("name", ["hermes", "llama3_json", "mistral"])
+def test_a_last_call_cut_off_is_dropped_and_the_whole_ones_stand(name):
+    """max_tokens may end an answer inside its second call: the first is returned, no markup
+    reaches the content; a cut-off first call is no call at all (the text stays content)."""
+    text = CASES[name]
+    cut = text[: text.index('"add"') + 12]  # inside the second call's arguments
+    content, calls = get_parser(name).parse(cut)
+    assert [c.name for c in calls] == ["get_weather"]
+    assert content == CONTENT[name]
+    first_only = text[: text.index('"get_weather"') + 20]
+    assert get_parser(name).parse(first_only) == (first_only, [])
+
+
 @pytest.mark.parametrize("name", ["hermes", "mistral", "llama3_json"])
 def test_streaming_matches_whole_parse_and_hides_markup(name):
     text = CASES[name]

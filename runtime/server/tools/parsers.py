@@ -58,7 +58,7 @@ class HermesParser(ToolCallParser):
     name = "hermes"
     start = "<tool_call>"
     end = "</tool_call>"
-    _block = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+    _block = re.compile(r"<tool_call>\s*(.*?)\s*(</tool_call>|$)", re.DOTALL)
 
     def parse(self, text: str) -> tuple[str, list[ParsedCall]]:
         cut = text.find(self.start)
@@ -71,6 +71,8 @@ class HermesParser(ToolCallParser):
             except json.JSONDecodeError:
                 call = None
             if call is None:
+                if not m.group(2) and calls:  # a last call cut off (max_tokens): the others stand
+                    break
                 return text, []
             calls.append(call)
         return text[:cut].rstrip(), calls
@@ -96,6 +98,8 @@ class Llama3JsonParser(ToolCallParser):
             try:
                 obj, end = decoder.raw_decode(body, pos)
             except json.JSONDecodeError:
+                if calls:  # a last call cut off (max_tokens): the others stand
+                    break
                 return text, []
             call = _call_from(obj, "parameters")
             if call is None:
@@ -115,15 +119,33 @@ class MistralParser(ToolCallParser):
         cut = text.find(self.start)
         if cut < 0:
             return text, []
+        body = text[cut + len(self.start):].strip()
         try:
-            items = json.loads(text[cut + len(self.start):].strip())
+            items = json.loads(body)
         except json.JSONDecodeError:
-            return text, []
+            items = _complete_items(body)  # a list cut off (max_tokens): its whole calls
+            if not items:
+                return text, []
         items = items if isinstance(items, list) else [items]
         calls = [_call_from(obj, "arguments") for obj in items]
         if not calls or any(c is None for c in calls):
             return text, []
         return text[:cut].rstrip(), calls  # type: ignore[return-value]
+
+
+def _complete_items(body: str) -> list[object]:
+    """The whole objects at the start of a JSON list whose end is missing."""
+    if not body.startswith("["):
+        return []
+    decoder, items, pos = json.JSONDecoder(), [], 1
+    while True:
+        while pos < len(body) and body[pos] in " \n\t,":
+            pos += 1
+        try:
+            obj, pos = decoder.raw_decode(body, pos)
+        except json.JSONDecodeError:
+            return items
+        items.append(obj)
 
 
 PARSERS: dict[str, type[ToolCallParser]] = {
