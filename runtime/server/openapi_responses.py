@@ -29,35 +29,32 @@ USAGE = {
                                              "properties": {"cached_tokens": {"type": "integer"}}}},
 }
 _FINISH = {"type": ["string", "null"]}
-CHAT_COMPLETION = {
-    "type": "object",
-    "required": ["id", "object", "created", "model", "choices"],
+def _completion(object_name: str, choice: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI completion object (chat or text) whose ``choices`` items are ``choice``."""
+    return {
+        "type": "object",
+        "required": ["id", "object", "created", "model", "choices"],
+        "properties": {"id": {"type": "string"}, "object": {"const": object_name}, "created": {"type": "integer"},
+                       "model": {"type": "string"}, "usage": USAGE, "choices": {"type": "array", "items": choice}},
+    }
+
+
+_LOGPROBS = {"type": ["object", "null"]}
+CHAT_COMPLETION = _completion("chat.completion", {
+    "type": "object", "required": ["index", "message", "finish_reason"],
     "properties": {
-        "id": {"type": "string"}, "object": {"const": "chat.completion"}, "created": {"type": "integer"},
-        "model": {"type": "string"}, "usage": USAGE,
-        "choices": {"type": "array", "items": {
-            "type": "object", "required": ["index", "message", "finish_reason"],
-            "properties": {
-                "index": {"type": "integer"}, "finish_reason": _FINISH, "logprobs": {"type": ["object", "null"]},
-                "message": {"type": "object", "required": ["role"], "properties": {
-                    "role": {"const": "assistant"}, "content": {"type": ["string", "null"]},
-                    "reasoning_content": {"type": ["string", "null"]},
-                    "tool_calls": {"type": ["array", "null"], "items": _OBJECT}}},
-            }}},
+        "index": {"type": "integer"}, "finish_reason": _FINISH, "logprobs": _LOGPROBS,
+        "message": {"type": "object", "required": ["role"], "properties": {
+            "role": {"const": "assistant"}, "content": {"type": ["string", "null"]},
+            "reasoning_content": {"type": ["string", "null"]},
+            "tool_calls": {"type": ["array", "null"], "items": _OBJECT}}},
     },
-}
-COMPLETION = {
-    "type": "object",
-    "required": ["id", "object", "created", "model", "choices"],
-    "properties": {
-        "id": {"type": "string"}, "object": {"const": "text_completion"}, "created": {"type": "integer"},
-        "model": {"type": "string"}, "usage": USAGE,
-        "choices": {"type": "array", "items": {
-            "type": "object", "required": ["index", "text", "finish_reason"],
-            "properties": {"index": {"type": "integer"}, "text": {"type": "string"}, "finish_reason": _FINISH,
-                           "logprobs": {"type": ["object", "null"]}}}},
-    },
-}
+})
+COMPLETION = _completion("text_completion", {
+    "type": "object", "required": ["index", "text", "finish_reason"],
+    "properties": {"index": {"type": "integer"}, "text": {"type": "string"}, "finish_reason": _FINISH,
+                   "logprobs": _LOGPROBS},
+})
 GENERATE_ONE = {
     "type": "object",
     "required": ["text", "output_ids", "meta_info"],

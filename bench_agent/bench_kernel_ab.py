@@ -1,0 +1,108 @@
+"""The CPU kernels of this checkout against those of another git revision, in one process:
+prefill and decode steps of the default model (bf16, the compiled decoder layers) run
+alternately on the two builds, so the machine's drift (tens of percent over minutes on
+shared 2-core machines) hits both sides alike.
+
+    python -m bench_agent.bench_kernel_ab --base HEAD~1
+    python -m bench_agent.bench_kernel_ab --base 613896e --prefill 600 2000 --decode 1 16
+
+The base revision's ``kernels/cpu`` sources are compiled with this checkout's flags into a
+temporary library; only the decoder layers' entry point is swapped, so both sides share
+the packed weights (the packed layout must be the same in both revisions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def build_revision(rev: str, out_dir: Path) -> ctypes.CDLL:
+    """The kernel library of revision ``rev`` (its sources, this checkout's compiler flags)."""
+    from kernels.cpu import build
+
+    names = subprocess.run(["git", "-C", str(REPO), "ls-tree", "--name-only", f"{rev}:kernels/cpu"],
+                           capture_output=True, text=True, check=True).stdout.split()
+    for name in names:
+        if name.endswith((".cpp", ".h")):
+            text = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:kernels/cpu/{name}"],
+                                  capture_output=True, check=True).stdout
+            (out_dir / name).write_bytes(text)
+    sources = [str(out_dir / n) for n in names if n.endswith(".cpp")]
+    lib = out_dir / "base.so"
+    subprocess.run([build.find_compiler(), *build.FLAGS, *sources, "-o", str(lib)], check=True)
+    return ctypes.CDLL(str(lib))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--base", required=True, help="git revision whose kernels to compare against")
+    ap.add_argument("--prefill", type=int, nargs="*", default=[600], help="new prompt tokens per prefill call")
+    ap.add_argument("--cached", type=int, default=240, help="cached prefix before each prefill (tokens)")
+    ap.add_argument("--decode", type=int, nargs="*", default=[1, 16], help="batch sizes of decode runs")
+    ap.add_argument("--rounds", type=int, default=8, help="calls per side and case (default: %(default)s)")
+    ns = ap.parse_args(argv)
+
+    import torch  # noqa: F401  (its OpenMP runtime first, as kernels/cpu/build.py needs)
+
+    from kernels.cpu import build
+    from runtime import Engine
+
+    engine = Engine(dtype="bfloat16")
+    runner = engine.worker.model.compiled_layers  # CpuDecoderLayers: all layers as one compiled call
+    if runner is None:
+        raise SystemExit("the compiled decoder layers are not in use here (they need bf16 on an AVX512-BF16 CPU)")
+    with tempfile.TemporaryDirectory() as tmp:
+        base_lib = build_revision(ns.base, Path(tmp))
+        ours, theirs = build.load_kernels().decoder_layers_bf16, base_lib.decoder_layers_bf16
+        theirs.argtypes, theirs.restype = ours.argtypes, ours.restype
+        sides = {"this checkout": ours, ns.base: theirs}
+        rng = random.Random(0)
+        prefix = [rng.randrange(100, 40_000) for _ in range(ns.cached)]
+        seed = iter(range(10**9))
+
+        def prefill(n: int) -> float:
+            r = random.Random(next(seed))
+            ids = prefix + [r.randrange(100, 40_000) for _ in range(n)]
+            t = time.perf_counter()
+            engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 1, "temperature": 0})
+            return time.perf_counter() - t
+
+        def decode(bs: int) -> float:
+            r = random.Random(next(seed))
+            ids = [[r.randrange(100, 40_000) for _ in range(400)] for _ in range(bs)]
+            before = engine.core.stats()
+            engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 24, "temperature": 0, "ignore_eos": True})
+            after = engine.core.stats()
+            return (after["step_decode_seconds"] - before["step_decode_seconds"]) / (
+                after["step_decode_steps"] - before["step_decode_steps"])
+
+        cases = [(f"prefill {n} new tokens after {ns.cached} cached (ms)", prefill, n) for n in ns.prefill]
+        cases += [(f"decode step, batch {bs}, 400-token contexts (ms)", decode, bs) for bs in ns.decode]
+        print(f"| case | this checkout | {ns.base} | {ns.base} / this checkout |\n|---|---|---|---|")
+        for label, fn, arg in cases:
+            fn(arg)  # warm up
+            times: dict[str, list[float]] = {name: [] for name in sides}
+            for i in range(ns.rounds):
+                order = list(sides.items()) if i % 2 == 0 else list(sides.items())[::-1]
+                for name, entry in order:
+                    runner._run = entry
+                    times[name].append(fn(arg))
+            runner._run = ours
+            a, b = (statistics.mean(times[name]) for name in sides)
+            print(f"| {label} | {a * 1e3:.1f} | {b * 1e3:.1f} | {b / a:.3f}x |")
+    engine.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
