@@ -18,9 +18,9 @@
 // 12 times. The input rows are first regrouped by k-pair (pack_rows), so a tile's broadcasts
 // read consecutive words. The threads split the panels into contiguous ranges, so at decode
 // sizes (a few rows) each streams its share of the weights once, in address order, and take
-// over the ends of each other's ranges when done (stealing_ranges.h: on 2 cores of a VM this
-// made decode steps 7-8% and prefill 3% faster than a fixed split, with no other load; a thread
-// another process preempts no longer stalls the other); with 8 rows or more, the tiles of a
+// over the ends of each other's ranges when done (stealing_ranges.h), so a thread that another
+// process preempts no longer stalls the other (a 600-token prefill beside a process busy 20% of
+// a core: 495 instead of 529 ms; alone, the same within noise); with 8 rows or more, the tiles of a
 // panel also prefetch (into L2) the panel kAhead places on, so its weights arrive from memory
 // while these are multiplied. Below 8 rows the same prefetch, small_ahead panels on, helps on
 // some CPUs and hurts on others (an Intel Xeon read the model's decode weights ~20% faster with
