@@ -250,3 +250,30 @@ def test_a_compiling_grammar_blocks_no_one(engine):
     finally:
         grammars._cache.shutdown()
         grammars._cache = fast_cache
+
+
+def test_a_compile_past_the_timeout_fails_its_request_naming_the_field(engine, monkeypatch):
+    """A grammar still compiling after --grammar-compile-timeout fails its request alone, with
+    a message and field (``error_param``, the 400's ``param``) that say which constraint;
+    the request beside it runs."""
+    from runtime.sampling.params import SamplingParams
+    from runtime.scheduler.req import Req
+
+    grammars = engine.scheduler.grammars
+    fast_cache = grammars.cache
+    grammars._cache = GrammarCache(_SlowBackend(fast_cache.backend, 2.0))
+    monkeypatch.setattr(grammars, "timeout_s", 0.3)
+    try:
+        ids = engine.tokenizer.encode(_chat(engine, "Give me an object."))
+        late = Req("late", ids, SamplingParams(temperature=0, max_new_tokens=8, json_schema='{"type": "object"}'))
+        plain = Req("plain", ids, SamplingParams(temperature=0, max_new_tokens=3, ignore_eos=True))
+        engine.core.add_request(late)
+        engine.core.add_request(plain)
+        while engine.core.has_work:
+            engine.core.step()
+        assert late.finished_reason["type"] == "abort" and late.error_param == "json_schema"
+        assert "did not compile within 0.3 s" in late.error and "--grammar-compile-timeout" in late.error
+        assert len(plain.output_ids) == 3
+    finally:
+        grammars._cache.shutdown()
+        grammars._cache = fast_cache

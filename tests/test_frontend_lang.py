@@ -19,6 +19,7 @@ from examples.llm_judge import llm_judge
 from examples.react_tool import react
 from examples.self_critique import self_critique
 from examples.tree_of_thought import tree_of_thought
+from frontend_lang.ir import DTYPE_REGEX
 
 pytestmark = pytest.mark.slow
 
@@ -176,6 +177,9 @@ def test_constrained_gen_and_computed_variables(which, request):
         s["pet_obj"] = Pet.model_validate_json(s["pet"])
         s += sgl.user("Is it friendly?") + sgl.assistant(sgl.select("friendly", ["yes", "no"],
                                                                      choices_method=sgl.greedy_token_selection))
+        s += sgl.user("How heavy is it, in kilograms?") + sgl.assistant(sgl.gen("weight", dtype=float, max_tokens=8))
+        s += sgl.user("Is it awake now?") + sgl.assistant(sgl.gen("awake", dtype=bool, max_tokens=4))
+        s += sgl.user("What is its name?") + sgl.assistant(sgl.gen("name", dtype=str, max_tokens=12))
 
     state = form.run(temperature=0, backend=request.getfixturevalue(which))
     assert isinstance(state["pet_obj"], Pet)
@@ -183,6 +187,9 @@ def test_constrained_gen_and_computed_variables(which, request):
     assert re.fullmatch(r"20\d\d-[01]\d-[0-3]\d", state["date"])
     assert state["friendly"] in ("yes", "no")
     assert state.get_meta_info("friendly")["choices_method"] == "greedy_token_selection"
+    assert re.fullmatch(r"[-+]?[0-9]+(\.[0-9]+)?", state["weight"]), state["weight"]
+    assert state["awake"] in ("True", "False")
+    assert re.fullmatch(DTYPE_REGEX[str], state["name"]) or state.get_meta_info("name")["finish_reason"]["type"] == "length"
 
 
 def test_unconditional_likelihood_normalized_select(local):

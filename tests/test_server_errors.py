@@ -149,3 +149,17 @@ def test_a_huge_prompt_does_not_stall_other_clients(server):
         resp, big_s = fut.result()
     assert_error(resp, 400, "maximum context length", param="prompt")
     assert health_s < big_s / 4, (health_s, big_s)
+
+
+def test_a_request_failed_by_the_scheduler_names_its_field_in_the_route_s_words():
+    """A failure the scheduler reports with a field (a grammar that did not compile in time)
+    is a 400 whose param is that field: SGLang's name on /generate, OpenAI's on /v1."""
+    from runtime.server.openai_api import _OPENAI_NAMES
+    from runtime.server.responses import error_of
+    from runtime.server.scheduler_client import ReqState
+
+    state = ReqState("r", 5, False, 1, error="its json_schema did not compile within 30 s", error_param="json_schema")
+    assert error_of(state).param == "json_schema"
+    assert error_of(state, _OPENAI_NAMES).param == "response_format"
+    assert error_of(state, _OPENAI_NAMES).status == 400
+    assert error_of(ReqState("q", 5, False, 1)) is None

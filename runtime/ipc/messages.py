@@ -78,6 +78,7 @@ class TokenUpdate:
     output_token_logprobs: list[Any] | None = None
     output_top_logprobs: list[Any] | None = None
     error: str | None = None  # the request failed alone (set with an abort finish reason)
+    error_param: str | None = None  # the request field the error is about
 
     # Pickled as the tuple of its field values, not a dict keyed by field name: one goes per
     # request per step across two process hops, and the tuple form decodes ~2x faster.

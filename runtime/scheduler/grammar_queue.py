@@ -53,7 +53,8 @@ class GrammarQueue:
             if not fut.done():
                 if now - req.created_at > self.timeout_s:
                     self.cache.forget(self._specs[req])
-                    self._fail(req, f"its {self._specs[req].kind} did not compile within {self.timeout_s:g} s")
+                    self._fail(req, f"its {self._specs[req].kind} did not compile within {self.timeout_s:g} s "
+                                    "(--grammar-compile-timeout)")
                     failed.append(req)
                 continue
             try:
@@ -80,8 +81,8 @@ class GrammarQueue:
         return req
 
     def _fail(self, req: Req, message: str) -> None:
+        req.error, req.error_param = message, self._specs[req].kind  # the field that asked for it
         self._drop(req)
-        req.error = message
         req.finished_reason = {"type": "abort", "message": message}
         req.finished_at = time.perf_counter()
 

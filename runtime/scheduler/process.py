@@ -103,6 +103,7 @@ def _update(out: RequestOutput) -> TokenUpdate:
         stop_regex=tuple(p.stop_regex),
         no_stop_trim=p.no_stop_trim,
         error=out.error,
+        error_param=req.error_param,
     )
     if req.options.return_logprob:
         if start == 0:

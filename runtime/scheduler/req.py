@@ -38,6 +38,7 @@ class Req:
     finished_reason: dict[str, Any] | None = None
     generator: torch.Generator | None = None
     error: str | None = None  # the request failed alone (e.g. its grammar did not compile)
+    error_param: str | None = None  # the request field the error is about, when there is one
 
     # constrained decoding: the compile in flight, then this request's own matcher
     grammar_future: Future[Grammar] | None = None

@@ -178,7 +178,7 @@ class _OpenAIHandler:
         if not self.req.stream:
             await wait_all(self.ctx.client, states, self.request)
             for s in states:
-                err = error_of(s)
+                err = error_of(s, _OPENAI_NAMES)
                 if err is not None:
                     raise err
             choices = [self.choice(i, s) for i, s in enumerate(states)]
@@ -217,7 +217,7 @@ class _OpenAIHandler:
             yield self.chunk([head])
         async with contextlib.aclosing(merged_updates(self.ctx.client, states)) as updates:
             async for i, s in updates:
-                err = error_of(s)
+                err = error_of(s, _OPENAI_NAMES)
                 if err is not None:
                     yield sse(err.body())
                     continue

@@ -34,10 +34,13 @@ def sse(obj: Any) -> bytes:
 SSE_DONE = b"data: [DONE]\n\n"
 
 
-def error_of(state: ReqState) -> ApiError | None:
+def error_of(state: ReqState, names: dict[str, str] | None = None) -> ApiError | None:
+    """The request's failure as an API error, its field under the route's name for it
+    (``names``: native -> route name, e.g. json_schema -> response_format)."""
     if state.error is None:
         return None
-    return ApiError(state.error_status, state.error)
+    param = (names or {}).get(state.error_param, state.error_param) if state.error_param else None
+    return ApiError(state.error_status, state.error, param=param)
 
 
 async def wait_all(client: SchedulerClient, states: list[ReqState], request: Request) -> list[ReqState]:

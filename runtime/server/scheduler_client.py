@@ -53,6 +53,7 @@ class ReqState:
     cached_tokens: int = 0
     error: str | None = None
     error_status: int = 400  # a request the scheduler refused; 500 when a process died
+    error_param: str | None = None  # the field the error is about (native name)
     input_token_logprobs: list[Any] = field(default_factory=list)
     input_top_logprobs: list[Any] = field(default_factory=list)
     output_token_logprobs: list[Any] = field(default_factory=list)
@@ -78,7 +79,7 @@ class ReqState:
         if t.output_token_logprobs:
             self.output_token_logprobs.extend(t.output_token_logprobs)
             self.output_top_logprobs.extend(t.output_top_logprobs or [])
-        self.error = t.error
+        self.error, self.error_param = t.error, t.error_param
         self.finished_reason = t.finished_reason
         now = time.perf_counter()
         if len(new_ids):
