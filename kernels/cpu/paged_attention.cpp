@@ -49,7 +49,6 @@ constexpr int64_t kMaxGroup = 16;
 // hardware prefetcher cannot guess the next row: ask for the row a few keys ahead.
 constexpr int64_t kPrefetch = 8;
 
-
 // Key rows ask for L1 this far ahead of the block being scored, and for L2 three times as far.
 constexpr int64_t kKeyAhead = 16;
 

@@ -91,24 +91,10 @@ class Llama3JsonParser(ToolCallParser):
         body = body[len(self.start):] if body.startswith(self.start) else body
         if not body.startswith("{"):
             return text, []
-        calls = []
-        decoder = json.JSONDecoder()
-        pos = 0
-        while pos < len(body):
-            try:
-                obj, end = decoder.raw_decode(body, pos)
-            except json.JSONDecodeError:
-                if calls:  # a last call cut off (max_tokens): the others stand
-                    break
-                return text, []
-            call = _call_from(obj, "parameters")
-            if call is None:
-                return text, []
-            calls.append(call)
-            pos = end
-            while pos < len(body) and body[pos] in " \n\t;":
-                pos += 1
-        return "", calls
+        calls = [_call_from(obj, "parameters") for obj in _leading_objects(body, 0, " \n\t;")]
+        if not calls or any(c is None for c in calls):  # a last call cut off (max_tokens) is left out
+            return text, []
+        return "", calls  # type: ignore[return-value]
 
 
 class MistralParser(ToolCallParser):
@@ -123,9 +109,8 @@ class MistralParser(ToolCallParser):
         try:
             items = json.loads(body)
         except json.JSONDecodeError:
-            items = _complete_items(body)  # a list cut off (max_tokens): its whole calls
-            if not items:
-                return text, []
+            # a list cut off (max_tokens): its whole calls
+            items = _leading_objects(body, 1, " \n\t,") if body.startswith("[") else []
         items = items if isinstance(items, list) else [items]
         calls = [_call_from(obj, "arguments") for obj in items]
         if not calls or any(c is None for c in calls):
@@ -133,13 +118,12 @@ class MistralParser(ToolCallParser):
         return text[:cut].rstrip(), calls  # type: ignore[return-value]
 
 
-def _complete_items(body: str) -> list[object]:
-    """The whole objects at the start of a JSON list whose end is missing."""
-    if not body.startswith("["):
-        return []
-    decoder, items, pos = json.JSONDecoder(), [], 1
+def _leading_objects(body: str, pos: int, separators: str) -> list[object]:
+    """The JSON values written one after another from ``body[pos]``, any of ``separators``
+    between them, up to the first that does not decode (the end, or a value cut off)."""
+    decoder, items = json.JSONDecoder(), []
     while True:
-        while pos < len(body) and body[pos] in " \n\t,":
+        while pos < len(body) and body[pos] in separators:
             pos += 1
         try:
             obj, pos = decoder.raw_decode(body, pos)
