@@ -13,11 +13,12 @@
 // rows of 64 bytes, 128 bytes apart, which is one B tile; the next 16 columns start 64 bytes
 // later. A tile of inputs is 16 rows of 32 features read in place from x (stride x_stride)
 // when in_features is a multiple of 32; otherwise x is first copied with its rows padded
-// by zeros. Each thread takes a contiguous range of panels (as linear_bf16 does) and runs
-// blocks of 32 rows x 32 columns (four accumulator tiles) over the whole input width; a
-// final block of fewer rows overlaps the one before it (recomputing the same values) or,
-// below 32 rows, reads a zero-padded copy. Products of bf16 are exact, sums float32 (in
-// the tile unit's order), the result rounded to nearest even once.
+// by zeros. Each thread takes a contiguous range of panels, then the others' from their back
+// (as linear_bf16 does), and runs blocks of 32 rows x 32 columns (four accumulator tiles)
+// over the whole input width; a final block of fewer rows overlaps the one before it
+// (recomputing the same values) or, below 32 rows, reads a zero-padded copy. Products of
+// bf16 are exact, sums float32 (in the tile unit's order), the result rounded to nearest
+// even once.
 //
 // The operating system must grant each process the tile state before its first use
 // (arch_prctl ARCH_REQ_XCOMP_PERM); linear_amx_available asks for it once.
@@ -30,6 +31,7 @@
 #include "entries.h"
 #include "gemm_panel.h"
 #include "simd.h"
+#include "stealing_ranges.h"
 
 #if defined(__AMX_BF16__) && defined(__AMX_TILE__) && defined(__AVX512BF16__) && defined(__linux__)
 #define FORKSERVE_AMX 1
@@ -135,15 +137,21 @@ void amx_gemm(const AmxGemm &g, int num_threads) {
         x = small.data();
         small_stride_bytes = width * 2;
     }
+    // Each row pass's panels: a contiguous range per thread, with the ranges' ends up for grabs
+    // (stealing_ranges.h, as in linear_bf16.cpp), so a thread that another process preempts
+    // leaves its untaken panels to the other instead of stalling it at the barrier.
+    const int64_t passes = (g.rows + pass - 1) / pass;
+    std::vector<StealingRanges> split;
+    split.reserve(static_cast<size_t>(passes));
+    for (int64_t i = 0; i < passes; i++) split.emplace_back(panels, num_threads);
 #pragma omp parallel num_threads(num_threads)
     {
         load_tile_config();
         alignas(64) float c[kBlockRows * kPanel];
-        const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-        const int64_t first = panels * t / nt, last = panels * (t + 1) / nt;
-        for (int64_t r0 = 0; r0 < g.rows; r0 += pass) {
-            const int64_t r1 = r0 + pass < g.rows ? r0 + pass : g.rows;
-            for (int64_t p = first; p < last; p++) {
+        const int t = omp_get_thread_num();
+        for (int64_t i = 0; i < passes; i++) {
+            const int64_t r0 = i * pass, r1 = r0 + pass < g.rows ? r0 + pass : g.rows;
+            for (int64_t p = split[i].next(t); p >= 0; p = split[i].next(t)) {
                 const uint16_t *panel = g.packed + p * g.panel_pairs * 2 * kPanel;
                 if (g.rows < kBlockRows) {  // one block of the padded copy: one row of tiles, or two
                     (g.rows <= kTileRows ? block<false> : block<true>)(x, small_stride_bytes, panel, g.k_tiles, c);
