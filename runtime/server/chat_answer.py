@@ -1,0 +1,59 @@
+"""What the chat route makes of a choice's text besides plain content: the reasoning split off
+(``--reasoning-parser``, unless ``separate_reasoning`` is false) and the tool calls parsed out
+(``tools``), for the whole answer (``message``) and as streaming deltas (``delta``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runtime.server.reasoning import ReasoningParser, StreamingReasoning
+from runtime.server.tools.parsers import StreamingToolParser, ToolCallParser
+
+
+class ChatAnswer:
+    def __init__(self, tool_parser: ToolCallParser | None, reasoning: ReasoningParser | None) -> None:
+        self.tool_parser, self.reasoning = tool_parser, reasoning
+        self.tool_streams: dict[int, StreamingToolParser] = {}
+        self.reasoning_streams: dict[int, StreamingReasoning] = {}
+
+    @property
+    def is_plain(self) -> bool:
+        """Nothing to split: the text is the content."""
+        return self.tool_parser is None and self.reasoning is None
+
+    def message(self, text: str, finish: str | None) -> tuple[dict[str, Any], str | None]:
+        """The assistant message for the whole ``text``, and the finish reason (``tool_calls``
+        when the answer stopped on its own after calls)."""
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if self.reasoning is not None:
+            reasoning, message["content"], _ = self.reasoning.split(text)
+            message["reasoning_content"] = reasoning or None
+        if self.tool_parser is not None:
+            content, calls = self.tool_parser.parse(message["content"])
+            if calls:
+                message.update(content=content or None, tool_calls=[c.as_openai() for c in calls])
+                finish = "tool_calls" if finish == "stop" else finish
+        return message, finish
+
+    def delta(self, index: int, text: str, finish: str | None) -> tuple[dict[str, Any] | None, str | None]:
+        """The delta of choice ``index`` for its cumulative ``text`` (None: nothing to send yet),
+        and the finish reason."""
+        finished = finish is not None
+        reasoning, content, calls, answer = "", "", [], text
+        if self.reasoning is not None:
+            thinking = self.reasoning_streams.setdefault(index, StreamingReasoning(self.reasoning))
+            reasoning, content = thinking.feed(text, finished)
+            answer = thinking.content
+        if self.tool_parser is not None:
+            stream = self.tool_streams.setdefault(index, StreamingToolParser(self.tool_parser))
+            content, calls = stream.feed(answer, finished)
+            if finish == "stop" and stream.sent_calls:
+                finish = "tool_calls"
+        if not (reasoning or content or calls or finished):
+            return None, finish
+        delta: dict[str, Any] = {"reasoning_content": reasoning} if reasoning else {}
+        if content:
+            delta["content"] = content
+        if calls:
+            delta["tool_calls"] = calls
+        return delta, finish

@@ -1,0 +1,119 @@
+"""``/v1/chat/completions``: messages in, an assistant message out, with tool calls and
+reasoning split off (``chat_answer.py``) and the prompt built by ``tools/chat_prompt.py``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.responses import Response
+
+from runtime.server.chat_answer import ChatAnswer
+from runtime.server.context import bad_input_as_400
+from runtime.server.openai_handler import OpenAIHandler, finish_reason_of
+from runtime.server.protocol import ApiError, reject_unsupported
+from runtime.server.reasoning import PARSERS as REASONING_PARSERS
+from runtime.server.scheduler_client import ReqState
+from runtime.server.tools.chat_prompt import ChatPrompt, check_tool_choice, render_chat
+
+
+class ChatCompletion(OpenAIHandler):
+    object_name = "chat.completion"
+    id_prefix = "chatcmpl"
+    tool_ebnf: str | None = None
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        name = self.ctx.http.reasoning_parser
+        self.reasoning = REASONING_PARSERS[name] if name and self.req.separate_reasoning else None
+        self.answer = ChatAnswer(None, self.reasoning)
+
+    async def run(self) -> Response:
+        r = self.req
+        self.check_common()
+        reject_unsupported(r, r.CHAT_UNSUPPORTED)
+        with bad_input_as_400("tool_choice"):
+            check_tool_choice([t.model_dump() for t in r.tools] if r.tools else None, r.tool_choice)
+        if r.web_search_options is not None:  # even {} asks for a search
+            raise ApiError(400, "'web_search_options' is not supported by this server", param="web_search_options")
+        if r.modalities not in (None, ["text"]):
+            raise ApiError(400, "only the text modality is supported", param="modalities")
+        if any(m.function_call for m in r.messages):
+            raise ApiError(400, "'function_call' in messages is the deprecated form; send 'tool_calls'", param="messages")
+        if r.max_tokens is not None and r.max_completion_tokens is not None and r.max_tokens != r.max_completion_tokens:
+            raise ApiError(400, "give max_tokens or max_completion_tokens, not two different values", param="max_tokens")
+        if r.top_logprobs and not r.logprobs:
+            raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+        prompt = self.prompt()
+        prompts = await self.ctx.encode([prompt.text])
+        max_tokens = r.max_completion_tokens if r.max_completion_tokens is not None else r.max_tokens
+        top = (r.top_logprobs or 0) if r.logprobs else None
+        return await self.respond(self.submit(prompts, max_tokens, top))
+
+    def prompt(self) -> ChatPrompt:
+        """The prompt text; with tools (or tool turns in the history) through a template that
+        can show them, and the grammar that keeps the model's calls valid."""
+        r = self.req
+        tools = [t.model_dump(exclude_none=True) for t in r.tools] if r.tools else None
+        messages = [m.as_template_dict() for m in r.messages]
+        with bad_input_as_400("messages"):
+            prompt = render_chat(
+                self.ctx.tokenizer.hf, messages, tools, tool_choice=r.tool_choice,
+                parallel_tool_calls=r.parallel_tool_calls, chat_template=self.ctx.chat_template_override,
+                tool_call_parser=self.ctx.http.tool_call_parser,
+                other_constraint=r.response_format is not None or bool(r.regex or r.ebnf),
+                add_generation_prompt=r.add_generation_prompt, continue_final_message=r.continue_final_message,
+                template_kwargs=r.chat_template_kwargs,
+            )
+        self.tool_ebnf = prompt.tool_ebnf
+        self.answer = ChatAnswer(prompt.tool_parser, self.reasoning)
+        return prompt
+
+    def constraint(self) -> dict[str, Any]:
+        fields = super().constraint()
+        if self.tool_ebnf is not None:
+            fields["ebnf"] = self.tool_ebnf
+        return fields
+
+    def choice(self, index: int, state: ReqState) -> dict[str, Any]:
+        message, finish = self.answer.message(state.text, finish_reason_of(state))
+        return {
+            "index": index,
+            "message": message,
+            "logprobs": self.logprobs(state, 0, len(state.output_token_logprobs), 0),
+            "finish_reason": finish,
+        }
+
+    def stream_choice(self, index: int, state: ReqState, text: str, finish: str | None,
+                      logprobs: Any) -> dict[str, Any] | None:
+        if self.answer.is_plain:
+            return self.delta_choice(index, text, finish, logprobs)
+        delta, finish = self.answer.delta(index, state.text, finish)
+        if delta is None:
+            return None
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+
+    def stream_start(self, num_choices: int) -> list[dict[str, Any]]:
+        return [
+            {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+            for i in range(num_choices)
+        ]
+
+    def delta_choice(self, index: int, text: str, finish: str | None, logprobs: Any) -> dict[str, Any]:
+        delta = {"content": text} if text else {}
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+
+    def logprobs(self, state: ReqState, start: int, end: int, text_offset: int) -> Any:
+        if not self.req.logprobs:
+            return None
+        tok = self.ctx.tokenizer
+
+        def entry(lp: float, tid: int) -> dict[str, Any]:
+            piece = tok.id_to_text(tid)
+            return {"token": piece, "logprob": lp, "bytes": list(piece.encode("utf-8"))}
+
+        content = []
+        for k in range(start, end):
+            lp, tid = state.output_token_logprobs[k]
+            top = state.output_top_logprobs[k] or []
+            content.append({**entry(lp, tid), "top_logprobs": [entry(v, t) for v, t in top]})
+        return {"content": content}

@@ -1,0 +1,209 @@
+"""What the OpenAI routes share: a handler's sampling parameters (with the request's output
+constraint), its checks, the submission of ``n`` requests per prompt, usage, and the answer,
+whole or streamed. ``Completion`` and ``ChatCompletion`` fill in their own choices."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+
+from runtime.request_builder import build_requests
+from runtime.request_options import RequestOptions
+from runtime.sampling.params import MAX_N, SamplingParams
+from runtime.server.context import ServerContext, bad_input_as_400, sampling_params
+from runtime.server.protocol import ApiError, reject_unsupported
+from runtime.server.responses import SSE_DONE, JsonResponse, error_of, merged_updates, sse, wait_all
+from runtime.server.scheduler_client import ReqState
+
+# Sampling fields as OpenAI clients call them, for error messages.
+OPENAI_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "json_schema": "response_format"}
+
+
+def finish_reason_of(state: ReqState) -> str | None:
+    reason = state.finished_reason
+    if reason is None:
+        return None
+    return {"stop": "stop", "length": "length"}.get(reason["type"], reason["type"])
+
+
+class OpenAIHandler:
+    """The parts completions and chat share: sampling params, submission, usage, streaming."""
+
+    object_name = ""
+    id_prefix = ""
+
+    def __init__(self, ctx: ServerContext, req: Any, request: Request) -> None:
+        self.ctx, self.req, self.request = ctx, req, request
+        self.id = f"{self.id_prefix}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+
+    def params(self, max_new_tokens: int) -> SamplingParams:
+        r = self.req
+        d = {
+            "max_new_tokens": max_new_tokens,
+            "min_new_tokens": r.min_tokens,
+            "temperature": r.temperature,
+            "top_p": r.top_p,
+            "top_k": r.top_k,
+            "min_p": r.min_p,
+            "stop": r.stop,
+            "stop_token_ids": r.stop_token_ids,
+            "stop_regex": r.stop_regex,
+            "frequency_penalty": r.frequency_penalty,
+            "presence_penalty": r.presence_penalty,
+            "repetition_penalty": r.repetition_penalty,
+            "ignore_eos": r.ignore_eos,
+            "skip_special_tokens": r.skip_special_tokens,
+            "no_stop_trim": r.no_stop_trim or r.include_stop_str_in_output,
+            "spaces_between_special_tokens": r.spaces_between_special_tokens,
+            "seed": r.seed,
+            **self.constraint(),
+        }
+        return sampling_params(d, param="request", names=OPENAI_NAMES)
+
+    def constraint(self) -> dict[str, Any]:
+        """The request's output constraint as sampling fields: ``response_format`` becomes a
+        ``json_schema`` (``json_object``: any object), ``regex`` and ``ebnf`` pass through."""
+        r = self.req
+        regex = r.regex or r.guided_regex
+        if r.guided_choice:
+            regex = "|".join(re.escape(c) for c in r.guided_choice)
+        fields: dict[str, Any] = {"regex": regex, "ebnf": r.ebnf or r.guided_grammar}
+        if r.guided_json is not None:
+            fields["json_schema"] = r.guided_json if isinstance(r.guided_json, str) else json.dumps(r.guided_json)
+        fmt = r.response_format
+        if fmt is None or fmt.type == "text":
+            return fields
+        if fmt.type == "json_object":
+            schema: dict[str, Any] = {"type": "object"}
+        elif fmt.json_schema is None:
+            raise ApiError(400, "response_format of type json_schema needs a 'json_schema' object", param="response_format")
+        else:
+            schema = fmt.json_schema.schema_ or {}  # no schema: any JSON value
+        return {**fields, "json_schema": json.dumps(schema)}
+
+    def check_common(self) -> None:
+        self.ctx.check_model(self.req.model)
+        reject_unsupported(self.req, self.req.UNSUPPORTED)
+        if self.req.best_of not in (None, 1):
+            raise ApiError(400, "'best_of' is not supported by this server", param="best_of")
+        if not 1 <= self.req.n <= MAX_N:
+            raise ApiError(400, f"n must be in [1, {MAX_N}], got {self.req.n}", param="n")
+
+    def submit(self, prompts: list[list[int]], max_tokens: int | None, top_logprobs: int | None) -> list[ReqState]:
+        """``n`` requests per prompt, prompt-major (choice index = prompt * n + k)."""
+        ctx = self.ctx
+        options = RequestOptions(stream=self.req.stream, return_logprob=top_logprobs is not None,
+                                 top_logprobs_num=top_logprobs or 0, namespace=self.req.extra_key or self.req.cache_salt)
+        requests = []
+        for ids in prompts:
+            room = min(ctx.max_context_len, ctx.max_total_tokens) - len(ids)
+            max_new = max(room, 0) if max_tokens is None else max_tokens
+            if max_new < 0:
+                raise ApiError(400, "max_tokens must be >= 0", param="max_tokens")
+            params = dataclasses.replace(self.params(max_new), n=self.req.n)  # n checked in check_common
+            with bad_input_as_400("prompt", OPENAI_NAMES):
+                requests += build_requests([ids], [params], options, ctx.limits, prompt_field="prompt",
+                                           within_context=True)
+        self.num_prompts = len(prompts)
+        return ctx.submit_group(requests)
+
+    def usage(self, states: list[ReqState]) -> dict[str, Any]:
+        n = self.req.n
+        groups = [states[i * n : (i + 1) * n] for i in range(len(states) // n)]
+        prompt = sum(g[0].prompt_tokens for g in groups)
+        cached = sum(max(s.cached_tokens for s in g) for g in groups)
+        completion = sum(len(s.output_ids) for s in states)
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
+
+    async def respond(self, states: list[ReqState]) -> Response:
+        if not self.req.stream:
+            await wait_all(self.ctx.client, states, self.request)
+            for s in states:
+                err = error_of(s, OPENAI_NAMES)
+                if err is not None:
+                    raise err
+            choices = [self.choice(i, s) for i, s in enumerate(states)]
+            body = {
+                "id": self.id,
+                "object": self.object_name,
+                "created": self.created,
+                "model": self.ctx.model_name,
+                "choices": choices,
+                "usage": self.usage(states),
+            }
+            return JsonResponse(body)
+        return StreamingResponse(self.events(states), media_type="text/event-stream")
+
+    def chunk(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> bytes:
+        body: dict[str, Any] = {
+            "id": self.id,
+            "object": self.object_name + ".chunk" if self.object_name == "chat.completion" else self.object_name,
+            "created": self.created,
+            "model": self.ctx.model_name,
+            "choices": choices,
+        }
+        if self.include_usage:
+            body["usage"] = usage
+        return sse(body)
+
+    @property
+    def include_usage(self) -> bool:
+        opts = self.req.stream_options
+        return bool(opts and opts.include_usage)
+
+    async def events(self, states: list[ReqState]) -> AsyncIterator[bytes]:
+        sent_text = [0] * len(states)
+        sent_tokens = [0] * len(states)
+        for head in self.stream_start(len(states)):
+            yield self.chunk([head])
+        async with contextlib.aclosing(merged_updates(self.ctx.client, states)) as updates:
+            async for i, s in updates:
+                err = error_of(s, OPENAI_NAMES)
+                if err is not None:
+                    yield sse(err.body())
+                    continue
+                text = s.text[sent_text[i] :]
+                finish = finish_reason_of(s)
+                if not text and finish is None:
+                    continue
+                logprobs = self.logprobs(s, sent_tokens[i], len(s.output_token_logprobs), sent_text[i])
+                sent_text[i], sent_tokens[i] = len(s.text), len(s.output_token_logprobs)
+                choice = self.stream_choice(i, s, text, finish, logprobs)
+                if choice is not None:
+                    yield self.chunk([choice])
+        if self.include_usage:
+            yield self.chunk([], self.usage(states))
+        yield SSE_DONE
+
+    # subclass hooks
+    def choice(self, index: int, state: ReqState) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def stream_choice(self, index: int, state: ReqState, text: str, finish: str | None,
+                      logprobs: Any) -> dict[str, Any] | None:
+        """The chunk choice for new ``text`` of choice ``index`` (None: nothing to send yet)."""
+        return self.delta_choice(index, text, finish, logprobs)
+
+    def stream_start(self, num_choices: int) -> list[dict[str, Any]]:
+        return []
+
+    def delta_choice(self, index: int, text: str, finish: str | None, logprobs: Any) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def logprobs(self, state: ReqState, start: int, end: int, text_offset: int) -> Any:
+        raise NotImplementedError

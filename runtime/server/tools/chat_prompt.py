@@ -1,0 +1,75 @@
+"""A chat request's prompt: its messages rendered through the chat template (one that can show
+tools when the request has tools or its history has tool turns) and, when the answer may hold
+tool calls, the parser that reads them and the grammar that keeps them valid. No HTTP here:
+the chat route, its render route and the DSL's in-process backend all build prompts with it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from runtime.sampling.params import InvalidField
+from runtime.server.tools.constraint import tool_grammar
+from runtime.server.tools.parsers import ToolCallParser, get_parser, parser_for_template
+from runtime.server.tools.template import render, tool_template
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    text: str
+    # set when the answer may hold calls: tools given and tool_choice not "none"
+    tool_parser: ToolCallParser | None = None
+    tool_ebnf: str | None = None  # None: nothing enforced
+
+
+def check_tool_choice(tools: list[dict[str, Any]] | None, choice: Any) -> None:
+    """``tool_choice`` must name something the request offers."""
+    if choice in (None, "none", "auto"):
+        return
+    if not tools:
+        raise InvalidField("tool_choice", f"tool_choice {choice!r} needs 'tools'")
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
+        if name not in {t["function"]["name"] for t in tools}:
+            raise InvalidField("tool_choice", "tool_choice must name one of the given tools: "
+                               '{"type": "function", "function": {"name": ...}}')
+
+
+def render_chat(
+    hf_tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    *,
+    tool_choice: Any = None,
+    parallel_tool_calls: bool | None = None,
+    chat_template: str | None = None,
+    tool_call_parser: str = "auto",
+    other_constraint: bool = False,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+    template_kwargs: dict[str, Any] | None = None,
+) -> ChatPrompt:
+    """The prompt for ``messages`` (template dicts, OpenAI's shape) and ``tools``;
+    ``chat_template`` (a template's text, ``--chat-template``) replaces the model's.
+    Raises ``InvalidField`` naming ``messages`` (the template refused them), ``tools`` (tools
+    together with ``other_constraint``, another output constraint) or ``tool_choice``."""
+    check_tool_choice(tools, tool_choice)
+    uses_tools = bool(tools) or any(m.get("tool_calls") or m["role"] == "tool" for m in messages)
+    kwargs = dict(add_generation_prompt=add_generation_prompt and not continue_final_message,
+                  continue_final_message=continue_final_message, **(template_kwargs or {}))
+    try:
+        template = tool_template(hf_tokenizer, chat_template) if uses_tools else (chat_template or hf_tokenizer.chat_template)
+        if not template:
+            raise ValueError("this model has no chat template; use completions instead of chat")
+        text = render(hf_tokenizer, template, messages, tools, **kwargs)
+    except ValueError as err:
+        raise InvalidField("messages", str(err)) from err
+    except Exception as err:  # jinja errors name the template's complaint
+        raise InvalidField("messages", f"the chat template rejected the messages: {err}") from err
+    if not tools or tool_choice == "none":
+        return ChatPrompt(text)
+    if other_constraint:
+        raise InvalidField("tools", "'tools' cannot be combined with another output constraint")
+    parser = get_parser(tool_call_parser) if tool_call_parser != "auto" else parser_for_template(template)
+    ebnf = tool_grammar(tools, tool_choice, parser.name, parallel=parallel_tool_calls is not False)
+    return ChatPrompt(text, parser, ebnf)
