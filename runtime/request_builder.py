@@ -14,6 +14,7 @@ into that many requests, prompt-major.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,18 +39,20 @@ class GenerateRequest:
     options: RequestOptions
 
 
-def parse_sampling_params(spec: Any, num_prompts: int) -> list[SamplingParams]:
+def parse_sampling_params(spec: Any, num_prompts: int,
+                          on_unknown: Callable[[str], None] | None = None) -> list[SamplingParams]:
     """One ``SamplingParams`` per prompt from a dict (shared), a list of dicts (one each) or
-    None (defaults)."""
+    None (defaults); names no sampling parameter has go to ``on_unknown`` (see
+    ``SamplingParams.from_dict``)."""
     if isinstance(spec, list):
         if len(spec) != num_prompts:
             raise InvalidField("sampling_params", f"got {len(spec)} sampling_params for {num_prompts} prompts")
         if not all(isinstance(p, dict) for p in spec):
             raise InvalidField("sampling_params", "sampling_params must be a dict or a list of dicts")
-        return [SamplingParams.from_dict(p) for p in spec]
+        return [SamplingParams.from_dict(p, on_unknown) for p in spec]
     if spec is not None and not isinstance(spec, dict):
         raise InvalidField("sampling_params", "sampling_params must be a dict or a list of dicts")
-    return [SamplingParams.from_dict(spec)] * num_prompts
+    return [SamplingParams.from_dict(spec, on_unknown)] * num_prompts
 
 
 def build_requests(prompts: list[list[int]], params: list[SamplingParams], options: RequestOptions,

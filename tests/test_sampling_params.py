@@ -113,3 +113,18 @@ def test_the_extreme_allowed_values_sample_finite_probabilities():
         reqs.append(r)
     out = sample(logits, reqs, [[0, 7]] * 4, torch.Generator().manual_seed(0))
     assert all(0 <= t < 50 and t not in (0, 7) for t in out.next_ids)
+
+
+def test_unknown_names_are_an_error_offline_and_reported_when_the_caller_asks():
+    from runtime.sampling.params import InvalidField
+
+    with pytest.raises(ValueError, match="max_new_token"):
+        SamplingParams.from_dict({"max_new_token": 4})
+    seen: list[str] = []
+    p = SamplingParams.from_dict({"max_new_tokens": 4, "wibble": 1, "zap": None}, seen.append)
+    assert p.max_new_tokens == 4 and seen == ["wibble", "zap"]
+    assert SamplingParams.from_dict({"sampling_seed": 3}).seed == 3  # SGLang's name
+    assert SamplingParams.from_dict({"logit_bias": {}, "custom_params": None}) == SamplingParams()
+    with pytest.raises(InvalidField) as err:
+        SamplingParams.from_dict({"logit_bias": {"1": 2.0}}, seen.append)
+    assert err.value.field == "logit_bias"

@@ -133,6 +133,29 @@ def test_a_body_over_the_limit_is_413_before_parsing(server):
     assert post(server, "/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 1}).status_code == 200
 
 
+def test_unknown_sampling_params_are_ignored_with_one_warning_and_known_ones_checked(server):
+    """Inside /generate's sampling_params: a name no sampling parameter has is ignored (one
+    log line per name), SGLang's fields we lack are fine at their neutral value and a 400
+    naming them otherwise, sampling_seed is SGLang's name for seed, and a known field with
+    the wrong type is still a 400 naming it."""
+    greedy = {"max_new_tokens": 4, "temperature": 0}
+    want = post(server, "/generate", {"text": "Count: 1, 2,", "sampling_params": greedy}).json()["text"]
+    for _ in range(2):
+        resp = post(server, "/generate", {"text": "Count: 1, 2,", "sampling_params": {**greedy, "wibble_factor": 9}})
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["text"] == want
+    assert server.read_output().count("ignoring unknown sampling parameter 'wibble_factor'") == 1
+    neutral = {"structural_tag": None, "custom_params": None, "logit_bias": None, "stream_interval": None}
+    assert post(server, "/generate", {"text": "Hi", "sampling_params": {**greedy, **neutral}}).status_code == 200
+    for field, value in [("logit_bias", {"42": 5.0}), ("structural_tag", "{}"), ("max_new_tokens", "4")]:
+        resp = post(server, "/generate", {"text": "Hi", "sampling_params": {**greedy, field: value}})
+        assert resp.status_code == 400 and resp.json()["error"]["param"] == field, resp.text
+    sampled = {"max_new_tokens": 8, "temperature": 1.0}
+    by_seed = post(server, "/generate", {"text": "Once", "sampling_params": {**sampled, "seed": 7}}).json()["text"]
+    by_sglang = post(server, "/generate", {"text": "Once", "sampling_params": {**sampled, "sampling_seed": 7}}).json()
+    assert by_sglang["text"] == by_seed
+
+
 def test_logprob_start_len_past_the_prompt_is_400(server):
     resp = post(server, "/generate", {"input_ids": [1, 2, 3], "return_logprob": True, "logprob_start_len": 3,
                                       "sampling_params": {"max_new_tokens": 1}})

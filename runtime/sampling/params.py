@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +45,10 @@ MAX_TEMPERATURE = 1e4
 REPETITION_PENALTY_RANGE = (0.01, 100.0)
 MAX_N = 128  # OpenAI's limit on completions per request
 BOOL_FIELDS = ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim")
+# SGLang's sampling fields this engine does not implement: accepted at their neutral value
+# (what SGLang's own clients send when the feature is off), anything else is refused.
+SGLANG_NEUTRAL_ONLY = ("structural_tag", "custom_params", "logit_bias", "stream_interval")
+SGLANG_ALIASES = {"sampling_seed": "seed"}
 
 
 @dataclass
@@ -72,14 +77,28 @@ class SamplingParams:
     ebnf: str | None = None
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> SamplingParams:
+    def from_dict(cls, d: dict[str, Any] | None, on_unknown: Callable[[str], None] | None = None) -> SamplingParams:
+        """Parameters from SGLang-named fields. A name that is no field of SGLang's nor ours
+        is an error, or, with ``on_unknown``, reported to it and ignored (the HTTP API's rule)."""
         if d is not None and not isinstance(d, dict):
             raise ValueError(f"sampling_params must be a dict, got {type(d).__name__}")
         d = dict(d or {})
+        for name in SGLANG_NEUTRAL_ONLY:
+            if d.pop(name, None) not in (None, {}):
+                raise InvalidField(name, f"sampling parameter {name!r} is not supported by this server")
+        for alias, name in SGLANG_ALIASES.items():
+            if alias in d:
+                value = d.pop(alias)
+                if d.get(name) is not None and value is not None and d[name] != value:
+                    raise InvalidField(alias, f"{alias} and {name} name the same parameter; give one")
+                d[name] = value if d.get(name) is None else d[name]
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - names)
-        if unknown:
+        if unknown and on_unknown is None:
             raise ValueError(f"unknown sampling parameter(s): {', '.join(unknown)}")
+        for name in unknown:
+            on_unknown(name)  # type: ignore[misc]
+            del d[name]
         # JSON clients send null for "use the default".
         d = {k: v for k, v in d.items() if v is not None or k in ("seed", "regex", "json_schema", "ebnf")}
         if isinstance(d.get("json_schema"), dict):  # a schema object is as good as its JSON text

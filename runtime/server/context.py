@@ -9,7 +9,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -173,3 +173,15 @@ def warn_unknown_fields(route: str, body: BaseModel) -> None:
         if (route, name) not in _warned_fields:
             _warned_fields.add((route, name))
             logger.warning("%s: ignoring unknown request field %r (logged once)", route, name)
+
+
+def unknown_sampling_field_warner(route: str) -> Callable[[str], None]:
+    """For ``parse_sampling_params``: a name inside ``sampling_params`` that no sampling
+    parameter has is ignored like an unknown top-level field, with one warning per name."""
+
+    def warn(name: str) -> None:
+        if (route, f"sampling_params.{name}") not in _warned_fields:
+            _warned_fields.add((route, f"sampling_params.{name}"))
+            logger.warning("%s: ignoring unknown sampling parameter %r (logged once)", route, name)
+
+    return warn

@@ -24,7 +24,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from runtime.request_builder import build_requests, parse_sampling_params
 from runtime.request_options import RequestOptions
 from runtime.server import openai_api, openapi
-from runtime.server.context import ServerContext, bad_input_as_400, read_body, sampling_params
+from runtime.server.context import (
+    ServerContext,
+    bad_input_as_400,
+    read_body,
+    sampling_params,
+    unknown_sampling_field_warner,
+)
 from runtime.server.protocol import ApiError, EndProgramReq, GenerateReqInput, reject_unsupported
 from runtime.server.responses import (
     SSE_DONE,
@@ -209,7 +215,7 @@ async def handle_generate(ctx: ServerContext, req: GenerateReqInput, request: Re
     options = RequestOptions(req.stream, req.return_logprob, req.logprob_start_len, req.top_logprobs_num,
                              req.extra_key or req.cache_salt, req.program_id)
     with bad_input_as_400("sampling_params"):
-        params = parse_sampling_params(req.sampling_params, len(prompts))
+        params = parse_sampling_params(req.sampling_params, len(prompts), unknown_sampling_field_warner("/generate"))
         requests = build_requests(prompts, params, options, ctx.limits,
                                   prompt_field="text" if req.text is not None else "input_ids")
     is_batch = is_batch or len(requests) > 1
