@@ -1,5 +1,6 @@
 """Reasoning parsers on stand-in texts with think markers (no model): whole and streamed
-(character by character) give the same reasoning and content, and markers never leak."""
+(character by character) give the same reasoning and content, and markers never leak; with
+stream_reasoning false the reasoning comes in one delta, once it has ended."""
 
 from __future__ import annotations
 
@@ -32,6 +33,22 @@ def test_whole_and_streamed_agree(name, text, reasoning, content):
     assert (r_all, c_all) == (reasoning, content)
 
 
+@pytest.mark.parametrize(("name", "text", "reasoning", "content"), CASES)
+def test_reasoning_not_streamed_comes_whole_when_it_ends(name, text, reasoning, content):
+    stream = StreamingReasoning(PARSERS[name], stream=False)
+    deltas, c_all = [], ""
+    for end in range(1, len(text) + 1):
+        r, c = stream.feed(text[:end], finished=end == len(text))
+        if r:
+            deltas.append((end, r))
+        c_all += c
+    assert c_all == content
+    assert [r for _, r in deltas] == ([reasoning] if reasoning else [])
+    if deltas:  # sent when the end marker is complete, or at the end of a cut-off answer
+        ends_at = text.find("</think>")
+        assert deltas[0][0] == (ends_at + len("</think>") if ends_at >= 0 else len(text))
+
+
 @pytest.mark.slow
 def test_a_server_with_a_reasoning_parser_splits_reasoning():
     """A forced output (EBNF) stands in for a reasoning model: whole and streamed responses
@@ -53,6 +70,10 @@ def test_a_server_with_a_reasoning_parser_splits_reasoning():
                 reasoning += getattr(choice.delta, "reasoning_content", None) or ""
                 content += choice.delta.content or ""
         assert (reasoning, content) == ("I should greet them.", "Hello there.")
+        held = {**kw, "stream": True, "extra_body": {**kw["extra_body"], "stream_reasoning": False}}
+        pieces = [d for chunk in client.chat.completions.create(**held)
+                  for choice in chunk.choices if (d := getattr(choice.delta, "reasoning_content", None))]
+        assert pieces == ["I should greet them."]  # one delta, not token by token
         whole = client.chat.completions.create(**{**kw, "extra_body": {**kw["extra_body"], "separate_reasoning": False}})
         assert whole.choices[0].message.content == "I should greet them.</think>Hello there."
     finally:

@@ -1,6 +1,7 @@
 """What the chat route makes of a choice's text besides plain content: the reasoning split off
 (``--reasoning-parser``, unless ``separate_reasoning`` is false) and the tool calls parsed out
-(``tools``), for the whole answer (``message``) and as streaming deltas (``delta``)."""
+(``tools``), for the whole answer (``message``) and as streaming deltas (``delta``; with
+``stream_reasoning`` false the reasoning comes in one delta once it is complete)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from runtime.server.tools.parsers import StreamingToolParser, ToolCallParser
 
 
 class ChatAnswer:
-    def __init__(self, tool_parser: ToolCallParser | None, reasoning: ReasoningParser | None) -> None:
-        self.tool_parser, self.reasoning = tool_parser, reasoning
+    def __init__(self, tool_parser: ToolCallParser | None, reasoning: ReasoningParser | None,
+                 stream_reasoning: bool = True) -> None:
+        self.tool_parser, self.reasoning, self.stream_reasoning = tool_parser, reasoning, stream_reasoning
         self.tool_streams: dict[int, StreamingToolParser] = {}
         self.reasoning_streams: dict[int, StreamingReasoning] = {}
 
@@ -41,7 +43,7 @@ class ChatAnswer:
         finished = finish is not None
         reasoning, content, calls, answer = "", "", [], text
         if self.reasoning is not None:
-            thinking = self.reasoning_streams.setdefault(index, StreamingReasoning(self.reasoning))
+            thinking = self.reasoning_streams.setdefault(index, StreamingReasoning(self.reasoning, self.stream_reasoning))
             reasoning, content = thinking.feed(text, finished)
             answer = thinking.content
         if self.tool_parser is not None:

@@ -25,7 +25,7 @@ class ChatCompletion(OpenAIHandler):
         super().__init__(*args)
         name = self.ctx.http.reasoning_parser
         self.reasoning = REASONING_PARSERS[name] if name and self.req.separate_reasoning else None
-        self.answer = ChatAnswer(None, self.reasoning)
+        self.answer = ChatAnswer(None, self.reasoning, self.req.stream_reasoning)
 
     async def run(self) -> Response:
         r = self.req
@@ -65,7 +65,7 @@ class ChatCompletion(OpenAIHandler):
                 template_kwargs=r.chat_template_kwargs,
             )
         self.tool_ebnf = prompt.tool_ebnf
-        self.answer = ChatAnswer(prompt.tool_parser, self.reasoning)
+        self.answer = ChatAnswer(prompt.tool_parser, self.reasoning, self.req.stream_reasoning)
         return prompt
 
     def constraint(self) -> dict[str, Any]:

@@ -283,6 +283,7 @@ class ChatCompletionRequest(_OpenAISampling):
     safety_identifier: str | None = None
     verbosity: str | None = None
     parallel_tool_calls: bool | None = None
+    # SGLang's reasoning controls (--reasoning-parser): split it off; stream it as it comes
     separate_reasoning: bool = True
     stream_reasoning: bool = True
     modalities: list[str] | None = None  # ["text"] only

@@ -2,7 +2,9 @@
 to ``message.reasoning_content`` (and ``reasoning_content`` deltas when streaming), the rest
 to ``content``. ``deepseek-r1``: the template opens the thinking, so text before ``</think>``
 is reasoning even without a ``<think>``; ``qwen3``: only text after a leading ``<think>``.
-A request's ``separate_reasoning: false`` (SGLang's field) keeps everything in ``content``."""
+A request's ``separate_reasoning: false`` (SGLang's field) keeps everything in ``content``;
+``stream_reasoning: false`` (SGLang's too) streams no reasoning as it is written: all of it
+comes in one ``reasoning_content`` delta when the thinking ends (or the answer does)."""
 
 from __future__ import annotations
 
@@ -35,10 +37,12 @@ PARSERS = {"deepseek-r1": ReasoningParser("deepseek-r1", opens_itself=False),
 
 class StreamingReasoning:
     """Cumulative text in, reasoning and content deltas out; a tail that may be the start of
-    the end marker is held back until it is known."""
+    the end marker is held back until it is known. With ``stream`` false the reasoning is
+    held back until it is complete."""
 
-    def __init__(self, parser: ReasoningParser) -> None:
+    def __init__(self, parser: ReasoningParser, stream: bool = True) -> None:
         self.parser = parser
+        self.stream = stream
         self.sent_reasoning = 0
         self.content = ""  # all content so far (for a tool-call parser to read)
 
@@ -48,6 +52,8 @@ class StreamingReasoning:
         if not finished and len(head) < len(START) and START.startswith(head):
             return "", ""  # "<thi": not known yet whether thinking starts
         reasoning, content, closed = self.parser.split(text, finished)
+        if not (closed or finished or self.stream):
+            return "", ""
         if not closed and not finished:
             for k in range(min(len(END) - 1, len(reasoning)), 0, -1):
                 if reasoning.endswith(END[:k]):
