@@ -184,6 +184,7 @@ class Scheduler:
             "num_running_reqs": len(self._admitted()),
             "num_waiting_reqs": len(self.waiting) + len(self.grammars),
             "num_grammar_queue_reqs": len(self.grammars),
+            "num_waiting_tokens": sum(len(r.input_ids) + len(r.output_ids) for r in self.waiting),
             "kv_capacity": self.allocator.capacity,
             "kv_free": self.allocator.available,
             "kv_evictable": self.tree.evictable_size,

@@ -112,7 +112,10 @@ def create_app(ctx: ServerContext) -> FastAPI:
     async def health_generate() -> Response:
         return Response(status_code=200 if await probe_generate(ctx) else 503)
 
+    # SGLang renamed these two to /model_info and /server_info; its gateway asks for the new
+    # names first and logs a deprecation warning for every worker that has only the old ones.
     @app.get("/get_model_info")
+    @app.get("/model_info")
     async def get_model_info() -> dict[str, Any]:
         return {
             "model_path": ctx.model_path,
@@ -126,6 +129,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
         }
 
     @app.get("/get_server_info")
+    @app.get("/server_info")
     async def get_server_info() -> dict[str, Any]:
         stats = await scheduler_call(ctx, "stats")
         accounted = stats["kv_free"] + stats["kv_evictable"] + stats["kv_protected"] + stats["kv_held_by_requests"]
@@ -133,11 +137,17 @@ def create_app(ctx: ServerContext) -> FastAPI:
             **dataclasses.asdict(ctx.args),
             **{k: v for k, v in dataclasses.asdict(ctx.http).items() if k != "api_key"},
             **ctx.info,
+            # the folder actually served (the default model's too): a gateway loads its tokenizer from it
+            "model_path": ctx.model_path,
             "served_model_name": ctx.model_name,
             "process_ids": ctx.process_ids,
             "scheduler": {**stats, "kv_invariant_holds": accounted == stats["kv_capacity"]},
             "version": _version(),
         }
+
+    @app.get("/get_load")
+    async def get_load() -> list[dict[str, int]]:
+        return [load_report(await scheduler_call(ctx, "stats"))]
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> Response:
@@ -188,6 +198,19 @@ async def probe_generate(ctx: ServerContext, timeout: float = 20.0) -> bool:
     except asyncio.TimeoutError:
         return False
     return state.error is None
+
+
+def load_report(stats: dict[str, Any]) -> dict[str, int]:
+    """SGLang's ``/get_load`` entry for one data-parallel rank (a forkserve server is one):
+    requests running or waiting, and the tokens they occupy: KV slots held by requests or
+    locked for them plus the waiting requests' tokens. SGLang's model gateway sums
+    ``num_tokens`` over the list as the worker's load (power_of_two policy, ``/get_loads``)."""
+    return {
+        "dp_rank": 0,
+        "num_reqs": stats["num_running_reqs"] + stats["num_waiting_reqs"],
+        "num_waiting_reqs": stats["num_waiting_reqs"],
+        "num_tokens": stats["kv_held_by_requests"] + stats["kv_protected"] + stats["num_waiting_tokens"],
+    }
 
 
 def _version() -> str:

@@ -71,6 +71,12 @@ MODEL_CARD = {
 }
 
 
+LOAD = {
+    "type": "object", "required": ["dp_rank", "num_reqs", "num_waiting_reqs", "num_tokens"],
+    "properties": {k: {"type": "integer"} for k in ("dp_rank", "num_reqs", "num_waiting_reqs", "num_tokens")},
+}
+
+
 def _json(schema: dict[str, Any]) -> dict[str, Any]:
     return {"application/json": {"schema": schema}}
 
@@ -92,6 +98,8 @@ RESPONSES: dict[str, dict[str, dict[str, Any]]] = {
                               **_errors(401)}},
     "/get_server_info": {"*": {"200": {"description": "Flags, queues, KV pool figures, process ids",
                                        "content": _json(_OBJECT)}, **_errors(401, 503)}},
+    "/get_load": {"*": {"200": {"description": "SGLang's load report: one entry (this server is one data-parallel rank)",
+                                "content": _json({"type": "array", "items": LOAD})}, **_errors(401, 503)}},
     "/flush_cache": {"*": {"200": {"description": "Flushed", "content": {"text/plain": {"schema": _TEXT}}},
                            "400": {"description": "Not flushed: requests are queued or running",
                                    "content": {"text/plain": {"schema": _TEXT}}},
@@ -117,3 +125,5 @@ RESPONSES: dict[str, dict[str, dict[str, Any]]] = {
                                            "content": {**_json(CHAT_COMPLETION), **_SSE}},
                                    **_errors(*_GUARDED, 404)}},
 }
+RESPONSES["/model_info"] = RESPONSES["/get_model_info"]  # SGLang's newer names for the same answers
+RESPONSES["/server_info"] = RESPONSES["/get_server_info"]
