@@ -66,22 +66,28 @@ def test_a_tool_loop_with_required_then_auto(client):
 
 
 def test_streaming_gives_the_same_calls(client):
+    """Streamed as OpenAI does: a call's first delta has its index, id, type and name, then
+    its arguments come in several fragments as the model writes them, adding up to the
+    non-streamed arguments (the same greedy call)."""
     kw = dict(model=MODEL, tools=TOOLS, tool_choice="required", parallel_tool_calls=False, temperature=0, max_tokens=60,
               messages=[{"role": "user", "content": "Add 17 and 25."}])
     whole = client.chat.completions.create(**kw).choices[0].message.tool_calls
-    names, args, content, finish = {}, {}, "", None
+    names, args, fragments, content, finish = {}, {}, {}, "", None
     for chunk in client.chat.completions.create(**kw, stream=True):
         for choice in chunk.choices:
             content += choice.delta.content or ""
             finish = choice.finish_reason or finish
             for d in choice.delta.tool_calls or []:
-                if d.function and d.function.name:
+                if d.index not in names:  # the first delta of a call
+                    assert d.id and d.type == "function" and d.function.name
                     names[d.index] = d.function.name
-                if d.function and d.function.arguments:
+                elif d.function and d.function.arguments:
                     args[d.index] = args.get(d.index, "") + d.function.arguments
+                    fragments[d.index] = fragments.get(d.index, 0) + 1
     assert finish == "tool_calls" and "<tool_call>" not in content
     assert [names[i] for i in sorted(names)] == [c.function.name for c in whole]
-    assert [json.loads(args[i]) for i in sorted(args)] == [json.loads(c.function.arguments) for c in whole]
+    assert [args[i] for i in sorted(args)] == [c.function.arguments for c in whole]
+    assert all(n > 1 for n in fragments.values()), fragments
 
 
 def test_a_named_tool_choice_is_obeyed(client):

@@ -53,21 +53,44 @@ def test_a_last_call_cut_off_is_dropped_and_the_whole_ones_stand(name):
 
 @pytest.mark.parametrize("name", ["hermes", "mistral", "llama3_json"])
 def test_streaming_matches_whole_parse_and_hides_markup(name):
+    """Fed a character at a time: the content and the calls equal the whole parse; each call
+    starts with one delta carrying index, id, type and name, then its arguments arrive in
+    fragments while they are written (before the call's markup closes), adding up to the
+    same string as the whole parse's."""
     text = CASES[name]
     stream = StreamingToolParser(get_parser(name))
-    content, calls = "", []
+    content, deltas = "", []
     for end in range(1, len(text) + 1):
         delta, new_calls = stream.feed(text[:end], finished=end == len(text))
         content += delta
-        calls += new_calls
+        deltas += [(end, d) for d in new_calls]
         assert "<tool" not in content and "[TOOL" not in content and "python_tag" not in content
     want_content, want_calls = get_parser(name).parse(text)
     assert content == want_content
-    heads = [c for c in calls if "id" in c]
+    heads = [d for _, d in deltas if "id" in d]
     assert [h["function"]["name"] for h in heads] == [c.name for c in want_calls]
-    args = [c["function"]["arguments"] for c in calls if "id" not in c]
-    assert [json.loads(a) for a in args] == [json.loads(c.arguments) for c in want_calls]
+    assert all(h["type"] == "function" and h["function"]["arguments"] == "" for h in heads)
     assert [h["index"] for h in heads] == list(range(len(want_calls)))
+    for i, call in enumerate(want_calls):
+        fragments = [(end, d["function"]["arguments"]) for end, d in deltas if d["index"] == i and "id" not in d]
+        assert "".join(f for _, f in fragments) == call.arguments  # the same string, as written
+        assert len(fragments) > 1  # streamed as written, not in one piece
+        first_head = next(end for end, d in deltas if d["index"] == i)
+        assert first_head < fragments[0][0] or fragments[0][1] == "{"
+        assert fragments[0][0] < text.index(call.arguments) + len(call.arguments)  # before the call ended
+
+
+def test_arguments_are_the_models_own_text():
+    """Whitespace as the model wrote it, in the whole parse as in the stream (OpenAI's
+    arguments are the model's string); arguments written as a JSON string are decoded."""
+    text = '<tool_call>\n{"name": "add", "arguments": {"a":1,  "b": 2}}\n</tool_call>'
+    (call,) = get_parser("hermes").parse(text)[1]
+    assert call.arguments == '{"a":1,  "b": 2}'
+    (call,) = get_parser("hermes").parse('<tool_call>{"name": "add", "arguments": "{\\"a\\": 1}"}</tool_call>')[1]
+    assert json.loads(call.arguments) == {"a": 1}
+    stream = StreamingToolParser(get_parser("hermes"))
+    sent = [d for end in range(1, len(text) + 1) for d in stream.feed(text[:end], end == len(text))[1]]
+    assert "".join(d["function"]["arguments"] for d in sent) == '{"a":1,  "b": 2}'
 
 
 def test_auto_picks_the_format_from_the_template():

@@ -9,6 +9,9 @@ Formats (``--tool-call-parser``):
 - ``llama3_json``: an optional ``<|python_tag|>`` then ``{"name": ..., "parameters": {...}}``
   objects separated by ``;``, the whole output being calls;
 - ``mistral``: ``[TOOL_CALLS]`` then a JSON list of ``{"name", "arguments"}`` objects.
+
+A call's ``arguments`` is the JSON object as the model wrote it (whitespace included), so the
+fragments a stream sends add up to the same string as the whole answer's.
 """
 
 from __future__ import annotations
@@ -30,7 +33,12 @@ class ParsedCall:
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
 
 
-def _call_from(obj: object, args_key: str) -> ParsedCall | None:
+# A call object's start up to its arguments: {"name": "...", "arguments": (or "parameters")
+_HEAD = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*')
+
+
+def _call_from(obj: object, args_key: str, text: str | None = None) -> ParsedCall | None:
+    """The call in ``obj``, a decoded call object whose JSON was ``text`` (if known)."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
     args = obj.get(args_key, obj.get("arguments", obj.get("parameters", {})))
@@ -41,7 +49,45 @@ def _call_from(obj: object, args_key: str) -> ParsedCall | None:
             return None
     if not isinstance(args, dict):
         return None
-    return ParsedCall(obj["name"], json.dumps(args, ensure_ascii=False))
+    raw = _raw_arguments(text) if text is not None else None
+    return ParsedCall(obj["name"], raw if raw is not None else json.dumps(args, ensure_ascii=False))
+
+
+def _raw_arguments(text: str) -> str | None:
+    """The arguments object of a call object's JSON ``text`` as written, if it is an object
+    after the name (the order the grammars write)."""
+    head = _HEAD.match(text.lstrip())
+    if head is None:
+        return None
+    body = text.lstrip()
+    end = json_value_end(body, head.end())
+    return body[head.end():end] if end is not None and body[head.end()] == "{" else None
+
+
+def json_value_end(text: str, pos: int) -> int | None:
+    """Where the JSON object, array or string starting at ``text[pos]`` ends (exclusive),
+    or None while it is still open."""
+    depth, in_string, escaped = 0, False, False
+    for i in range(pos, len(text)):
+        ch = text[i]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+                if depth == 0:
+                    return i + 1
+        elif ch == '"':
+            in_string = True
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return None
 
 
 class ToolCallParser(ABC):
@@ -67,7 +113,7 @@ class HermesParser(ToolCallParser):
         calls = []
         for m in self._block.finditer(text, cut):
             try:
-                call = _call_from(json.loads(m.group(1)), "arguments")
+                call = _call_from(json.loads(m.group(1)), "arguments", m.group(1))
             except json.JSONDecodeError:
                 call = None
             if call is None:
@@ -91,7 +137,7 @@ class Llama3JsonParser(ToolCallParser):
         body = body[len(self.start):] if body.startswith(self.start) else body
         if not body.startswith("{"):
             return text, []
-        calls = [_call_from(obj, "parameters") for obj in _leading_objects(body, 0, " \n\t;")]
+        calls = [_call_from(obj, "parameters", raw) for obj, raw in _leading_objects(body, 0, " \n\t;")]
         if not calls or any(c is None for c in calls):  # a last call cut off (max_tokens) is left out
             return text, []
         return "", calls  # type: ignore[return-value]
@@ -106,30 +152,34 @@ class MistralParser(ToolCallParser):
         if cut < 0:
             return text, []
         body = text[cut + len(self.start):].strip()
+        # the calls one by one (with their text), as far as they are whole (max_tokens may cut the list)
+        found = _leading_objects(body, 1, " \n\t,") if body.startswith("[") else []
         try:
             items = json.loads(body)
         except json.JSONDecodeError:
-            # a list cut off (max_tokens): its whole calls
-            items = _leading_objects(body, 1, " \n\t,") if body.startswith("[") else []
+            items = [obj for obj, _ in found]
         items = items if isinstance(items, list) else [items]
-        calls = [_call_from(obj, "arguments") for obj in items]
+        texts = [raw for _, raw in found] if len(found) == len(items) else [None] * len(items)
+        calls = [_call_from(obj, "arguments", raw) for obj, raw in zip(items, texts, strict=True)]
         if not calls or any(c is None for c in calls):
             return text, []
         return text[:cut].rstrip(), calls  # type: ignore[return-value]
 
 
-def _leading_objects(body: str, pos: int, separators: str) -> list[object]:
+def _leading_objects(body: str, pos: int, separators: str) -> list[tuple[object, str]]:
     """The JSON values written one after another from ``body[pos]``, any of ``separators``
-    between them, up to the first that does not decode (the end, or a value cut off)."""
+    between them, up to the first that does not decode (the end, or a value cut off); each
+    with its text."""
     decoder, items = json.JSONDecoder(), []
     while True:
         while pos < len(body) and body[pos] in separators:
             pos += 1
         try:
-            obj, pos = decoder.raw_decode(body, pos)
+            obj, end = decoder.raw_decode(body, pos)
         except json.JSONDecodeError:
             return items
-        items.append(obj)
+        items.append((obj, body[pos:end]))
+        pos = end
 
 
 PARSERS: dict[str, type[ToolCallParser]] = {
@@ -153,17 +203,31 @@ def parser_for_template(chat_template: str | None) -> ToolCallParser:
     return HermesParser()  # also the format of the template shipped for models without one
 
 
+@dataclass
+class _StreamedCall:
+    id: str
+    arguments: str = ""  # the argument text sent so far
+
+
 class StreamingToolParser:
     """Feeds on the cumulative text; yields content deltas and tool-call deltas in OpenAI's
     shape. Text that may be the start of the call markup is held back; once markup has
-    started, nothing more goes to content, and each call is announced (index, id, name)
-    and then given its arguments when its markup has closed."""
+    started, nothing more goes to content. Each call is announced (index, id, type, name)
+    as soon as its name is written, then its arguments follow in fragments as the model
+    writes them. At the end the whole parse has the last word: a call it has that the
+    stream has not shown completely (arguments first, or written as a string) is sent then.
+    A last call cut off by max_tokens stays as far as it was streamed (finish_reason
+    ``length``), where the whole answer leaves it out."""
 
     def __init__(self, parser: ToolCallParser) -> None:
         self.parser = parser
         self.shown = 0  # content characters sent
         self.in_calls = False
-        self.sent_calls = 0
+        self.calls: list[_StreamedCall] = []
+
+    @property
+    def sent_calls(self) -> int:
+        return len(self.calls)
 
     def feed(self, text: str, finished: bool) -> tuple[str, list[dict]]:
         start = self.parser.start
@@ -184,18 +248,44 @@ class StreamingToolParser:
         calls: list[dict] = []
         if cut >= 0:
             self.in_calls = True
-            _, parsed = self.parser.parse(text if finished else self._closed_part(text))
-            for i in range(self.sent_calls, len(parsed)):
-                c = parsed[i]
-                calls.append({"index": i, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": ""}})
-                calls.append({"index": i, "function": {"arguments": c.arguments}})
-            self.sent_calls = max(self.sent_calls, len(parsed))
+            self._stream_calls(text, cut, calls)
+            if finished:
+                self._complete_calls(text, calls)
         return delta, calls
 
-    def _closed_part(self, text: str) -> str:
-        """The text up to the last complete call block (formats with an end marker)."""
-        end = getattr(self.parser, "end", None)
-        if end is None:
-            return ""
-        last = text.rfind(end)
-        return text[: last + len(end)] if last >= 0 else ""
+    def _stream_calls(self, text: str, cut: int, out: list[dict]) -> None:
+        """Deltas for the call objects written so far after the markup's start."""
+        pos, index = cut, 0
+        while (begin := text.find("{", pos)) >= 0:
+            end = json_value_end(text, begin)
+            head = _HEAD.match(text, begin)
+            if head is None:
+                break  # not (yet) a call written name first: the whole parse will tell
+            if index == len(self.calls):
+                name = json.loads('"' + head.group(1) + '"')
+                self.calls.append(_StreamedCall(f"call_{uuid.uuid4().hex[:24]}"))
+                out.append({"index": index, "id": self.calls[index].id, "type": "function",
+                            "function": {"name": name, "arguments": ""}})
+            args_at = head.end()
+            if args_at < len(text) and text[args_at] == "{":
+                args_end = json_value_end(text, args_at) or len(text)
+                self._send_arguments(index, text[args_at:args_end], out)
+            if end is None:
+                break
+            pos, index = end, index + 1
+
+    def _complete_calls(self, text: str, out: list[dict]) -> None:
+        """At the end: what the whole parse has that the stream did not show."""
+        _, parsed = self.parser.parse(text)
+        for index, call in enumerate(parsed):
+            if index == len(self.calls):
+                self.calls.append(_StreamedCall(call.id))
+                out.append({"index": index, "id": call.id, "type": "function",
+                            "function": {"name": call.name, "arguments": ""}})
+            self._send_arguments(index, call.arguments, out)
+
+    def _send_arguments(self, index: int, arguments: str, out: list[dict]) -> None:
+        sent = self.calls[index].arguments
+        if len(arguments) > len(sent) and arguments.startswith(sent):
+            out.append({"index": index, "function": {"arguments": arguments[len(sent):]}})
+            self.calls[index].arguments = arguments
