@@ -246,7 +246,10 @@ class HttpArgs:
         choices=["deepseek-r1", "qwen3"],
     )
     chat_template: str | None = _arg(
-        None, "A Jinja chat template file to use instead of the model's (for chats with and without tools)."
+        None,
+        "A Jinja chat template to use instead of the model's (for chats with and without tools): a file, or a "
+        "shipped tool template by name: chatml_hermes_tools, llama3_json_tools or mistral_tools (what "
+        "--tool-call-parser auto then reads: hermes, llama3_json, mistral).",
     )
     stream_cumulative_logprobs: bool = _arg(
         False,

@@ -42,13 +42,15 @@ class Tokenizer:
         return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
                                            continue_final_message=continue_final_message, **template_kwargs)
 
-    def role_markers(self) -> dict[str, Any]:
-        """The text the chat template puts around each role's content, found by rendering
-        placeholder messages: ``{"system": [prefix, suffix], "user": [...], "assistant":
-        [...], "default_system": what the template inserts when no system message comes
-        first, "generation_prompt": what opens the assistant's turn}``. A role the template
-        refuses is missing. The DSL builds chat prompts from these."""
-        if not self.hf.chat_template:
+    def role_markers(self, chat_template: str | None = None) -> dict[str, Any]:
+        """The text the chat template (``chat_template``, else the model's) puts around each
+        role's content, found by rendering placeholder messages: ``{"system": [prefix,
+        suffix], "user": [...], "assistant": [...], "default_system": what the template
+        inserts when no system message comes first, "generation_prompt": what opens the
+        assistant's turn}``. A role the template refuses is missing. The DSL builds chat
+        prompts from these."""
+        template = chat_template or self.hf.chat_template
+        if not template:
             return {}
         mark = "\x1eCONTENT\x1e"
         context = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
@@ -56,7 +58,7 @@ class Tokenizer:
         def render(msgs: list[dict[str, str]], gen: bool = False) -> str:
             if not msgs:
                 return ""
-            return self.hf.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)
+            return self.hf.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen, chat_template=template)
 
         out: dict[str, Any] = {}
         for i, role in enumerate(("system", "user", "assistant")):

@@ -11,7 +11,6 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -23,6 +22,7 @@ from runtime.request_builder import GenerateRequest, RequestLimits
 from runtime.sampling.params import InvalidField, SamplingParams
 from runtime.server.protocol import ApiError
 from runtime.server.scheduler_client import ReqState, SchedulerClient, ServerUnavailable
+from runtime.server.tools.template import load_chat_template
 from runtime.tokenizer import Tokenizer
 
 logger = logging.getLogger("forkserve")
@@ -48,9 +48,8 @@ class ServerContext:
 
     @functools.cached_property
     def chat_template_override(self) -> str | None:
-        """The text of ``--chat-template``'s file, if one was given."""
-        path = self.http.chat_template
-        return Path(path).read_text() if path else None
+        """The text of ``--chat-template`` (a file or a shipped template), if one was given."""
+        return load_chat_template(self.http.chat_template)
 
     @property
     def max_context_len(self) -> int:

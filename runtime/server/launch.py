@@ -25,6 +25,7 @@ from typing import Any
 
 from runtime import ipc
 from runtime.config import HttpArgs, ServerArgs
+from runtime.server.tools.template import load_chat_template
 
 logger = logging.getLogger("forkserve")
 
@@ -87,6 +88,10 @@ class Launcher:
                 model_dir = resolve_model_path(self.args.model_path)
             except Exception as err:
                 raise StartupError(f"the model could not be found or prepared: {err}") from err
+            try:
+                load_chat_template(self.http.chat_template)
+            except (OSError, ValueError) as err:
+                raise StartupError(f"--chat-template: {err}") from err
             self._spawn(model_dir)
             runner: Any = asyncio.run
             with contextlib.suppress(ImportError):
@@ -140,7 +145,7 @@ class Launcher:
         await client.wait_ready(self.http.startup_timeout, self.dead_child)
         name = self.http.served_model_name or default_model_name(self.args.model_path, model_dir)
         ctx = ServerContext(client, tokenizer, self.args, self.http, name, self.args.model_path or str(model_dir), client.info)
-        ctx.role_markers = tokenizer.role_markers()
+        ctx.role_markers = tokenizer.role_markers(ctx.chat_template_override)
         ctx.process_ids = {"http": os.getpid(), **{n: p.pid for n, p in self.children.items() if p.pid}}
         receiver = client.start()
         config = uvicorn.Config(

@@ -1,6 +1,13 @@
 """Chat prompts with tools: the model's own template when it can show tools and tool calls,
-else the template shipped here for ChatML models (``chatml_hermes_tools.jinja``, hermes
-format), or the file given with ``--chat-template``."""
+else the template shipped here for the model's chat format, or the one given with
+``--chat-template`` (a file, or the name of a shipped template).
+
+Shipped templates, one per call format (``--tool-call-parser auto`` reads the format back
+from the template, ``parsers.parser_for_template``):
+- ``chatml_hermes_tools``: ChatML (``<|im_start|>``, the default model's format), hermes calls;
+- ``llama3_json_tools``: Llama 3 (``<|start_header_id|>``), llama3_json calls;
+- ``mistral_tools``: Mistral (``[INST]``), mistral calls.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +16,25 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-SHIPPED = Path(__file__).with_name("chatml_hermes_tools.jinja")
+_HERE = Path(__file__).parent
+SHIPPED = {path.stem: path for path in sorted(_HERE.glob("*_tools.jinja"))}
+# a model's own template -> the shipped template of its chat format (first marker found)
+_FORMAT_MARKERS = (("<|im_start|>", "chatml_hermes_tools"), ("<|start_header_id|>", "llama3_json_tools"),
+                   ("[INST]", "mistral_tools"))
 _PROBE_TOOL = {"type": "function", "function": {"name": "probe_tool_7f3a", "description": "d",
                                                "parameters": {"type": "object", "properties": {}}}}
+
+
+def load_chat_template(value: str | None) -> str | None:
+    """``--chat-template``'s text: a shipped template's name or a file's path."""
+    if value is None:
+        return None
+    if value in SHIPPED:
+        return SHIPPED[value].read_text()
+    path = Path(value)
+    if not path.is_file():
+        raise ValueError(f"{value!r} is neither a file nor a shipped template ({', '.join(SHIPPED)})")
+    return path.read_text()
 
 
 @lru_cache(maxsize=8)
@@ -28,17 +51,18 @@ def _renders_tools(template: str | None, hf_tokenizer: Any) -> bool:
 
 
 def tool_template(hf_tokenizer: Any, override: str | None = None) -> str:
-    """The template to render chats with tools: ``override`` (a file's text) if given, the
-    model's own if it shows tools, else the shipped ChatML one."""
+    """The template to render chats with tools: ``override`` (a template's text) if given,
+    the model's own if it shows tools, else the shipped one for the model's chat format."""
     if override:
         return override
     own = hf_tokenizer.chat_template
     if _renders_tools(own, hf_tokenizer):
         return own
-    if own and "<|im_start|>" in own:
-        return SHIPPED.read_text()
-    raise ValueError("this model's chat template cannot show tools and is not ChatML; give one that can with "
-                     "--chat-template FILE")
+    for marker, name in _FORMAT_MARKERS:
+        if own and marker in own:
+            return SHIPPED[name].read_text()
+    raise ValueError("this model's chat template cannot show tools and is not in a format with a shipped tool "
+                     "template (ChatML, Llama 3, Mistral); give one that can with --chat-template FILE")
 
 
 def render(hf_tokenizer: Any, template: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
