@@ -7,7 +7,7 @@ import json
 import sys
 import time
 
-from runtime.config import HttpArgs, ServerArgs, add_cli_args, args_from_namespace
+from runtime.config import DataParallelArgs, HttpArgs, ServerArgs, add_cli_args, args_from_namespace
 
 
 def _generate_parser(sub: argparse._SubParsersAction) -> None:
@@ -88,6 +88,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     )
     add_cli_args(p.add_argument_group("HTTP server arguments"), HttpArgs)
     add_cli_args(p.add_argument_group("engine arguments"), ServerArgs)
+    add_cli_args(p.add_argument_group("data-parallel arguments (several replicas behind SGLang's model gateway)"),
+                 DataParallelArgs)
     p.set_defaults(func=_run_serve)
 
 
@@ -97,9 +99,14 @@ def _run_serve(ns: argparse.Namespace) -> int:
     try:
         args: ServerArgs = args_from_namespace(ns, ServerArgs)
         http: HttpArgs = args_from_namespace(ns, HttpArgs)
+        dp: DataParallelArgs = args_from_namespace(ns, DataParallelArgs)
     except ValueError as err:
         print(f"forkserve: {err}", file=sys.stderr)
         return 2
+    if dp.dp_size > 1:
+        from runtime.server.dp_launcher import serve_data_parallel
+
+        return serve_data_parallel(args, http, dp)
     return serve(args, http)
 
 

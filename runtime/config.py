@@ -273,6 +273,53 @@ class HttpArgs:
             raise ValueError("max_queued_requests must be >= 0")
 
 
+ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two")
+
+
+@dataclass(frozen=True)
+class DataParallelArgs:
+    """Flags of ``forkserve serve`` for data-parallel replicas behind SGLang's model gateway
+    (``runtime/server/data_parallel.py``); the engine never sees them."""
+
+    dp_size: int = _arg(
+        1,
+        "Data-parallel replicas on this machine: N full servers, each with its own scheduler and worker "
+        "processes, the CPU threads (--num-threads, default all cores) and the KV pool (--max-total-tokens or "
+        "--kv-cache-memory) split evenly between them, on ports chosen automatically on 127.0.0.1, behind SGLang's "
+        "model gateway listening on --host/--port. Needs the gateway: pip install 'forkserve[router]'. "
+        "1 serves one engine without a gateway.",
+        aliases=["--dp"],
+    )
+    router_policy: str = _arg(
+        "cache_aware",
+        "How the gateway picks a replica (--dp-size > 1): cache_aware (the replica whose past requests share "
+        "the longest prefix with this one, if it shares more than the gateway's --cache-threshold of it; else "
+        "the least loaded; the least loaded whenever the load is out of balance), round_robin (in turn), or "
+        "power_of_two (the lighter of two random replicas, by the token load each reports on /get_load).",
+        choices=list(ROUTER_POLICIES),
+    )
+    router_health_check_interval: int = _arg(
+        5,
+        "Seconds between the gateway's health checks of each replica (GET /health); after 2 failures in a row "
+        "a replica is marked unhealthy and gets no more requests until it answers again.",
+    )
+    router_args: str = _arg(
+        "",
+        "More flags for the gateway, as one string passed on (they override forkserve's choices), e.g. "
+        "--router-args='--cache-threshold 0.5 --balance-abs-threshold 16'. "
+        "All of them: python -m sglang_router.launch_router --help.",
+    )
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        if self.dp_size < 1:
+            raise ValueError(f"dp_size must be at least 1, got {self.dp_size}")
+        if self.router_policy not in ROUTER_POLICIES:
+            raise ValueError(f"router_policy must be one of {', '.join(ROUTER_POLICIES)}, got {self.router_policy!r}")
+        if self.router_health_check_interval < 1:
+            raise ValueError(f"router_health_check_interval must be at least 1, got {self.router_health_check_interval}")
+
+
 def cpu_has_native_bf16() -> bool:
     """True on x86 CPUs whose flags include avx512_bf16 or amx_bf16 (Linux only)."""
     try:
@@ -313,3 +360,18 @@ def _cli_type(annotation: Any) -> type:
 
 def args_from_namespace(ns: argparse.Namespace, cls: type = ServerArgs) -> Any:
     return cls(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)})
+
+
+def cli_flags(args: Any) -> list[str]:
+    """The command-line flags that rebuild ``args`` (a dataclass of this module), for the
+    fields that differ from their defaults: the inverse of ``add_cli_args``."""
+    out: list[str] = []
+    for f in dataclasses.fields(args):
+        value, flag = getattr(args, f.name), "--" + f.name.replace("_", "-")
+        if value == f.default:
+            continue
+        if isinstance(value, bool):
+            out.append(flag if value else "--no-" + flag[2:])
+        elif value is not None:
+            out += [flag, str(value)]
+    return out

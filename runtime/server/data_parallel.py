@@ -1,0 +1,108 @@
+"""What ``forkserve serve --dp-size N`` starts, decided before anything starts: each
+replica's flags (its share of the CPU threads and of the KV pool, a port on 127.0.0.1) and
+the gateway's command line. ``dp_launcher.py`` runs the plan.
+
+A replica is a whole ``forkserve serve`` (HTTP, scheduler and detokenizer processes), so a
+replica behaves exactly like a single server and the gateway needs nothing but SGLang's
+HTTP API from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import shlex
+import sys
+from dataclasses import dataclass
+
+from runtime.config import MIN_KV_TOKENS, DataParallelArgs, HttpArgs, ServerArgs, cli_flags
+
+GATEWAY_MODULE = "sglang_router.launch_router"
+INSTALL_HINT = "pip install 'forkserve[router]' (or: pip install sglang-router)"
+REPLICA_HOST = "127.0.0.1"
+# The gateway waits this long for in-flight requests when stopped (its own default is 180 s,
+# too long for a Ctrl-C); forkserve's replicas answer what is left with a 503 after that.
+GATEWAY_GRACE_S = 5
+
+
+class PlanError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Replica:
+    index: int
+    args: ServerArgs
+    http: HttpArgs
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.http.host}:{self.http.port}"
+
+    def command(self, parent_pid: int) -> list[str]:
+        return [*_guarded(parent_pid, "runtime.cli"), "serve", *cli_flags(self.http), *cli_flags(self.args)]
+
+
+def gateway_installed() -> bool:
+    return importlib.util.find_spec("sglang_router") is not None
+
+
+def available_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def plan_replicas(args: ServerArgs, http: HttpArgs, dp: DataParallelArgs, ports: list[int]) -> list[Replica]:
+    """``dp.dp_size`` replicas sharing the threads and the KV pool that one server with
+    ``args`` would have had: the same memory and cores, spread over several schedulers."""
+    n = dp.dp_size
+    if len(ports) != n:
+        raise PlanError(f"need {n} ports, got {len(ports)}")
+    threads = max(1, (args.num_threads or available_cores()) // n)
+    shares: dict[str, object] = {"num_threads": threads}
+    if args.max_total_tokens is not None:
+        tokens = args.max_total_tokens // n
+        if tokens < MIN_KV_TOKENS:
+            raise PlanError(f"--max-total-tokens {args.max_total_tokens} split over {n} replicas leaves {tokens} "
+                            f"tokens each; each needs at least {MIN_KV_TOKENS}")
+        shares["max_total_tokens"] = tokens
+    else:
+        shares["kv_cache_memory"] = args.kv_cache_memory / n
+    replica_args = dataclasses.replace(args, **shares)  # type: ignore[arg-type]
+    return [Replica(i, replica_args, dataclasses.replace(http, host=REPLICA_HOST, port=port))
+            for i, port in enumerate(ports)]
+
+
+def gateway_command(
+    replicas: list[Replica], http: HttpArgs, dp: DataParallelArgs, metrics_port: int, parent_pid: int
+) -> list[str]:
+    """SGLang's model gateway in front of the replicas, on the user's host and port. Its
+    Prometheus endpoint gets a free port of its own (its default, 29000, would clash
+    between two servers on one machine); ``--router-args`` come last and win."""
+    cmd = [
+        *_guarded(parent_pid, GATEWAY_MODULE),
+        "--worker-urls", *(r.url for r in replicas),
+        "--policy", dp.router_policy,
+        "--host", http.host, "--port", str(http.port),
+        "--prometheus-host", http.host, "--prometheus-port", str(metrics_port),
+        "--health-check-interval-secs", str(dp.router_health_check_interval),
+        "--health-failure-threshold", "2",
+        "--shutdown-grace-period-secs", str(GATEWAY_GRACE_S),
+        "--log-level", "warn",
+    ]
+    if http.api_key:
+        cmd += ["--api-key", http.api_key]
+    return cmd + shlex.split(dp.router_args)
+
+
+def _guarded(parent_pid: int, module: str) -> list[str]:
+    return [sys.executable, "-m", "runtime.server.orphan_guard", str(parent_pid), module]
+
+
+def local_url(host: str, port: int) -> str:
+    """Where this machine reaches a server bound to ``host``."""
+    if host in ("0.0.0.0", ""):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"

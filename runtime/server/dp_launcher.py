@@ -1,0 +1,207 @@
+"""``forkserve serve --dp-size N``: start N replicas and SGLang's model gateway in front of
+them, print one URL, watch them, and stop all of them on SIGINT/SIGTERM.
+
+Order: the user's port must be free; the replicas start together (each a whole
+``forkserve serve`` on 127.0.0.1, see ``data_parallel.py``) and each must print its ready
+line; then the gateway starts and must report every replica healthy; then the URL is
+printed. Each child runs in its own session, so a terminal's Ctrl-C reaches only this
+process, which stops the gateway first (no new requests), then the replicas, and finally
+kills whatever is left of each child's process group. Children also get SIGTERM if this
+process dies (``orphan_guard.py``).
+
+A replica that dies is reported here and by the gateway's health checks, which take it out
+of rotation; the others keep serving. If the gateway dies, or every replica, this process
+stops the rest and exits with code 1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import IO
+
+import httpx
+
+from runtime.config import DataParallelArgs, HttpArgs, ServerArgs
+from runtime.ipc import free_tcp_port
+from runtime.server.data_parallel import (
+    GATEWAY_GRACE_S,
+    INSTALL_HINT,
+    Replica,
+    gateway_command,
+    gateway_installed,
+    local_url,
+    plan_replicas,
+)
+from runtime.server.launch import StartupError, bind_port
+
+_READY_LINE = "forkserve ready:"
+# What uvicorn logs when the gateway, registering a worker, also probes it for gRPC (it
+# tries HTTP and gRPC at once); only dropped until the gateway is up.
+_GRPC_PROBE_LINE = "WARNING:  Invalid HTTP request received."
+_REPLICA_STOP_S = 12.0  # a replica's own shutdown: 1.5 s grace, 3 s to answer, 3 s for its children
+_GATEWAY_READY_S = 60.0
+
+
+@dataclass
+class Child:
+    name: str
+    proc: subprocess.Popen[str]
+    ready: threading.Event = field(default_factory=threading.Event)
+    registered: threading.Event = field(default_factory=threading.Event)
+    reported: bool = False
+
+    def forward_output(self, stream: IO[str]) -> None:
+        """Copy the child's output to our stderr, each line tagged with its name."""
+        for line in stream:
+            if line.startswith(_READY_LINE):
+                self.ready.set()
+            if line.startswith(_GRPC_PROBE_LINE) and not self.registered.is_set():
+                continue
+            sys.stderr.write(f"[{self.name}] {line}")
+            sys.stderr.flush()
+
+
+class DataParallelLauncher:
+    def __init__(self, args: ServerArgs, http: HttpArgs, dp: DataParallelArgs) -> None:
+        self.args, self.http, self.dp = args, http, dp
+        self.replicas: list[Replica] = []
+        self.children: list[Child] = []
+        self.gateway: Child | None = None
+        self.url = local_url(http.host, http.port)
+
+    def run(self) -> int:
+        if not gateway_installed():
+            raise StartupError(f"--dp-size {self.dp.dp_size} puts SGLang's model gateway in front of the replicas, "
+                               f"and it is not installed: {INSTALL_HINT}")
+        bind_port(self.http.host, self.http.port).close()  # fail now, not after loading N models
+        self.replicas = plan_replicas(self.args, self.http, self.dp, [free_tcp_port() for _ in range(self.dp.dp_size)])
+        try:
+            for r in self.replicas:
+                self.children.append(self._spawn(f"replica {r.index}", r.command(os.getpid())))
+            self._wait_replicas()
+            command = gateway_command(self.replicas, self.http, self.dp, free_tcp_port(), os.getpid())
+            self.gateway = self._spawn("gateway", command)
+            self._wait_gateway()
+            self._print_ready()
+            return self._watch()
+        finally:
+            self.stop()
+
+    def _spawn(self, name: str, command: list[str]) -> Child:
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                text=True, errors="replace", bufsize=1, start_new_session=True)
+        child = Child(name, proc)
+        assert proc.stdout is not None
+        threading.Thread(target=child.forward_output, args=(proc.stdout,), daemon=True, name=f"{name} output").start()
+        return child
+
+    def _wait_replicas(self) -> None:
+        deadline = time.monotonic() + self.http.startup_timeout
+        while not all(c.ready.is_set() for c in self.children):
+            for c in self.children:
+                if c.proc.poll() is not None and not c.ready.is_set():
+                    raise StartupError(f"{c.name} exited with code {c.proc.returncode} before it was ready "
+                                       "(its output is above)")
+            if time.monotonic() > deadline:
+                raise StartupError(f"the replicas were not ready after {self.http.startup_timeout:.0f} s "
+                                   "(--startup-timeout)")
+            time.sleep(0.1)
+
+    def _wait_gateway(self) -> None:
+        """Until the gateway lists every replica as a healthy worker."""
+        assert self.gateway is not None
+        headers = {"Authorization": f"Bearer {self.http.api_key}"} if self.http.api_key else {}
+        deadline = time.monotonic() + _GATEWAY_READY_S
+        healthy: list[str] = []
+        while time.monotonic() < deadline:
+            if self.gateway.proc.poll() is not None:
+                raise StartupError(f"the gateway exited with code {self.gateway.proc.returncode} (its output is above)")
+            with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, TypeError):
+                workers = httpx.get(f"{self.url}/workers", headers=headers, timeout=5).json()["workers"]
+                healthy = [w["url"] for w in workers if w.get("is_healthy")]
+                if sorted(healthy) == sorted(r.url for r in self.replicas):
+                    for c in self.children:
+                        c.registered.set()
+                    return
+            time.sleep(0.2)
+        raise StartupError(f"the gateway did not report the {len(self.replicas)} replicas healthy within "
+                           f"{_GATEWAY_READY_S:.0f} s (healthy: {healthy or 'none'})")
+
+    def _print_ready(self) -> None:
+        for r, c in zip(self.replicas, self.children, strict=True):
+            print(f"forkserve: replica {r.index} at {r.url} (pid {c.proc.pid}), {r.args.num_threads} compute threads",
+                  flush=True)
+        host = f"[{self.http.host}]" if ":" in self.http.host else self.http.host
+        print(f"forkserve ready: http://{host}:{self.http.port} ({len(self.replicas)} replicas behind SGLang's model "
+              f"gateway, policy {self.dp.router_policy}; OpenAI API under /v1)", flush=True)
+
+    def _watch(self) -> int:
+        assert self.gateway is not None
+        while True:
+            time.sleep(0.25)
+            if self.gateway.proc.poll() is not None:
+                print(f"forkserve: the gateway exited with code {self.gateway.proc.returncode}; stopping the replicas",
+                      file=sys.stderr, flush=True)
+                return 1
+            for r, c in zip(self.replicas, self.children, strict=True):
+                if c.proc.poll() is not None and not c.reported:
+                    c.reported = True
+                    print(f"forkserve: replica {r.index} ({r.url}) exited with code {c.proc.returncode}; the "
+                          f"gateway's health checks take it out of rotation (every "
+                          f"{self.dp.router_health_check_interval} s); the other replicas keep serving",
+                          file=sys.stderr, flush=True)
+            if all(c.proc.poll() is not None for c in self.children):
+                print("forkserve: every replica has exited; stopping the gateway", file=sys.stderr, flush=True)
+                return 1
+
+    def stop(self) -> None:
+        """Gateway first, so nothing new reaches a replica; then the replicas; then whatever
+        is left in each child's process group. Signals wait until it is done: a second
+        Ctrl-C must not leave a replica running."""
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if self.gateway is not None:
+            _terminate([self.gateway], GATEWAY_GRACE_S + 2.0)
+        _terminate(self.children, _REPLICA_STOP_S)
+        for c in [*self.children, *([self.gateway] if self.gateway else [])]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(c.proc.pid, signal.SIGKILL)
+
+
+def _terminate(children: list[Child], timeout: float) -> None:
+    for c in children:
+        if c.proc.poll() is None:
+            c.proc.terminate()
+    deadline = time.monotonic() + timeout
+    for c in children:
+        try:
+            c.proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            c.proc.kill()
+            c.proc.wait()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def serve_data_parallel(args: ServerArgs, http: HttpArgs, dp: DataParallelArgs) -> int:
+    """Run replicas and gateway until SIGINT/SIGTERM (exit code 0) or until the gateway or
+    every replica dies (1)."""
+    signal.signal(signal.SIGTERM, _interrupt)
+    launcher = DataParallelLauncher(args, http, dp)
+    try:
+        return launcher.run()
+    except KeyboardInterrupt:
+        print("forkserve: shut down", file=sys.stderr, flush=True)
+        return 0
+    except (StartupError, ValueError) as err:
+        print(f"forkserve: {err}", file=sys.stderr, flush=True)
+        return 1

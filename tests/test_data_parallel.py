@@ -1,0 +1,150 @@
+"""``forkserve serve --dp-size 2``: two replicas behind the real SGLang model gateway
+(``sglang-router``, in the test extra). One instance serves the whole module; the last two
+tests kill one of its replicas and then stop it, so they stay last."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import SERVER_ENGINE_ARGS
+from tests.proc_utils import descendants, pid_alive
+
+pytestmark = pytest.mark.slow
+
+GREEDY = {"temperature": 0.0, "max_tokens": 12}
+MODEL = "SmolLM2-135M-Instruct"
+# A short health-check interval so that a dead replica is noticed within seconds.
+DP_ARGS = ("--dp-size", "2", "--router-health-check-interval", "1", *SERVER_ENGINE_ARGS)
+
+
+@pytest.fixture(scope="module")
+def dp():
+    from bench_agent.local_server import ServerProcess
+
+    proc = ServerProcess(*DP_ARGS).wait_ready(timeout=300)
+    deadline = time.monotonic() + 60
+    while "forkserve ready:" not in proc.read_output() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    replicas = re.findall(r"replica \d at (http://[\d.:]+) \(pid (\d+)\)", proc.read_output())
+    assert len(replicas) == 2, proc.output
+    proc.replicas = [(url, int(pid)) for url, pid in replicas]
+    yield proc
+    proc.stop()
+
+
+def _chat(base_url: str, messages: list[dict], stream: bool) -> str:
+    client = openai.OpenAI(base_url=base_url + "/v1", api_key="none")
+    if not stream:
+        out = client.chat.completions.create(model=MODEL, messages=messages, **GREEDY)
+        return out.choices[0].message.content
+    chunks = client.chat.completions.create(model=MODEL, messages=messages, stream=True, **GREEDY)
+    return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+
+def _generate(base_url: str, text: str, stream: bool) -> tuple[str, list[int]]:
+    body = {"text": text, "sampling_params": {"temperature": 0, "max_new_tokens": 12}, "stream": stream}
+    if not stream:
+        out = httpx.post(base_url + "/generate", json=body, timeout=60).json()
+        return out["text"], out["output_ids"]
+    last = None
+    with httpx.stream("POST", base_url + "/generate", json=body, timeout=60) as resp:
+        for line in resp.iter_lines():
+            if line.startswith("data: {"):
+                last = httpx.Response(200, content=line[6:]).json()
+    assert last is not None
+    return last["text"], last["output_ids"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_openai_client_and_generate_through_the_gateway_equal_a_single_server(dp, server, stream):
+    for i, question in enumerate(["Name three planets.", "What is the capital of France?"]):
+        messages = [{"role": "user", "content": question}]
+        assert _chat(dp.url, messages, stream) == _chat(server.url, messages, stream), (i, stream)
+        prompt = f"Question: {question}\nAnswer:"
+        assert _generate(dp.url, prompt, stream) == _generate(server.url, prompt, stream), (i, stream)
+
+
+def _finished(replica_url: str) -> int:
+    return httpx.get(replica_url + "/get_server_info", timeout=30).json()["scheduler"]["num_finished_reqs"]
+
+
+def _load(replica_url: str) -> int:
+    return httpx.get(replica_url + "/get_load", timeout=30).json()[0]["num_reqs"]
+
+
+def test_cache_aware_keeps_each_conversation_on_one_replica_and_spreads_them(dp):
+    """Two multi-turn programs at once: each call after the first finds the whole previous
+    prompt cached (only the replica that served it has it), and the programs use both."""
+    before = [_finished(url) for url, _ in dp.replicas]
+    client = openai.OpenAI(base_url=dp.url + "/v1", api_key="none")
+    turns = 3
+    usage: dict[str, list[tuple[int, int]]] = {"a": [], "b": []}
+    systems = {"a": "You are a ship's navigator who answers with bearings and distances in nautical miles.",
+               "b": "Du bist ein Koch, der jede Frage mit einem Rezept und einer Zutatenliste beantwortet."}
+
+    def program(name: str) -> None:
+        messages = [{"role": "system", "content": systems[name]}]
+        for t in range(turns):
+            messages.append({"role": "user", "content": f"Question {t + 1} of program {name}: and then?"})
+            out = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=16)
+            details = out.usage.prompt_tokens_details
+            usage[name].append((out.usage.prompt_tokens, details.cached_tokens if details else 0))
+            messages.append({"role": "assistant", "content": out.choices[0].message.content})
+
+    first = threading.Thread(target=program, args=("a",))
+    first.start()
+    # b starts once a's first call runs, so that the gateway sends b's first call to the
+    # less loaded replica (the two share too little text for a prefix match)
+    deadline = time.monotonic() + 30
+    while not any(_load(url) for url, _ in dp.replicas) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    program("b")
+    first.join()
+    for name, calls in usage.items():
+        for (prev_prompt, _), (_, cached) in zip(calls, calls[1:], strict=False):
+            assert cached >= prev_prompt, (name, calls)
+    served = sorted(_finished(url) - b for (url, _), b in zip(dp.replicas, before, strict=True))
+    assert served == [turns, turns], served
+
+
+def _healthy(dp) -> dict[str, bool]:
+    workers = httpx.get(dp.url + "/workers", timeout=10).json()["workers"]
+    return {w["url"]: w["is_healthy"] for w in workers}
+
+
+def test_a_killed_replica_is_marked_unhealthy_and_the_other_keeps_serving(dp):
+    dead_url, dead_pid = dp.replicas[0]
+    os.kill(dead_pid, signal.SIGKILL)
+    # Until the health checks notice, a request may reach the dead replica: it must get an
+    # answer (the gateway retries on the other, or says why it failed), never hang.
+    for i in range(4):
+        started = time.monotonic()
+        resp = httpx.post(dp.url + "/generate", json={"text": f"Request {i} after the kill:",
+                                                      "sampling_params": {"max_new_tokens": 2}}, timeout=60)
+        assert time.monotonic() - started < 30
+        assert resp.status_code == 200 or (resp.status_code >= 500 and "error" in resp.text), resp.text
+    deadline = time.monotonic() + 30
+    while _healthy(dp).get(dead_url) is not False and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _healthy(dp) == {dead_url: False, dp.replicas[1][0]: True}
+    for i in range(3):
+        assert _chat(dp.url, [{"role": "user", "content": f"Say {i}."}], stream=i == 1)
+    assert "replica 0" in dp.read_output() and "exited" in dp.output
+
+
+def test_sigterm_stops_every_process(dp):
+    tree = descendants(dp.proc.pid)
+    assert len(tree) >= 3, tree  # the gateway and the live replica with its scheduler and detokenizer
+    assert dp.stop(signal.SIGTERM) == 0, dp.read_output()[-3000:]
+    deadline = time.monotonic() + 10
+    while any(pid_alive(p) for p in tree) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in tree if pid_alive(p)], "processes left behind after SIGTERM"
