@@ -1,0 +1,68 @@
+"""Capacity planning on paper: what one replica's KV pool holds, and how many replicas a
+load needs, from the model's shape and the device's memory (``forkserve capacity``).
+
+The figures are the server's own rules: a token's KV costs ``2 x layers x kv_heads x
+head_dim x dtype bytes`` (``KVPool.bytes_per_slot``), the pool is ``--max-total-tokens`` or
+what ``--kv-cache-memory`` GiB holds, and a program's context stays in the pool while the
+program runs. A prefix shared by the programs on a replica (a system prompt) is stored
+once there, which cache-aware routing preserves and round robin does not (each replica
+stores it once, and a conversation's history ends up on several).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from runtime.models.config import ModelConfig
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def kv_bytes_per_token(cfg: ModelConfig, dtype: str) -> int:
+    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * DTYPE_BYTES[dtype]
+
+
+def num_parameters(cfg: ModelConfig) -> int:
+    """Parameters of a Llama-family model: embeddings, per layer the attention and MLP
+    projections and two norms, the final norm, and the output head unless tied."""
+    h, q, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    layer = h * q + 2 * h * kv + q * h + 3 * h * cfg.intermediate_size + 2 * h
+    if cfg.qkv_bias:
+        layer += q + 2 * kv
+    head = 0 if cfg.tie_word_embeddings else cfg.vocab_size * h
+    return cfg.vocab_size * h + cfg.num_layers * layer + h + head
+
+
+@dataclass(frozen=True)
+class Plan:
+    kv_bytes_per_token: int
+    weight_bytes: int
+    pool_tokens: int
+    context_tokens: int
+    shared_prefix_tokens: int
+
+    @property
+    def pool_bytes(self) -> int:
+        return self.pool_tokens * self.kv_bytes_per_token
+
+    @property
+    def programs_per_replica(self) -> int:
+        """Programs whose whole context fits in the pool at once, the shared prefix once."""
+        own = self.context_tokens - self.shared_prefix_tokens
+        return max(0, (self.pool_tokens - self.shared_prefix_tokens) // own)
+
+    def replicas_for(self, concurrent_programs: int) -> int | None:
+        per = self.programs_per_replica
+        return math.ceil(concurrent_programs / per) if per else None
+
+
+def pool_tokens(kv_per_token: int, max_total_tokens: int | None, kv_cache_memory_gib: float) -> int:
+    """The server's rule (``ModelWorker._kv_tokens``)."""
+    return max_total_tokens or int(kv_cache_memory_gib * 2**30 // kv_per_token)
+
+
+def largest_pool(kv_per_token: int, weight_bytes: int, device_bytes: int, usable: float) -> int:
+    """Tokens of KV that fit beside the weights in ``usable`` of the device's memory (the
+    rest is left to activations, the runtime and, on a CPU, everything else)."""
+    return max(0, int(device_bytes * usable) - weight_bytes) // kv_per_token

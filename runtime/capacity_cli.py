@@ -1,0 +1,127 @@
+"""``forkserve capacity``: the capacity plan of ``runtime/capacity.py`` for a model and a
+KV pool, printed (or as JSON). Reads the model's config only; loads no weights.
+
+    forkserve capacity --context-tokens 8000 --shared-prefix-tokens 1500 --concurrent-programs 200
+    forkserve capacity --model-path DIR --dtype bfloat16 --device-memory 80 --kv-cache-memory 60
+
+Registered as a subcommand through the ``forkserve.commands`` entry point (pyproject.toml).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from runtime.capacity import Plan, kv_bytes_per_token, largest_pool, num_parameters, pool_tokens
+
+_GIB = 2**30
+
+
+def add_capacity_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "capacity",
+        help="How many agent programs one replica's KV pool holds, and how many replicas a load needs.",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    d = " (default: %(default)s)"
+    p.add_argument("--model-path", help="Model folder or .gguf file, as for serve (default: the default model).")
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+                   help="KV and weight dtype; auto resolves as serve does on this machine" + d)
+    p.add_argument("--max-total-tokens", type=int, help="KV pool in tokens, as for serve.")
+    p.add_argument("--kv-cache-memory", type=float, default=1.0,
+                   help="GiB of KV pool when --max-total-tokens is not given, as for serve" + d)
+    p.add_argument("--context-tokens", type=int, default=4096,
+                   help="Tokens of one agent program's context at its longest (prompt and outputs)" + d)
+    p.add_argument("--shared-prefix-tokens", type=int, default=0,
+                   help="Tokens at the start of every program's context that all programs share (a system "
+                   "prompt); stored once per replica" + d)
+    p.add_argument("--concurrent-programs", type=int, help="Programs to run at once: how many replicas they need.")
+    p.add_argument("--device-memory", type=float, help="GiB of memory of one replica's device, to show the largest "
+                   "pool that fits beside the weights (default: this machine's GPU, else its RAM).")
+    p.add_argument("--usable-fraction", type=float, default=0.9,
+                   help="Share of --device-memory that weights and KV may take; the rest is for activations "
+                   "and the runtime" + d)
+    p.add_argument("--json", action="store_true", help="Print the figures as one JSON object.")
+    p.set_defaults(func=run_capacity)
+
+
+def run_capacity(ns: argparse.Namespace) -> int:
+    try:
+        report = capacity_report(ns)
+    except (ValueError, OSError) as err:
+        print(f"forkserve capacity: {err}", file=sys.stderr)
+        return 2
+    if ns.json:
+        print(json.dumps(report))
+    else:
+        print(render(report))
+    return 0
+
+
+def capacity_report(ns: argparse.Namespace) -> dict[str, Any]:
+    from runtime.config import ServerArgs
+    from runtime.model_loader import resolve_model_path
+    from runtime.model_loader.weights import load_hf_config
+    from runtime.models.config import ModelConfig
+
+    if ns.context_tokens <= ns.shared_prefix_tokens or ns.shared_prefix_tokens < 0:
+        raise ValueError("--context-tokens must exceed --shared-prefix-tokens, which must be >= 0")
+    args = ServerArgs(model_path=ns.model_path, dtype=ns.dtype, max_total_tokens=ns.max_total_tokens,
+                      kv_cache_memory=ns.kv_cache_memory)
+    folder = resolve_model_path(ns.model_path)
+    cfg = ModelConfig.from_hf(load_hf_config(folder))
+    dtype = args.resolved_dtype
+    kv = kv_bytes_per_token(cfg, dtype)
+    params = num_parameters(cfg)
+    plan = Plan(kv, params * {"float32": 4, "bfloat16": 2}[dtype], pool_tokens(kv, ns.max_total_tokens,
+                ns.kv_cache_memory), ns.context_tokens, ns.shared_prefix_tokens)
+    device = ns.device_memory * _GIB if ns.device_memory else _device_bytes(args.resolved_device)
+    return {
+        "model": str(folder), "dtype": dtype, "layers": cfg.num_layers, "kv_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim, "parameters": params, "weight_bytes": plan.weight_bytes,
+        "kv_bytes_per_token": kv, "pool_tokens": plan.pool_tokens, "pool_bytes": plan.pool_bytes,
+        "context_tokens": ns.context_tokens, "shared_prefix_tokens": ns.shared_prefix_tokens,
+        "programs_per_replica": plan.programs_per_replica,
+        "concurrent_programs": ns.concurrent_programs,
+        "replicas_needed": plan.replicas_for(ns.concurrent_programs) if ns.concurrent_programs else None,
+        "device_bytes": device, "usable_fraction": ns.usable_fraction,
+        "largest_pool_tokens": largest_pool(kv, plan.weight_bytes, device, ns.usable_fraction),
+    }
+
+
+def _device_bytes(device: str) -> int:
+    if device.startswith("cuda"):
+        import torch
+
+        return int(torch.cuda.get_device_properties(torch.device(device)).total_memory)
+    with open("/proc/meminfo") as f:
+        total_kib = next(int(line.split()[1]) for line in f if line.startswith("MemTotal:"))
+    return total_kib * 1024
+
+
+def render(r: dict[str, Any]) -> str:
+    per_program = r["context_tokens"] - r["shared_prefix_tokens"]
+    largest = r["largest_pool_tokens"]
+    lines = [
+        f"model             {r['model']}",
+        f"                  {r['parameters'] / 1e6:,.1f}M parameters, {r['weight_bytes'] / _GIB:.2f} GiB of weights "
+        f"in {r['dtype']}",
+        f"KV per token      2 x {r['layers']} layers x {r['kv_heads']} KV heads x {r['head_dim']} x "
+        f"{r['kv_bytes_per_token'] // (2 * r['layers'] * r['kv_heads'] * r['head_dim'])} bytes "
+        f"= {r['kv_bytes_per_token']:,} bytes",
+        f"KV pool           {r['pool_tokens']:,} tokens = {r['pool_bytes'] / _GIB:.2f} GiB per replica",
+        f"one program       {r['context_tokens']:,} tokens of context, {r['shared_prefix_tokens']:,} of them shared "
+        f"by all programs ({per_program * r['kv_bytes_per_token'] / 2**20:,.1f} MiB of KV of its own)",
+        f"per replica       {r['programs_per_replica']:,} programs at once, each with its whole context cached",
+    ]
+    if r["replicas_needed"] is not None:
+        lines.append(f"replicas needed   {r['replicas_needed']:,} for {r['concurrent_programs']:,} programs at once")
+    elif r["concurrent_programs"]:
+        lines.append("replicas needed   none suffices: one program's context does not fit in the pool")
+    lines.append(f"largest pool      {largest:,} tokens ({largest * r['kv_bytes_per_token'] / _GIB:.1f} GiB) beside "
+                 f"the weights in {r['usable_fraction']:.0%} of {r['device_bytes'] / _GIB:.1f} GiB: "
+                 f"--kv-cache-memory {largest * r['kv_bytes_per_token'] / _GIB:.1f}")
+    return "\n".join(lines)

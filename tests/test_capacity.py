@@ -1,0 +1,53 @@
+"""``forkserve capacity``: its figures against the model's own files and the server's pool
+rule, and the planning arithmetic on numbers worked out by hand."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import torch
+from safetensors import safe_open
+
+from runtime.capacity import Plan, kv_bytes_per_token, largest_pool, num_parameters, pool_tokens
+from runtime.executor.kv_pool import KVPool
+from runtime.model_loader.weights import load_hf_config
+from runtime.models.config import ModelConfig
+
+
+def test_parameters_and_kv_bytes_match_the_default_model(model_dir):
+    cfg = ModelConfig.from_hf(load_hf_config(model_dir))
+    stored = 0
+    for path in model_dir.glob("*.safetensors"):
+        with safe_open(str(path), "pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
+                stored += math.prod(f.get_slice(name).get_shape())
+    assert num_parameters(cfg) == stored
+    for dtype, torch_dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        assert kv_bytes_per_token(cfg, dtype) == KVPool.bytes_per_slot(cfg.num_layers, cfg.num_kv_heads,
+                                                                         cfg.head_dim, torch_dtype)
+
+
+def test_plan_arithmetic():
+    # 1,000 bytes a token; a 10,000-token pool; programs of 1,200 tokens, 200 of them shared
+    plan = Plan(1000, 0, 10_000, 1_200, 200)
+    assert plan.programs_per_replica == (10_000 - 200) // 1_000 == 9
+    assert plan.replicas_for(9) == 1 and plan.replicas_for(10) == 2 and plan.replicas_for(90) == 10
+    assert Plan(1000, 0, 1_000, 1_200, 0).replicas_for(5) is None  # one context does not fit
+    assert pool_tokens(1000, None, 1.0) == 2**30 // 1000 and pool_tokens(1000, 777, 1.0) == 777
+    assert largest_pool(1000, weight_bytes=500_000, device_bytes=10_000_000, usable=0.9) == 8_500
+
+
+def test_the_command_prints_the_servers_pool(model_dir):
+    """The default 1 GiB pool in bfloat16 is what ``forkserve serve`` reports at start-up
+    for the default model: 46,603 tokens."""
+    done = subprocess.run([sys.executable, "-m", "runtime.cli", "capacity", "--json", "--dtype", "bfloat16",
+                           "--context-tokens", "4000", "--shared-prefix-tokens", "1000", "--concurrent-programs", "100"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["kv_bytes_per_token"] == 23_040 and report["pool_tokens"] == 46_603
+    assert report["programs_per_replica"] == (46_603 - 1000) // 3000 == 15
+    assert report["replicas_needed"] == 7
