@@ -29,7 +29,8 @@ def small_server():
 
 def test_the_document_names_every_route_and_its_answers(small_server):
     doc = httpx.get(small_server.url + "/openapi.json", timeout=30).json()
-    for path in ("/generate", "/v1/chat/completions", "/v1/completions", "/health", "/metrics", "/get_server_info"):
+    for path in ("/generate", "/v1/chat/completions", "/v1/chat/completions/render", "/v1/completions", "/health",
+                 "/metrics", "/get_server_info"):
         for operation in doc["paths"][path].values():
             assert "200" in operation["responses"], path
     body = doc["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]["schema"]

@@ -115,6 +115,32 @@ def test_parallel_tool_calls_false_gives_one_call(client):
     check_calls(several.choices[0].message.tool_calls)
 
 
+def test_render_gives_the_prompt_grammar_and_parser_a_chat_request_runs_with(server, engine):
+    """/v1/chat/completions/render: the prompt the chat route would generate from (the tool
+    template's rendering), the call grammar as /generate's ebnf, and the parser; what the
+    DSL's native backend uses to make the same tool calls through /generate."""
+    from runtime.server.tools.chat_prompt import render_chat
+    from runtime.server.tools.parsers import get_parser
+
+    messages = [{"role": "user", "content": "What is the weather in Oslo?"}]
+    body = {"model": MODEL, "messages": messages, "tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False}
+    out = httpx.post(server.url + "/v1/chat/completions/render", json=body, timeout=60).json()
+    want = render_chat(engine.tokenizer.hf, messages, TOOLS, tool_choice="required", parallel_tool_calls=False)
+    assert out == {"text": want.text, "sampling_params": {"ebnf": want.tool_ebnf}, "tool_call_parser": "hermes"}
+    native = httpx.post(server.url + "/generate", timeout=60, json={
+        "text": out["text"], "sampling_params": {**out["sampling_params"], "temperature": 0, "max_new_tokens": 60}}).json()
+    chat = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={**body, "temperature": 0, "max_tokens": 60}).json()
+    (call,) = get_parser(out["tool_call_parser"]).parse(native["text"])[1]
+    (chat_call,) = chat["choices"][0]["message"]["tool_calls"]  # the same call both ways
+    assert (chat_call["function"]["name"], chat_call["function"]["arguments"]) == (call.name, call.arguments)
+    plain = httpx.post(server.url + "/v1/chat/completions/render", timeout=60,
+                       json={"model": MODEL, "messages": messages}).json()
+    assert plain["sampling_params"] == {} and plain["tool_call_parser"] is None
+    bad = httpx.post(server.url + "/v1/chat/completions/render", timeout=60,
+                     json={"model": MODEL, "messages": messages, "tool_choice": "required"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tool_choice"
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [

@@ -12,6 +12,7 @@ from runtime.server.context import bad_input_as_400
 from runtime.server.openai_handler import OpenAIHandler, finish_reason_of
 from runtime.server.protocol import ApiError, reject_unsupported
 from runtime.server.reasoning import PARSERS as REASONING_PARSERS
+from runtime.server.responses import JsonResponse
 from runtime.server.scheduler_client import ReqState
 from runtime.server.tools.chat_prompt import ChatPrompt, check_tool_choice, render_chat
 
@@ -29,6 +30,28 @@ class ChatCompletion(OpenAIHandler):
 
     async def run(self) -> Response:
         r = self.req
+        self.check_request()
+        prompt = self.prompt()
+        prompts = await self.ctx.encode([prompt.text])
+        max_tokens = r.max_completion_tokens if r.max_completion_tokens is not None else r.max_tokens
+        top = (r.top_logprobs or 0) if r.logprobs else None
+        return await self.respond(self.submit(prompts, max_tokens, top))
+
+    def render(self) -> Response:
+        """``/v1/chat/completions/render``: what ``run`` would send to the engine, without
+        sending it: the prompt text, the output constraint as native sampling fields (the
+        tool-call grammar as ``ebnf``) and the parser that reads calls from the answer. A
+        native client (the DSL) generates with these through ``/generate``."""
+        self.check_request()
+        prompt = self.prompt()
+        return JsonResponse({
+            "text": prompt.text,
+            "sampling_params": {k: v for k, v in self.constraint().items() if v is not None},
+            "tool_call_parser": prompt.tool_parser.name if prompt.tool_parser else None,
+        })
+
+    def check_request(self) -> None:
+        r = self.req
         self.check_common()
         reject_unsupported(r, r.CHAT_UNSUPPORTED)
         with bad_input_as_400("tool_choice"):
@@ -43,11 +66,6 @@ class ChatCompletion(OpenAIHandler):
             raise ApiError(400, "give max_tokens or max_completion_tokens, not two different values", param="max_tokens")
         if r.top_logprobs and not r.logprobs:
             raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
-        prompt = self.prompt()
-        prompts = await self.ctx.encode([prompt.text])
-        max_tokens = r.max_completion_tokens if r.max_completion_tokens is not None else r.max_tokens
-        top = (r.top_logprobs or 0) if r.logprobs else None
-        return await self.respond(self.submit(prompts, max_tokens, top))
 
     def prompt(self) -> ChatPrompt:
         """The prompt text; with tools (or tool turns in the history) through a template that

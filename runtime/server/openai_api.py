@@ -1,4 +1,5 @@
-"""OpenAI-compatible routes: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``.
+"""OpenAI-compatible routes: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``, and
+``/v1/chat/completions/render`` (the prompt and constraint a chat request would run with).
 The handlers live in ``completion.py`` and ``chat_completion.py`` (their shared part in
 ``openai_handler.py``)."""
 
@@ -44,3 +45,8 @@ def add_routes(app: FastAPI, ctx: ServerContext) -> None:
     async def chat_completions(request: Request) -> Response:
         req: ChatCompletionRequest = await read_body(request, ChatCompletionRequest, ctx.http.max_request_bytes)
         return await ChatCompletion(ctx, req, request).run()
+
+    @app.post("/v1/chat/completions/render")
+    async def render_chat_completion(request: Request) -> Response:
+        req: ChatCompletionRequest = await read_body(request, ChatCompletionRequest, ctx.http.max_request_bytes)
+        return ChatCompletion(ctx, req, request).render()

@@ -24,6 +24,7 @@ from runtime.server.protocol import (
 
 BODIES: dict[str, type[BaseModel]] = {
     "/v1/chat/completions": ChatCompletionRequest,
+    "/v1/chat/completions/render": ChatCompletionRequest,
     "/v1/completions": CompletionRequest,
     "/generate": GenerateReqInput,
     "/end_program": EndProgramReq,

@@ -64,6 +64,11 @@ GENERATE_ONE = {
                                                 "completion_tokens": {"type": "integer"},
                                                 "cached_tokens": {"type": "integer"}}}},
 }
+RENDERED_CHAT = {
+    "type": "object", "required": ["text", "sampling_params", "tool_call_parser"],
+    "properties": {"text": {"type": "string"}, "sampling_params": {"type": "object"},
+                   "tool_call_parser": {"type": ["string", "null"]}},
+}
 MODEL_CARD = {
     "type": "object", "required": ["id", "object", "created", "owned_by"],
     "properties": {"id": {"type": "string"}, "object": {"const": "model"}, "created": {"type": "integer"},
@@ -124,6 +129,10 @@ RESPONSES: dict[str, dict[str, dict[str, Any]]] = {
     "/v1/chat/completions": {"*": {"200": {"description": "A chat completion, or SSE chunks when streaming",
                                            "content": {**_json(CHAT_COMPLETION), **_SSE}},
                                    **_errors(*_GUARDED, 404)}},
+    "/v1/chat/completions/render": {"*": {"200": {"description": "What the chat request would run with: its prompt, its "
+                                                  "output constraint as /generate sampling fields, its tool-call parser",
+                                                  "content": _json(RENDERED_CHAT)},
+                                          **_errors(400, 401, 404, 413)}},
 }
 RESPONSES["/model_info"] = RESPONSES["/get_model_info"]  # SGLang's newer names for the same answers
 RESPONSES["/server_info"] = RESPONSES["/get_server_info"]
