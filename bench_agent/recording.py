@@ -1,6 +1,6 @@
 """Per-call timing, measured on the client side the same way for every driver.
 
-``RecordingBackend`` wraps any DSL backend: each ``gen`` becomes a streamed request whose
+``RecordingBackend`` wraps any DSL backend: each ``gen`` (with tools too) becomes a streamed request whose
 chunks are timestamped as they arrive (time to first token, inter-token gaps), and each
 result's ``meta_info`` gives the prompt, cached and completion token counts.
 """
@@ -15,6 +15,7 @@ from typing import Any
 
 from bench_agent.drivers.streaming import StreamingBackend
 from frontend_lang.backend.base import Backend
+from frontend_lang.tools import RenderedChat, ToolUse
 
 
 @dataclass
@@ -62,11 +63,21 @@ class RecordingBackend(StreamingBackend):
     def generate_stream(
         self, prompt: str, sampling_params: dict[str, Any], *, program_id: str | None = None
     ) -> Iterator[dict[str, Any]]:
+        yield from self._timed(sampling_params, self.inner.generate_stream(prompt, sampling_params, program_id=program_id))
+
+    def generate_chat(
+        self, messages: list[dict[str, Any]], sampling_params: dict[str, Any], tools: ToolUse | None, *,
+        program_id: str | None = None, stream: bool = False,
+    ) -> Iterator[dict[str, Any]]:
+        chunks = self.inner.generate_chat(messages, sampling_params, tools, program_id=program_id, stream=True)
+        yield from self._timed(sampling_params, chunks)
+
+    def _timed(self, sampling_params: dict[str, Any], chunks: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         rec = CallRecord(self.program, "gen", time.perf_counter())
         rec.max_new_tokens = int(sampling_params.get("max_new_tokens", 0))
         seen, last = 0, rec.start
         chunk: dict[str, Any] = {}
-        for chunk in self.inner.generate_stream(prompt, sampling_params, program_id=program_id):
+        for chunk in chunks:
             now, n = time.perf_counter(), tokens_so_far(chunk)
             if n > seen and not chunk.get("final"):
                 if rec.first_token is None:
@@ -94,6 +105,13 @@ class RecordingBackend(StreamingBackend):
 
     def role_markers(self) -> dict[str, Any]:
         return self.inner.role_markers()
+
+    def chat_prompt(self, messages: list[dict[str, Any]], tools: ToolUse | None,
+                    add_generation_prompt: bool = True) -> RenderedChat:
+        return self.inner.chat_prompt(messages, tools, add_generation_prompt)
+
+    def chat_text(self, messages: list[dict[str, Any]], tools: ToolUse | None) -> str:
+        return self.inner.chat_text(messages, tools)
 
     def end_program(self, program_id: str) -> None:
         self.inner.end_program(program_id)

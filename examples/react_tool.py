@@ -1,7 +1,11 @@
-"""ReAct: think, pick a tool with ``select``, call a deterministic local tool, observe,
-until the program picks ``finish``.
+"""ReAct through real tool calls: the model calls ``lookup`` (a deterministic local tool)
+through tool calling, reads each result as a tool message, and answers when it has what it
+needs (or after ``max_steps`` calls). The first step must call (``tool_choice: "required"``),
+later ones may answer instead (``auto``).
 
-    python -m examples.react_tool [--url http://127.0.0.1:30000]
+    python -m examples.react_tool                                   # the engine in this process
+    python -m examples.react_tool --url http://127.0.0.1:30000      # a server's native API
+    python -m examples.react_tool --url http://127.0.0.1:30000 --openai   # its OpenAI chat API
 """
 
 from __future__ import annotations
@@ -14,18 +18,10 @@ FACTS = {
     "japan": "The capital of Japan is Tokyo.",
     "tokyo": "Tokyo has about 14 million inhabitants.",
 }
-
-INSTRUCTIONS = """Answer the question. Each step has a Thought and an Action.
-Actions: lookup[topic] returns a fact about the topic; finish[answer] gives the final answer.
-
-Question: What is the capital of Japan?
-Thought 1: I should look up Japan.
-Action 1: lookup[Japan]
-Observation 1: The capital of Japan is Tokyo.
-Thought 2: The capital is Tokyo.
-Action 2: finish[Tokyo]
-
-"""
+LOOKUP = {"type": "function", "function": {
+    "name": "lookup", "description": "A fact about a topic (a country or a city)",
+    "parameters": {"type": "object", "properties": {"topic": {"type": "string", "maxLength": 30}},
+                   "required": ["topic"], "additionalProperties": False}}}
 
 
 def lookup(topic: str) -> str:
@@ -39,15 +35,19 @@ def lookup(topic: str) -> str:
 
 @sgl.function
 def react(s, question: str, max_steps: int = 3):
-    s += INSTRUCTIONS + f"Question: {question}\n"
-    for i in range(1, max_steps + 1):
-        s += f"Thought {i}:" + sgl.gen(f"thought_{i}", max_tokens=32, stop=["\n", "Action"]) + "\n"
-        s += f"Action {i}: " + sgl.select(f"tool_{i}", ["lookup", "finish"]) + "["
-        s += sgl.gen(f"arg_{i}", max_tokens=12, stop=["]", "\n"]) + "]\n"
-        if s[f"tool_{i}"] == "finish":
-            return s[f"arg_{i}"]
-        s += f"Observation {i}: {lookup(s[f'arg_{i}'])}\n"
-    return None
+    s += sgl.system("Answer the question. Look facts up with the lookup tool, one topic at a time, "
+                    "then answer in one sentence.")
+    s += sgl.user(question)
+    for i in range(max_steps):
+        s += sgl.assistant(sgl.gen(f"step_{i}", max_tokens=64, tools=[LOOKUP], parallel_tool_calls=False,
+                                   tool_choice="required" if i == 0 else "auto"))
+        calls = s[f"step_{i}"]
+        if not calls:  # the model answered instead of calling
+            return s.get_meta_info(f"step_{i}")["content"]
+        for call in calls:
+            s += sgl.tool(lookup(call.args["topic"]), call.id)
+    s += sgl.assistant(sgl.gen("answer", max_tokens=48, tools=[LOOKUP], tool_choice="none"))
+    return s["answer"]
 
 
 def main() -> None:
@@ -55,7 +55,8 @@ def main() -> None:
 
     backend, _ = backend_from_args(__doc__ or "")
     state = react.run(question="How many people live in the capital of France?", temperature=0, backend=backend)
-    print(state.text())
+    for m in state.messages():
+        print(f"{m['role']}: {m.get('content')!r}" + (f" calls {m['tool_calls']}" if m.get("tool_calls") else ""))
     print(f"final answer: {state.ret_value}")
     backend.shutdown()
 

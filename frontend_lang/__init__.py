@@ -31,12 +31,14 @@ from frontend_lang.ir import (
     system,
     system_begin,
     system_end,
+    tool,
     user,
     user_begin,
     user_end,
 )
 from frontend_lang.program import SglFunction, function, get_default_backend, set_default_backend
 from frontend_lang.state import ProgramError, ProgramState, ProgramStateGroup
+from frontend_lang.tools import ToolCall
 
 __all__ = [
     "BackendError",
@@ -46,6 +48,7 @@ __all__ = [
     "ProgramStateGroup",
     "RuntimeEndpoint",
     "SglFunction",
+    "ToolCall",
     "assistant",
     "assistant_begin",
     "assistant_end",
@@ -61,6 +64,7 @@ __all__ = [
     "system_begin",
     "system_end",
     "token_length_normalized",
+    "tool",
     "unconditional_likelihood_normalized",
     "user",
     "user_begin",

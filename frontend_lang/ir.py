@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from frontend_lang.choices import ChoicesMethod, token_length_normalized
+from frontend_lang.tools import ToolUse, tool_use
 
 ROLES = ("system", "user", "assistant")
 
@@ -42,6 +43,7 @@ class Gen(Expr):
     logprob_start_len: int | None = None
     top_logprobs_num: int | None = None
     return_text_in_logprobs: bool | None = None
+    tools: ToolUse | None = None  # a tool-calling gen (see frontend_lang/tools.py)
 
     def describe(self) -> str:
         return f"gen({self.name!r})"
@@ -56,6 +58,17 @@ class Select(Expr):
 
     def describe(self) -> str:
         return f"select({self.name!r})"
+
+
+@dataclass
+class ToolResult(Expr):
+    """A tool call's result, given back as a ``tool`` message."""
+
+    content: str
+    tool_call_id: str
+
+    def describe(self) -> str:
+        return f"tool({self.tool_call_id!r})"
 
 
 @dataclass
@@ -118,13 +131,21 @@ def gen(
     dtype: type | None = None,
     seed: int | None = None,
     choices_method: ChoicesMethod | None = None,
+    tools: list[dict[str, Any]] | None = None,
+    tool_choice: str | dict[str, Any] | None = None,
+    parallel_tool_calls: bool | None = None,
 ) -> Expr:
     """Generate text into variable ``name``. With ``choices`` it is ``select``.
 
     ``regex`` / ``json_schema`` (a JSON string, a dict or a pydantic model class) constrain
     the output; ``dtype`` (``int``, ``float``, ``bool`` or ``str``) is a shorthand for a
     regex of that type's literal, ended by a space or newline as in SGLang. The variable
-    holds the text either way."""
+    holds the text either way. With ``tools`` (OpenAI's function tools, ``tool_choice``,
+    ``parallel_tool_calls``) the gen is a whole assistant turn that may call them, and the
+    variable holds the calls (``frontend_lang/tools.py``)."""
+    uses = tool_use(tools, tool_choice, parallel_tool_calls)
+    if uses is not None and (choices is not None or dtype is not None or regex is not None or json_schema is not None):
+        raise ValueError("gen(): tools cannot be combined with choices, dtype, regex or json_schema")
     if choices is not None:
         return select(name, choices, temperature=temperature or 0.0, choices_method=choices_method)
     if dtype is not None:
@@ -152,7 +173,14 @@ def gen(
         "regex": regex,
         "json_schema": _schema_text(json_schema),
     }
-    return Gen(name, sampling, return_logprob, logprob_start_len, top_logprobs_num, return_text_in_logprobs)
+    return Gen(name, sampling, return_logprob, logprob_start_len, top_logprobs_num, return_text_in_logprobs, uses)
+
+
+def tool(content: str, tool_call_id: str) -> ToolResult:
+    """Give the result of call ``tool_call_id`` (``ToolCall.id``) back to the model, between turns."""
+    if not isinstance(content, str) or not isinstance(tool_call_id, str) or not tool_call_id:
+        raise ValueError("tool(): content must be a string and tool_call_id a call's id")
+    return ToolResult(content, tool_call_id)
 
 
 def select(

@@ -19,7 +19,19 @@ from typing import Any
 
 from frontend_lang.backend.base import Backend
 from frontend_lang.choices import select_choice
-from frontend_lang.ir import Constant, Expr, ExprList, Gen, RoleBegin, RoleEnd, Select, as_expr
+from frontend_lang.ir import (
+    Constant,
+    Expr,
+    ExprList,
+    Gen,
+    RoleBegin,
+    RoleEnd,
+    Select,
+    ToolResult,
+    as_expr,
+)
+from frontend_lang.tool_turns import ToolTurns
+from frontend_lang.tools import ToolUse, has_tool_turns
 
 
 class ProgramError(RuntimeError):
@@ -67,15 +79,20 @@ def _caller_line() -> str:
     return "<unknown>"
 
 
-class ProgramState:
+class ProgramState(ToolTurns):
     def __init__(self, program: Program, parent: ProgramState | None = None) -> None:
         self.program = program
         self.text_ = parent.text_ if parent else ""
         self.variables: dict[str, Any] = dict(parent.variables) if parent else {}
         self.meta_info: dict[str, Any] = dict(parent.meta_info) if parent else {}
-        self.messages_: list[dict[str, str]] = list(parent.messages_) if parent else []
+        self.messages_: list[dict[str, Any]] = list(parent.messages_) if parent else []
         self.role: str | None = parent.role if parent else None
         self.role_start = parent.role_start if parent else 0
+        # chats with tools: whether messages_[0] is the template's default system turn (the
+        # chat API adds it unseen), the conversation's tools, and the calls of the open turn
+        self.implicit_system = parent.implicit_system if parent else False
+        self.tools_: ToolUse | None = parent.tools_ if parent else None
+        self.turn_calls: tuple[str, list[Any], int] | None = parent.turn_calls if parent else None
         self.ret_value: Any = None
         self._error: BaseException | None = None
         self._pending: collections.deque[tuple[Expr, str]] = collections.deque()
@@ -152,7 +169,7 @@ class ProgramState:
         self.sync()
         return self.meta_info.get(name)
 
-    def messages(self) -> list[dict[str, str]]:
+    def messages(self) -> list[dict[str, Any]]:
         self.sync()
         return list(self.messages_)
 
@@ -256,6 +273,8 @@ class ProgramState:
             self._role_begin(expr.role)
         elif isinstance(expr, RoleEnd):
             self._role_end(expr.role)
+        elif isinstance(expr, ToolResult):
+            self._tool_result(expr)
         else:
             raise TypeError(f"unknown expression {expr!r}")
 
@@ -263,6 +282,9 @@ class ProgramState:
         defaults = self.program.defaults
         params = {k: v for k, v in defaults["sampling"].items() if v is not None}
         params.update({k: v for k, v in expr.sampling.items() if v is not None})
+        if expr.tools is not None or has_tool_turns(self.messages_):
+            self._chat_gen(expr, params)
+            return
         opts = {
             k: (getattr(expr, k) if getattr(expr, k) is not None else defaults[k])
             for k in ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
@@ -299,6 +321,7 @@ class ProgramState:
                 sys_prefix, sys_suffix = self.program.markers.get("system", ["", ""])
                 content = default.removeprefix(sys_prefix).removesuffix(sys_suffix)
                 self.messages_.append({"role": "system", "content": content})
+                self.implicit_system = True
         self._append(prefix)
         self.role, self.role_start = role, len(self.text_)
 
@@ -306,9 +329,17 @@ class ProgramState:
         if self.role != role:
             raise ValueError(f"{role}() ended while in {self.role or 'no'} role")
         _, suffix = self._markers_for(role)
-        content = self.text_[self.role_start :]
+        message: dict[str, Any] = {"role": role, "content": self.text_[self.role_start :]}
+        if self.turn_calls is not None:  # the turn was a gen with tools: its content and calls
+            content, calls, end = self.turn_calls
+            self.turn_calls = None
+            if len(self.text_) != end:
+                raise ValueError("a gen with tools is a whole assistant turn: nothing may follow it in the turn")
+            message = {"role": role, "content": content}
+            if calls:
+                message["tool_calls"] = [c.as_openai() for c in calls]
         self._append(suffix)
-        self.messages_.append({"role": role, "content": content})
+        self.messages_.append(message)
         self.role = None
 
 

@@ -96,11 +96,39 @@ def test_every_workload_on_a_live_server(name, server):
             (args,) = workload.program_args(1, 0, "tiny")
             state = workload.program.run(**args, backend=backend, temperature=0, ignore_eos=True)
             # (the DSL also lists the template's default system turn; the chat API adds it unseen)
-            texts[label] = [m for m in state.messages() if m["role"] != "system" or name != "no_reuse"]
+            texts[label] = same_ids([m for m in state.messages() if m["role"] != "system" or name != "no_reuse"])
         assert texts["dsl"] == texts["openai"]
+        if name == "react":  # through real tool calls: a call per step, its result as a tool message
+            roles = [m["role"] for m in texts["openai"]]
+            assert roles.count("tool") == workload.sizes("tiny")["steps"]
+            assert all(len(m["tool_calls"]) == 1 for m in texts["openai"] if m.get("tool_calls"))
     finally:
         dsl.shutdown()
         chat.shutdown()
+
+
+def same_ids(messages):
+    """Tool call ids renamed by order of appearance (the OpenAI route draws random ones)."""
+    ids: dict[str, str] = {}
+    out = []
+    for m in messages:
+        m = dict(m)
+        if m.get("tool_calls"):
+            m["tool_calls"] = [{**c, "id": ids.setdefault(c["id"], f"id{len(ids)}")} for c in m["tool_calls"]]
+        if "tool_call_id" in m:
+            m["tool_call_id"] = ids.setdefault(m["tool_call_id"], f"id{len(ids)}")
+        out.append(m)
+    return out
+
+
+def test_the_react_workload_runs_tool_calls_through_the_openai_api(server, tmp_path, capsys):
+    """``forkserve bench --workload react --backend openai``: the tool-calling agent runs to
+    the end over the chat API."""
+    code = bench_main(["--backend", "openai", "--url", server.url, "--size", "tiny", "--workload", "react",
+                       "--output-dir", str(tmp_path), "--no-progress", "--no-plot"])
+    assert code == 0
+    (row,) = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert row["workload"] == "react" and row["errors"] == 0 and row["programs_ok"] == N
 
 
 def test_transformers_driver_matches_the_engine(local):
@@ -115,6 +143,9 @@ def test_transformers_driver_matches_the_engine(local):
         args = workload.program_args(1, 0, "tiny")[0]
         ours, theirs = (workload.program.run(**args, backend=b, temperature=0, ignore_eos=True) for b in (local, hf))
         assert ours.messages() == theirs.messages()
+    workload = get_workload("react")
+    result = run_workload(workload, hf, workload.program_args(1, 0, "tiny"), concurrency=1, progress=False)
+    assert len(result.errors) == 1 and "transformers driver cannot run gens with tools" in result.errors[0]
 
 
 def test_request_rate_mode(local):

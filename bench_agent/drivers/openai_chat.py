@@ -6,6 +6,11 @@ own (control characters no real text contains) and parses a program's text back 
 messages before each call. A ``gen`` therefore has to open an assistant turn: the API has
 no way to continue a half-written assistant message. The server applies its own chat
 template and its own prefix caching; nothing is sent ahead of a fork.
+
+Gens with tools (and every gen of a conversation after its first tool call) go as a real
+agent sends them: the state's messages, with assistant ``tool_calls`` and ``tool`` messages
+carrying their ``tool_call_id``, plus ``tools`` / ``tool_choice`` / ``parallel_tool_calls``;
+the calls come back from the streamed ``tool_calls`` deltas.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import orjson
 from bench_agent.drivers import check_sampling_params
 from bench_agent.drivers.streaming import StreamingBackend
 from frontend_lang.backend.base import BackendError
+from frontend_lang.tools import ToolCall, ToolUse
 
 _ROLES = ("system", "user", "assistant")
 _END = "\x1e\x1d"
@@ -47,7 +53,7 @@ def messages_from_text(text: str) -> list[dict[str, str]]:
     return messages
 
 
-def _request_body(model: str, messages: list[dict[str, str]], params: dict[str, Any]) -> dict[str, Any]:
+def _request_body(model: str, messages: list[dict[str, Any]], params: dict[str, Any]) -> dict[str, Any]:
     check_sampling_params(params, {"max_new_tokens", "temperature", "top_p", "top_k", "ignore_eos", "stop", "seed",
                                    "json_schema"}, "OpenAI chat")
     body: dict[str, Any] = {
@@ -71,6 +77,13 @@ def _request_body(model: str, messages: list[dict[str, str]], params: dict[str, 
     if params.get("top_k", -1) not in (-1, 0, None):
         body["top_k"] = params["top_k"]
     return body
+
+
+def _chat_message(message: dict[str, Any]) -> dict[str, Any]:
+    """A state's message as the chat API takes it (an assistant turn of calls has no content)."""
+    if message.get("tool_calls") and not message.get("content"):
+        return {**message, "content": None}
+    return message
 
 
 class OpenAIChatBackend(StreamingBackend):
@@ -102,7 +115,26 @@ class OpenAIChatBackend(StreamingBackend):
         self, prompt: str, sampling_params: dict[str, Any], *, program_id: str | None = None
     ) -> Iterator[dict[str, Any]]:
         body = _request_body(self.model, messages_from_text(prompt), sampling_params)
+        yield from self._stream(body)
+
+    def generate_chat(
+        self, messages: list[dict[str, Any]], sampling_params: dict[str, Any], tools: ToolUse | None, *,
+        program_id: str | None = None, stream: bool = False,
+    ) -> Iterator[dict[str, Any]]:
+        body = _request_body(self.model, [_chat_message(m) for m in messages], sampling_params)
+        if tools is not None:
+            body.update(tools.request_fields())
+        for out in self._stream(body):
+            if out.get("final") or stream:
+                yield {**out, "prompt": None}
+
+    def chat_text(self, messages: list[dict[str, Any]], tools: ToolUse | None) -> str:
+        # This driver sends messages, never this text, once a conversation has tool turns.
+        return "".join(f"\x1e{m['role']}\x1f{m.get('content') or ''}{_END}" for m in messages)
+
+    def _stream(self, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
         text, chunks, usage, finish = "", 0, None, None
+        calls: dict[int, dict[str, str]] = {}
         start = time.perf_counter()
         try:
             with self.client.stream("POST", "/chat/completions", content=orjson.dumps(body), headers={"content-type": "application/json"}) as resp:
@@ -118,19 +150,31 @@ class OpenAIChatBackend(StreamingBackend):
                     usage = event.get("usage") or usage
                     for choice in event.get("choices") or []:
                         finish = choice.get("finish_reason") or finish
-                        piece = (choice.get("delta") or {}).get("content")
-                        if piece:
-                            # Without token ids, each content chunk counts as one token
-                            # (servers stream one token per chunk); the final usage has
-                            # the exact count.
-                            text, chunks = text + piece, chunks + 1
+                        delta = choice.get("delta") or {}
+                        piece = delta.get("content")
+                        for d in delta.get("tool_calls") or []:
+                            call = calls.setdefault(d["index"], {"id": "", "name": "", "arguments": ""})
+                            call["id"] = d.get("id") or call["id"]
+                            fn = d.get("function") or {}
+                            call["name"] = fn.get("name") or call["name"]
+                            call["arguments"] += fn.get("arguments") or ""
+                        if piece or delta.get("tool_calls"):
+                            # Without token ids, each chunk counts as one token (servers
+                            # stream one token per chunk); the final usage has the exact count.
+                            text, chunks = text + (piece or ""), chunks + 1
                             yield {"text": text, "meta_info": {"completion_tokens": chunks}}
         except httpx.HTTPError as err:
             raise BackendError(f"cannot reach {self.base_url}/chat/completions: {err}") from err
         details = (usage or {}).get("prompt_tokens_details") or {}
+        try:
+            tool_calls = [ToolCall(c["id"], c["name"], c["arguments"]) for _, c in sorted(calls.items())]
+        except ValueError as err:
+            raise BackendError(f"{self.base_url} sent a tool call whose arguments are not JSON: {err}") from err
         yield {
             "text": text,
             "final": True,
+            "content": text,
+            "tool_calls": tool_calls,
             "meta_info": {
                 "prompt_tokens": (usage or {}).get("prompt_tokens", 0),
                 "completion_tokens": (usage or {}).get("completion_tokens", chunks),

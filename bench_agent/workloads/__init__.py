@@ -11,6 +11,7 @@ _MODULES = {
     "tree_of_thought": "bench_agent.workloads.tree_of_thought",
     "judge": "bench_agent.workloads.judge",
     "react": "bench_agent.workloads.react",
+    "react_fixed": "bench_agent.workloads.react_fixed",
     "multi_turn": "bench_agent.workloads.multi_turn",
     "no_reuse": "bench_agent.workloads.no_reuse",
     "extract": "bench_agent.workloads.extract",

@@ -15,6 +15,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from frontend_lang.backend.base import Backend, BackendError
+from frontend_lang.tools import RenderedChat, ToolUse
 from runtime.detokenizer import IncrementalText, visible_text
 from runtime.scheduler.core import RequestOutput
 from runtime.scheduler.req import Req
@@ -88,6 +89,21 @@ class EngineBackend(Backend):
 
     def role_markers(self) -> dict[str, Any]:
         return self.engine.tokenizer.role_markers()
+
+    def chat_prompt(self, messages: list[dict[str, Any]], tools: ToolUse | None,
+                    add_generation_prompt: bool = True) -> RenderedChat:
+        """As ``forkserve serve`` renders chats by default (the model's template, or the tool
+        template shipped for its format; the parser its template implies)."""
+        from runtime.server.tools.chat_prompt import render_chat
+
+        fields = {"tool_choice": tools.choice, "parallel_tool_calls": tools.parallel} if tools else {}
+        try:
+            prompt = render_chat(self.engine.tokenizer.hf, messages, tools.tools if tools else None,
+                                 add_generation_prompt=add_generation_prompt, **fields)
+        except ValueError as err:
+            raise BackendError(str(err)) from err
+        constraint = {"ebnf": prompt.tool_ebnf} if prompt.tool_ebnf else {}
+        return RenderedChat(prompt.text, constraint, prompt.tool_parser.name if prompt.tool_parser else None)
 
     def end_program(self, program_id: str) -> None:
         self.run_in_driver(lambda: self.engine.end_program(program_id))

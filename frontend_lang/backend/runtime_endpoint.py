@@ -9,6 +9,7 @@ import httpx
 import orjson
 
 from frontend_lang.backend.base import Backend, BackendError
+from frontend_lang.tools import RenderedChat, ToolUse
 
 
 class RuntimeEndpoint(Backend):
@@ -93,6 +94,14 @@ class RuntimeEndpoint(Backend):
         if not roles:
             raise BackendError(f"{self.base_url} does not publish its chat template roles; roles need a forkserve server")
         return roles
+
+    def chat_prompt(self, messages: list[dict[str, Any]], tools: ToolUse | None,
+                    add_generation_prompt: bool = True) -> RenderedChat:
+        body: dict[str, Any] = {"model": self.model_info.get("served_model_name") or self.model_info["model_path"],
+                                "messages": messages, "add_generation_prompt": add_generation_prompt,
+                                **(tools.request_fields() if tools else {})}
+        out = self._post("/v1/chat/completions/render", body)
+        return RenderedChat(out["text"], out.get("sampling_params") or {}, out.get("tool_call_parser"))
 
     def end_program(self, program_id: str) -> None:
         self._post("/end_program", {"program_id": program_id})
