@@ -71,6 +71,11 @@ def test_gateway_command_puts_the_users_router_args_last():
     assert cmd[cmd.index("--policy") + 1] == "round_robin" and cmd[-2:] == ["--policy", "random"]
     assert cmd[cmd.index("--port") + 1] == "8000" and cmd[cmd.index("--prometheus-port") + 1] == "9100"
     assert cmd[cmd.index("--api-key") + 1] == "k"
+    assert "--balance-abs-threshold" not in cmd  # round_robin has no thresholds
+    cache_aware = gateway_command(replicas, HttpArgs(), DataParallelArgs(dp_size=2), 9100, parent_pid=1)
+    abs_threshold, rel_threshold = data_parallel.GATEWAY_BALANCE
+    assert cache_aware[cache_aware.index("--balance-abs-threshold") + 1] == str(abs_threshold)
+    assert cache_aware[cache_aware.index("--balance-rel-threshold") + 1] == str(rel_threshold)
     assert local_url("0.0.0.0", 8000) == "http://127.0.0.1:8000" and local_url("::", 1) == "http://[::1]:1"
 
 

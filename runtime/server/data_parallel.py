@@ -24,6 +24,14 @@ REPLICA_HOST = "127.0.0.1"
 # The gateway waits this long for in-flight requests when stopped (its own default is 180 s,
 # too long for a Ctrl-C); forkserve's replicas answer what is left with a 503 after that.
 GATEWAY_GRACE_S = 5
+# cache_aware's balance thresholds (--balance-abs-threshold, --balance-rel-threshold): the
+# gateway sends a request to the least busy replica, whatever it caches, when the busiest
+# has more than 4 requests more in flight than the least busy one and over 6 times as many.
+# With its own defaults (64, 1.5) that never happens with a few programs per replica, so
+# programs that share a long system prompt all went to the replica that first saw it; a
+# low relative threshold instead split a fork's branches over replicas that lack their
+# prefix. Chosen with python -m bench_agent.bench_routing (docs/scale.md).
+GATEWAY_BALANCE = (4, 6.0)
 
 
 class PlanError(ValueError):
@@ -90,6 +98,8 @@ def gateway_command(
         "--shutdown-grace-period-secs", str(GATEWAY_GRACE_S),
         "--log-level", "warn",
     ]
+    if dp.router_policy == "cache_aware":
+        cmd += ["--balance-abs-threshold", str(GATEWAY_BALANCE[0]), "--balance-rel-threshold", str(GATEWAY_BALANCE[1])]
     if http.api_key:
         cmd += ["--api-key", http.api_key]
     return cmd + shlex.split(dp.router_args)
