@@ -131,6 +131,24 @@ def test_the_react_workload_runs_tool_calls_through_the_openai_api(server, tmp_p
     assert row["workload"] == "react" and row["errors"] == 0 and row["programs_ok"] == N
 
 
+def test_bench_tools_baseline_is_the_same_calls_without_tools(server):
+    """bench_tools' baseline: each tool call again with the same messages, no tools, held to
+    the tool call's output length (measure checks the token counts match)."""
+    import httpx
+
+    from bench_agent.bench_tools import measure, tool_loop, without_tools
+
+    client = httpx.Client(base_url=server.url, timeout=120)
+    calls = tool_loop(client, "SmolLM2-135M-Instruct", "Oslo")
+    assert calls and calls[0][0]["tool_choice"] == "required"
+    for body, tokens in calls:
+        plain = without_tools(body, tokens)
+        assert plain["messages"] == body["messages"] and not {"tools", "tool_choice"} & plain.keys()
+        assert plain["max_tokens"] == tokens > 0 and plain["ignore_eos"] is True
+    result = measure(server.url, ["Paris"])
+    assert result["calls"] >= 1 and result["tokens"] > 0 and result["ratio"] > 0
+
+
 def test_transformers_driver_matches_the_engine(local):
     """Greedy, fp32: the raw baseline and forkserve produce the same conversation."""
     from bench_agent.drivers.hf import HFBackend
