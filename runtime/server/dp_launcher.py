@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -29,10 +30,10 @@ from typing import IO
 import httpx
 
 from runtime.config import DataParallelArgs, HttpArgs, ServerArgs
-from runtime.ipc import free_tcp_port
 from runtime.server.data_parallel import (
     GATEWAY_GRACE_S,
     INSTALL_HINT,
+    REPLICA_HOST,
     Replica,
     gateway_command,
     gateway_installed,
@@ -80,18 +81,28 @@ class DataParallelLauncher:
         if not gateway_installed():
             raise StartupError(f"--dp-size {self.dp.dp_size} puts SGLang's model gateway in front of the replicas, "
                                f"and it is not installed: {INSTALL_HINT}")
-        bind_port(self.http.host, self.http.port).close()  # fail now, not after loading N models
-        self.replicas = plan_replicas(self.args, self.http, self.dp, [free_tcp_port() for _ in range(self.dp.dp_size)])
+        # The user's port fails now if taken, not after N models load, and stays held (as do
+        # the others) until just before its server starts, so nothing else takes it meanwhile.
+        held = [bind_port(self.http.host, self.http.port)]
         try:
+            held += reserve_ports(self.dp.dp_size + 1)
+            *ports, metrics_port = [s.getsockname()[1] for s in held[1:]]
+            self.replicas = plan_replicas(self.args, self.http, self.dp, ports)
+            for s in held[1:-1]:
+                s.close()
             for r in self.replicas:
                 self.children.append(self._spawn(f"replica {r.index}", r.command(os.getpid())))
             self._wait_replicas()
-            command = gateway_command(self.replicas, self.http, self.dp, free_tcp_port(), os.getpid())
+            command = gateway_command(self.replicas, self.http, self.dp, metrics_port, os.getpid())
+            for s in (held[0], held[-1]):
+                s.close()
             self.gateway = self._spawn("gateway", command)
             self._wait_gateway()
             self._print_ready()
             return self._watch()
         finally:
+            for s in held:
+                s.close()
             self.stop()
 
     def _spawn(self, name: str, command: list[str]) -> Child:
@@ -173,6 +184,16 @@ class DataParallelLauncher:
         for c in [*self.children, *([self.gateway] if self.gateway else [])]:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(c.proc.pid, signal.SIGKILL)
+
+
+def reserve_ports(n: int) -> list[socket.socket]:
+    """``n`` sockets bound to different free ports of 127.0.0.1; close one to hand its port on."""
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind((REPLICA_HOST, 0))
+        socks.append(s)
+    return socks
 
 
 def _terminate(children: list[Child], timeout: float) -> None:
