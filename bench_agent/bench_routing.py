@@ -32,13 +32,17 @@ from bench_agent.workloads import SIZES, get_workload
 from runtime.server.data_parallel import GATEWAY_BALANCE
 
 WORKLOADS = ("critique", "tree_of_thought", "multi_turn")
-FORKSERVE = CacheAwareConfig(balance_abs_threshold=GATEWAY_BALANCE[0], balance_rel_threshold=GATEWAY_BALANCE[1])
-POLICIES = {
-    "round_robin": RoundRobin,
-    "power_of_two": PowerOfTwo,
-    "cache_aware (gateway defaults)": lambda: CacheAware(CacheAwareConfig()),
-    "cache_aware (forkserve --dp-size)": lambda: CacheAware(FORKSERVE),
-}
+POLICIES = ("round_robin", "power_of_two", "cache_aware (gateway defaults)", "cache_aware (forkserve --dp-size)")
+
+
+def make_policy(label: str, balance: tuple[int, float]) -> Policy:
+    if label == "round_robin":
+        return RoundRobin()
+    if label == "power_of_two":
+        return PowerOfTwo()
+    if label == "cache_aware (gateway defaults)":
+        return CacheAware(CacheAwareConfig())
+    return CacheAware(CacheAwareConfig(balance_abs_threshold=int(balance[0]), balance_rel_threshold=balance[1]))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -53,6 +57,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pool-tokens", type=int, default=16_384, help="KV slots of each replica" + d)
     p.add_argument("--decode-weight", type=float, default=4.0,
                    help="work of an answer token, in prompt tokens computed (decode is sequential)" + d)
+    p.add_argument("--balance", type=float, nargs=2, metavar=("ABS", "REL"), default=list(GATEWAY_BALANCE),
+                   help="cache_aware's --balance-abs-threshold and --balance-rel-threshold for the "
+                   "'forkserve --dp-size' rows (default: the values forkserve passes to the gateway)")
     p.add_argument("--seed", type=int, default=0, help="seed of the workloads' text" + d)
     p.add_argument("--output-dir", default="bench_results", help="where routing.md and routing.png go" + d)
     return p.parse_args(argv)
@@ -73,8 +80,8 @@ def run(ns: argparse.Namespace) -> list[dict[str, Any]]:
             concurrency = ns.concurrency_per_replica * n
             single = simulate(subset, RoundRobin(), [SimReplica(ns.pool_tokens * n, speed=n)], concurrency,
                               ns.decode_weight)
-            for label, make in POLICIES.items():
-                policy: Policy = make()
+            for label in POLICIES:
+                policy = make_policy(label, tuple(ns.balance))
                 r = simulate(subset, policy, [SimReplica(ns.pool_tokens) for _ in range(n)], concurrency,
                              ns.decode_weight)
                 rows.append({"workload": name, "replicas": n, "policy": label, "hit_rate": r.hit_rate,
