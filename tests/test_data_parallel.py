@@ -29,15 +29,20 @@ DP_ARGS = ("--dp-size", "2", "--router-health-check-interval", "1", *SERVER_ENGI
 def dp():
     from bench_agent.local_server import ServerProcess
 
-    proc = ServerProcess(*DP_ARGS).wait_ready(timeout=300)
-    deadline = time.monotonic() + 60
-    while "forkserve ready:" not in proc.read_output() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    replicas = re.findall(r"replica \d at (http://[\d.:]+) \(pid (\d+)\)", proc.read_output())
-    assert len(replicas) == 2, proc.output
-    proc.replicas = [(url, int(pid)) for url, pid in replicas]
-    yield proc
-    proc.stop()
+    proc = ServerProcess(*DP_ARGS)
+    try:
+        # The gateway answers /health_generate once one replica is healthy; the launcher's
+        # own ready line (not a replica's, which are tagged) comes when both are.
+        proc.wait_ready(timeout=300)
+        deadline = time.monotonic() + 60
+        while not re.search(r"^forkserve ready:", proc.read_output(), re.M) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        replicas = re.findall(r"^forkserve: replica \d at (http://[\d.:]+) \(pid (\d+)\)", proc.read_output(), re.M)
+        assert len(replicas) == 2, proc.output
+        proc.replicas = [(url, int(pid)) for url, pid in replicas]
+        yield proc
+    finally:
+        proc.stop()
 
 
 def _chat(base_url: str, messages: list[dict], stream: bool) -> str:
