@@ -53,24 +53,83 @@ def apply_penalties(logits: torch.Tensor, reqs: list[SamplingRequest], banned: l
             logits[i, banned[i]] = float("-inf")
 
 
-def filter_probs(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
-    """Zero the tokens outside each row's top-k, top-p nucleus and min-p floor; renormalise.
-
-    ``top_k`` <= 0 means no limit. The most likely token always survives.
-    """
+def filter_probs_sorted(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                        min_p: torch.Tensor) -> torch.Tensor:
+    """The reference for :func:`filter_probs`: every row fully sorted (what it falls back to)."""
     sorted_probs, order = probs.sort(dim=-1, descending=True)
-    ranks = torch.arange(probs.shape[-1], device=probs.device).unsqueeze(0)
-    k = torch.where(top_k > 0, top_k, probs.shape[-1]).unsqueeze(1)
-    drop = ranks >= k
+    kept = _kept_of_sorted(sorted_probs, top_k, top_p, min_p)
+    out = torch.zeros_like(probs).scatter_(-1, order, kept)
+    return out / out.sum(-1, keepdim=True)
+
+
+def _kept_of_sorted(sorted_probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                    min_p: torch.Tensor) -> torch.Tensor:
+    """Rows sorted in descending order (all of a row's tokens, or its most likely ones) with
+    the tokens outside top-k, the top-p nucleus and the min-p floor set to zero."""
+    ranks = torch.arange(sorted_probs.shape[-1], device=sorted_probs.device).unsqueeze(0)
+    drop = ranks >= torch.where(top_k > 0, top_k, sorted_probs.shape[-1] + 1).unsqueeze(1)
     # keep a token if the mass strictly before it is below top_p; top_p >= 1 is off (in
     # float32 the cumulative sum reaches 1.0 before a peaked distribution's tail)
     mass_before = sorted_probs.cumsum(-1) - sorted_probs
     drop |= (mass_before >= top_p.unsqueeze(1)) & (top_p.unsqueeze(1) < 1)
     drop |= sorted_probs < (min_p.unsqueeze(1) * sorted_probs[:, :1])
     drop[:, 0] = False
-    sorted_probs = sorted_probs.masked_fill(drop, 0.0)
-    out = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
-    return out / out.sum(-1, keepdim=True)
+    return sorted_probs.masked_fill(drop, 0.0)
+
+
+# Most likely tokens a filtered row is first cut down to: a nucleus or top-k of LLM output
+# nearly always lies within them, and taking them (topk) costs a fraction of sorting a
+# 49k-token row (2.3 ms a row on 2 Zen 4 cores, 75 ms for a batch of 32).
+_CANDIDATES = 256
+
+
+def filter_probs(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Zero the tokens outside each row's top-k, top-p nucleus and min-p floor; renormalise.
+
+    ``top_k`` <= 0 means no limit. The most likely token always survives. Rows that filter
+    nothing come back as they are. The others are cut to their most likely tokens first; a
+    row whose kept set might reach past those (a flat distribution with top_p near 1, a low
+    min_p) is sorted whole instead, so the result is always that of the full sort
+    (:func:`filter_probs_sorted`).
+    """
+    vocab = probs.shape[-1]
+    limits_k = (top_k > 0) & (top_k < vocab)
+    filtered = limits_k | (top_p < 1) | (min_p > 0)
+    if not bool(filtered.any()):
+        return probs
+    out = probs.clone()
+    rows = filtered.nonzero().squeeze(1)
+    count = min(vocab, max(_CANDIDATES, int(top_k[rows].max())))
+    cand, order = probs[rows].topk(count, dim=-1)
+    k, p, m = top_k[rows], top_p[rows], min_p[rows]
+    # Every token past the candidates is dropped when the row's top-k ends within them, or
+    # the candidates already hold top_p of the mass, or the last one is under the min-p floor.
+    inside = count >= vocab
+    inside = inside | ((k > 0) & (k <= count))
+    inside |= (p < 1) & (cand.cumsum(-1)[:, -1] >= p)  # summed in the full sort's order
+    inside |= (m > 0) & (cand[:, -1] < m * cand[:, 0])
+    kept = _kept_of_sorted(cand, k, p, m)
+    cut = torch.zeros(len(rows), vocab, dtype=probs.dtype, device=probs.device).scatter_(-1, order, kept)
+    out[rows] = cut / cut.sum(-1, keepdim=True)
+    if not bool(inside.all()):
+        wide = rows[~inside]
+        out[wide] = filter_probs_sorted(probs[wide], top_k[wide], top_p[wide], min_p[wide])
+    return out
+
+
+def draw_rows(probs: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
+    """One token per row of ``probs`` (non-negative, each row summing to about 1), drawn with
+    that row's generator by inverting the row's cumulative sum at one uniform number.
+
+    One uniform draw and one batched cumulative sum per row replace ``torch.multinomial``'s
+    exponential draw for each of the vocabulary's tokens (1.4 ms a row on 2 Zen 4 cores).
+    A token of probability zero is never drawn: the target is above zero and at most the
+    row's total, and the first position whose cumulative sum reaches it added mass there.
+    """
+    cdf = probs.cumsum(-1)
+    u = torch.stack([torch.rand((), generator=g, dtype=cdf.dtype) for g in generators])
+    target = (1 - u) * cdf[:, -1]
+    return torch.searchsorted(cdf, target.unsqueeze(1)).squeeze(1).clamp_(max=probs.shape[-1] - 1)
 
 
 def torch_argmax(logits: torch.Tensor) -> torch.Tensor:
@@ -108,9 +167,7 @@ def sample(
             torch.tensor([reqs[i].params.top_p for i in random_rows], dtype=probs.dtype),
             torch.tensor([reqs[i].params.min_p for i in random_rows], dtype=probs.dtype),
         )
-        for j, i in enumerate(random_rows):
-            gen = reqs[i].generator or default_gen
-            next_ids[i] = torch.multinomial(probs[j], 1, generator=gen)[0]
+        next_ids[rows] = draw_rows(probs, [reqs[i].generator or default_gen for i in random_rows])
 
     ids = next_ids.tolist()
     logprobs: list[float | None] = [None] * len(reqs)
