@@ -45,7 +45,7 @@ class Program:
     def __init__(self, backend: Backend, defaults: dict[str, Any], pin_cache: bool, stream: bool) -> None:
         self.backend = backend
         self.defaults = defaults
-        self.program_id = f"prog-{uuid.uuid4().hex[:16]}" if pin_cache else None
+        self.program_id = f"prog-{uuid.uuid4().hex[:16]}" if pin_cache and backend.pins_programs else None
         self.stream = stream
         self.states: list[ProgramState] = []
         self.lock = threading.Lock()

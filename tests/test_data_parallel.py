@@ -120,6 +120,28 @@ def test_cache_aware_keeps_each_conversation_on_one_replica_and_spreads_them(dp)
     assert served == [turns, turns], served
 
 
+def test_dsl_programs_through_the_gateway_run_without_pins(dp, caplog):
+    """The gateway forwards neither /end_program nor program_id: the first program ends with
+    one warning, later ones do not ask for pins, and no replica holds any."""
+    import frontend_lang as sgl
+
+    @sgl.function
+    def two_turns(s):
+        s += sgl.user("Name a planet.") + sgl.assistant(sgl.gen("a", max_tokens=4, temperature=0))
+        s += sgl.user("And a moon.") + sgl.assistant(sgl.gen("b", max_tokens=4, temperature=0))
+
+    backend = sgl.RuntimeEndpoint(dp.url)
+    with caplog.at_level("WARNING"):
+        for _ in range(2):
+            assert two_turns.run(backend=backend)["b"]
+    assert backend.pins_programs is False
+    assert [r.getMessage() for r in caplog.records].count(
+        f"{dp.url} has no /end_program (a gateway in front of the servers?): programs run on it without cache pins"
+    ) == 1
+    for url, _ in dp.replicas:
+        assert httpx.get(url + "/get_server_info", timeout=30).json()["scheduler"]["num_pinned_programs"] == 0
+
+
 def _healthy(dp) -> dict[str, bool]:
     workers = httpx.get(dp.url + "/workers", timeout=10).json()["workers"]
     return {w["url"]: w["is_healthy"] for w in workers}

@@ -31,6 +31,9 @@ class Backend(ABC):
     # Whether prefilling a shared prefix pays off (the server reuses cached prefixes). If
     # not, fork() sends nothing ahead and select() scores each choice's whole prompt.
     can_cache_prefix = True
+    # Whether the server keeps a running program's prefixes cached (``program_id``,
+    # ``end_program``); a backend that finds it cannot turns this off for later programs.
+    pins_programs = True
 
     @abstractmethod
     def generate(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -10,6 +11,8 @@ import orjson
 
 from frontend_lang.backend.base import Backend, BackendError
 from frontend_lang.tools import RenderedChat, ToolUse
+
+logger = logging.getLogger(__name__)
 
 
 class RuntimeEndpoint(Backend):
@@ -104,7 +107,18 @@ class RuntimeEndpoint(Backend):
         return RenderedChat(out["text"], out.get("sampling_params") or {}, out.get("tool_call_parser"))
 
     def end_program(self, program_id: str) -> None:
-        self._post("/end_program", {"program_id": program_id})
+        try:
+            resp = self.client.post("/end_program", json={"program_id": program_id})
+        except httpx.HTTPError as err:
+            raise BackendError(f"cannot reach {self.base_url}/end_program: {err}") from err
+        if resp.status_code == 404:  # a forkserve server knows the route for any program id
+            # SGLang's model gateway (forkserve serve --dp-size) forwards neither the route
+            # nor program_id, so nothing was pinned; later programs stop asking.
+            self.pins_programs = False
+            logger.warning("%s has no /end_program (a gateway in front of the servers?): programs run on it "
+                           "without cache pins", self.base_url)
+            return
+        self._check(resp)
 
     def flush_cache(self) -> bool:
         return self.client.post("/flush_cache").status_code == 200
