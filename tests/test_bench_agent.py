@@ -15,6 +15,7 @@ from bench_agent.drivers.openai_chat import OpenAIChatBackend
 from bench_agent.metrics import summarise
 from bench_agent.runner import run_workload
 from bench_agent.workloads import NAMES, get_workload
+from tests.tool_call_ids import same_ids
 
 pytestmark = pytest.mark.slow
 
@@ -105,20 +106,6 @@ def test_every_workload_on_a_live_server(name, server):
     finally:
         dsl.shutdown()
         chat.shutdown()
-
-
-def same_ids(messages):
-    """Tool call ids renamed by order of appearance (the OpenAI route draws random ones)."""
-    ids: dict[str, str] = {}
-    out = []
-    for m in messages:
-        m = dict(m)
-        if m.get("tool_calls"):
-            m["tool_calls"] = [{**c, "id": ids.setdefault(c["id"], f"id{len(ids)}")} for c in m["tool_calls"]]
-        if "tool_call_id" in m:
-            m["tool_call_id"] = ids.setdefault(m["tool_call_id"], f"id{len(ids)}")
-        out.append(m)
-    return out
 
 
 def test_the_react_workload_runs_tool_calls_through_the_openai_api(server, tmp_path, capsys):

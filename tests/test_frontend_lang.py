@@ -24,6 +24,7 @@ from examples.react_tool import react
 from examples.self_critique import self_critique
 from examples.tree_of_thought import tree_of_thought
 from frontend_lang.ir import DTYPE_REGEX
+from tests.tool_call_ids import same_ids
 
 pytestmark = pytest.mark.slow
 
@@ -160,20 +161,6 @@ def test_errors_name_the_operation_and_line(local, server):
         ok.run(backend=down)
     with pytest.raises(ValueError, match="one of regex, json_schema and dtype"):
         sgl.gen("z", regex="[0-9]+", dtype=int)
-
-
-def same_ids(messages):
-    """Tool call ids renamed by order of appearance (the OpenAI route draws random ones)."""
-    ids: dict[str, str] = {}
-    out = []
-    for m in messages:
-        m = dict(m)
-        if m.get("tool_calls"):
-            m["tool_calls"] = [{**c, "id": ids.setdefault(c["id"], f"id{len(ids)}")} for c in m["tool_calls"]]
-        if "tool_call_id" in m:
-            m["tool_call_id"] = ids.setdefault(m["tool_call_id"], f"id{len(ids)}")
-        out.append(m)
-    return out
 
 
 def test_react_through_openai_tool_calls_matches_the_native_api(remote, server):

@@ -75,18 +75,22 @@ def react_program(
     s += sgl.assistant(sgl.gen("answer", max_tokens=answer_tokens, tools=tools, tool_choice="none"))
 
 
-def make_args(index: int, seed: int, sizes: dict[str, int]) -> dict[str, Any]:
-    instructions = (
-        "Answer the question. Search the knowledge base with the search tool, one query per turn, "
-        "until you know the answer. Background: " + text(rng_for("react/instructions", seed), sizes["instructions_tokens"])
-    )
+def agent_args(index: int, seed: int, sizes: dict[str, int], preamble: str, keys: tuple[str, ...]) -> dict[str, Any]:
+    """One program's arguments, shared with ``react_fixed``: the instructions (``preamble``
+    and synthetic background), its question, and the sizes named by ``keys``."""
     return {
-        "instructions": instructions,
+        "instructions": preamble + text(rng_for("react/instructions", seed), sizes["instructions_tokens"]),
         "question": f"Question {index}: " + text(rng_for("react/question", seed, index), 30),
         "seed": seed,
         "index": index,
-        **{k: sizes[k] for k in ("steps", "query_chars", "observation_tokens", "answer_tokens")},
+        **{k: sizes[k] for k in keys},
     }
+
+
+def make_args(index: int, seed: int, sizes: dict[str, int]) -> dict[str, Any]:
+    preamble = ("Answer the question. Search the knowledge base with the search tool, one query per turn, "
+                "until you know the answer. Background: ")
+    return agent_args(index, seed, sizes, preamble, ("steps", "query_chars", "observation_tokens", "answer_tokens"))
 
 
 WORKLOAD = Workload(

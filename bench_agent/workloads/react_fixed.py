@@ -15,6 +15,7 @@ from typing import Any
 import frontend_lang as sgl
 from bench_agent.synth import rng_for, text
 from bench_agent.workloads.base import Workload
+from bench_agent.workloads.react import agent_args
 
 PRESETS = {
     "tiny": {"instructions_tokens": 40, "step_tokens": 3, "observation_tokens": 10, "answer_tokens": 3, "steps": 2},
@@ -55,18 +56,9 @@ def react_program(
 
 
 def make_args(index: int, seed: int, sizes: dict[str, int]) -> dict[str, Any]:
-    instructions = (
-        "Answer the question. In each turn write a Thought and an Action; the action "
-        "search[query] returns what the knowledge base holds about the query. Example: "
-        + text(rng_for("react/instructions", seed), sizes["instructions_tokens"])
-    )
-    return {
-        "instructions": instructions,
-        "question": f"Question {index}: " + text(rng_for("react/question", seed, index), 30),
-        "seed": seed,
-        "index": index,
-        **{k: sizes[k] for k in ("steps", "step_tokens", "observation_tokens", "answer_tokens")},
-    }
+    preamble = ("Answer the question. In each turn write a Thought and an Action; the action "
+                "search[query] returns what the knowledge base holds about the query. Example: ")
+    return agent_args(index, seed, sizes, preamble, ("steps", "step_tokens", "observation_tokens", "answer_tokens"))
 
 
 WORKLOAD = Workload(
