@@ -35,8 +35,7 @@
 #include "online_softmax.h"
 #include "simd.h"
 
-#if defined(__AMX_BF16__) && defined(__AMX_TILE__) && defined(__AVX512BF16__) && defined(__linux__)
-#define FORKSERVE_AMX_ATTENTION 1
+#if defined(FORKSERVE_AMX_KERNELS)
 #include <omp.h>
 #endif
 
@@ -44,7 +43,7 @@ namespace {
 
 using namespace forkserve;
 
-#if defined(FORKSERVE_AMX_ATTENTION)
+#if defined(FORKSERVE_AMX_KERNELS)
 
 constexpr int64_t kDim = 64;
 constexpr int64_t kQueryRows = 16;
@@ -108,12 +107,12 @@ void attend_tile(const Extend &e, const Request &r, int64_t t0, int64_t count, i
         q = &qbuf[0][0];
         q_stride_bytes = kDim * 2;
     }
-    _tile_loadd(4, q, q_stride_bytes);
-    _tile_loadd(5, q + 32, q_stride_bytes);
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
+    TILE_LOADD(4, q, q_stride_bytes);
+    TILE_LOADD(5, q + 32, q_stride_bytes);
+    TILE_ZERO(0);
+    TILE_ZERO(1);
+    TILE_ZERO(2);
+    TILE_ZERO(3);
 
     alignas(64) float s[kQueryRows][kKeys], acc[kQueryRows][kDim], total[kQueryRows][16];
     alignas(64) Bf16 p[kQueryRows][kKeys];
@@ -128,18 +127,18 @@ void attend_tile(const Extend &e, const Request &r, int64_t t0, int64_t count, i
     const int64_t keys = r.prefix + t0 + count;
     for (int64_t k0 = 0; k0 < keys; k0 += kKeys) {
         const int32_t *kt = key_tiles + (k0 / 16) * kKeyTile;
-        _tile_zero(6);
-        _tile_loadd(7, kt, 64);
-        _tile_dpbf16ps(6, 4, 7);
-        _tile_loadd(7, kt + 256, 64);
-        _tile_dpbf16ps(6, 5, 7);
-        _tile_stored(6, &s[0][0], kKeys * 4);
-        _tile_zero(6);
-        _tile_loadd(7, kt + kKeyTile, 64);
-        _tile_dpbf16ps(6, 4, 7);
-        _tile_loadd(7, kt + kKeyTile + 256, 64);
-        _tile_dpbf16ps(6, 5, 7);
-        _tile_stored(6, &s[0][16], kKeys * 4);
+        TILE_ZERO(6);
+        TILE_LOADD(7, kt, 64);
+        TILE_DPBF16PS(6, 4, 7);
+        TILE_LOADD(7, kt + 256, 64);
+        TILE_DPBF16PS(6, 5, 7);
+        TILE_STORED(6, &s[0][0], kKeys * 4);
+        TILE_ZERO(6);
+        TILE_LOADD(7, kt + kKeyTile, 64);
+        TILE_DPBF16PS(6, 4, 7);
+        TILE_LOADD(7, kt + kKeyTile + 256, 64);
+        TILE_DPBF16PS(6, 5, 7);
+        TILE_STORED(6, &s[0][16], kKeys * 4);
 
         bool rescale = false;
         float corr[kQueryRows];
@@ -153,33 +152,33 @@ void attend_tile(const Extend &e, const Request &r, int64_t t0, int64_t count, i
             _mm512_store_si512(p[m], (__m512i)_mm512_cvtne2ps_pbh(step.p_hi, step.p_lo));
         }
         if (rescale && k0 > 0) {  // before the first block the accumulators are zero
-            _tile_stored(0, &acc[0][0], kDim * 4);
-            _tile_stored(1, &acc[0][16], kDim * 4);
-            _tile_stored(2, &acc[0][32], kDim * 4);
-            _tile_stored(3, &acc[0][48], kDim * 4);
+            TILE_STORED(0, &acc[0][0], kDim * 4);
+            TILE_STORED(1, &acc[0][16], kDim * 4);
+            TILE_STORED(2, &acc[0][32], kDim * 4);
+            TILE_STORED(3, &acc[0][48], kDim * 4);
             for (int64_t m = 0; m < kQueryRows; m++)
                 for (int64_t v = 0; v < kDim; v += 16)
                     _mm512_store_ps(&acc[m][v], _mm512_mul_ps(_mm512_load_ps(&acc[m][v]), _mm512_set1_ps(corr[m])));
-            _tile_loadd(0, &acc[0][0], kDim * 4);
-            _tile_loadd(1, &acc[0][16], kDim * 4);
-            _tile_loadd(2, &acc[0][32], kDim * 4);
-            _tile_loadd(3, &acc[0][48], kDim * 4);
+            TILE_LOADD(0, &acc[0][0], kDim * 4);
+            TILE_LOADD(1, &acc[0][16], kDim * 4);
+            TILE_LOADD(2, &acc[0][32], kDim * 4);
+            TILE_LOADD(3, &acc[0][48], kDim * 4);
         }
         const Bf16 *vt = value_tiles + (k0 / kKeys) * kValueTile;
-        _tile_loadd(6, &p[0][0], kKeys * 2);
-        _tile_loadd(7, vt, 64);
-        _tile_dpbf16ps(0, 6, 7);
-        _tile_loadd(7, vt + 512, 64);
-        _tile_dpbf16ps(1, 6, 7);
-        _tile_loadd(7, vt + 1024, 64);
-        _tile_dpbf16ps(2, 6, 7);
-        _tile_loadd(7, vt + 1536, 64);
-        _tile_dpbf16ps(3, 6, 7);
+        TILE_LOADD(6, &p[0][0], kKeys * 2);
+        TILE_LOADD(7, vt, 64);
+        TILE_DPBF16PS(0, 6, 7);
+        TILE_LOADD(7, vt + 512, 64);
+        TILE_DPBF16PS(1, 6, 7);
+        TILE_LOADD(7, vt + 1024, 64);
+        TILE_DPBF16PS(2, 6, 7);
+        TILE_LOADD(7, vt + 1536, 64);
+        TILE_DPBF16PS(3, 6, 7);
     }
-    _tile_stored(0, &acc[0][0], kDim * 4);
-    _tile_stored(1, &acc[0][16], kDim * 4);
-    _tile_stored(2, &acc[0][32], kDim * 4);
-    _tile_stored(3, &acc[0][48], kDim * 4);
+    TILE_STORED(0, &acc[0][0], kDim * 4);
+    TILE_STORED(1, &acc[0][16], kDim * 4);
+    TILE_STORED(2, &acc[0][32], kDim * 4);
+    TILE_STORED(3, &acc[0][48], kDim * 4);
     for (int64_t m = 0; m < count; m++) {
         const __m512 inv = broken[m] ? _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN())
                                      : _mm512_set1_ps(1.f / _mm512_reduce_add_ps(_mm512_load_ps(total[m])));
@@ -204,7 +203,7 @@ int extend_attention_amx_bf16(const forkserve::Bf16 *q, const forkserve::Bf16 *k
                               const int64_t *prefix, const int64_t *q_start, const int64_t *tokens,
                               const int64_t *reqs, int64_t num_reqs, int64_t num_heads, int64_t kv_heads, int64_t dim,
                               float scale, forkserve::Bf16 *out, int num_threads) {
-#if defined(FORKSERVE_AMX_ATTENTION)
+#if defined(FORKSERVE_AMX_KERNELS)
     if (dim != kDim || !linear_amx_available()) return 1;
     std::vector<Request> requests(static_cast<size_t>(num_reqs));
     int64_t key_words = 0, value_elems = 0;
@@ -262,7 +261,7 @@ int extend_attention_amx_bf16(const forkserve::Bf16 *q, const forkserve::Bf16 *k
             const QueryTask &t = queries[i];
             attend_tile(e, requests[t.req], t.t0, t.count, t.head);
         }
-        _tile_release();
+        TILE_RELEASE();
     }
     return 0;
 #else

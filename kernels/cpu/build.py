@@ -11,6 +11,10 @@ OpenMP: the library links ``libgomp.so.1``. Loaded after torch, it binds to the 
 torch already loaded, so its threads are torch's threads, not a second pool fighting for
 the same cores.
 
+``FORKSERVE_AMX_EMULATE=1`` builds (into its own file) a library whose AMX kernels run each
+tile instruction as plain C++ (``amx.h``), so their logic is tested on CPUs without AMX
+(``tests/test_amx_emulated.py``). It is slow and meant for tests only.
+
 There is no fallback: if no compiler is found or the build fails, :func:`load_kernels`
 raises ``CpuKernelsUnavailable`` with the compiler's message, and the caller decides
 (``--attention-backend torch_native`` needs no compiler).
@@ -57,10 +61,15 @@ def _cpu_flags() -> str:
         return platform.processor()
 
 
+def _flags() -> tuple[str, ...]:
+    """FLAGS, plus the define that emulates AMX tiles when ``FORKSERVE_AMX_EMULATE=1``."""
+    return (*FLAGS, "-DFORKSERVE_AMX_EMULATE") if os.environ.get("FORKSERVE_AMX_EMULATE") == "1" else FLAGS
+
+
 def library_path(compiler: str) -> Path:
     key = hashlib.sha256()
     texts = [(SOURCE_DIR / name).read_bytes() for name in (*SOURCES, *HEADERS)]
-    for part in (*texts, " ".join(FLAGS).encode(), compiler.encode(), _cpu_flags().encode(), platform.machine().encode()):
+    for part in (*texts, " ".join(_flags()).encode(), compiler.encode(), _cpu_flags().encode(), platform.machine().encode()):
         key.update(part)
     cache = Path(os.environ.get("FORKSERVE_KERNEL_CACHE") or Path(platformdirs.user_cache_dir("forkserve")) / "kernels")
     return cache / f"forkserve_cpu-{key.hexdigest()[:16]}.so"
@@ -74,7 +83,7 @@ def _compile(compiler: str, target: Path) -> None:
     os.close(fd)
     try:
         sources = [str(SOURCE_DIR / name) for name in SOURCES]
-        done = subprocess.run([compiler, *FLAGS, *sources, "-o", tmp], capture_output=True, text=True)
+        done = subprocess.run([compiler, *_flags(), *sources, "-o", tmp], capture_output=True, text=True)
         if done.returncode != 0:
             raise CpuKernelsUnavailable(
                 f"compiling {', '.join(SOURCES)} with {compiler} failed:\n{done.stderr.strip()}\n"

@@ -33,8 +33,7 @@
 #include "simd.h"
 #include "stealing_ranges.h"
 
-#if defined(__AMX_BF16__) && defined(__AMX_TILE__) && defined(__AVX512BF16__) && defined(__linux__)
-#define FORKSERVE_AMX 1
+#if defined(FORKSERVE_AMX_KERNELS)
 #include <omp.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -44,7 +43,7 @@ namespace {
 
 using namespace forkserve;
 
-#if defined(FORKSERVE_AMX)
+#if defined(FORKSERVE_AMX_KERNELS)
 
 constexpr int64_t kTileK = 32;     // input features per tile
 constexpr int64_t kTileRows = 16;  // rows per tile
@@ -78,33 +77,33 @@ struct AmxGemm {
 // `panel` into `c` ([32][32] float32).
 template <bool TWO_ROW_TILES>
 void block(const Bf16 *a, int64_t a_stride_bytes, const uint16_t *panel, int64_t k_tiles, float *c) {
-    _tile_zero(0);
-    _tile_zero(1);
+    TILE_ZERO(0);
+    TILE_ZERO(1);
     if (TWO_ROW_TILES) {
-        _tile_zero(2);
-        _tile_zero(3);
+        TILE_ZERO(2);
+        TILE_ZERO(3);
     }
     const char *a_bytes = reinterpret_cast<const char *>(a);
     for (int64_t kt = 0; kt < k_tiles; kt++) {
         const uint16_t *b = panel + kt * kTileRows * 2 * kPanel;  // 16 k-pairs of 32 columns
         const char *ahead = reinterpret_cast<const char *>(b) + kAheadBytes;  // see kAheadBytes
         for (int64_t line = 0; line < kTileBytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
-        _tile_loadd(6, b, 4 * kPanel);
-        _tile_loadd(7, b + kTileRows * 2, 4 * kPanel);
-        _tile_loadd(4, a_bytes + kt * kTileK * 2, a_stride_bytes);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
+        TILE_LOADD(6, b, 4 * kPanel);
+        TILE_LOADD(7, b + kTileRows * 2, 4 * kPanel);
+        TILE_LOADD(4, a_bytes + kt * kTileK * 2, a_stride_bytes);
+        TILE_DPBF16PS(0, 4, 6);
+        TILE_DPBF16PS(1, 4, 7);
         if (TWO_ROW_TILES) {
-            _tile_loadd(5, a_bytes + kTileRows * a_stride_bytes + kt * kTileK * 2, a_stride_bytes);
-            _tile_dpbf16ps(2, 5, 6);
-            _tile_dpbf16ps(3, 5, 7);
+            TILE_LOADD(5, a_bytes + kTileRows * a_stride_bytes + kt * kTileK * 2, a_stride_bytes);
+            TILE_DPBF16PS(2, 5, 6);
+            TILE_DPBF16PS(3, 5, 7);
         }
     }
-    _tile_stored(0, c, 4 * kPanel);
-    _tile_stored(1, c + 16, 4 * kPanel);
+    TILE_STORED(0, c, 4 * kPanel);
+    TILE_STORED(1, c + 16, 4 * kPanel);
     if (TWO_ROW_TILES) {
-        _tile_stored(2, c + kTileRows * kPanel, 4 * kPanel);
-        _tile_stored(3, c + kTileRows * kPanel + 16, 4 * kPanel);
+        TILE_STORED(2, c + kTileRows * kPanel, 4 * kPanel);
+        TILE_STORED(3, c + kTileRows * kPanel + 16, 4 * kPanel);
     }
 }
 
@@ -167,7 +166,7 @@ void amx_gemm(const AmxGemm &g, int num_threads) {
                 }
             }
         }
-        _tile_release();
+        TILE_RELEASE();
     }
 }
 
@@ -178,9 +177,11 @@ void amx_gemm(const AmxGemm &g, int num_threads) {
 extern "C" {
 
 // 1 when this build has the AMX kernel and the operating system lets this process use the
-// tiles (asked once), else 0.
+// tiles (asked once), else 0. Emulated tiles (amx.h) need no permission.
 int linear_amx_available() {
-#if defined(FORKSERVE_AMX)
+#if defined(FORKSERVE_AMX_EMULATE) && defined(FORKSERVE_AMX_KERNELS)
+    return 1;
+#elif defined(FORKSERVE_AMX_KERNELS)
     constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
     static const int granted = syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0 ? 1 : 0;
     return granted;
@@ -193,7 +194,7 @@ int linear_amx_available() {
 int linear_amx(const forkserve::Bf16 *x, int64_t rows, int64_t in_features, int64_t x_stride, const uint16_t *packed,
                int64_t out_features, const forkserve::Bf16 *bias, forkserve::Bf16 *out, int64_t out_stride,
                int num_threads) {
-#if defined(FORKSERVE_AMX)
+#if defined(FORKSERVE_AMX_KERNELS)
     if (!linear_amx_available()) return 1;
     const int64_t k_tiles = (in_features + kTileK - 1) / kTileK, panel_pairs = k_tiles * kTileK / 2;
     AmxGemm g{x, x_stride, rows, k_tiles, packed, panel_pairs, out_features, bias, out, out_stride};

@@ -104,7 +104,7 @@ int probe_f32_fmas(int64_t rounds, int num_threads, float *sink) {
 // (32,768), or 0 when this build or process has no AMX. *sink receives the sum of every
 // accumulator, as above.
 int probe_amx_tiles(int64_t rounds, int num_threads, float *sink) {
-#if defined(__AMX_BF16__) && defined(__AMX_TILE__) && defined(__linux__)
+#if defined(FORKSERVE_AMX_HARDWARE)
     if (!linear_amx_available()) return 0;
     float total = 0.f;
 #pragma omp parallel num_threads(num_threads) reduction(+ : total)
@@ -113,30 +113,30 @@ int probe_amx_tiles(int64_t rounds, int num_threads, float *sink) {
         alignas(64) uint16_t ones[16 * 32], small[16 * 32];
         for (int i = 0; i < 16 * 32; i++) ones[i] = 0x3f80, small[i] = 0x3c00;  // bf16 1.0 and 2^-7
         alignas(64) float acc[16 * 16];
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-        _tile_loadd(4, ones, 64);
-        _tile_loadd(5, ones, 64);
-        _tile_loadd(6, small, 64);
-        _tile_loadd(7, small, 64);
+        TILE_ZERO(0);
+        TILE_ZERO(1);
+        TILE_ZERO(2);
+        TILE_ZERO(3);
+        TILE_LOADD(4, ones, 64);
+        TILE_LOADD(5, ones, 64);
+        TILE_LOADD(6, small, 64);
+        TILE_LOADD(7, small, 64);
         for (int64_t r = 0; r < rounds; r++) {
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_dpbf16ps(1, 4, 7);
-            _tile_dpbf16ps(2, 5, 6);
-            _tile_dpbf16ps(3, 5, 7);
+            TILE_DPBF16PS(0, 4, 6);
+            TILE_DPBF16PS(1, 4, 7);
+            TILE_DPBF16PS(2, 5, 6);
+            TILE_DPBF16PS(3, 5, 7);
         }
         float sum = 0.f;
-        _tile_stored(0, acc, 64);
+        TILE_STORED(0, acc, 64);
         for (float a : acc) sum += a;
-        _tile_stored(1, acc, 64);
+        TILE_STORED(1, acc, 64);
         for (float a : acc) sum += a;
-        _tile_stored(2, acc, 64);
+        TILE_STORED(2, acc, 64);
         for (float a : acc) sum += a;
-        _tile_stored(3, acc, 64);
+        TILE_STORED(3, acc, 64);
         for (float a : acc) sum += a;
-        _tile_release();
+        TILE_RELEASE();
         total += sum;
     }
     *sink = total;
