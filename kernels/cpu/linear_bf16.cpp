@@ -79,17 +79,17 @@ struct RowTile {
     int64_t start, n;
 };
 
-std::vector<RowTile> row_tiles(int64_t r0, int64_t r1) {
-    std::vector<RowTile> tiles;
+// Appends the tiles of rows [r0, r1) (r0 < r1) to `tiles`.
+void add_row_tiles(int64_t r0, int64_t r1, std::vector<RowTile> &tiles) {
+    const size_t first = tiles.size();
     for (int64_t r = r0; r < r1; r += kMaxTile) tiles.push_back({r, r1 - r < kMaxTile ? r1 - r : kMaxTile});
     const int64_t rest = tiles.back().n;
-    if (tiles.size() >= 2 && rest <= 4) {
+    if (tiles.size() - first >= 2 && rest <= 4) {
         RowTile &full = tiles[tiles.size() - 2];
         const int64_t both = kMaxTile + rest;
         full.n = (both + 1) / 2;
         tiles.back() = {full.start + full.n, both / 2};
     }
-    return tiles;
 }
 
 // The input rows regrouped so that a tile's broadcasts for one k-pair are consecutive:
@@ -160,26 +160,26 @@ void gemm(const Bf16 *x, int64_t in_features, int64_t x_stride, Gemm g, int num_
     const int64_t ahead = g.rows >= 8 ? kAhead : small_ahead;
     const int64_t passes = (g.rows + step - 1) / step;
     std::vector<StealingRanges> split;
-    std::vector<std::vector<RowTile>> tiles;  // per pass
-    std::vector<RowTile> all_tiles;
+    std::vector<RowTile> tiles;  // every pass's, in order
+    std::vector<int64_t> first_tile(static_cast<size_t>(passes + 1));  // pass i's tiles: [first_tile[i], first_tile[i + 1])
     split.reserve(static_cast<size_t>(passes));
     for (int64_t pass = 0; pass < passes; pass++) {
         split.emplace_back(panels, num_threads);
-        tiles.push_back(row_tiles(pass * step, (pass + 1) * step < g.rows ? (pass + 1) * step : g.rows));
-        all_tiles.insert(all_tiles.end(), tiles.back().begin(), tiles.back().end());
+        first_tile[pass] = static_cast<int64_t>(tiles.size());
+        add_row_tiles(pass * step, (pass + 1) * step < g.rows ? (pass + 1) * step : g.rows, tiles);
     }
-    const int64_t num_tiles = static_cast<int64_t>(all_tiles.size());
+    first_tile[passes] = static_cast<int64_t>(tiles.size());
 #pragma omp parallel num_threads(num_threads)
     {
 #pragma omp for schedule(static)
-        for (int64_t i = 0; i < num_tiles; i++) pack_rows(x, in_features, x_stride, g.pairs, all_tiles[i], pairs_buf);
+        for (int64_t i = 0; i < first_tile[passes]; i++) pack_rows(x, in_features, x_stride, g.pairs, tiles[i], pairs_buf);
         // Each row pass's panels: a contiguous range per thread, in address order, with the
         // ranges' ends up for grabs (stealing_ranges.h), so a thread preempted by another
         // process does not stall the other at the barrier.
         const int t = omp_get_thread_num();
         for (int64_t pass = 0; pass < passes; pass++) {
-            const std::vector<RowTile> &pass_tiles = tiles[pass];
-            const int64_t count = static_cast<int64_t>(pass_tiles.size());
+            const RowTile *pass_tiles = tiles.data() + first_tile[pass];
+            const int64_t count = first_tile[pass + 1] - first_tile[pass];
             for (int64_t p = split[pass].next(t); p >= 0; p = split[pass].next(t)) {
                 const uint16_t *next =
                     ahead > 0 && p + ahead < panels ? g.packed + (p + ahead) * g.panel_pairs * 2 * kPanel : nullptr;
