@@ -39,11 +39,15 @@ class RuntimeEndpoint(Backend):
         except httpx.HTTPError as err:
             raise BackendError(f"cannot reach {self.base_url}{path}: {err}") from err
 
-    def _post(self, path: str, body: dict[str, Any]) -> Any:
+    def _post_response(self, path: str, body: dict[str, Any]) -> httpx.Response:
+        """The server's answer, whatever its status; BackendError if it cannot be reached."""
         try:
-            return self._check(self.client.post(path, json=body))
+            return self.client.post(path, json=body)
         except httpx.HTTPError as err:
             raise BackendError(f"cannot reach {self.base_url}{path}: {err}") from err
+
+    def _post(self, path: str, body: dict[str, Any]) -> Any:
+        return self._check(self._post_response(path, body))
 
     def generate(
         self,
@@ -107,10 +111,7 @@ class RuntimeEndpoint(Backend):
         return RenderedChat(out["text"], out.get("sampling_params") or {}, out.get("tool_call_parser"))
 
     def end_program(self, program_id: str) -> None:
-        try:
-            resp = self.client.post("/end_program", json={"program_id": program_id})
-        except httpx.HTTPError as err:
-            raise BackendError(f"cannot reach {self.base_url}/end_program: {err}") from err
+        resp = self._post_response("/end_program", {"program_id": program_id})
         if resp.status_code == 404:  # a forkserve server knows the route for any program id
             # SGLang's model gateway (forkserve serve --dp-size) forwards neither the route
             # nor program_id, so nothing was pinned; later programs stop asking.
