@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from kernels.cpu import build
+from tests.cpu_flags import cpu_flags
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,16 +36,9 @@ AMX_TESTS = {
 }
 
 
-def _has_avx512_bf16() -> bool:
-    try:
-        return "avx512_bf16" in Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-
-
 pytestmark = [
     pytest.mark.skipif(build.find_compiler() is None, reason="no C++ compiler on PATH"),
-    pytest.mark.skipif(platform.system() != "Linux" or not _has_avx512_bf16(),
+    pytest.mark.skipif(platform.system() != "Linux" or "avx512_bf16" not in cpu_flags(),
                        reason="the AMX kernels are built around AVX512-BF16 on Linux; this CPU has none"),
 ]
 

@@ -11,15 +11,7 @@ import platform
 import pytest
 
 from kernels.cpu import build, gemm_choice, linear_bf16
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            line = next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        return set()
-    return set(line.split(":", 1)[-1].split())
+from tests.cpu_flags import cpu_flags
 
 
 def _linux_at_least(major: int, minor: int) -> bool:
@@ -42,13 +34,13 @@ def test_the_kernels_build_and_load_where_there_is_a_compiler():
 
 
 @needs_compiler
-@pytest.mark.skipif("avx512_bf16" not in _cpu_flags(), reason="this CPU has no AVX512-BF16")
+@pytest.mark.skipif("avx512_bf16" not in cpu_flags(), reason="this CPU has no AVX512-BF16")
 def test_a_cpu_with_avx512_bf16_has_the_bf16_gemm():
     assert linear_bf16.available()
 
 
 @needs_compiler
-@pytest.mark.skipif(not {"amx_bf16", "amx_tile"} <= _cpu_flags(), reason="this CPU has no AMX tiles")
+@pytest.mark.skipif(not {"amx_bf16", "amx_tile"} <= cpu_flags(), reason="this CPU has no AMX tiles")
 @pytest.mark.skipif(not _linux_at_least(5, 16), reason="Linux grants AMX tile state from 5.16 on")
 def test_a_cpu_with_amx_can_multiply_on_tiles():
     assert gemm_choice.amx_available()
