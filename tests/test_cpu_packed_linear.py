@@ -82,10 +82,11 @@ def test_packed_linear_is_the_exact_product_rounded(form, rows, with_bias):
 
 @pytest.mark.parametrize("kernel", ["vector", "amx"])
 @pytest.mark.parametrize("out_features", [1, 31, 32, 33, 65])
-@pytest.mark.parametrize("in_features", [0, 1, 2, 3, 64, 577])
+@pytest.mark.parametrize("in_features", [0, 1, 2, 3, 40, 64, 577])
 def test_bf16_kernel_edges_of_panels_and_pairs(out_features, in_features, kernel):
     """Output widths around the 32-column panel, odd input widths (a half-empty pair, a
-    part-filled AMX tile) and no inputs at all (the bias alone)."""
+    part-filled AMX tile), 40 inputs (one 16-pair block of the input regrouping and 4 pairs
+    after it) and no inputs at all (the bias alone)."""
     _skip_without(kernel)
     gen = torch.Generator().manual_seed(out_features * 1000 + in_features)
     weight = torch.randn(out_features, in_features, generator=gen).bfloat16()
