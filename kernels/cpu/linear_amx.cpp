@@ -179,12 +179,12 @@ extern "C" {
 // 1 when this build has the AMX kernel and the operating system lets this process use the
 // tiles (asked once), else 0. Emulated tiles (amx.h) need no permission.
 int linear_amx_available() {
-#if defined(FORKSERVE_AMX_EMULATE) && defined(FORKSERVE_AMX_KERNELS)
-    return 1;
-#elif defined(FORKSERVE_AMX_KERNELS)
+#if defined(FORKSERVE_AMX_HARDWARE)
     constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
     static const int granted = syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0 ? 1 : 0;
     return granted;
+#elif defined(FORKSERVE_AMX_KERNELS)
+    return 1;
 #else
     return 0;
 #endif
