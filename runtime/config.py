@@ -320,14 +320,20 @@ class DataParallelArgs:
             raise ValueError(f"router_health_check_interval must be at least 1, got {self.router_health_check_interval}")
 
 
-def cpu_has_native_bf16() -> bool:
-    """True on x86 CPUs whose flags include avx512_bf16 or amx_bf16 (Linux only)."""
+def cpu_flags() -> set[str]:
+    """This CPU's feature flags as /proc/cpuinfo lists them (Linux x86); empty where it
+    cannot be read."""
     try:
         with open("/proc/cpuinfo") as f:
-            flags = f.read()
+            line = next((line for line in f if line.startswith("flags")), "")
     except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+        return set()
+    return set(line.split(":", 1)[-1].split())
+
+
+def cpu_has_native_bf16() -> bool:
+    """True on x86 CPUs whose flags include avx512_bf16 or amx_bf16 (Linux only)."""
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
 def add_cli_args(parser: argparse.ArgumentParser, cls: type = ServerArgs) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from kernels.cpu import build
-from tests.cpu_flags import cpu_flags
+from runtime.config import cpu_flags
 
 ROOT = Path(__file__).resolve().parent.parent
 

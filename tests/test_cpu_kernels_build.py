@@ -11,7 +11,7 @@ import platform
 import pytest
 
 from kernels.cpu import build, gemm_choice, linear_bf16
-from tests.cpu_flags import cpu_flags
+from runtime.config import cpu_flags
 
 
 def _linux_at_least(major: int, minor: int) -> bool:
