@@ -26,7 +26,7 @@ from runtime.models.llama import LlamaForCausalLM
 # (dtype, packed form, bf16 kernel): every form pack_weight may choose, and for our bf16
 # packing each kernel that may multiply it (gemm_choice picks by row count).
 FORMS = [(torch.float32, "onednn", None), (torch.bfloat16, "onednn", None), (torch.bfloat16, "bf16_panels", "vector"),
-         (torch.bfloat16, "bf16_panels", "amx")]
+         (torch.bfloat16, "bf16_panels", "widened"), (torch.bfloat16, "bf16_panels", "amx")]
 
 
 def _skip_without(kernel: str | None) -> None:
@@ -80,7 +80,7 @@ def test_packed_linear_is_the_exact_product_rounded(form, rows, with_bias):
     _close_to_exact(packed_linear(x, packed, bias), x, weight, bias)
 
 
-@pytest.mark.parametrize("kernel", ["vector", "amx"])
+@pytest.mark.parametrize("kernel", gemm_choice.KERNELS)
 @pytest.mark.parametrize("out_features", [1, 31, 32, 33, 65])
 @pytest.mark.parametrize("in_features", [0, 1, 2, 3, 40, 64, 577])
 def test_bf16_kernel_edges_of_panels_and_pairs(out_features, in_features, kernel):
@@ -111,6 +111,20 @@ def test_amx_kernel_row_blocks(rows, in_features):
     bias = torch.randn(70, generator=gen).bfloat16()
     x = torch.randn(rows, in_features + 3, generator=gen).bfloat16()[:, 3:]
     with gemm_choice.forced("amx"):
+        _close_to_exact(linear_bf16.linear(x, linear_bf16.pack(weight), 70, bias), x, weight, bias)
+
+
+@pytest.mark.parametrize("rows", [1, 12, 13, 16, 107, 108, 109, 450])
+def test_widened_kernel_row_tiles_and_passes(rows):
+    """The widened kernel's rows: a tile of 1, a full tile of 12, 13 and 16 split into two
+    tiles, and passes of 108 rows (its float32 inputs for 577 features fill 256 KiB at 113
+    rows) ending before, at and after a pass; inputs strided, with a bias."""
+    _skip_without("widened")
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randn(70, 577, generator=gen).bfloat16()
+    bias = torch.randn(70, generator=gen).bfloat16()
+    x = torch.randn(rows, 580, generator=gen).bfloat16()[:, 3:]
+    with gemm_choice.forced("widened"):
         _close_to_exact(linear_bf16.linear(x, linear_bf16.pack(weight), 70, bias), x, weight, bias)
 
 
@@ -166,6 +180,32 @@ def test_the_row_threshold_picks_the_kernel():
             assert torch.equal(linear_bf16.linear(x, packed, 96), amx if rows >= 6 else vector)
     finally:
         gemm_choice.set_amx_min_rows(previous)
+
+
+def test_the_widen_threshold_picks_the_widened_kernel():
+    """Below the AMX threshold, products of at least the widen threshold's rows go to the
+    widened (float32 FMA) tiles and smaller ones to vdpbf16ps: each result equals that
+    kernel's own. The two add the same products in the same order, so the check uses a
+    subnormal input, which vdpbf16ps reads as zero and an FMA multiplies (by 2^100 here)."""
+    _skip_without("widened")
+    weight = torch.zeros(96, 64)
+    weight[:, 0] = 2.0**100
+    packed = linear_bf16.pack(weight.bfloat16())
+
+    def run(kernel: str, x: torch.Tensor) -> torch.Tensor:
+        with gemm_choice.forced(kernel):
+            return linear_bf16.linear(x, packed, 96)
+
+    with gemm_choice.forced("vector"):
+        gemm_choice.set_widen_min_rows(6)
+        for rows in (5, 6, 40):
+            x = torch.zeros(rows, 64, dtype=torch.bfloat16)
+            x[:, 0] = 1e-39  # subnormal in bf16 and float32
+            widened, vector = run("widened", x), run("vector", x)
+            if not torch.equal(vector, torch.zeros_like(vector)):
+                pytest.skip("this CPU's vdpbf16ps multiplies subnormal inputs: nothing tells the kernels apart")
+            assert torch.allclose(widened.float(), torch.full_like(widened.float(), 1e-39 * 2.0**100), rtol=1e-2)
+            assert torch.equal(linear_bf16.linear(x, packed, 96), widened if rows >= 6 else vector)
 
 
 def test_strided_and_batched_inputs_are_read_correctly(form):

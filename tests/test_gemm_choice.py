@@ -28,8 +28,36 @@ def cache_file(tmp_path, monkeypatch):
 def restore_threshold():
     previous = gemm_choice.set_amx_min_rows(gemm_choice.NEVER)
     gemm_choice.set_amx_min_rows(previous)
+    previous_widen = gemm_choice.set_widen_min_rows(gemm_choice.NEVER)
+    gemm_choice.set_widen_min_rows(previous_widen)
     yield
     gemm_choice.set_amx_min_rows(previous)
+    gemm_choice.set_widen_min_rows(previous_widen)
+
+
+needs_bf16 = pytest.mark.skipif(not linear_bf16.available(), reason="no bfloat16 GEMM kernel on this CPU")
+
+
+@needs_bf16
+def test_the_widened_kernels_crossovers_are_measured_once_and_cached_apart_from_amxs(cache_file, monkeypatch):
+    """The widened (float32 FMA) kernel is measured on every AVX512-BF16 CPU, under its own
+    keys: its crossover is a candidate row count, or NEVER where vdpbf16ps stays faster."""
+    found = gemm_choice.crossovers([(576, 960), (64, 32)], threads=2, challenger="widened")
+    for rows in found.values():
+        assert rows in gemm_choice.CANDIDATE_ROWS or rows == gemm_choice.NEVER
+    assert json.loads(cache_file.read_text()) == {"widened:576x960@2": found[(576, 960)],
+                                                   "widened:64x32@2": found[(64, 32)]}
+    monkeypatch.setattr(gemm_choice, "measure_crossover", lambda *a, **k: pytest.fail("measured again"))
+    assert gemm_choice.crossovers([(64, 32)], threads=2, challenger="widened") == {(64, 32): found[(64, 32)]}
+
+
+def test_the_widened_threshold_is_the_largest_crossover_and_is_described(monkeypatch, restore_threshold):
+    monkeypatch.setattr(gemm_choice, "crossovers",
+                        lambda shapes, threads=None, challenger="amx": {s: s[0] for s in shapes})
+    assert gemm_choice.choose_widen_for([(3, 10), (6, 10)]) == 6
+    assert gemm_choice.set_widen_min_rows(gemm_choice.NEVER) == 6
+    assert gemm_choice.describe(gemm_choice.NEVER, widen_rows=6).startswith(
+        "bf16 GEMM on AVX512-BF16 vectors (float32 FMAs on widened weights from 6 rows)")
 
 
 @needs_amx
@@ -77,7 +105,8 @@ def test_without_amx_every_product_stays_on_the_vector_kernel(cache_file, monkey
 
 
 def test_the_largest_crossover_of_a_models_shapes_is_set(monkeypatch, restore_threshold):
-    monkeypatch.setattr(gemm_choice, "crossovers", lambda shapes, threads=None: {s: s[0] for s in shapes})
+    monkeypatch.setattr(gemm_choice, "crossovers",
+                        lambda shapes, threads=None, challenger="amx": {s: s[0] for s in shapes})
     assert gemm_choice.choose_for([(3, 10), (8, 10), (2, 10)]) == 8
     assert gemm_choice.set_amx_min_rows(gemm_choice.NEVER) == 8
     assert gemm_choice.describe(8) == "bf16 GEMM on AMX tiles from 8 rows, AVX512-BF16 vectors below"
@@ -91,7 +120,7 @@ def restore_small_prefetch():
     gemm_choice.set_small_prefetch(previous)
 
 
-@pytest.mark.skipif(not linear_bf16.available(), reason="no bfloat16 GEMM kernel on this CPU")
+@needs_bf16
 def test_the_small_row_prefetch_is_measured_once_per_weight_size_then_read_from_the_cache(
         cache_file, monkeypatch, restore_small_prefetch):
     gen = torch.Generator().manual_seed(0)
@@ -115,9 +144,15 @@ def test_forced_names_a_kernel_and_restores_the_threshold(restore_threshold):
     with pytest.raises(ValueError, match="vector"), gemm_choice.forced("tiles"):
         pass
     gemm_choice.set_amx_min_rows(5)
+    gemm_choice.set_widen_min_rows(7)
     with gemm_choice.forced("vector"):
         assert gemm_choice.set_amx_min_rows(gemm_choice.NEVER) == gemm_choice.NEVER
+        assert gemm_choice.set_widen_min_rows(gemm_choice.NEVER) == gemm_choice.NEVER
+    with gemm_choice.forced("widened"):
+        assert gemm_choice.set_amx_min_rows(gemm_choice.NEVER) == gemm_choice.NEVER
+        assert gemm_choice.set_widen_min_rows(1) == 1
     assert gemm_choice.set_amx_min_rows(5) == 5
+    assert gemm_choice.set_widen_min_rows(7) == 7
 
 
 @pytest.mark.skipif(not linear_bf16.available(), reason="no bfloat16 GEMM kernel on this CPU")
@@ -142,7 +177,8 @@ def test_the_worker_warns_when_amx_is_here_but_measured_off(tiny_gqa_llama, rest
     from runtime.engine import Engine
 
     monkeypatch.setattr(gemm_choice, "amx_available", lambda: True)
-    monkeypatch.setattr(gemm_choice, "crossovers", lambda shapes, threads=None: dict.fromkeys(shapes, gemm_choice.NEVER))
+    monkeypatch.setattr(gemm_choice, "crossovers",
+                        lambda shapes, threads=None, challenger="amx": dict.fromkeys(shapes, gemm_choice.NEVER))
     with caplog.at_level("WARNING"):
         engine = Engine(str(tiny_gqa_llama), dtype="bfloat16", max_total_tokens=2000)
     engine.shutdown()
@@ -155,7 +191,7 @@ def test_a_noisy_loss_neither_moves_the_crossover_nor_turns_the_tiles_off(monkey
     moment), and only three such losses give NEVER."""
     lose, noisy = [False] * len(gemm_choice.CANDIDATE_ROWS), [False, False, True, False, True, True, True, True]
     answers = iter([lose, noisy])
-    monkeypatch.setattr(gemm_choice, "_amx_wins", lambda *args: next(answers))
+    monkeypatch.setattr(gemm_choice, "_challenger_wins", lambda *args: next(answers))
     assert gemm_choice.measure_crossover(64, 32, threads=1) == 3
-    monkeypatch.setattr(gemm_choice, "_amx_wins", lambda *args: lose)
+    monkeypatch.setattr(gemm_choice, "_challenger_wins", lambda *args: lose)
     assert gemm_choice.measure_crossover(64, 32, threads=1) == gemm_choice.NEVER

@@ -114,6 +114,7 @@ _PLAIN_SIGNATURES = {
     "linear_bf16_vector": ([_P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _INT], _INT),
     "linear_bf16_set_amx_min_rows": ([_I64], _I64),
     "linear_bf16_set_small_prefetch": ([_I64], _I64),
+    "linear_bf16_set_widen_min_rows": ([_I64], _I64),
     "linear_amx_available": ([], _INT),
     "paged_attention_set_amx_min_tokens": ([_I64], _I64),
     "linear_amx": ([_P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _INT], _INT),

@@ -1,8 +1,15 @@
 """Which bfloat16 GEMM kernel multiplies a packed weight: chosen by measurement, per machine.
 
-A packed bf16 weight (``linear_bf16.pack``) can be multiplied by two kernels: vdpbf16ps
-vectors (``linear_bf16.cpp``, every CPU with AVX512-BF16) and AMX tiles (``linear_amx.cpp``,
-Intel Xeons from Sapphire Rapids on). Vectors read a weight fastest for a single row; tiles
+A packed bf16 weight (``linear_bf16.pack``) can be multiplied by three kernels: vdpbf16ps
+vectors (``linear_bf16.cpp``, every CPU with AVX512-BF16), the same kernel with the weights
+widened to float32 in registers and float32 FMAs (``tile_widened``: twice the multiply-adds
+per cycle where a CPU retires two 512-bit FMAs per cycle but a vdpbf16ps every other one, as
+an Intel Xeon without AMX measured, 338 against 163 GFLOP/s on 2 cores; half as many on AMD
+Zen 4, where vdpbf16ps is the faster), and AMX tiles (``linear_amx.cpp``, Intel Xeons from
+Sapphire Rapids on). The widened kernel is measured like the tiles: for each weight shape,
+the smallest row count from which it is at least as fast as vdpbf16ps
+(``linear_bf16_set_widen_min_rows``; the largest of the model's shapes), first, so that the
+tiles are then measured against the faster of the two vector kernels. Vectors read a weight fastest for a single row; tiles
 do 8,192 multiply-adds per instruction and win from a few rows on (on a 2-core Xeon with
 AMX: ~2 TFLOP/s at 600 rows against ~160 GFLOP/s). The crossover depends on the machine and
 the shape, so it is measured: for each weight shape, both kernels on 1..16 rows, and the
@@ -36,7 +43,7 @@ import torch
 from kernels.cpu.build import CpuKernelsUnavailable, find_compiler, library_path, load_kernels
 
 NEVER = 2**63 - 1  # amx_min_rows that keeps every product on the vector kernel
-_CACHE_VERSION = 2  # of the measuring rule: a new rule measures anew
+_CACHE_VERSION = 3  # of the measuring rule: a new rule measures anew
 CANDIDATE_ROWS = (1, 2, 3, 4, 6, 8, 12, 16)
 
 
@@ -53,54 +60,83 @@ def set_amx_min_rows(rows: int) -> int:
     return int(load_kernels().linear_bf16_set_amx_min_rows(rows))
 
 
+def set_widen_min_rows(rows: int) -> int:
+    """Send vector-kernel products of ``rows`` rows or more to the widened (float32 FMA)
+    tiles; returns the previous value."""
+    return int(load_kernels().linear_bf16_set_widen_min_rows(rows))
+
+
+KERNELS = ("vector", "widened", "amx")
+
+
 @contextlib.contextmanager
 def forced(kernel: str) -> Iterator[None]:
-    """Every bf16 GEMM in this block on one kernel: ``"vector"`` or ``"amx"`` (tests)."""
-    if kernel not in ("vector", "amx"):
-        raise ValueError(f"kernel must be 'vector' or 'amx', got {kernel!r}")
+    """Every bf16 GEMM in this block on one kernel: ``"vector"`` (vdpbf16ps), ``"widened"``
+    (float32 FMAs) or ``"amx"`` (tests)."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     if kernel == "amx" and not amx_available():
         raise CpuKernelsUnavailable("this CPU (or its build, or the OS) has no AMX tiles")
-    previous = set_amx_min_rows(1 if kernel == "amx" else NEVER)
+    previous_amx = set_amx_min_rows(1 if kernel == "amx" else NEVER)
+    previous_widen = set_widen_min_rows(1 if kernel == "widened" else NEVER)
     try:
         yield
     finally:
-        set_amx_min_rows(previous)
+        set_amx_min_rows(previous_amx)
+        set_widen_min_rows(previous_widen)
 
 
-def _amx_wins(in_features: int, out_features: int, threads: int, reps: int) -> list[bool]:
-    """For each size of ``CANDIDATE_ROWS``: whether the AMX kernel's best of ``reps`` calls
-    is at least as fast as the vector kernel's, the two interleaved, on a random weight."""
+def _challenger_wins(challenger: str, in_features: int, out_features: int, threads: int, reps: int) -> list[bool]:
+    """For each size of ``CANDIDATE_ROWS``: whether ``challenger`` (``"amx"`` or
+    ``"widened"``)'s best of ``reps`` calls is at least as fast as the vector kernel's as
+    set now (for ``"widened"``: vdpbf16ps), the two interleaved, on a random weight."""
     from kernels.cpu import linear_bf16
 
     lib = load_kernels()
     gen = torch.Generator().manual_seed(0)
     packed = linear_bf16.pack(torch.randn(out_features, in_features, generator=gen).bfloat16())
+    widen_now = set_widen_min_rows(NEVER)
+    set_widen_min_rows(widen_now)
+
+    def widened(*args: object) -> None:
+        set_widen_min_rows(1)
+        lib.linear_bf16_vector(*args)
+
+    def vector(*args: object) -> None:
+        set_widen_min_rows(NEVER if challenger == "widened" else widen_now)
+        lib.linear_bf16_vector(*args)
+
+    kernels = {"vector": vector, challenger: lib.linear_amx if challenger == "amx" else widened}
     wins: list[bool] = []
-    for rows in CANDIDATE_ROWS:
-        x = torch.randn(rows, in_features, generator=gen).bfloat16()
-        out = torch.empty(rows, out_features, dtype=torch.bfloat16)
-        args = (x.data_ptr(), rows, in_features, in_features, packed.data_ptr(), out_features, None, out.data_ptr(),
-                out_features, threads)
-        kernels = {"vector": lib.linear_bf16_vector, "amx": lib.linear_amx}
-        times = dict.fromkeys(kernels, float("inf"))
-        for rep in range(reps + 1):  # the first round warms the weights into cache for both
-            for name, kernel in kernels.items():
-                start = time.perf_counter()
-                kernel(*args)
-                if rep:
-                    times[name] = min(times[name], time.perf_counter() - start)
-        wins.append(times["amx"] <= times["vector"])
+    try:
+        for rows in CANDIDATE_ROWS:
+            x = torch.randn(rows, in_features, generator=gen).bfloat16()
+            out = torch.empty(rows, out_features, dtype=torch.bfloat16)
+            args = (x.data_ptr(), rows, in_features, in_features, packed.data_ptr(), out_features, None,
+                    out.data_ptr(), out_features, threads)
+            times = dict.fromkeys(kernels, float("inf"))
+            for rep in range(reps + 1):  # the first round warms the weights into cache for both
+                for name, kernel in kernels.items():
+                    start = time.perf_counter()
+                    kernel(*args)
+                    if rep:
+                        times[name] = min(times[name], time.perf_counter() - start)
+            wins.append(times[challenger] <= times["vector"])
+    finally:
+        set_widen_min_rows(widen_now)
     return wins
 
 
-def measure_crossover(in_features: int, out_features: int, threads: int, reps: int = 9, tries: int = 3) -> int:
-    """The smallest row count from which the AMX kernel is at least as fast as the vector
-    kernel, at that size and at 16 rows (the tiles' advantage grows with the rows; a loss in
-    between is taken for noise). ``NEVER`` when the tiles lose at 16 rows in each of
-    ``tries`` measurements: another process taking a core for a moment can make one
-    measurement lose, and a wrong ``NEVER`` would keep prefill on the 10x slower kernel."""
+def measure_crossover(in_features: int, out_features: int, threads: int, reps: int = 9, tries: int = 3,
+                      challenger: str = "amx") -> int:
+    """The smallest row count from which ``challenger`` (the AMX kernel, or the widened
+    vector kernel) is at least as fast as the vector kernel, at that size and at 16 rows
+    (its advantage grows with the rows; a loss in between is taken for noise). ``NEVER``
+    when it loses at 16 rows in each of ``tries`` measurements: another process taking a
+    core for a moment can make one measurement lose, and a wrong ``NEVER`` would keep
+    prefill on a kernel 1.5x (widened) to 10x (AMX) slower."""
     for _ in range(tries):
-        wins = _amx_wins(in_features, out_features, threads, reps)
+        wins = _challenger_wins(challenger, in_features, out_features, threads, reps)
         if wins[-1]:
             return next(rows for rows, win in zip(CANDIDATE_ROWS, wins, strict=True) if win)
     return NEVER
@@ -187,26 +223,38 @@ def _write_cache(path: Path, data: dict[str, int]) -> None:
     os.replace(tmp, path)  # concurrent starts never read a half-written file
 
 
-def crossovers(shapes: Iterable[tuple[int, int]], threads: int | None = None) -> dict[tuple[int, int], int]:
-    """Each ``(in_features, out_features)`` shape's crossover row count on this machine with
-    ``threads`` threads (default: torch's), from the cache or measured now (and cached).
-    All ``NEVER`` without AMX."""
+def crossovers(shapes: Iterable[tuple[int, int]], threads: int | None = None,
+               challenger: str = "amx") -> dict[tuple[int, int], int]:
+    """Each ``(in_features, out_features)`` shape's crossover row count for ``challenger``
+    (``"amx"`` or ``"widened"``) on this machine with ``threads`` threads (default: torch's),
+    from the cache or measured now (and cached). All ``NEVER`` for AMX without AMX."""
     threads = threads or torch.get_num_threads()
     shapes = sorted(set(shapes))
-    if not amx_available():
+    if challenger == "amx" and not amx_available():
         return dict.fromkeys(shapes, NEVER)
     path = _cache_file()
     cached = _read_cache(path)
     result, measured = {}, False
+    prefix = "" if challenger == "amx" else f"{challenger}:"
     for shape in shapes:
-        key = f"{shape[0]}x{shape[1]}@{threads}"
+        key = f"{prefix}{shape[0]}x{shape[1]}@{threads}"
         if key not in cached:
-            cached[key] = measure_crossover(*shape, threads)
+            cached[key] = measure_crossover(*shape, threads, challenger=challenger)
             measured = True
         result[shape] = cached[key]
     if measured:
         _write_cache(path, cached)
     return result
+
+
+def choose_widen_for(shapes: Iterable[tuple[int, int]], threads: int | None = None) -> int:
+    """Set this process's row threshold for the widened vector kernel, for a model whose
+    bf16 weights have these ``(in_features, out_features)`` shapes: the largest of their
+    crossovers. Returns it. Call it before ``choose_for``, which measures the tiles against
+    the vector kernel as chosen here."""
+    rows = max(crossovers(shapes, threads, challenger="widened").values(), default=NEVER)
+    set_widen_min_rows(rows)
+    return rows
 
 
 def choose_for(shapes: Iterable[tuple[int, int]], threads: int | None = None) -> int:
@@ -217,9 +265,11 @@ def choose_for(shapes: Iterable[tuple[int, int]], threads: int | None = None) ->
     return rows
 
 
-def describe(rows: int, small_prefetch: bool = False) -> str:
+def describe(rows: int, small_prefetch: bool = False, widen_rows: int = NEVER) -> str:
     """The choice in words, for the start-up log."""
     vectors = "AVX512-BF16 vectors" + (" (prefetching at decode sizes)" if small_prefetch else "")
+    if widen_rows < NEVER:
+        vectors += f" (float32 FMAs on widened weights from {widen_rows} rows)"
     if rows >= NEVER:
         return f"bf16 GEMM on {vectors}" + ("" if amx_available() else " (no AMX here)")
     return f"bf16 GEMM on AMX tiles from {rows} rows, {vectors} below"

@@ -9,9 +9,11 @@
 // multiple of 16 k-pairs, so that the same layout is also AMX's weight tile layout
 // (linear_amx.cpp).
 //
-// linear_bf16 is the entry point for both kernels: it multiplies on AMX tiles from
-// amx_min_rows rows on (where the build and the CPU have them), with vdpbf16ps below. The
-// Python side sets amx_min_rows from a measurement on this machine (kernels/cpu/gemm_choice.py).
+// linear_bf16 is the entry point for all three kernels: it multiplies on AMX tiles from
+// amx_min_rows rows on (where the build and the CPU have them), below that with the weights
+// widened to float32 and FMAs (tile_widened) from widen_min_rows rows on, and with vdpbf16ps
+// below both. The Python side sets both thresholds from measurements on this machine
+// (kernels/cpu/gemm_choice.py).
 //
 // A tile of up to 12 input rows keeps 24 float32 accumulators (12 rows x 2 vectors) in
 // registers over the whole input width, so each weight vector is loaded once per tile and used
@@ -63,7 +65,7 @@ int64_t small_ahead = 0;        // the same below 8 rows (0: no prefetch); set b
 #if defined(__AVX512BF16__)
 
 struct Gemm {
-    const int32_t *x_pairs;  // the input rows regrouped by pack_rows
+    const int32_t *x_pairs;  // the input rows regrouped by pack_rows (or pack_rows_f32)
     int64_t rows, pairs;
     int64_t panel_pairs;     // k-pairs per panel in the packed layout (pairs rounded up to 16)
     const uint16_t *packed;  // [panels][panel_pairs][32][2]
@@ -122,6 +124,36 @@ void pack_rows(const Bf16 *x, int64_t in_features, int64_t x_stride, int64_t pai
     }
 }
 
+// As pack_rows, for the widening kernel: the tile of rows [r, r + n) starts at
+// x_pairs + 2 r pairs (as float) and holds, for each k-pair, the n rows' x[2 kp] then the n
+// rows' x[2 kp + 1], as float32 (bf16 widened exactly); a missing odd feature is zero.
+void pack_rows_f32(const Bf16 *x, int64_t in_features, int64_t x_stride, int64_t pairs, RowTile t, float *x_f32) {
+    float *dst = x_f32 + 2 * t.start * pairs;
+    const __mmask16 lanes = static_cast<__mmask16>((1u << t.n) - 1);
+    const __m512i high = _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
+    int64_t kp = 0;
+    for (; kp + 16 <= in_features / 2; kp += 16) {
+        __m512i r[16];
+        for (int64_t m = 0; m < 16; m++)
+            r[m] = m < t.n ? _mm512_loadu_si512(x + (t.start + m) * x_stride + 2 * kp) : _mm512_setzero_si512();
+        transpose16(r);  // r[k] lane m: row m's pair kp + k
+        for (int64_t k = 0; k < 16; k++) {
+            float *at = dst + 2 * (kp + k) * t.n;
+            _mm512_mask_storeu_ps(at, lanes, _mm512_castsi512_ps(_mm512_slli_epi32(r[k], 16)));
+            _mm512_mask_storeu_ps(at + t.n, lanes, _mm512_castsi512_ps(_mm512_and_si512(r[k], high)));
+        }
+    }
+    for (int64_t m = 0; m < t.n; m++) {  // the last pairs, and a missing odd feature as zero
+        const uint16_t *row = reinterpret_cast<const uint16_t *>(x + (t.start + m) * x_stride);
+        for (int64_t k = kp; k < pairs; k++) {
+            const uint32_t even = static_cast<uint32_t>(row[2 * k]) << 16;
+            const uint32_t odd = 2 * k + 1 < in_features ? static_cast<uint32_t>(row[2 * k + 1]) << 16 : 0;
+            std::memcpy(dst + 2 * k * t.n + m, &even, sizeof(float));
+            std::memcpy(dst + 2 * k * t.n + t.n + m, &odd, sizeof(float));
+        }
+    }
+}
+
 // Which k-pairs of the next panel a tile prefetches: those with kp % count == index, so
 // the tiles of a panel spread the next one's memory traffic over the whole panel.
 struct Share {
@@ -154,23 +186,69 @@ void tile(const Gemm &g, int64_t row0, int64_t p, const uint16_t *next, Share sh
     for (int m = 0; m < TILE; m++) epilogue.store(g.out + (row0 + m) * g.out_stride + p * kPanel, acc[m][0], acc[m][1]);
 }
 
+// As tile, with the weights widened to float32 in registers and multiplied by fused
+// multiply-adds (four per row and k-pair instead of two vdpbf16ps): on CPUs that retire
+// two 512-bit FMAs per cycle but one vdpbf16ps every other cycle (an Intel Xeon without
+// AMX measured 338 against 163 GFLOP/s on 2 cores), twice the multiply-adds per cycle. The
+// inputs come from pack_rows_f32. Products of bf16 are exact in float32 either way.
+template <int TILE>
+void tile_widened(const Gemm &g, int64_t row0, int64_t p, const uint16_t *next, Share share) {
+    const uint16_t *panel = g.packed + p * g.panel_pairs * 2 * kPanel;
+    const float *x = reinterpret_cast<const float *>(g.x_pairs) + 2 * row0 * g.pairs;
+    const __m512i high = _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
+    __m512 acc[TILE][2];
+    for (int m = 0; m < TILE; m++) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+    int64_t until = share.index + 1;  // k-pairs until the next prefetch
+    for (int64_t kp = 0; kp < g.pairs; kp++) {
+        const __m512i w0 = _mm512_loadu_si512(panel + kp * 2 * kPanel);
+        const __m512i w1 = _mm512_loadu_si512(panel + kp * 2 * kPanel + kPanel);
+        if (next != nullptr && --until == 0) {
+            _mm_prefetch(reinterpret_cast<const char *>(next + kp * 2 * kPanel), _MM_HINT_T1);
+            _mm_prefetch(reinterpret_cast<const char *>(next + kp * 2 * kPanel + kPanel), _MM_HINT_T1);
+            until = share.count;
+        }
+        // Columns 0-15 and 16-31 for the pair's even feature (low halves) and odd one (high).
+        const __m512 e0 = _mm512_castsi512_ps(_mm512_slli_epi32(w0, 16));
+        const __m512 o0 = _mm512_castsi512_ps(_mm512_and_si512(w0, high));
+        const __m512 e1 = _mm512_castsi512_ps(_mm512_slli_epi32(w1, 16));
+        const __m512 o1 = _mm512_castsi512_ps(_mm512_and_si512(w1, high));
+        const float *xk = x + 2 * kp * TILE;
+        for (int m = 0; m < TILE; m++) {
+            const __m512 xe = _mm512_set1_ps(xk[m]), xo = _mm512_set1_ps(xk[TILE + m]);
+            acc[m][0] = _mm512_fmadd_ps(xe, e0, acc[m][0]);
+            acc[m][1] = _mm512_fmadd_ps(xe, e1, acc[m][1]);
+            acc[m][0] = _mm512_fmadd_ps(xo, o0, acc[m][0]);
+            acc[m][1] = _mm512_fmadd_ps(xo, o1, acc[m][1]);
+        }
+    }
+    const PanelEpilogue epilogue(g.bias, g.out_features, p * kPanel);
+    for (int m = 0; m < TILE; m++) epilogue.store(g.out + (row0 + m) * g.out_stride + p * kPanel, acc[m][0], acc[m][1]);
+}
+
 using TileFn = void (*)(const Gemm &, int64_t, int64_t, const uint16_t *, Share);
 constexpr TileFn kTiles[kMaxTile + 1] = {nullptr,  tile<1>, tile<2>, tile<3>,  tile<4>,  tile<5>, tile<6>,
                                          tile<7>,  tile<8>, tile<9>, tile<10>, tile<11>, tile<12>};
+constexpr TileFn kWidenedTiles[kMaxTile + 1] = {
+    nullptr,         tile_widened<1>, tile_widened<2>, tile_widened<3>,  tile_widened<4>,  tile_widened<5>, tile_widened<6>,
+    tile_widened<7>, tile_widened<8>, tile_widened<9>, tile_widened<10>, tile_widened<11>, tile_widened<12>};
 
 // Rows per pass over the weights: with many rows, the pass's inputs stay in L2 (~256 KiB)
 // while every panel of the thread's range is multiplied against them.
-int64_t rows_per_pass(int64_t in_features) {
-    int64_t rows = (256 << 10) / (2 * (in_features > 0 ? in_features : 1)) / kMaxTile * kMaxTile;
+int64_t rows_per_pass(int64_t row_bytes) {
+    int64_t rows = (256 << 10) / (row_bytes > 0 ? row_bytes : 1) / kMaxTile * kMaxTile;
     return rows < kMaxTile ? kMaxTile : rows;
 }
 
-void gemm(const Bf16 *x, int64_t in_features, int64_t x_stride, Gemm g, int num_threads) {
-    const int64_t panels = (g.out_features + kPanel - 1) / kPanel, step = rows_per_pass(in_features);
+// widened: on tile_widened (inputs as float32, two words per pair) instead of tile.
+void gemm(const Bf16 *x, int64_t in_features, int64_t x_stride, Gemm g, bool widened, int num_threads) {
+    const int64_t words = widened ? 2 : 1;  // 32-bit words per input pair in x_pairs
+    const int64_t panels = (g.out_features + kPanel - 1) / kPanel, step = rows_per_pass(4 * words * g.pairs);
     // Reused across calls: a fresh (zero-filled, often freshly mapped) buffer per product cost
     // ~3% of a prefill step on Zen 4, and pack_rows writes every word that is read.
     static thread_local std::vector<int32_t> x_pairs;
-    if (x_pairs.size() < static_cast<size_t>(g.rows * g.pairs)) x_pairs.resize(static_cast<size_t>(g.rows * g.pairs));
+    const size_t need = static_cast<size_t>(words * g.rows * g.pairs);
+    if (x_pairs.size() < need) x_pairs.resize(need);
+    const TileFn *tile_fns = widened ? kWidenedTiles : kTiles;
     int32_t *const pairs_buf = x_pairs.data();  // the caller's buffer, shared by the team below
     g.x_pairs = pairs_buf;
     const int64_t ahead = g.rows >= 8 ? kAhead : small_ahead;
@@ -188,7 +266,12 @@ void gemm(const Bf16 *x, int64_t in_features, int64_t x_stride, Gemm g, int num_
 #pragma omp parallel num_threads(num_threads)
     {
 #pragma omp for schedule(static)
-        for (int64_t i = 0; i < first_tile[passes]; i++) pack_rows(x, in_features, x_stride, g.pairs, tiles[i], pairs_buf);
+        for (int64_t i = 0; i < first_tile[passes]; i++) {
+            if (widened)
+                pack_rows_f32(x, in_features, x_stride, g.pairs, tiles[i], reinterpret_cast<float *>(pairs_buf));
+            else
+                pack_rows(x, in_features, x_stride, g.pairs, tiles[i], pairs_buf);
+        }
         // Each row pass's panels: a contiguous range per thread, in address order, with the
         // ranges' ends up for grabs (stealing_ranges.h), so a thread preempted by another
         // process does not stall the other at the barrier.
@@ -200,7 +283,7 @@ void gemm(const Bf16 *x, int64_t in_features, int64_t x_stride, Gemm g, int num_
                 const uint16_t *next =
                     ahead > 0 && p + ahead < panels ? g.packed + (p + ahead) * g.panel_pairs * 2 * kPanel : nullptr;
                 for (int64_t i = 0; i < count; i++)
-                    kTiles[pass_tiles[i].n](g, pass_tiles[i].start, p, next, Share{i, count});
+                    tile_fns[pass_tiles[i].n](g, pass_tiles[i].start, p, next, Share{i, count});
             }
         }
     }
@@ -213,6 +296,9 @@ int64_t panel_pairs_of(int64_t in_features) { return (in_features + 31) / 32 * 1
 
 // Rows from which linear_bf16 multiplies on AMX tiles (where it can); set by the caller.
 int64_t amx_min_rows = INT64_MAX;
+// Rows from which the vector kernel widens the weights to float32 (tile_widened); set by
+// the caller from a measurement (kernels/cpu/gemm_choice.py).
+int64_t widen_min_rows = INT64_MAX;
 
 }  // namespace
 
@@ -240,6 +326,14 @@ int64_t linear_bf16_set_amx_min_rows(int64_t rows) {
 int64_t linear_bf16_set_small_prefetch(int64_t panels) {
     const int64_t previous = small_ahead;
     small_ahead = panels < 0 ? 0 : panels;
+    return previous;
+}
+
+// Products of at least `rows` rows on the vector kernel multiply with widened weights and
+// float32 FMAs; returns the previous setting. INT64_MAX (the initial value): never.
+int64_t linear_bf16_set_widen_min_rows(int64_t rows) {
+    const int64_t previous = widen_min_rows;
+    widen_min_rows = rows;
     return previous;
 }
 
@@ -272,7 +366,7 @@ int linear_bf16_vector(const forkserve::Bf16 *x, int64_t rows, int64_t in_featur
 #if defined(__AVX512BF16__)
     const Gemm g{nullptr, rows, (in_features + 1) / 2, panel_pairs_of(in_features), packed, out_features, bias, out,
                  out_stride};
-    gemm(x, in_features, x_stride, g, num_threads);
+    gemm(x, in_features, x_stride, g, rows >= widen_min_rows, num_threads);
     return 0;
 #else
     (void)x, (void)rows, (void)in_features, (void)x_stride, (void)packed, (void)out_features, (void)bias, (void)out,

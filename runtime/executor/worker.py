@@ -149,19 +149,21 @@ class ModelWorker:
 
     def _choose_gemm(self) -> str:
         """Which kernel multiplies the packed weights, in words; for bf16 weights on our GEMM,
-        the AMX row threshold and the small-row prefetch measured on this machine
+        the widened-kernel and AMX row thresholds and the small-row prefetch measured on this machine
         (``kernels/cpu/gemm_choice.py``)."""
         weights = packed_weights(self.model)
         if not any(p.kind == "bf16_panels" for p in weights):
             return "oneDNN GEMM on packed weights" if weights else "F.linear"
         bf16 = [(p.data, p.in_features, p.out_features) for p in weights if p.kind == "bf16_panels"]
-        rows = gemm_choice.choose_for({(p.in_features, p.out_features) for p in weights})
+        shapes = {(p.in_features, p.out_features) for p in weights}
+        widen_rows = gemm_choice.choose_widen_for(shapes)
+        rows = gemm_choice.choose_for(shapes)
         if rows >= gemm_choice.NEVER and gemm_choice.amx_available():
             logger.warning("this CPU has AMX tiles, but the measured GEMM choice keeps every product on the vector "
                            "kernel (prefill ~10x slower); another process probably took a core while it was "
                            "measured: delete %s to measure again", gemm_choice.cache_file_name())
         prefetch = rows > 1 and gemm_choice.choose_small_prefetch(bf16)
-        return gemm_choice.describe(rows, prefetch)
+        return gemm_choice.describe(rows, prefetch, widen_rows)
 
     @property
     def _on_cuda(self) -> bool:
