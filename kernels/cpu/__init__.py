@@ -2,8 +2,9 @@
 
 ``paged_attention.cpp`` (attention over the paged pool; long bfloat16 extends go to
 ``attention_amx.cpp`` on AMX tiles), ``elementwise.cpp`` (RMSNorm, rotary, SiLU-and-mul),
-``linear_bf16.cpp`` (bfloat16 GEMM on packed weights: AVX512-BF16 vectors, or AMX tiles in
-``linear_amx.cpp`` from a row count measured per machine by ``gemm_choice.py``),
+``linear_bf16.cpp`` (bfloat16 GEMM on packed weights: AVX512-BF16 vectors, the same with the
+weights widened to float32 FMAs, or AMX tiles in ``linear_amx.cpp``, from row counts measured
+per machine by ``gemm_choice.py``),
 ``decoder_layers.cpp`` (all decoder layers in one call, from
 ``runtime/models/cpu_decoder_layers.py``) and ``machine_probe.cpp`` (the read rate and
 multiply-add peaks of ``bench_agent/roofline.py``) are compiled once per machine and loaded
