@@ -57,7 +57,10 @@ def test_the_widened_threshold_is_the_largest_crossover_and_is_described(monkeyp
     assert gemm_choice.choose_widen_for([(3, 10), (6, 10)]) == 6
     assert gemm_choice.set_widen_min_rows(gemm_choice.NEVER) == 6
     assert gemm_choice.describe(gemm_choice.NEVER, widen_rows=6).startswith(
-        "bf16 GEMM on AVX512-BF16 vectors (float32 FMAs on widened weights from 6 rows)")
+        "bf16 GEMM on AVX512-BF16 vectors (float32 FMAs on widened weights from 6 rows")
+    assert gemm_choice.describe(4, True, 2) == ("bf16 GEMM on AMX tiles from 4 rows, AVX512-BF16 vectors "
+                                                 "(prefetching at decode sizes; float32 FMAs on widened weights "
+                                                 "from 2 rows) below")
 
 
 @needs_amx

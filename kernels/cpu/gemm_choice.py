@@ -267,9 +267,12 @@ def choose_for(shapes: Iterable[tuple[int, int]], threads: int | None = None) ->
 
 def describe(rows: int, small_prefetch: bool = False, widen_rows: int = NEVER) -> str:
     """The choice in words, for the start-up log."""
-    vectors = "AVX512-BF16 vectors" + (" (prefetching at decode sizes)" if small_prefetch else "")
+    notes = ["prefetching at decode sizes"] if small_prefetch else []
     if widen_rows < NEVER:
-        vectors += f" (float32 FMAs on widened weights from {widen_rows} rows)"
+        notes.append(f"float32 FMAs on widened weights from {widen_rows} rows")
+    if rows >= NEVER and not amx_available():
+        notes.append("no AMX here")
+    vectors = "AVX512-BF16 vectors" + (f" ({'; '.join(notes)})" if notes else "")
     if rows >= NEVER:
-        return f"bf16 GEMM on {vectors}" + ("" if amx_available() else " (no AMX here)")
+        return f"bf16 GEMM on {vectors}"
     return f"bf16 GEMM on AMX tiles from {rows} rows, {vectors} below"
