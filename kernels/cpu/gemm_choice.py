@@ -4,14 +4,16 @@ A packed bf16 weight (``linear_bf16.pack``) can be multiplied by three kernels: 
 vectors (``linear_bf16.cpp``, every CPU with AVX512-BF16), the same kernel with the weights
 widened to float32 in registers and float32 FMAs (``tile_widened``: twice the multiply-adds
 per cycle where a CPU retires two 512-bit FMAs per cycle but a vdpbf16ps every other one, as
-an Intel Xeon without AMX measured, 338 against 163 GFLOP/s on 2 cores; half as many on AMD
-Zen 4, where vdpbf16ps is the faster), and AMX tiles (``linear_amx.cpp``, Intel Xeons from
-Sapphire Rapids on). The widened kernel is measured like the tiles: for each weight shape,
-the smallest row count from which it is at least as fast as vdpbf16ps
-(``linear_bf16_set_widen_min_rows``; the largest of the model's shapes), first, so that the
-tiles are then measured against the faster of the two vector kernels. Vectors read a weight fastest for a single row; tiles
-do 8,192 multiply-adds per instruction and win from a few rows on (on a 2-core Xeon with
-AMX: ~2 TFLOP/s at 600 rows against ~160 GFLOP/s). The crossover depends on the machine and
+an Intel Xeon without AMX measured, 338 against 163 GFLOP/s on 2 cores; on AMD Zen 4, whose
+512-bit FMAs run at half width, vdpbf16ps should stay the faster), and AMX tiles
+(``linear_amx.cpp``, Intel Xeons from Sapphire Rapids on). The widened kernel is measured
+like the tiles: for each weight shape, the smallest row count from which it is at least as
+fast as vdpbf16ps (``linear_bf16_set_widen_min_rows``; the largest of the model's shapes),
+first, so that the tiles are then measured against the faster of the two vector kernels.
+
+Vectors read a weight fastest for a single row; tiles do 8,192 multiply-adds per
+instruction and win from a few rows on (on a 2-core Xeon with AMX: ~2 TFLOP/s at 600 rows
+against ~160 GFLOP/s). The crossover depends on the machine and
 the shape, so it is measured: for each weight shape, both kernels on 1..16 rows, and the
 smallest row count from which tiles are at least as fast (see ``measure_crossover``). Products
 of that many rows or more go to the tiles (``linear_bf16_set_amx_min_rows``; one setting
