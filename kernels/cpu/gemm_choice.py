@@ -2,7 +2,7 @@
 
 A packed bf16 weight (``linear_bf16.pack``) can be multiplied by three kernels: vdpbf16ps
 vectors (``linear_bf16.cpp``, every CPU with AVX512-BF16), the same kernel with the weights
-widened to float32 in registers and float32 FMAs (``tile_widened``: twice the multiply-adds
+widened to float32 in registers and float32 FMAs (``tile<N, true>``: twice the multiply-adds
 per cycle where a CPU retires two 512-bit FMAs per cycle but a vdpbf16ps every other one, as
 an Intel Xeon without AMX measured, 338 against 163 GFLOP/s on 2 cores; on AMD Zen 4, whose
 512-bit FMAs run at half width, vdpbf16ps should stay the faster), and AMX tiles

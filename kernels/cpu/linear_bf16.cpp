@@ -11,7 +11,7 @@
 //
 // linear_bf16 is the entry point for all three kernels: it multiplies on AMX tiles from
 // amx_min_rows rows on (where the build and the CPU have them), below that with the weights
-// widened to float32 and FMAs (tile_widened) from widen_min_rows rows on, and with vdpbf16ps
+// widened to float32 and FMAs (tile<N, true>) from widen_min_rows rows on, and with vdpbf16ps
 // below both. The Python side sets both thresholds from measurements on this machine
 // (kernels/cpu/gemm_choice.py).
 //
@@ -65,7 +65,7 @@ int64_t small_ahead = 0;        // the same below 8 rows (0: no prefetch); set b
 #if defined(__AVX512BF16__)
 
 struct Gemm {
-    const int32_t *x_pairs;  // the input rows regrouped by pack_rows (or pack_rows_f32)
+    const int32_t *x_pairs;  // the input rows regrouped by pack_rows
     int64_t rows, pairs;
     int64_t panel_pairs;     // k-pairs per panel in the packed layout (pairs rounded up to 16)
     const uint16_t *packed;  // [panels][panel_pairs][32][2]
@@ -101,34 +101,15 @@ void add_row_tiles(int64_t r0, int64_t r1, std::vector<RowTile> &tiles) {
 
 // The input rows regrouped so that a tile's broadcasts for one k-pair are consecutive:
 // the tile of rows [r, r + n) starts at x_pairs + r * pairs and holds, for each k-pair, the
-// n rows' (x[2 kp], x[2 kp + 1]) as int32; a missing odd feature is zero.
+// n rows' (x[2 kp], x[2 kp + 1]) as int32; a missing odd feature is zero. WIDENED (for the
+// widened tiles): two words per pair, the tile at x_pairs + 2 r pairs holding for each
+// k-pair the n rows' x[2 kp], then the n rows' x[2 kp + 1], as float32 bits (exact).
 // Whole pairs go 16 at a time: 16 words of each of the tile's rows, transposed, then stored
 // as 16 runs of t.n words (a scalar loop over each word took ~3% of a prefill step).
+template <bool WIDENED>
 void pack_rows(const Bf16 *x, int64_t in_features, int64_t x_stride, int64_t pairs, RowTile t, int32_t *x_pairs) {
-    int32_t *dst = x_pairs + t.start * pairs;
-    const __mmask16 lanes = static_cast<__mmask16>((1u << t.n) - 1);
-    int64_t kp = 0;
-    for (; kp + 16 <= in_features / 2; kp += 16) {
-        __m512i r[16];
-        for (int64_t m = 0; m < 16; m++)
-            r[m] = m < t.n ? _mm512_loadu_si512(x + (t.start + m) * x_stride + 2 * kp) : _mm512_setzero_si512();
-        transpose16(r);  // r[k] lane m: row m's pair kp + k
-        for (int64_t k = 0; k < 16; k++) _mm512_mask_storeu_epi32(dst + (kp + k) * t.n, lanes, r[k]);
-    }
-    for (int64_t m = 0; m < t.n; m++) {  // the last pairs, and a missing odd feature as zero
-        const uint16_t *row = reinterpret_cast<const uint16_t *>(x + (t.start + m) * x_stride);
-        for (int64_t k = kp; k < pairs; k++) {
-            const uint32_t hi = 2 * k + 1 < in_features ? row[2 * k + 1] : 0;
-            dst[k * t.n + m] = static_cast<int32_t>(row[2 * k] | hi << 16);
-        }
-    }
-}
-
-// As pack_rows, for the widening kernel: the tile of rows [r, r + n) starts at
-// x_pairs + 2 r pairs (as float) and holds, for each k-pair, the n rows' x[2 kp] then the n
-// rows' x[2 kp + 1], as float32 (bf16 widened exactly); a missing odd feature is zero.
-void pack_rows_f32(const Bf16 *x, int64_t in_features, int64_t x_stride, int64_t pairs, RowTile t, float *x_f32) {
-    float *dst = x_f32 + 2 * t.start * pairs;
+    constexpr int64_t kWords = WIDENED ? 2 : 1;  // 32-bit words per pair and row
+    int32_t *dst = x_pairs + kWords * t.start * pairs;
     const __mmask16 lanes = static_cast<__mmask16>((1u << t.n) - 1);
     const __m512i high = _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
     int64_t kp = 0;
@@ -138,18 +119,27 @@ void pack_rows_f32(const Bf16 *x, int64_t in_features, int64_t x_stride, int64_t
             r[m] = m < t.n ? _mm512_loadu_si512(x + (t.start + m) * x_stride + 2 * kp) : _mm512_setzero_si512();
         transpose16(r);  // r[k] lane m: row m's pair kp + k
         for (int64_t k = 0; k < 16; k++) {
-            float *at = dst + 2 * (kp + k) * t.n;
-            _mm512_mask_storeu_ps(at, lanes, _mm512_castsi512_ps(_mm512_slli_epi32(r[k], 16)));
-            _mm512_mask_storeu_ps(at + t.n, lanes, _mm512_castsi512_ps(_mm512_and_si512(r[k], high)));
+            int32_t *at = dst + kWords * (kp + k) * t.n;
+            if constexpr (WIDENED) {
+                _mm512_mask_storeu_epi32(at, lanes, _mm512_slli_epi32(r[k], 16));
+                _mm512_mask_storeu_epi32(at + t.n, lanes, _mm512_and_si512(r[k], high));
+            } else {
+                _mm512_mask_storeu_epi32(at, lanes, r[k]);
+            }
         }
     }
     for (int64_t m = 0; m < t.n; m++) {  // the last pairs, and a missing odd feature as zero
         const uint16_t *row = reinterpret_cast<const uint16_t *>(x + (t.start + m) * x_stride);
         for (int64_t k = kp; k < pairs; k++) {
-            const uint32_t even = static_cast<uint32_t>(row[2 * k]) << 16;
-            const uint32_t odd = 2 * k + 1 < in_features ? static_cast<uint32_t>(row[2 * k + 1]) << 16 : 0;
-            std::memcpy(dst + 2 * k * t.n + m, &even, sizeof(float));
-            std::memcpy(dst + 2 * k * t.n + t.n + m, &odd, sizeof(float));
+            const uint32_t hi = 2 * k + 1 < in_features ? row[2 * k + 1] : 0;
+            const uint32_t word = row[2 * k] | hi << 16;
+            int32_t *at = dst + kWords * k * t.n + m;
+            if constexpr (WIDENED) {
+                at[0] = static_cast<int32_t>(word << 16);
+                at[t.n] = static_cast<int32_t>(word & 0xFFFF0000u);
+            } else {
+                at[0] = static_cast<int32_t>(word);
+            }
         }
     }
 }
@@ -161,40 +151,16 @@ struct Share {
 };
 
 // Rows [row0, row0 + TILE) times panel p; `next` (or null) is prefetched alongside.
-template <int TILE>
+// WIDENED: the weights widened to float32 in registers (a shift and an and) and multiplied by
+// fused multiply-adds, four per row and k-pair instead of two vdpbf16ps, on inputs from
+// pack_rows<true>: on CPUs that retire two 512-bit FMAs per cycle but one vdpbf16ps every
+// other cycle (an Intel Xeon without AMX measured 338 against 163 GFLOP/s on 2 cores), twice
+// the multiply-adds per cycle. Products of bf16 are exact in float32 either way.
+template <int TILE, bool WIDENED>
 void tile(const Gemm &g, int64_t row0, int64_t p, const uint16_t *next, Share share) {
+    constexpr int64_t kWords = WIDENED ? 2 : 1;  // as in pack_rows
     const uint16_t *panel = g.packed + p * g.panel_pairs * 2 * kPanel;
-    const int32_t *x = g.x_pairs + row0 * g.pairs;
-    __m512 acc[TILE][2];
-    for (int m = 0; m < TILE; m++) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
-    int64_t until = share.index + 1;  // k-pairs until the next prefetch
-    for (int64_t kp = 0; kp < g.pairs; kp++) {
-        const __m512bh w0 = (__m512bh)_mm512_loadu_si512(panel + kp * 2 * kPanel);
-        const __m512bh w1 = (__m512bh)_mm512_loadu_si512(panel + kp * 2 * kPanel + kPanel);
-        if (next != nullptr && --until == 0) {  // kp % share.count == share.index, without a division
-            _mm_prefetch(reinterpret_cast<const char *>(next + kp * 2 * kPanel), _MM_HINT_T1);
-            _mm_prefetch(reinterpret_cast<const char *>(next + kp * 2 * kPanel + kPanel), _MM_HINT_T1);
-            until = share.count;
-        }
-        for (int m = 0; m < TILE; m++) {
-            const __m512bh xb = (__m512bh)_mm512_set1_epi32(x[kp * TILE + m]);
-            acc[m][0] = _mm512_dpbf16_ps(acc[m][0], xb, w0);
-            acc[m][1] = _mm512_dpbf16_ps(acc[m][1], xb, w1);
-        }
-    }
-    const PanelEpilogue epilogue(g.bias, g.out_features, p * kPanel);
-    for (int m = 0; m < TILE; m++) epilogue.store(g.out + (row0 + m) * g.out_stride + p * kPanel, acc[m][0], acc[m][1]);
-}
-
-// As tile, with the weights widened to float32 in registers and multiplied by fused
-// multiply-adds (four per row and k-pair instead of two vdpbf16ps): on CPUs that retire
-// two 512-bit FMAs per cycle but one vdpbf16ps every other cycle (an Intel Xeon without
-// AMX measured 338 against 163 GFLOP/s on 2 cores), twice the multiply-adds per cycle. The
-// inputs come from pack_rows_f32. Products of bf16 are exact in float32 either way.
-template <int TILE>
-void tile_widened(const Gemm &g, int64_t row0, int64_t p, const uint16_t *next, Share share) {
-    const uint16_t *panel = g.packed + p * g.panel_pairs * 2 * kPanel;
-    const float *x = reinterpret_cast<const float *>(g.x_pairs) + 2 * row0 * g.pairs;
+    const int32_t *x = g.x_pairs + kWords * row0 * g.pairs;
     const __m512i high = _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
     __m512 acc[TILE][2];
     for (int m = 0; m < TILE; m++) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
@@ -202,23 +168,32 @@ void tile_widened(const Gemm &g, int64_t row0, int64_t p, const uint16_t *next, 
     for (int64_t kp = 0; kp < g.pairs; kp++) {
         const __m512i w0 = _mm512_loadu_si512(panel + kp * 2 * kPanel);
         const __m512i w1 = _mm512_loadu_si512(panel + kp * 2 * kPanel + kPanel);
-        if (next != nullptr && --until == 0) {
+        if (next != nullptr && --until == 0) {  // kp % share.count == share.index, without a division
             _mm_prefetch(reinterpret_cast<const char *>(next + kp * 2 * kPanel), _MM_HINT_T1);
             _mm_prefetch(reinterpret_cast<const char *>(next + kp * 2 * kPanel + kPanel), _MM_HINT_T1);
             until = share.count;
         }
-        // Columns 0-15 and 16-31 for the pair's even feature (low halves) and odd one (high).
-        const __m512 e0 = _mm512_castsi512_ps(_mm512_slli_epi32(w0, 16));
-        const __m512 o0 = _mm512_castsi512_ps(_mm512_and_si512(w0, high));
-        const __m512 e1 = _mm512_castsi512_ps(_mm512_slli_epi32(w1, 16));
-        const __m512 o1 = _mm512_castsi512_ps(_mm512_and_si512(w1, high));
-        const float *xk = x + 2 * kp * TILE;
-        for (int m = 0; m < TILE; m++) {
-            const __m512 xe = _mm512_set1_ps(xk[m]), xo = _mm512_set1_ps(xk[TILE + m]);
-            acc[m][0] = _mm512_fmadd_ps(xe, e0, acc[m][0]);
-            acc[m][1] = _mm512_fmadd_ps(xe, e1, acc[m][1]);
-            acc[m][0] = _mm512_fmadd_ps(xo, o0, acc[m][0]);
-            acc[m][1] = _mm512_fmadd_ps(xo, o1, acc[m][1]);
+        const int32_t *xk = x + kWords * kp * TILE;
+        if constexpr (WIDENED) {
+            // Columns 0-15 and 16-31 for the pair's even feature (low halves) and odd one (high).
+            const __m512 e0 = _mm512_castsi512_ps(_mm512_slli_epi32(w0, 16));
+            const __m512 o0 = _mm512_castsi512_ps(_mm512_and_si512(w0, high));
+            const __m512 e1 = _mm512_castsi512_ps(_mm512_slli_epi32(w1, 16));
+            const __m512 o1 = _mm512_castsi512_ps(_mm512_and_si512(w1, high));
+            for (int m = 0; m < TILE; m++) {
+                const __m512 xe = _mm512_castsi512_ps(_mm512_set1_epi32(xk[m]));
+                const __m512 xo = _mm512_castsi512_ps(_mm512_set1_epi32(xk[TILE + m]));
+                acc[m][0] = _mm512_fmadd_ps(xe, e0, acc[m][0]);
+                acc[m][1] = _mm512_fmadd_ps(xe, e1, acc[m][1]);
+                acc[m][0] = _mm512_fmadd_ps(xo, o0, acc[m][0]);
+                acc[m][1] = _mm512_fmadd_ps(xo, o1, acc[m][1]);
+            }
+        } else {
+            for (int m = 0; m < TILE; m++) {
+                const __m512bh xb = (__m512bh)_mm512_set1_epi32(xk[m]);
+                acc[m][0] = _mm512_dpbf16_ps(acc[m][0], xb, (__m512bh)w0);
+                acc[m][1] = _mm512_dpbf16_ps(acc[m][1], xb, (__m512bh)w1);
+            }
         }
     }
     const PanelEpilogue epilogue(g.bias, g.out_features, p * kPanel);
@@ -226,11 +201,11 @@ void tile_widened(const Gemm &g, int64_t row0, int64_t p, const uint16_t *next, 
 }
 
 using TileFn = void (*)(const Gemm &, int64_t, int64_t, const uint16_t *, Share);
-constexpr TileFn kTiles[kMaxTile + 1] = {nullptr,  tile<1>, tile<2>, tile<3>,  tile<4>,  tile<5>, tile<6>,
-                                         tile<7>,  tile<8>, tile<9>, tile<10>, tile<11>, tile<12>};
-constexpr TileFn kWidenedTiles[kMaxTile + 1] = {
-    nullptr,         tile_widened<1>, tile_widened<2>, tile_widened<3>,  tile_widened<4>,  tile_widened<5>, tile_widened<6>,
-    tile_widened<7>, tile_widened<8>, tile_widened<9>, tile_widened<10>, tile_widened<11>, tile_widened<12>};
+template <bool WIDENED>
+constexpr TileFn kTiles[kMaxTile + 1] = {
+    nullptr,           tile<1, WIDENED>, tile<2, WIDENED>, tile<3, WIDENED>,  tile<4, WIDENED>,  tile<5, WIDENED>,
+    tile<6, WIDENED>,  tile<7, WIDENED>, tile<8, WIDENED>, tile<9, WIDENED>,  tile<10, WIDENED>, tile<11, WIDENED>,
+    tile<12, WIDENED>};
 
 // Rows per pass over the weights: with many rows, the pass's inputs stay in L2 (~256 KiB)
 // while every panel of the thread's range is multiplied against them.
@@ -239,7 +214,7 @@ int64_t rows_per_pass(int64_t row_bytes) {
     return rows < kMaxTile ? kMaxTile : rows;
 }
 
-// widened: on tile_widened (inputs as float32, two words per pair) instead of tile.
+// widened: on the widened tiles (inputs as float32, two words per pair).
 void gemm(const Bf16 *x, int64_t in_features, int64_t x_stride, Gemm g, bool widened, int num_threads) {
     const int64_t words = widened ? 2 : 1;  // 32-bit words per input pair in x_pairs
     const int64_t panels = (g.out_features + kPanel - 1) / kPanel, step = rows_per_pass(4 * words * g.pairs);
@@ -248,7 +223,7 @@ void gemm(const Bf16 *x, int64_t in_features, int64_t x_stride, Gemm g, bool wid
     static thread_local std::vector<int32_t> x_pairs;
     const size_t need = static_cast<size_t>(words * g.rows * g.pairs);
     if (x_pairs.size() < need) x_pairs.resize(need);
-    const TileFn *tile_fns = widened ? kWidenedTiles : kTiles;
+    const TileFn *tile_fns = widened ? kTiles<true> : kTiles<false>;
     int32_t *const pairs_buf = x_pairs.data();  // the caller's buffer, shared by the team below
     g.x_pairs = pairs_buf;
     const int64_t ahead = g.rows >= 8 ? kAhead : small_ahead;
@@ -266,12 +241,8 @@ void gemm(const Bf16 *x, int64_t in_features, int64_t x_stride, Gemm g, bool wid
 #pragma omp parallel num_threads(num_threads)
     {
 #pragma omp for schedule(static)
-        for (int64_t i = 0; i < first_tile[passes]; i++) {
-            if (widened)
-                pack_rows_f32(x, in_features, x_stride, g.pairs, tiles[i], reinterpret_cast<float *>(pairs_buf));
-            else
-                pack_rows(x, in_features, x_stride, g.pairs, tiles[i], pairs_buf);
-        }
+        for (int64_t i = 0; i < first_tile[passes]; i++)
+            (widened ? pack_rows<true> : pack_rows<false>)(x, in_features, x_stride, g.pairs, tiles[i], pairs_buf);
         // Each row pass's panels: a contiguous range per thread, in address order, with the
         // ranges' ends up for grabs (stealing_ranges.h), so a thread preempted by another
         // process does not stall the other at the barrier.
@@ -296,7 +267,7 @@ int64_t panel_pairs_of(int64_t in_features) { return (in_features + 31) / 32 * 1
 
 // Rows from which linear_bf16 multiplies on AMX tiles (where it can); set by the caller.
 int64_t amx_min_rows = INT64_MAX;
-// Rows from which the vector kernel widens the weights to float32 (tile_widened); set by
+// Rows from which the vector kernel widens the weights to float32 (tile<N, true>); set by
 // the caller from a measurement (kernels/cpu/gemm_choice.py).
 int64_t widen_min_rows = INT64_MAX;
 
