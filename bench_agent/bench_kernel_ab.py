@@ -8,7 +8,7 @@ shared 2-core machines) hits both sides alike.
 
 The base revision's ``kernels/cpu`` sources are compiled with this checkout's flags into a
 temporary library; only the decoder layers' entry point is swapped, so both sides share
-the packed weights (the packed layout must be the same in both revisions) and the GEMM
+the packed weights (the packed layout must be the same in both revisions) and the kernel
 settings measured at start-up (copied to the base library where it has them).
 """
 
@@ -44,14 +44,16 @@ def build_revision(rev: str, out_dir: Path) -> ctypes.CDLL:
     return ctypes.CDLL(str(lib))
 
 
-# The GEMM choices this process measured at start-up (kernels/cpu/gemm_choice.py), set in
-# this checkout's library only: the base library gets the same values where it has the setting,
-# or it would run, say, without the small-row prefetch this machine chose.
-GEMM_SETTINGS = ("linear_bf16_set_amx_min_rows", "linear_bf16_set_small_prefetch", "linear_bf16_set_widen_min_rows")
+# The kernel choices this process measured at start-up (kernels/cpu/gemm_choice.py,
+# attention_choice.py), set in this checkout's library only: the base library gets the same
+# values where it has the setting, or it would run, say, without the small-row prefetch this
+# machine chose.
+MEASURED_SETTINGS = ("linear_bf16_set_amx_min_rows", "linear_bf16_set_small_prefetch", "linear_bf16_set_widen_min_rows",
+                     "paged_attention_set_widened")
 
 
-def copy_gemm_settings(ours: ctypes.CDLL, base: ctypes.CDLL) -> None:
-    for name in GEMM_SETTINGS:
+def copy_measured_settings(ours: ctypes.CDLL, base: ctypes.CDLL) -> None:
+    for name in MEASURED_SETTINGS:
         if not hasattr(base, name):
             continue
         value = getattr(ours, name)(0)
@@ -83,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         base_lib = build_revision(ns.base, Path(tmp))
         ours, theirs = build.load_kernels().decoder_layers_bf16, base_lib.decoder_layers_bf16
         theirs.argtypes, theirs.restype = ours.argtypes, ours.restype
-        copy_gemm_settings(build.load_kernels(), base_lib)
+        copy_measured_settings(build.load_kernels(), base_lib)
         sides = {"this checkout": ours, ns.base: theirs}
         rng = random.Random(0)
         prefix = [rng.randrange(100, 40_000) for _ in range(ns.cached)]

@@ -9,7 +9,7 @@ import platform
 import pytest
 import torch
 
-from kernels.cpu import build, entry_checks, gemm_choice
+from kernels.cpu import attention_choice, build, entry_checks, gemm_choice
 from kernels.cpu.build import CpuKernelsUnavailable
 from tests.test_attention_backends import TOLERANCE, _reference, _run
 from tests.tiny_models import greedy_tokens_by_backend
@@ -35,16 +35,26 @@ OTHER_BUILDS = {"no_avx512": "-mno-avx512f", "no_avx512_bf16": "-mno-avx512bf16"
 AMX_THRESHOLDS = {"native": 16, "native_amx_always": 1, "native_no_amx": 2**63 - 1}
 
 
-@pytest.fixture(scope="module", params=[*AMX_THRESHOLDS, *OTHER_BUILDS])
+@pytest.fixture(scope="module", params=[*AMX_THRESHOLDS, "native_widened", *OTHER_BUILDS])
 def kernel_build(request, tmp_path_factory):
     """The kernel library these tests call: this CPU's build (with one of the AMX
-    thresholds), or one of ``OTHER_BUILDS``."""
+    thresholds, or off AMX with the extend tasks on float32 FMAs), or one of ``OTHER_BUILDS``."""
+    if request.param == "native_widened":
+        if not attention_choice.applies(64):
+            pytest.skip("no bf16 extend tasks in this CPU's build: no widened variant to test")
+        lib = build.load_kernels()
+        previous = lib.paged_attention_set_amx_min_tokens(AMX_THRESHOLDS["native_no_amx"])
+        with attention_choice.forced(True):
+            yield
+        lib.paged_attention_set_amx_min_tokens(previous)
+        return
     if request.param in AMX_THRESHOLDS:
         if request.param != "native" and not gemm_choice.amx_available():
             pytest.skip("this CPU (or its build or OS) has no AMX tiles: no AMX attention to test")
         lib = build.load_kernels()
         previous = lib.paged_attention_set_amx_min_tokens(AMX_THRESHOLDS[request.param])
-        yield
+        with attention_choice.forced(False):
+            yield
         lib.paged_attention_set_amx_min_tokens(previous)
         return
     if platform.machine().lower() not in ("x86_64", "amd64"):

@@ -18,6 +18,13 @@
 // transposes and shuffles as on multiply-adds. Sums, maxima and the normaliser stay float32;
 // the probabilities are rounded to bfloat16 as FlashAttention does on GPUs.
 //
+// The widened variant (WIDE, set by paged_attention_set_widened) does the same with float32
+// FMAs: queries by dim, each block's keys and values widened to float32 once for all rows,
+// and float32 probabilities, one key per FMA instead of a pair per vdpbf16ps. It wins where
+// a CPU retires two 512-bit FMAs per cycle but a vdpbf16ps every other one (an Intel Xeon
+// without AMX: 1.5-1.6x faster for head size 64 from a few hundred keys, ~235 against ~150
+// GFLOP/s on 2 cores); it should lose on AMD Zen 4, whose 512-bit FMAs run at half width.
+//
 // Called per task from paged_attention.cpp, which builds the tasks (paged_batch.h).
 #include <cmath>
 #include <cstdint>
@@ -29,6 +36,8 @@
 #include "simd.h"
 
 namespace forkserve {
+
+bool widened_rows = false;
 
 #if defined(__AVX512BF16__) && defined(__AVX512DQ__)
 
@@ -42,7 +51,7 @@ constexpr int kSubKeys = 8;    // keys scored together: kSubKeys * RV accumulato
 template <int64_t DIM>
 constexpr int kMaxRowVecs = DIM == 64 ? 3 : 2;
 
-template <int64_t DIM, int RV>
+template <int64_t DIM, int RV, bool WIDE>
 void attend_rows_impl(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf16 *v_cache, Bf16 *out,
                       const ExtendTask &task) {
     constexpr int64_t kPairs = DIM / 2, kVecs = DIM / 16;
@@ -57,9 +66,13 @@ void attend_rows_impl(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const
     const int64_t *slots = bt.req_to_token + bt.rows[b] * bt.r2t_stride;
     const Bf16 *kh = k_cache + task.h * bt.num_slots * DIM, *vh = v_cache + task.h * bt.num_slots * DIM;
 
-    alignas(64) int32_t qt[kPairs][kRows];         // queries by dim pair
-    alignas(64) float s[kKeys][kRows];             // a block's scores, by key
-    alignas(64) int32_t pp[kKeys / 2][kRowRoom];   // probabilities as bf16 pairs of keys, by row
+    // Queries by dim pair (bf16 pairs), or WIDE by dim (float32 bits).
+    alignas(64) int32_t qt[WIDE ? DIM : kPairs][kRows];
+    // A block's scores by key; WIDE, then its float32 probabilities in place.
+    alignas(64) float s[kKeys][WIDE ? kRowRoom : kRows];
+    alignas(64) int32_t pp[WIDE ? 1 : kKeys / 2][kRowRoom];  // probabilities as bf16 pairs of keys, by row
+    alignas(64) float kw[WIDE ? kKeys : 1][DIM];             // WIDE: a block's keys as float32
+    alignas(64) __m512 vw[WIDE ? kKeys : 1][kVecs];          // WIDE: a block's values as float32
     alignas(64) float acc[kRowRoom][DIM];          // output sums
     alignas(64) float corr[kRowRoom];              // per row, the factor for its sums so far
     alignas(64) float visible[kRows];              // per row, how many keys it sees
@@ -67,11 +80,20 @@ void attend_rows_impl(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const
         const bool real = m < rows;
         const int64_t token = real ? m / group : task.count - 1, head = task.h * group + (real ? m % group : 0);
         const auto *words = reinterpret_cast<const int32_t *>(q + ((task.tok + token) * bt.num_heads + head) * DIM);
-        for (int64_t i = 0; i < kPairs; i++) qt[i][m] = real ? words[i] : 0;
+        for (int64_t i = 0; i < kPairs; i++) {
+            const int32_t w = real ? words[i] : 0;
+            if constexpr (WIDE) {
+                qt[2 * i][m] = static_cast<int32_t>(static_cast<uint32_t>(w) << 16);
+                qt[2 * i + 1][m] = static_cast<int32_t>(static_cast<uint32_t>(w) & 0xFFFF0000u);
+            } else {
+                qt[i][m] = w;
+            }
+        }
         visible[m] = static_cast<float>(first + token + 1);
     }
     std::memset(acc, 0, sizeof(acc));
     std::memset(pp, 0, sizeof(pp));
+    std::memset(s, 0, sizeof(s));
     for (int m = 0; m < kRowRoom; m++) corr[m] = 1.f;
 
     constexpr float kLog2e = 1.44269504f;
@@ -101,19 +123,32 @@ void attend_rows_impl(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const
             prefetch_row(kh + slots[c] * DIM, DIM);
             prefetch_row<2>(vh + slots[c] * DIM, DIM);
         }
-        // Scores, kSubKeys keys at a time.
+        if constexpr (WIDE)  // the block's keys and values as float32, once for all rows
+            for (int64_t c = 0; c < kKeys; c++) {
+                const Bf16 *kr = key_row(kh, c), *vr = key_row(vh, c);
+                for (int64_t v = 0; v < kVecs; v++) {
+                    _mm512_store_ps(&kw[c][16 * v], load16(kr + 16 * v));
+                    vw[c][v] = load16(vr + 16 * v);
+                }
+            }
+        // Scores, kSubKeys keys at a time: per dim pair (vdpbf16ps) or per dim (WIDE, FMAs).
         for (int64_t c0 = 0; c0 < count; c0 += kSubKeys) {
             const int32_t *krow[kSubKeys];
             for (int c = 0; c < kSubKeys; c++) krow[c] = reinterpret_cast<const int32_t *>(key_row(kh, c0 + c));
             __m512 sc[kSubKeys][RV];
             for (int c = 0; c < kSubKeys; c++)
                 for (int r = 0; r < RV; r++) sc[c][r] = _mm512_setzero_ps();
-            for (int64_t i = 0; i < kPairs; i++) {
-                __m512bh qv[RV];
-                for (int r = 0; r < RV; r++) qv[r] = (__m512bh)_mm512_load_si512(&qt[i][16 * r]);
+            for (int64_t i = 0; i < (WIDE ? DIM : kPairs); i++) {
+                __m512 qv[RV];
+                for (int r = 0; r < RV; r++) qv[r] = _mm512_castsi512_ps(_mm512_load_si512(&qt[i][16 * r]));
                 for (int c = 0; c < kSubKeys; c++) {
-                    const __m512bh kb = (__m512bh)_mm512_set1_epi32(krow[c][i]);
-                    for (int r = 0; r < RV; r++) sc[c][r] = _mm512_dpbf16_ps(sc[c][r], qv[r], kb);
+                    if constexpr (WIDE) {
+                        const __m512 kb = _mm512_set1_ps(kw[c0 + c][i]);
+                        for (int r = 0; r < RV; r++) sc[c][r] = _mm512_fmadd_ps(qv[r], kb, sc[c][r]);
+                    } else {
+                        const __m512bh kb = (__m512bh)_mm512_set1_epi32(krow[c][i]);
+                        for (int r = 0; r < RV; r++) sc[c][r] = _mm512_dpbf16_ps(sc[c][r], (__m512bh)qv[r], kb);
+                    }
                 }
             }
             for (int c = 0; c < kSubKeys; c++)
@@ -122,7 +157,7 @@ void attend_rows_impl(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const
         // Online softmax per row, in base 2: `best` is the reference for scale * log2(e) *
         // score, which moves only when a score passes it by kSlack nats (so the sums are rarely
         // rescaled); keys past a row's last get probability exactly 0. The probabilities go
-        // straight into bf16 pairs of keys.
+        // straight into bf16 pairs of keys, or WIDE, as float32 over their scores.
         bool rescale = false;
         for (int r = 0; r < RV; r++) {
             auto sees = [&](int64_t c) {
@@ -154,14 +189,20 @@ void attend_rows_impl(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const
             for (int64_t j = 0; j < (count + 1) / 2; j++) {
                 const __m512 p0 = prob(2 * j), p1 = prob(2 * j + 1);
                 total[r] = _mm512_add_ps(total[r], _mm512_add_ps(p0, p1));
-                const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(p1, p0);
-                _mm512_store_si512(&pp[j][16 * r], _mm512_permutexvar_epi16(interleave, both));
+                if constexpr (WIDE) {
+                    _mm512_store_ps(&s[2 * j][16 * r], p0);
+                    _mm512_store_ps(&s[2 * j + 1][16 * r], p1);
+                } else {
+                    const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(p1, p0);
+                    _mm512_store_si512(&pp[j][16 * r], _mm512_permutexvar_epi16(interleave, both));
+                }
             }
         }
-        // Values interleaved by key pair, once for all rows; then sums = sums * corr + p x v.
+        // Values interleaved by key pair (unless WIDE), once for all rows; then sums = sums *
+        // corr + p x v, by pairs of keys (vdpbf16ps) or by keys (WIDE, FMAs).
         const int64_t pairs = (count + 1) / 2;
-        __m512i vp[kKeys / 2][kVecs];
-        for (int64_t j = 0; j < pairs; j++) {
+        __m512i vp[WIDE ? 1 : kKeys / 2][kVecs];
+        for (int64_t j = 0; j < pairs && !WIDE; j++) {
             const Bf16 *r0 = key_row(vh, 2 * j), *r1 = key_row(vh, 2 * j + 1);
             for (int64_t v = 0; v < kVecs; v += 2) {
                 const __m512i a = _mm512_loadu_si512(r0 + 16 * v), c = _mm512_loadu_si512(r1 + 16 * v);
@@ -176,12 +217,15 @@ void attend_rows_impl(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const
                     o[m][v] = _mm512_load_ps(&acc[m0 + m][16 * v]);
                     if (rescale) o[m][v] = _mm512_mul_ps(o[m][v], _mm512_set1_ps(corr[m0 + m]));
                 }
-            for (int64_t j = 0; j < pairs; j++) {
-                __m512bh w[kVecs];
-                for (int64_t v = 0; v < kVecs; v++) w[v] = (__m512bh)vp[j][v];
+            for (int64_t j = 0; j < (WIDE ? 2 * pairs : pairs); j++) {
+                __m512i w[kVecs];
+                for (int64_t v = 0; v < kVecs; v++) w[v] = WIDE ? _mm512_castps_si512(vw[j][v]) : vp[j][v];
                 for (int m = 0; m < kChunk; m++) {
-                    const __m512bh pb = (__m512bh)_mm512_set1_epi32(pp[j][m0 + m]);
-                    for (int64_t v = 0; v < kVecs; v++) o[m][v] = _mm512_dpbf16_ps(o[m][v], pb, w[v]);
+                    for (int64_t v = 0; v < kVecs; v++)
+                        if constexpr (WIDE)
+                            o[m][v] = _mm512_fmadd_ps(_mm512_set1_ps(s[j][m0 + m]), _mm512_castsi512_ps(w[v]), o[m][v]);
+                        else
+                            o[m][v] = _mm512_dpbf16_ps(o[m][v], (__m512bh)_mm512_set1_epi32(pp[j][m0 + m]), (__m512bh)w[v]);
                 }
             }
             for (int m = 0; m < kChunk; m++)
@@ -211,22 +255,32 @@ int64_t attend_rows_tokens(int64_t group, int64_t dim) {
     return group < rows ? rows / group : 1;
 }
 
-void attend_rows(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf16 *v_cache, Bf16 *out,
-                 const ExtendTask &task) {
+template <bool W>
+void attend_rows_as(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf16 *v_cache, Bf16 *out,
+                    const ExtendTask &task) {
     const int64_t row_vecs = (task.count * (bt.num_heads / bt.kv_heads) + 15) / 16;
     if (bt.dim == 64) {
         if (row_vecs <= 1)
-            attend_rows_impl<64, 1>(bt, q, k_cache, v_cache, out, task);
+            attend_rows_impl<64, 1, W>(bt, q, k_cache, v_cache, out, task);
         else if (row_vecs == 2)
-            attend_rows_impl<64, 2>(bt, q, k_cache, v_cache, out, task);
+            attend_rows_impl<64, 2, W>(bt, q, k_cache, v_cache, out, task);
         else
-            attend_rows_impl<64, 3>(bt, q, k_cache, v_cache, out, task);
+            attend_rows_impl<64, 3, W>(bt, q, k_cache, v_cache, out, task);
     } else if (row_vecs <= 1) {
-        attend_rows_impl<128, 1>(bt, q, k_cache, v_cache, out, task);
+        attend_rows_impl<128, 1, W>(bt, q, k_cache, v_cache, out, task);
     } else {
-        attend_rows_impl<128, 2>(bt, q, k_cache, v_cache, out, task);
+        attend_rows_impl<128, 2, W>(bt, q, k_cache, v_cache, out, task);
     }
 }
+
+void attend_rows(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf16 *v_cache, Bf16 *out,
+                 const ExtendTask &task) {
+    if (widened_rows)
+        attend_rows_as<true>(bt, q, k_cache, v_cache, out, task);
+    else
+        attend_rows_as<false>(bt, q, k_cache, v_cache, out, task);
+}
+
 
 #else
 
@@ -237,3 +291,11 @@ void attend_rows(const Batch &, const Bf16 *, const Bf16 *, const Bf16 *, Bf16 *
 #endif
 
 }  // namespace forkserve
+
+// Whether bf16 extend tasks take float32 FMAs on widened rows (1) or vdpbf16ps (0); returns
+// the previous setting. Chosen by measurement, kernels/cpu/attention_choice.py.
+extern "C" int64_t paged_attention_set_widened(int64_t on) {
+    const int64_t previous = forkserve::widened_rows;
+    forkserve::widened_rows = on != 0;
+    return previous;
+}

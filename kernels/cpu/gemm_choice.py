@@ -37,7 +37,7 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -184,14 +184,9 @@ def choose_small_prefetch(weights: list[tuple[torch.Tensor, int, int]], threads:
     weights on this machine (cached per total weight size and thread count). Returns it."""
     threads = threads or torch.get_num_threads()
     total_mib = sum(packed.numel() * packed.element_size() for packed, _, _ in weights) >> 20
-    path = _cache_file()
-    cached = _read_cache(path)
-    key = f"prefetch:{total_mib}MiB@{threads}"
-    if key not in cached:
-        cached[key] = int(prefetch_wins(weights, threads))
-        _write_cache(path, cached)
-    set_small_prefetch(cached[key])
-    return bool(cached[key])
+    wins = cached(f"prefetch:{total_mib}MiB@{threads}", lambda: int(prefetch_wins(weights, threads)))
+    set_small_prefetch(wins)
+    return bool(wins)
 
 
 def _cache_file() -> Path:
@@ -225,6 +220,17 @@ def _write_cache(path: Path, data: dict[str, int]) -> None:
     os.replace(tmp, path)  # concurrent starts never read a half-written file
 
 
+def cached(key: str, measure: Callable[[], int]) -> int:
+    """The measured choice ``key`` on this machine: from the cache file, or ``measure()`` now
+    (and cached)."""
+    path = _cache_file()
+    data = _read_cache(path)
+    if key not in data:
+        data[key] = int(measure())
+        _write_cache(path, data)
+    return data[key]
+
+
 def crossovers(shapes: Iterable[tuple[int, int]], threads: int | None = None,
                challenger: str = "amx") -> dict[tuple[int, int], int]:
     """Each ``(in_features, out_features)`` shape's crossover row count for ``challenger``
@@ -234,19 +240,10 @@ def crossovers(shapes: Iterable[tuple[int, int]], threads: int | None = None,
     shapes = sorted(set(shapes))
     if challenger == "amx" and not amx_available():
         return dict.fromkeys(shapes, NEVER)
-    path = _cache_file()
-    cached = _read_cache(path)
-    result, measured = {}, False
     prefix = "" if challenger == "amx" else f"{challenger}:"
-    for shape in shapes:
-        key = f"{prefix}{shape[0]}x{shape[1]}@{threads}"
-        if key not in cached:
-            cached[key] = measure_crossover(*shape, threads, challenger=challenger)
-            measured = True
-        result[shape] = cached[key]
-    if measured:
-        _write_cache(path, cached)
-    return result
+    return {shape: cached(f"{prefix}{shape[0]}x{shape[1]}@{threads}",
+                          lambda shape=shape: measure_crossover(*shape, threads, challenger=challenger))
+            for shape in shapes}
 
 
 def choose_widen_for(shapes: Iterable[tuple[int, int]], threads: int | None = None) -> int:

@@ -15,7 +15,7 @@ import torch
 from kernels.attention import check_backend_can_run, create_attention_backend
 from kernels.attention.base import AttentionShape
 from kernels.attention.forward_context import ForwardContext, forward_context
-from kernels.cpu import gemm_choice
+from kernels.cpu import attention_choice, gemm_choice
 from kernels.cpu.elementwise import argmax_rows
 from kernels.cpu.packed_linear import PackedLinearUnavailable
 from radix_cache import ReqToTokenTable
@@ -101,6 +101,10 @@ class ModelWorker:
         shape = AttentionShape(local_kv_heads * (cfg.num_heads // cfg.num_kv_heads), local_kv_heads, cfg.head_dim)
         self.attn_backend = create_attention_backend(backend, self.device, shape)
         self.argmax, self.gemm = self._cpu_kernels() if backend == "cpu" else (torch_argmax, "F.linear")
+        # The bf16 extend attention's multiply-adds, measured on this machine (words for the log).
+        widened = backend == "cpu" and self.dtype == torch.bfloat16 and attention_choice.choose_for(
+            shape.num_heads, shape.num_kv_heads, shape.head_dim)
+        self.attention = "extends on float32 FMAs" if widened else ""
         self.kv_pool = KVPool(
             self.num_slots, cfg.num_layers, local_kv_heads, cfg.head_dim, self.dtype, self.device,
             layout=self.attn_backend.kv_layout,

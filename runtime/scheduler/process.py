@@ -145,6 +145,7 @@ def run_scheduler_process(args: ServerArgs, model_dir: str, recv_from: str, send
         "dtype": args.resolved_dtype,
         "device": args.resolved_device,
         "attention_backend": args.resolved_attention_backend,
+        "attention_kernel": worker.attention,
         "num_threads": torch.get_num_threads() if args.resolved_device == "cpu" else None,
         "gemm": worker.gemm,
     }

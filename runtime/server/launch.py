@@ -62,7 +62,8 @@ def describe_engine(info: dict[str, Any]) -> str:
     """What runs, in one line: dtype, device, attention backend, compute threads, KV pool
     size in tokens and the GEMM kernels (from the scheduler's ready message)."""
     threads = f", {info['num_threads']} compute threads" if info.get("num_threads") else ""
-    return (f"{info['dtype']} on {info['device']}, attention backend {info['attention_backend']}{threads}, "
+    kernel = f" ({info['attention_kernel']})" if info.get("attention_kernel") else ""
+    return (f"{info['dtype']} on {info['device']}, attention backend {info['attention_backend']}{kernel}{threads}, "
             f"KV pool {info['max_total_tokens']:,} tokens, {info['gemm']}")
 
 
