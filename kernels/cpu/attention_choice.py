@@ -7,7 +7,8 @@ depends on the CPU, as for the GEMM (``gemm_choice.py``): on an Intel Xeon witho
 widened products ran 1.5-1.6x faster (head size 64, a few hundred keys and more), and on
 AMD Zen 4, whose 512-bit FMAs run at half width, vdpbf16ps should stay the faster. So
 ``choose_for`` times both on one extend of the model's head geometry (256 new tokens after
-768 cached ones, ~3 ms a call on 2 cores) and keeps the faster; the answer is cached with
+768 cached ones; ~3 ms a call on 2 cores for the default model, ~0.1 s in all) and keeps the
+faster; the answer is cached with
 the GEMM's choices (``gemm_choice.cached``), so later starts on the same machine read it.
 
 Requests that the AMX extend kernel takes (``attention_amx.cpp``) are not affected.
@@ -36,7 +37,7 @@ def set_widened(on: bool) -> bool:
 
 def applies(head_dim: int) -> bool:
     """Whether there is a choice: this build has the bf16 extend tasks, for this head size."""
-    return head_dim in HEAD_DIMS and bool(load_kernels().linear_bf16_available())
+    return head_dim in HEAD_DIMS and bool(load_kernels().paged_attention_rows_available())
 
 
 @contextlib.contextmanager

@@ -26,6 +26,7 @@
 // GFLOP/s on 2 cores); it should lose on AMD Zen 4, whose 512-bit FMAs run at half width.
 //
 // Called per task from paged_attention.cpp, which builds the tasks (paged_batch.h).
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -37,7 +38,10 @@
 
 namespace forkserve {
 
-bool widened_rows = false;
+namespace {
+// Set by paged_attention_set_widened (at start-up, or by tests), read by every task.
+std::atomic<bool> widened_rows{false};
+}  // namespace
 
 #if defined(__AVX512BF16__) && defined(__AVX512DQ__)
 
@@ -47,7 +51,8 @@ constexpr int64_t kKeys = 32;  // keys per block
 constexpr int kSubKeys = 8;    // keys scored together: kSubKeys * RV accumulators in registers
 
 // Row vectors per task: 3 (48 rows) for head size 64, 2 for 128, so that a task's queries,
-// scores, sums and interleaved values stay near L1's 32 KiB.
+// scores, sums and interleaved values stay near L1's 32 KiB (the widened variant's float32
+// copies take ~53 KiB at head size 64 and ~80 KiB at 128: L1 and L2).
 template <int64_t DIM>
 constexpr int kMaxRowVecs = DIM == 64 ? 3 : 2;
 
@@ -93,7 +98,7 @@ void attend_rows_impl(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const
     }
     std::memset(acc, 0, sizeof(acc));
     std::memset(pp, 0, sizeof(pp));
-    std::memset(s, 0, sizeof(s));
+    if constexpr (WIDE) std::memset(s, 0, sizeof(s));  // the value pass reads past the real rows
     for (int m = 0; m < kRowRoom; m++) corr[m] = 1.f;
 
     constexpr float kLog2e = 1.44269504f;
@@ -275,12 +280,11 @@ void attend_rows_as(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const B
 
 void attend_rows(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf16 *v_cache, Bf16 *out,
                  const ExtendTask &task) {
-    if (widened_rows)
+    if (widened_rows.load(std::memory_order_relaxed))
         attend_rows_as<true>(bt, q, k_cache, v_cache, out, task);
     else
         attend_rows_as<false>(bt, q, k_cache, v_cache, out, task);
 }
-
 
 #else
 
@@ -295,7 +299,8 @@ void attend_rows(const Batch &, const Bf16 *, const Bf16 *, const Bf16 *, Bf16 *
 // Whether bf16 extend tasks take float32 FMAs on widened rows (1) or vdpbf16ps (0); returns
 // the previous setting. Chosen by measurement, kernels/cpu/attention_choice.py.
 extern "C" int64_t paged_attention_set_widened(int64_t on) {
-    const int64_t previous = forkserve::widened_rows;
-    forkserve::widened_rows = on != 0;
-    return previous;
+    return forkserve::widened_rows.exchange(on != 0) ? 1 : 0;
 }
+
+// Whether this build has the bf16 extend tasks (AVX512-BF16 and DQ), so a choice to make.
+extern "C" int paged_attention_rows_available() { return forkserve::attend_rows_supported(64) ? 1 : 0; }

@@ -118,6 +118,7 @@ _PLAIN_SIGNATURES = {
     "linear_amx_available": ([], _INT),
     "paged_attention_set_amx_min_tokens": ([_I64], _I64),
     "paged_attention_set_widened": ([_I64], _I64),
+    "paged_attention_rows_available": ([], _INT),
     "linear_amx": ([_P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _INT], _INT),
     "decoder_layers_bf16": ([_P, _P, _I64, _P, _P, _P, _INT], _INT),
     "probe_read": ([_P, _I64, _INT], ctypes.c_uint64),
