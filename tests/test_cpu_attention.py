@@ -30,30 +30,26 @@ GEOMETRIES = [(4, 4, 64), (9, 3, 64), (8, 2, 128), (8, 1, 64)]
 OTHER_BUILDS = {"no_avx512": "-mno-avx512f", "no_avx512_bf16": "-mno-avx512bf16"}
 
 
-# This CPU's build with the AMX extend kernel (attention_amx.cpp) at its default threshold
-# (requests of 16 query tokens or more), for every request, or for none.
-AMX_THRESHOLDS = {"native": 16, "native_amx_always": 1, "native_no_amx": 2**63 - 1}
+# This CPU's build as (AMX threshold, extend tasks widened): the AMX extend kernel
+# (attention_amx.cpp) at its default threshold (requests of 16 query tokens or more), for
+# every request, or for none; and off AMX with the extend tasks on float32 FMAs.
+NATIVE = {"native": (16, False), "native_amx_always": (1, False), "native_no_amx": (2**63 - 1, False),
+          "native_widened": (2**63 - 1, True)}
 
 
-@pytest.fixture(scope="module", params=[*AMX_THRESHOLDS, "native_widened", *OTHER_BUILDS])
+@pytest.fixture(scope="module", params=[*NATIVE, *OTHER_BUILDS])
 def kernel_build(request, tmp_path_factory):
     """The kernel library these tests call: this CPU's build (with one of the AMX
     thresholds, or off AMX with the extend tasks on float32 FMAs), or one of ``OTHER_BUILDS``."""
-    if request.param == "native_widened":
-        if not attention_choice.applies(64):
+    if request.param in NATIVE:
+        amx_min_tokens, widened = NATIVE[request.param]
+        if request.param in ("native_amx_always", "native_no_amx") and not gemm_choice.amx_available():
+            pytest.skip("this CPU (or its build or OS) has no AMX tiles: no AMX attention to test")
+        if widened and not attention_choice.applies(64):
             pytest.skip("no bf16 extend tasks in this CPU's build: no widened variant to test")
         lib = build.load_kernels()
-        previous = lib.paged_attention_set_amx_min_tokens(AMX_THRESHOLDS["native_no_amx"])
-        with attention_choice.forced(True):
-            yield
-        lib.paged_attention_set_amx_min_tokens(previous)
-        return
-    if request.param in AMX_THRESHOLDS:
-        if request.param != "native" and not gemm_choice.amx_available():
-            pytest.skip("this CPU (or its build or OS) has no AMX tiles: no AMX attention to test")
-        lib = build.load_kernels()
-        previous = lib.paged_attention_set_amx_min_tokens(AMX_THRESHOLDS[request.param])
-        with attention_choice.forced(False):
+        previous = lib.paged_attention_set_amx_min_tokens(amx_min_tokens)
+        with attention_choice.forced(widened):
             yield
         lib.paged_attention_set_amx_min_tokens(previous)
         return

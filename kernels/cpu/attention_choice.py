@@ -8,8 +8,8 @@ widened products ran 1.5-1.6x faster (head size 64, a few hundred keys and more)
 AMD Zen 4, whose 512-bit FMAs run at half width, vdpbf16ps should stay the faster. So
 ``choose_for`` times both on one extend of the model's head geometry (256 new tokens after
 768 cached ones; ~3 ms a call on 2 cores for the default model, ~0.1 s in all) and keeps the
-faster; the answer is cached with
-the GEMM's choices (``gemm_choice.cached``), so later starts on the same machine read it.
+faster; the answer is cached with the GEMM's choices (``gemm_choice.cached``), so later
+starts on the same machine read it.
 
 Requests that the AMX extend kernel takes (``attention_amx.cpp``) are not affected.
 """
@@ -17,14 +17,12 @@ Requests that the AMX extend kernel takes (``attention_amx.cpp``) are not affect
 from __future__ import annotations
 
 import contextlib
-import math
-import time
 from collections.abc import Iterator
 
 import torch
 
 from kernels.cpu.build import load_kernels
-from kernels.cpu.gemm_choice import NEVER, cached
+from kernels.cpu.gemm_choice import NEVER, best_times, cached
 from kernels.cpu.paged_attention import PagedBatch, paged_attention
 
 HEAD_DIMS = (64, 128)  # head sizes the extend tasks take (others run per query token)
@@ -63,19 +61,17 @@ def widened_wins(num_heads: int, kv_heads: int, head_dim: int, reps: int = 7, ne
     batch = PagedBatch.build(table, torch.zeros(1, dtype=torch.int64), [cached_tokens], [new_tokens])
     lib = load_kernels()
     previous_amx, previous = lib.paged_attention_set_amx_min_tokens(NEVER), set_widened(False)
-    times = {False: math.inf, True: math.inf}
+
+    def extend(widened: bool) -> None:
+        set_widened(widened)
+        paged_attention(q, k_cache, v_cache, batch, head_dim**-0.5)
+
     try:
-        for rep in range(reps + 1):  # the first round warms both up
-            for widened in times:
-                set_widened(widened)
-                start = time.perf_counter()
-                paged_attention(q, k_cache, v_cache, batch, head_dim**-0.5)
-                if rep:
-                    times[widened] = min(times[widened], time.perf_counter() - start)
+        times = best_times({"vdpbf16ps": lambda: extend(False), "widened": lambda: extend(True)}, reps)
     finally:
         set_widened(previous)
         lib.paged_attention_set_amx_min_tokens(previous_amx)
-    return times[True] <= times[False]
+    return times["widened"] <= times["vdpbf16ps"]
 
 
 def choose_for(num_heads: int, kv_heads: int, head_dim: int) -> bool:

@@ -33,6 +33,7 @@ the same machine read them.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import tempfile
@@ -88,6 +89,19 @@ def forced(kernel: str) -> Iterator[None]:
         set_widen_min_rows(previous_widen)
 
 
+def best_times(calls: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:
+    """Each call's best of ``reps`` timings, the calls interleaved so that the machine's drift
+    hits all alike, after a first round that warms each up (and its data into cache)."""
+    times = dict.fromkeys(calls, float("inf"))
+    for rep in range(reps + 1):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            call()
+            if rep:
+                times[name] = min(times[name], time.perf_counter() - start)
+    return times
+
+
 def _challenger_wins(challenger: str, in_features: int, out_features: int, threads: int, reps: int) -> list[bool]:
     """For each size of ``CANDIDATE_ROWS``: whether ``challenger`` (``"amx"`` or
     ``"widened"``)'s best of ``reps`` calls is at least as fast as the vector kernel's as
@@ -116,13 +130,7 @@ def _challenger_wins(challenger: str, in_features: int, out_features: int, threa
             out = torch.empty(rows, out_features, dtype=torch.bfloat16)
             args = (x.data_ptr(), rows, in_features, in_features, packed.data_ptr(), out_features, None,
                     out.data_ptr(), out_features, threads)
-            times = dict.fromkeys(kernels, float("inf"))
-            for rep in range(reps + 1):  # the first round warms the weights into cache for both
-                for name, kernel in kernels.items():
-                    start = time.perf_counter()
-                    kernel(*args)
-                    if rep:
-                        times[name] = min(times[name], time.perf_counter() - start)
+            times = best_times({name: functools.partial(kernel, *args) for name, kernel in kernels.items()}, reps)
             wins.append(times[challenger] <= times["vector"])
     finally:
         set_widen_min_rows(widen_now)
