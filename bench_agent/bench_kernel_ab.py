@@ -22,7 +22,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -63,6 +65,27 @@ def copy_measured_settings(ours: ctypes.CDLL, base: ctypes.CDLL) -> None:
         setter(value)
 
 
+def alternate(sides: dict[str, Callable[[], None]], measure: Callable[[], float], rounds: int) -> dict[str, list[float]]:
+    """``measure()`` ``rounds`` times on each side (``sides[name]()`` switches to it), the sides'
+    order reversed every other round, so that the machine's drift hits all of them alike."""
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    for i in range(rounds):
+        for name, switch in list(sides.items())[:: 1 if i % 2 == 0 else -1]:
+            switch()
+            times[name].append(measure())
+    return times
+
+
+def mean_decode_step(engine: Any, ids: list[list[int]], new_tokens: int) -> float:
+    """Seconds per decode step while ``engine`` generates ``new_tokens`` for each of ``ids``
+    (greedy, no early stop), from its step counters."""
+    before = engine.core.stats()
+    engine.generate(input_ids=ids, sampling_params={"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True})
+    after = engine.core.stats()
+    return (after["step_decode_seconds"] - before["step_decode_seconds"]) / (
+        after["step_decode_steps"] - before["step_decode_steps"])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base", required=True, help="git revision whose kernels to compare against")
@@ -100,24 +123,15 @@ def main(argv: list[str] | None = None) -> int:
 
         def decode(bs: int) -> float:
             r = random.Random(next(seed))
-            ids = [[r.randrange(100, 40_000) for _ in range(400)] for _ in range(bs)]
-            before = engine.core.stats()
-            engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 24, "temperature": 0, "ignore_eos": True})
-            after = engine.core.stats()
-            return (after["step_decode_seconds"] - before["step_decode_seconds"]) / (
-                after["step_decode_steps"] - before["step_decode_steps"])
+            return mean_decode_step(engine, [[r.randrange(100, 40_000) for _ in range(400)] for _ in range(bs)], 24)
 
         cases = [(f"prefill {n} new tokens after {ns.cached} cached (ms)", prefill, n) for n in ns.prefill]
         cases += [(f"decode step, batch {bs}, 400-token contexts (ms)", decode, bs) for bs in ns.decode]
         print(f"| case | this checkout | {ns.base} | {ns.base} / this checkout |\n|---|---|---|---|")
         for label, fn, arg in cases:
             fn(arg)  # warm up
-            times: dict[str, list[float]] = {name: [] for name in sides}
-            for i in range(ns.rounds):
-                order = list(sides.items()) if i % 2 == 0 else list(sides.items())[::-1]
-                for name, entry in order:
-                    runner._run = entry
-                    times[name].append(fn(arg))
+            switches = {name: (lambda entry=entry: setattr(runner, "_run", entry)) for name, entry in sides.items()}
+            times = alternate(switches, lambda fn=fn, arg=arg: fn(arg), ns.rounds)
             runner._run = ours
             a, b = (statistics.mean(times[name]) for name in sides)
             print(f"| {label} | {a * 1e3:.1f} | {b * 1e3:.1f} | {b / a:.3f}x |")

@@ -17,7 +17,13 @@ from tests.tiny_models import greedy_tokens_by_backend
 if build.find_compiler() is None:
     pytest.skip("no C++ compiler on PATH: the cpu backend cannot be built", allow_module_level=True)
 
-from kernels.cpu.paged_attention import PagedBatch, paged_attention, store_kv  # noqa: E402
+from kernels.cpu.paged_attention import (  # noqa: E402
+    PagedBatch,
+    paged_attention,
+    shared_min_keys,
+    shared_prefix_groups,
+    store_kv,
+)
 from runtime.executor.kv_pool import KVPool  # noqa: E402
 
 # (query heads, KV heads, head dim): GQA ratios 1, 3, 4 and 8, head dims 64 and 128
@@ -40,7 +46,8 @@ NATIVE = {"native": (16, False), "native_amx_always": (1, False), "native_no_amx
 @pytest.fixture(scope="module", params=[*NATIVE, *OTHER_BUILDS])
 def kernel_build(request, tmp_path_factory):
     """The kernel library these tests call: this CPU's build (with one of the AMX
-    thresholds, or off AMX with the extend tasks on float32 FMAs), or one of ``OTHER_BUILDS``."""
+    thresholds, or off AMX with the extend tasks on float32 FMAs), or one of ``OTHER_BUILDS``;
+    the value is the build's name."""
     if request.param in NATIVE:
         amx_min_tokens, widened = NATIVE[request.param]
         if request.param in ("native_amx_always", "native_no_amx") and not gemm_choice.amx_available():
@@ -50,7 +57,7 @@ def kernel_build(request, tmp_path_factory):
         lib = build.load_kernels()
         previous = lib.paged_attention_set_amx_min_tokens(amx_min_tokens)
         with attention_choice.forced(widened):
-            yield
+            yield request.param
         lib.paged_attention_set_amx_min_tokens(previous)
         return
     if platform.machine().lower() not in ("x86_64", "amd64"):
@@ -60,7 +67,7 @@ def kernel_build(request, tmp_path_factory):
         mp.setattr(build, "FLAGS", (*build.FLAGS, OTHER_BUILDS[request.param]))
         lib = build.load_kernels.__wrapped__()
         mp.setattr(entry_checks, "load_kernels", lambda: lib)  # where the kernels are looked up
-        yield
+        yield request.param
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -164,6 +171,107 @@ def test_a_nan_query_spoils_its_own_rows_only(kernel_build):
                                       spoil)
     assert torch.equal(got.isnan(), want.isnan())
     assert want.isnan().any(dim=-1).sum() == 2
+
+
+# Query rows a group of decode tokens needs before they attend their shared keys together
+# (kSharedMinRows in paged_attention.cpp), and the most tokens one task holds.
+SHARED_MIN_ROWS = 24
+
+
+def _group_sizes(geometry):
+    """The fewest and the most decode tokens of one group for this geometry."""
+    heads, kv_heads, dim = geometry
+    group = heads // kv_heads
+    return -(-SHARED_MIN_ROWS // group), (48 if dim == 64 else 32) // group
+
+
+def _forked_decodes(groups, geometry, gen, extend=(), prepare=None):
+    """Decode requests in groups (tokens, shared keys): a group's requests begin with the same
+    pool slots, then 1-20 keys of their own; after them, requests with (prefix, extend)
+    lengths ``extend``. ``prepare(q, k_cache, table, seqs)`` may edit the inputs first.
+    Returns the batch, the kernel's output as float32 and the float32 reference's."""
+    heads, kv_heads, dim = geometry
+    shares = [shared for tokens, shared in groups for _ in range(tokens)]
+    seqs = [shared + int(torch.randint(1, 21, (1,), generator=gen)) for shared in shares] + [p + e for p, e in extend]
+    k_cache, v_cache, table, _, _ = _random_pool(seqs, kv_heads, dim, torch.bfloat16, gen)
+    row = 1
+    for tokens, shared in groups:
+        for member in range(row + 1, row + tokens):
+            table[member, :shared] = table[row, :shared]
+        row += tokens
+    prefix = [n - 1 for n in seqs[:len(shares)]] + [p for p, _ in extend]
+    lengths = [1] * len(shares) + [e for _, e in extend]
+    q = torch.randn(sum(lengths), heads, dim, generator=gen).bfloat16()
+    if prepare is not None:
+        prepare(q, k_cache, table, seqs)
+    ks = [k_cache[:, table[i + 1, :n]].transpose(0, 1).float() for i, n in enumerate(seqs)]
+    vs = [v_cache[:, table[i + 1, :n]].transpose(0, 1).float() for i, n in enumerate(seqs)]
+    batch = PagedBatch.build(table, torch.arange(1, len(seqs) + 1), prefix, lengths)
+    scale = 1 / math.sqrt(dim)
+    want = _reference(q.float(), ks, vs, prefix, lengths, scale)
+    return batch, paged_attention(q, k_cache, v_cache, batch, scale).float(), want
+
+
+@pytest.mark.parametrize("geometry", GEOMETRIES, ids=lambda g: f"{g[0]}h{g[1]}kv{g[2]}")
+@pytest.mark.parametrize("growing", [False, True])
+def test_decodes_sharing_a_prefix_match_the_reference(geometry, growing, kernel_build):
+    """Forks of one prompt decoding side by side attend their shared keys together (in two
+    chunks for the long prefix), their own keys apart, and merge the two softmaxes: the
+    result is the reference's, beside a lone decode and an extend in the same step. With
+    ``growing``, keys score higher the later they come, so each part of a row has its own
+    maximum and the merge must rescale them."""
+    fewest, most = _group_sizes(geometry)
+    groups = [(fewest, 40), (most, 1100)]
+
+    def grow(q, k_cache, table, seqs):  # every query of a KV head along one direction, keys ever closer to it
+        group = geometry[0] // geometry[1]
+        direction = q[0, ::group].float().sign()
+        q.copy_((q.float().abs() * direction.repeat_interleave(group, 0)).bfloat16())
+        for i, n in enumerate(seqs[:fewest + most]):
+            slots = table[i + 1, :n]
+            ramp = torch.linspace(0, 1, n).view(1, n, 1)
+            k_cache[:, slots] = (k_cache[:, slots].float() * 0.2 + ramp * 4 * direction.unsqueeze(1)).bfloat16()
+
+    with shared_min_keys(16):
+        batch, got, want = _forked_decodes(groups + [(1, 0)], geometry, torch.Generator().manual_seed(sum(geometry)),
+                                           extend=[(30, 7)], prepare=grow if growing else None)
+        found = shared_prefix_groups(batch, geometry[0], geometry[1], geometry[2])
+    torch.testing.assert_close(got, want, **TOLERANCE[torch.bfloat16])
+    if kernel_build in NATIVE and attention_choice.applies(geometry[2]):
+        assert sorted((len(tokens), keys) for tokens, keys in found) == sorted([(most, 1100), (fewest, 40)])
+
+
+def test_forks_are_grouped_by_their_longest_common_prefix(kernel_build):
+    """Two programs' forks on one system prompt: grouped per program over system prompt and
+    question, not all together over the system prompt; too few forks, or too short a shared
+    prefix at the default setting, stay per token."""
+    geometry = GEOMETRIES[1]  # 3 query heads per KV head: 8 to 16 tokens a group
+    if kernel_build != "native" or not attention_choice.applies(geometry[2]):
+        pytest.skip("grouping is checked once, on this CPU's build with bf16 extend tasks")
+    gen = torch.Generator().manual_seed(0)
+    batch, _, _ = _forked_decodes([(8, 60), (8, 60), (5, 60)], geometry, gen)
+    system = batch.req_to_token[1, :20].clone()
+    for r in range(1, 17):
+        batch.req_to_token[r, :20] = system
+    with shared_min_keys(16):
+        found = shared_prefix_groups(batch, *geometry)
+    assert sorted((tokens, keys) for tokens, keys in found) == [(list(range(8)), 60), (list(range(8, 16)), 60)]
+    assert shared_prefix_groups(batch, *geometry) == []  # 60 shared keys: short of the default
+
+
+def test_a_nan_query_in_a_forked_decode_spoils_its_own_rows_only(kernel_build):
+    geometry = GEOMETRIES[1]
+    fewest, _ = _group_sizes(geometry)
+
+    def spoil(q, *_):
+        q[2, 4] = float("nan")
+
+    with shared_min_keys(16):
+        _, got, want = _forked_decodes([(fewest, 50)], geometry, torch.Generator().manual_seed(5), prepare=spoil)
+    assert torch.equal(got.isnan(), want.isnan())
+    assert want.isnan().any(dim=-1).sum() == 1
+    finite = ~want.isnan()
+    torch.testing.assert_close(got[finite], want[finite], **TOLERANCE[torch.bfloat16])
 
 
 def test_kernel_rejects_what_it_cannot_read():

@@ -25,6 +25,11 @@
 // without AMX: 1.5-1.6x faster for head size 64 from a few hundred keys, ~235 against ~150
 // GFLOP/s on 2 cores); it should lose on AMD Zen 4, whose 512-bit FMAs run at half width.
 //
+// The same tasks attend the shared first keys of a group of decode tokens (forks of one
+// prompt, attend_shared): the rows are then the group's tokens' heads, every row sees every
+// key, and each row's sums, total and maximum are left unnormalised for paged_attention.cpp
+// to merge with the token's own keys.
+//
 // Called per task from paged_attention.cpp, which builds the tasks (paged_batch.h).
 #include <atomic>
 #include <cmath>
@@ -56,20 +61,36 @@ constexpr int kSubKeys = 8;    // keys scored together: kSubKeys * RV accumulato
 template <int64_t DIM>
 constexpr int kMaxRowVecs = DIM == 64 ? 3 : 2;
 
+// One task's rows, resolved from the batch: query token i of the task is tokens[i] (or
+// first_token + i where tokens is null); row m is query head h * group + m % group of token
+// m / group. Its keys are at slots[0 ..]: causal, token i sees the first first + i + 1 of them
+// (keys = first + count); else every token sees all `keys`. Results: normalised rows into
+// `out`, or, where out is null, each row's unnormalised softmax into part parts[i] of `partial`.
+struct RowsJob {
+    int64_t h, count;
+    const int64_t *tokens;
+    int64_t first_token;
+    const int64_t *slots;
+    int64_t first, keys;
+    bool causal;
+    Bf16 *out;
+    PartialRows partial;
+    const int64_t *parts;
+    int64_t chunk;
+    int64_t token(int64_t i) const { return tokens != nullptr ? tokens[i] : first_token + i; }
+};
+
 template <int64_t DIM, int RV, bool WIDE>
-void attend_rows_impl(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf16 *v_cache, Bf16 *out,
-                      const ExtendTask &task) {
+void attend_rows_impl(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf16 *v_cache, const RowsJob &job) {
     constexpr int64_t kPairs = DIM / 2, kVecs = DIM / 16;
     constexpr int kRows = 16 * RV;
     constexpr int kChunk = 24 / kVecs;       // rows whose sums stay in registers in the value pass
     constexpr int kRowRoom = kRows + 16;  // the last chunk may run past the real rows; rows stay 64-byte aligned
     static const Bf16 zero_row[DIM] = {};
-    const int64_t group = bt.num_heads / bt.kv_heads, b = bt.token_req[task.tok];
-    const int64_t rows = task.count * group;
-    const int64_t first = bt.prefix[b] + (task.tok - bt.q_start[b]);  // keys the first token sees, less one
-    const int64_t keys = first + task.count;                         // keys the last token sees
-    const int64_t *slots = bt.req_to_token + bt.rows[b] * bt.r2t_stride;
-    const Bf16 *kh = k_cache + task.h * bt.num_slots * DIM, *vh = v_cache + task.h * bt.num_slots * DIM;
+    const int64_t group = bt.num_heads / bt.kv_heads, rows = job.count * group;
+    const int64_t first = job.first, keys = job.keys;
+    const int64_t *slots = job.slots;
+    const Bf16 *kh = k_cache + job.h * bt.num_slots * DIM, *vh = v_cache + job.h * bt.num_slots * DIM;
 
     // Queries by dim pair (bf16 pairs), or WIDE by dim (float32 bits).
     alignas(64) int32_t qt[WIDE ? DIM : kPairs][kRows];
@@ -83,8 +104,8 @@ void attend_rows_impl(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const
     alignas(64) float visible[kRows];              // per row, how many keys it sees
     for (int m = 0; m < kRows; m++) {  // padding rows copy the last token's first head
         const bool real = m < rows;
-        const int64_t token = real ? m / group : task.count - 1, head = task.h * group + (real ? m % group : 0);
-        const auto *words = reinterpret_cast<const int32_t *>(q + ((task.tok + token) * bt.num_heads + head) * DIM);
+        const int64_t token = real ? m / group : job.count - 1, head = job.h * group + (real ? m % group : 0);
+        const auto *words = reinterpret_cast<const int32_t *>(q + (job.token(token) * bt.num_heads + head) * DIM);
         for (int64_t i = 0; i < kPairs; i++) {
             const int32_t w = real ? words[i] : 0;
             if constexpr (WIDE) {
@@ -94,7 +115,7 @@ void attend_rows_impl(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const
                 qt[i][m] = w;
             }
         }
-        visible[m] = static_cast<float>(first + token + 1);
+        visible[m] = static_cast<float>(job.causal ? first + token + 1 : keys);
     }
     std::memset(acc, 0, sizeof(acc));
     std::memset(pp, 0, sizeof(pp));
@@ -237,18 +258,52 @@ void attend_rows_impl(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const
                 for (int64_t v = 0; v < kVecs; v++) _mm512_store_ps(&acc[m0 + m][16 * v], o[m][v]);
         }
     }
-    alignas(64) float sums[kRows];
-    for (int r = 0; r < RV; r++) _mm512_store_ps(&sums[16 * r], total[r]);
+    alignas(64) float sums[kRows], bests[kRows];
+    for (int r = 0; r < RV; r++) {
+        _mm512_store_ps(&sums[16 * r], total[r]);
+        _mm512_store_ps(&bests[16 * r], best[r]);
+    }
     for (int64_t m = 0; m < rows; m++) {
-        const int64_t token = m / group, head = task.h * group + m % group;
-        Bf16 *dst = out + ((task.tok + token) * bt.num_heads + head) * DIM;
+        const int64_t head = job.h * group + m % group;
         // A NaN score (NaN in the query or a visible key) makes the row NaN, as in PyTorch.
         const bool nan = (broken[m / 16] >> (m % 16)) & 1;
+        if (job.out == nullptr) {  // the softmax so far, its reference in nats of scaled scores
+            const int64_t row = (job.parts[m / group] + job.chunk) * bt.num_heads + head;
+            std::memcpy(job.partial.acc + row * DIM, acc[m], sizeof(float) * DIM);
+            job.partial.best[row] = bests[m] / kLog2e;
+            job.partial.total[row] = nan ? std::numeric_limits<float>::quiet_NaN() : sums[m];
+            continue;
+        }
+        Bf16 *dst = job.out + (job.token(m / group) * bt.num_heads + head) * DIM;
         const __m512 inv = _mm512_set1_ps(nan ? std::numeric_limits<float>::quiet_NaN() : 1.f / sums[m]);
         for (int64_t v = 0; v < kVecs; v++)
             _mm256_storeu_si256(reinterpret_cast<__m256i *>(dst + 16 * v),
                                 (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_load_ps(&acc[m][16 * v]), inv)));
     }
+}
+
+template <bool W>
+void attend_rows_as(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf16 *v_cache, const RowsJob &job) {
+    const int64_t row_vecs = (job.count * (bt.num_heads / bt.kv_heads) + 15) / 16;
+    if (bt.dim == 64) {
+        if (row_vecs <= 1)
+            attend_rows_impl<64, 1, W>(bt, q, k_cache, v_cache, job);
+        else if (row_vecs == 2)
+            attend_rows_impl<64, 2, W>(bt, q, k_cache, v_cache, job);
+        else
+            attend_rows_impl<64, 3, W>(bt, q, k_cache, v_cache, job);
+    } else if (row_vecs <= 1) {
+        attend_rows_impl<128, 1, W>(bt, q, k_cache, v_cache, job);
+    } else {
+        attend_rows_impl<128, 2, W>(bt, q, k_cache, v_cache, job);
+    }
+}
+
+void attend_job(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf16 *v_cache, const RowsJob &job) {
+    if (widened_rows.load(std::memory_order_relaxed))
+        attend_rows_as<true>(bt, q, k_cache, v_cache, job);
+    else
+        attend_rows_as<false>(bt, q, k_cache, v_cache, job);
 }
 
 }  // namespace
@@ -260,37 +315,30 @@ int64_t attend_rows_tokens(int64_t group, int64_t dim) {
     return group < rows ? rows / group : 1;
 }
 
-template <bool W>
-void attend_rows_as(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf16 *v_cache, Bf16 *out,
-                    const ExtendTask &task) {
-    const int64_t row_vecs = (task.count * (bt.num_heads / bt.kv_heads) + 15) / 16;
-    if (bt.dim == 64) {
-        if (row_vecs <= 1)
-            attend_rows_impl<64, 1, W>(bt, q, k_cache, v_cache, out, task);
-        else if (row_vecs == 2)
-            attend_rows_impl<64, 2, W>(bt, q, k_cache, v_cache, out, task);
-        else
-            attend_rows_impl<64, 3, W>(bt, q, k_cache, v_cache, out, task);
-    } else if (row_vecs <= 1) {
-        attend_rows_impl<128, 1, W>(bt, q, k_cache, v_cache, out, task);
-    } else {
-        attend_rows_impl<128, 2, W>(bt, q, k_cache, v_cache, out, task);
-    }
+void attend_rows(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf16 *v_cache, Bf16 *out,
+                 const AttendTask &task) {
+    const int64_t b = bt.token_req[task.tok];
+    const int64_t first = bt.prefix[b] + (task.tok - bt.q_start[b]);  // keys the first token sees, less one
+    const RowsJob job{task.h, task.count, nullptr, task.tok, bt.req_to_token + bt.rows[b] * bt.r2t_stride,
+                      first, first + task.count, true, out, {}, nullptr, 0};
+    attend_job(bt, q, k_cache, v_cache, job);
 }
 
-void attend_rows(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf16 *v_cache, Bf16 *out,
-                 const ExtendTask &task) {
-    if (widened_rows.load(std::memory_order_relaxed))
-        attend_rows_as<true>(bt, q, k_cache, v_cache, out, task);
-    else
-        attend_rows_as<false>(bt, q, k_cache, v_cache, out, task);
+void attend_shared(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf16 *v_cache, const SharedRows &shared,
+                   int64_t chunk, int64_t h, const PartialRows &partial) {
+    const int64_t begin = shared.chunk_begin(chunk), keys = shared.chunk_begin(chunk + 1) - begin;
+    const RowsJob job{h, static_cast<int64_t>(shared.tokens.size()), shared.tokens.data(), 0, shared.slots + begin,
+                      keys - 1, keys, false, nullptr, partial, shared.first_part.data(), chunk};
+    attend_job(bt, q, k_cache, v_cache, job);
 }
 
 #else
 
 bool attend_rows_supported(int64_t) { return false; }
 int64_t attend_rows_tokens(int64_t, int64_t) { return 1; }
-void attend_rows(const Batch &, const Bf16 *, const Bf16 *, const Bf16 *, Bf16 *, const ExtendTask &) {}
+void attend_rows(const Batch &, const Bf16 *, const Bf16 *, const Bf16 *, Bf16 *, const AttendTask &) {}
+void attend_shared(const Batch &, const Bf16 *, const Bf16 *, const Bf16 *, const SharedRows &, int64_t, int64_t,
+                   const PartialRows &) {}
 
 #endif
 

@@ -7,10 +7,13 @@ contiguity, devices and shapes. A mistake becomes a ``ValueError``, never a stra
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
+from kernels.cpu import entry_checks
 from kernels.cpu.entry_checks import SUFFIX, check_cpu, kernel, token_stride
 
 
@@ -112,3 +115,29 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         raise ValueError(f"paged_attention supports head_dim <= 256 and <= 16 query heads per KV head; "
                          f"got head_dim {dim}, {num_heads // kv_heads} per KV head")
     return out
+
+
+def shared_prefix_groups(batch: PagedBatch, num_heads: int, kv_heads: int, head_dim: int) -> list[tuple[list[int], int]]:
+    """The decode tokens of a bfloat16 step that ``paged_attention`` would attend in groups,
+    their common first keys once for the whole group: (query tokens, shared keys) per group."""
+    num_tokens = batch.token_req.numel()
+    batch.check(num_tokens)
+    group_of = torch.empty(num_tokens, dtype=torch.int64)
+    keys = torch.empty(num_tokens, dtype=torch.int64)
+    count = entry_checks.load_kernels().paged_attention_shared_groups(
+        int(batch.req_to_token.max()) + 1 if batch.req_to_token.numel() else 0, batch.req_to_token.data_ptr(),
+        batch.req_to_token.shape[1], batch.rows.data_ptr(), batch.prefix.data_ptr(), batch.q_start.data_ptr(),
+        batch.token_req.data_ptr(), num_tokens, num_heads, kv_heads, head_dim, group_of.data_ptr(), keys.data_ptr())
+    return [([t for t, g in enumerate(group_of.tolist()) if g == i], int(keys[i])) for i in range(count)]
+
+
+@contextlib.contextmanager
+def shared_min_keys(keys: int) -> Iterator[None]:
+    """Inside the block, decode tokens whose requests share at least ``keys`` first keys
+    attend them together (the kernel's setting, for tests: its default needs long prompts)."""
+    lib = entry_checks.load_kernels()
+    previous = lib.paged_attention_set_shared_min_keys(keys)
+    try:
+        yield
+    finally:
+        lib.paged_attention_set_shared_min_keys(previous)

@@ -1,9 +1,11 @@
 // What the paged-attention kernels share: the step's batch as they read it (which keys each
-// query token sees, through the request-to-token table), one extend task, and the row
-// prefetch that keeps scattered pool rows coming.
+// query token sees, through the request-to-token table), its tasks, decode tokens sharing
+// their first keys and the partial softmaxes they leave, and the row prefetch that keeps
+// scattered pool rows coming.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "bf16.h"
 
@@ -18,10 +20,32 @@ struct Batch {
     float scale;
 };
 
-// Query tokens [tok, tok + count) of one request against KV head h; count 0 means the one
-// token `tok` on the per-token path.
-struct ExtendTask {
+// Decode tokens whose requests begin with the same `keys` pool slots (forks of one prompt,
+// chats on one system prompt; `slots` is any member's row). Those keys are attended once for
+// all of the tokens' query rows, in `chunks` tasks per KV head (consecutive key ranges), each
+// token's own keys separately, and the parts merged: token tokens[i]'s parts are
+// first_part[i] + c for chunk c, then first_part[i] + chunks for its own keys.
+struct SharedRows {
+    const int64_t *slots;
+    int64_t keys, chunks;
+    std::vector<int64_t> tokens, first_part;
+    int64_t chunk_begin(int64_t c) const { return keys * c / chunks; }
+};
+
+// Per row r of a part (r = part * num_heads + head), a softmax over some of a query row's
+// keys, not yet normalised: acc[r * dim ..] the sum of e^(s - best[r]) * value and total[r]
+// that of e^(s - best[r]), for the scaled scores s (a NaN total: a NaN score).
+struct PartialRows {
+    float *acc, *best, *total;
+};
+
+// One task of a step's attention, against KV head h: query tokens [tok, tok + count) of one
+// request (count > 0); the one token `tok` (count 0); or, `shared` set, chunk `chunk` of a
+// group's shared keys.
+struct AttendTask {
     int64_t tok, count, h;
+    const SharedRows *shared = nullptr;
+    int64_t chunk = 0;
 };
 
 // Locality 3 asks for L1; 2 for L2, where a request can wait longer without crowding L1.
@@ -32,10 +56,19 @@ inline void prefetch_row(const T *row, int64_t n) {
 }
 
 // Extends in bfloat16 by row blocks (attention_rows.cpp): whether this build and head size
-// have them, how many of a request's tokens one task takes, and one task.
+// have them, how many query tokens one task takes, one extend task, and the shared keys of a
+// group of decode tokens (no more tokens than attend_rows_tokens) into `partial`.
 bool attend_rows_supported(int64_t dim);
 int64_t attend_rows_tokens(int64_t group, int64_t dim);
 void attend_rows(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf16 *v_cache, Bf16 *out,
-                 const ExtendTask &task);
+                 const AttendTask &task);
+void attend_shared(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf16 *v_cache, const SharedRows &shared,
+                   int64_t chunk, int64_t h, const PartialRows &partial);
+
+// The decode requests `reqs` (one query token each) in groups of `min_tokens` to `max_tokens`
+// whose first `min_keys` or more keys are the same slots (shared_prefix.cpp); `tokens`,
+// `slots` and `keys` set.
+std::vector<SharedRows> find_shared_prefixes(const Batch &bt, const std::vector<int64_t> &reqs, int64_t min_keys,
+                                             int64_t min_tokens, int64_t max_tokens);
 
 }  // namespace forkserve
