@@ -19,6 +19,7 @@ if build.find_compiler() is None:
 
 from kernels.cpu.paged_attention import (  # noqa: E402
     PagedBatch,
+    last_grouped_tokens,
     paged_attention,
     shared_min_keys,
     shared_prefix_groups,
@@ -236,18 +237,23 @@ def test_decodes_sharing_a_prefix_match_the_reference(geometry, growing, kernel_
         batch, got, want = _forked_decodes(groups + [(1, 0)], geometry, torch.Generator().manual_seed(sum(geometry)),
                                            extend=[(30, 7)], prepare=grow if growing else None)
         found = shared_prefix_groups(batch, geometry[0], geometry[1], geometry[2])
+        grouped = last_grouped_tokens()
     torch.testing.assert_close(got, want, **TOLERANCE[torch.bfloat16])
-    if kernel_build in NATIVE and attention_choice.applies(geometry[2]):
+    amx_takes_decodes = kernel_build == "native_amx_always" and geometry[2] == 64
+    if kernel_build in NATIVE and attention_choice.applies(geometry[2]) and not amx_takes_decodes:
         assert sorted((len(tokens), keys) for tokens, keys in found) == sorted([(most, 1100), (fewest, 40)])
+        assert grouped == fewest + most  # the kernel took the grouped path
 
 
-def test_forks_are_grouped_by_their_longest_common_prefix(kernel_build):
+def test_forks_are_grouped_by_their_longest_common_prefix(monkeypatch):
     """Two programs' forks on one system prompt: grouped per program over system prompt and
     question, not all together over the system prompt; too few forks, or too short a shared
     prefix at the default setting, stay per token."""
     geometry = GEOMETRIES[1]  # 3 query heads per KV head: 8 to 16 tokens a group
-    if kernel_build != "native" or not attention_choice.applies(geometry[2]):
-        pytest.skip("grouping is checked once, on this CPU's build with bf16 extend tasks")
+    if not attention_choice.applies(geometry[2]):
+        pytest.skip("no bf16 extend tasks in this CPU's build: decode tokens are never grouped")
+    # This CPU's build, whichever build another test's fixture has put in place.
+    monkeypatch.setattr(entry_checks, "load_kernels", build.load_kernels)
     gen = torch.Generator().manual_seed(0)
     batch, _, _ = _forked_decodes([(8, 60), (8, 60), (5, 60)], geometry, gen)
     system = batch.req_to_token[1, :20].clone()

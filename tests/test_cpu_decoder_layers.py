@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from kernels.cpu import linear_bf16
+from kernels.cpu.paged_attention import last_grouped_tokens, shared_min_keys
 from runtime.engine import Engine
 from runtime.executor.model_input import ForwardInput
 from tests.tiny_models import build_hf_model, random_prompts, save_hf_folder
@@ -91,4 +92,20 @@ def test_a_bad_position_or_slot_raises_either_way(tiny_gqa_llama, slot, position
                                               [0], [1], loc))
     finally:
         worker.model.compiled_layers = compiled
+        engine.shutdown()
+
+
+def test_forks_of_one_prompt_match_the_modules(model_dir):
+    """Forks decoding on one prompt, with their shared keys attended once per group (the
+    compiled layers find the groups once per step, the modules in every layer's call): the
+    same tokens and logprobs both ways, and the groups were used."""
+    engine = Engine(str(model_dir), dtype="bfloat16", max_total_tokens=20_000)
+    try:
+        base = random_prompts(3, (90,))[0]
+        prompts = [base] + [base + [100 + i] for i in range(9)]  # the prompt and 9 forks: 30 query rows a KV head
+        with shared_min_keys(16):
+            results = _generate_both_ways(engine, prompts)
+            assert last_grouped_tokens() == 10
+        assert results["compiled"] == results["modules"]
+    finally:
         engine.shutdown()

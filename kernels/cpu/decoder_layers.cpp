@@ -19,6 +19,7 @@
 
 #include "bf16.h"
 #include "entries.h"
+#include "paged_batch.h"
 
 using forkserve::Bf16;
 
@@ -78,6 +79,12 @@ extern "C" int decoder_layers_bf16(const DecoderShape *shape, const DecoderLayer
     Bf16 *h = buffer, *qkv = h + t * s.hidden, *q = qkv + t * qkv_size, *attn = q + t * q_size;
     Bf16 *gate_up = attn + t * q_size, *act = gate_up + t * 2 * s.intermediate;
 
+    // The step's batch as paged attention reads it, and its decode tokens' shared-prefix
+    // groups, the same in every layer.
+    const forkserve::Batch batch{s.num_slots,  step->r2t_stride, t,           s.num_heads,     s.kv_heads,
+                                 s.head_dim,   step->max_keys,   step->req_to_token, step->rows, step->prefix,
+                                 step->q_start, step->token_req, s.scale};
+    const forkserve::SharedPlan plan = forkserve::plan_shared_decodes(batch);
     int status = kOk;
     for (int64_t l = 0; l < num_layers && status == kOk; l++) {
         const DecoderLayer &w = layers[l];
@@ -101,9 +108,7 @@ extern "C" int decoder_layers_bf16(const DecoderShape *shape, const DecoderLayer
             break;
         }
         for (int64_t i = 0; i < t; i++) std::memcpy(q + i * q_size, qkv + i * qkv_size, sizeof(Bf16) * q_size);
-        if (paged_attention_bf16(q, w.k_cache, w.v_cache, s.num_slots, step->req_to_token, step->r2t_stride,
-                                 step->rows, step->prefix, step->q_start, step->token_req, t, s.num_heads,
-                                 s.kv_heads, s.head_dim, s.scale, step->max_keys, attn, threads)) {
+        if (forkserve::paged_attention_planned(batch, q, w.k_cache, w.v_cache, attn, threads, plan)) {
             status = kBadAttentionShape;
             break;
         }

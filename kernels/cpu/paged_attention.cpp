@@ -31,6 +31,7 @@
 // Built (with the other kernels, into one library) and loaded by kernels/cpu/build.py; called
 // from kernels/attention/cpu_backend.py.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -277,10 +278,10 @@ void merge_parts(const PartialRows &partial, int64_t first, int64_t count, int64
 // Decode tokens whose requests share at least this many first keys attend them together
 // (find_shared_prefixes), in groups of at least kSharedMinRows query rows; set by
 // paged_attention_set_shared_min_keys. Measured on an Intel Xeon (2 cores, the default
-// model, whole decode steps): 8 or 16 forks of a 3,000-token prompt decode 1.21x and 1.32x
-// faster; 4 forks of a 3,000-token one (12 rows), or 8 of a 440-token one, no faster. With
-// fewer rows a task leaves most of its 16 lanes idle (attention_rows.cpp) and per-token tasks
-// do as well.
+// model, whole decode steps, python -m bench_agent.bench_shared_decode): 8 or 16 forks of a
+// 3,000-token prompt decode 1.21x and 1.29x faster; 4 forks of a 3,000-token one (12 rows),
+// or 8 of a 440-token one, no faster. With fewer rows a task leaves most of its 16 lanes
+// idle (attention_rows.cpp) and per-token tasks do as well.
 int64_t shared_min_keys = 1024;
 constexpr int64_t kSharedMinRows = 24;
 
@@ -319,18 +320,21 @@ std::vector<bool> attend_on_amx(const Batch &bt, const T *q, const T *k_cache, c
     return done;
 }
 
+// Tokens grouped by the last bfloat16 call (for tests: paged_attention_last_grouped_tokens).
+std::atomic<int64_t> last_grouped_tokens{0};
+
 template <typename T>
-int paged_attention(const Batch &bt, const T *q, const T *k_cache, const T *v_cache, T *out, int num_threads) {
+int paged_attention(const Batch &bt, const T *q, const T *k_cache, const T *v_cache, T *out, int num_threads,
+                    const SharedPlan *given) {
     const int64_t group = bt.num_heads / bt.kv_heads;
     if (bt.dim > kMaxDim || group > kMaxGroup || group * bt.kv_heads != bt.num_heads) return 1;
     const std::vector<bool> on_amx = attend_on_amx(bt, q, k_cache, v_cache, out, num_threads);
     // Tasks for the rest: (token, KV head) through attend_one (count 0), or, for requests
     // with several query tokens where attend_rows applies, (block of tokens, KV head); and
-    // where decode tokens share their first keys, (group, KV head) for those keys.
+    // where decode tokens share their first keys, (group, chunk of its keys, KV head).
     std::vector<AttendTask> tasks;
     const bool blocks = std::is_same_v<T, Bf16> && attend_rows_supported(bt.dim);
     const int64_t per_block = blocks ? attend_rows_tokens(group, bt.dim) : 1;
-    std::vector<int64_t> decodes;
     for (int64_t t = 0; t < bt.num_tokens;) {
         int64_t end = t + 1;
         while (end < bt.num_tokens && bt.token_req[end] == bt.token_req[t]) end++;
@@ -338,39 +342,40 @@ int paged_attention(const Batch &bt, const T *q, const T *k_cache, const T *v_ca
             t = end;
             continue;
         }
-        if (end - t == 1) decodes.push_back(bt.token_req[t]);
         const bool block = blocks && end - t > 1;
         for (int64_t j = t; j < end; j += block ? per_block : 1)
             for (int64_t h = 0; h < bt.kv_heads; h++)
                 tasks.push_back({j, block ? (end - j < per_block ? end - j : per_block) : 0, h});
         t = end;
     }
-    // Decode tokens sharing their first keys, their shared keys in chunks of about
-    // kSharedChunk (so that one long prefix still spreads over the threads).
-    std::vector<SharedRows> shared;
-    if (blocks) shared = find_shared_prefixes(bt, decodes, shared_min_keys, shared_min_tokens(group), per_block);
-    // skip[t]: how many first keys of decode token t its group's shared tasks attend.
-    std::vector<int64_t> skip(shared.empty() ? 0 : static_cast<size_t>(bt.num_tokens), 0);
-    int64_t parts = 0;
-    for (SharedRows &g : shared) {
-        g.chunks = std::max<int64_t>(1, (g.keys + kSharedChunk / 2) / kSharedChunk);
-        for (int64_t tok : g.tokens) {
-            skip[tok] = g.keys;
-            g.first_part.push_back(parts);
-            parts += g.chunks + 1;
+    SharedPlan local;
+    const SharedPlan *plan = given;
+    if (!blocks) {
+        plan = &local;  // no extend tasks here: nothing grouped
+    } else if (plan == nullptr || !on_amx.empty()) {
+        local = plan_shared_decodes(bt, on_amx);
+        plan = &local;
+    }
+    const std::vector<SharedRows> &shared = plan->groups;
+    // skip[t]: how many first keys of decode token t its group's shared tasks attend;
+    // own_part[t]: the part its own keys' softmax goes to.
+    std::vector<int64_t> skip(shared.empty() ? 0 : static_cast<size_t>(bt.num_tokens), 0), own_part(skip.size(), -1);
+    int64_t grouped = 0;
+    for (const SharedRows &g : shared) {
+        for (size_t i = 0; i < g.tokens.size(); i++) {
+            skip[g.tokens[i]] = g.keys;
+            own_part[g.tokens[i]] = g.first_part[i] + g.chunks;
         }
+        grouped += static_cast<int64_t>(g.tokens.size());
         for (int64_t c = 0; c < g.chunks; c++)
             for (int64_t h = 0; h < bt.kv_heads; h++) tasks.push_back({g.tokens[0], 0, h, &g, c});
     }
+    if constexpr (std::is_same_v<T, Bf16>) last_grouped_tokens.store(grouped, std::memory_order_relaxed);
     // The parts' rows: the shared chunks' and the grouped tokens' own, by (part, head).
-    const size_t part_rows = static_cast<size_t>(parts * bt.num_heads);
+    const size_t part_rows = static_cast<size_t>(plan->parts * bt.num_heads);
     std::vector<float> partial_buffer(part_rows * static_cast<size_t>(bt.dim + 2));
     const PartialRows partial{partial_buffer.data(), partial_buffer.data() + part_rows * bt.dim,
                               partial_buffer.data() + part_rows * (bt.dim + 1)};
-    // A grouped token's own part, by token.
-    std::vector<int64_t> own_part(skip.size(), -1);
-    for (const SharedRows &g : shared)
-        for (size_t i = 0; i < g.tokens.size(); i++) own_part[g.tokens[i]] = g.first_part[i] + g.chunks;
     // Largest first (keys seen times query rows), so that the dynamic schedule ends on short
     // tasks instead of one thread finishing a prompt's last block while the other waits.
     auto cost = [&](const AttendTask &task) {
@@ -439,6 +444,38 @@ int store_kv(const T *k, int64_t k_stride, const T *v, int64_t v_stride, const i
 
 }  // namespace
 
+namespace forkserve {
+
+SharedPlan plan_shared_decodes(const Batch &bt, const std::vector<bool> &on_amx) {
+    SharedPlan plan;
+    if (bt.kv_heads <= 0 || bt.num_heads % bt.kv_heads != 0) return plan;
+    const int64_t group = bt.num_heads / bt.kv_heads;
+    if (!attend_rows_supported(bt.dim) || group > kMaxGroup || bt.dim > kMaxDim) return plan;
+    std::vector<int64_t> decodes;  // requests with one query token in the step, off AMX
+    for (int64_t t = 0; t < bt.num_tokens; t++) {
+        const int64_t b = bt.token_req[t];
+        const bool alone = (t == 0 || bt.token_req[t - 1] != b) && (t + 1 == bt.num_tokens || bt.token_req[t + 1] != b);
+        if (alone && (on_amx.empty() || !on_amx[b])) decodes.push_back(b);
+    }
+    plan.groups = find_shared_prefixes(bt, decodes, shared_min_keys, shared_min_tokens(group),
+                                       attend_rows_tokens(group, bt.dim));
+    for (SharedRows &g : plan.groups) {
+        g.chunks = std::max<int64_t>(1, (g.keys + kSharedChunk / 2) / kSharedChunk);
+        for (size_t i = 0; i < g.tokens.size(); i++) {
+            g.first_part.push_back(plan.parts);
+            plan.parts += g.chunks + 1;
+        }
+    }
+    return plan;
+}
+
+int paged_attention_planned(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf16 *v_cache, Bf16 *out,
+                            int num_threads, const SharedPlan &plan) {
+    return paged_attention(bt, q, k_cache, v_cache, out, num_threads, &plan);
+}
+
+}  // namespace forkserve
+
 // The C entry points, one per storage dtype; they return 0, or 1 for an unsupported shape.
 #define FORKSERVE_ENTRY(NAME, T)                                                                 \
     extern "C" int NAME(const T *q, const T *k_cache, const T *v_cache, int64_t num_slots,         \
@@ -448,7 +485,7 @@ int store_kv(const T *k, int64_t k_stride, const T *v, int64_t v_stride, const i
                         float scale, int64_t max_keys, T *out, int num_threads) {                 \
         const Batch bt{num_slots, r2t_stride, num_tokens, num_heads, kv_heads, dim, max_keys,     \
                        req_to_token, rows, prefix, q_start, token_req, scale};                     \
-        return paged_attention(bt, q, k_cache, v_cache, out, num_threads);                        \
+        return paged_attention(bt, q, k_cache, v_cache, out, num_threads, nullptr);               \
     }
 
 FORKSERVE_ENTRY(paged_attention_f32, float)
@@ -480,22 +517,17 @@ extern "C" int64_t paged_attention_shared_groups(int64_t num_slots, const int64_
                                                  int64_t kv_heads, int64_t dim, int64_t *group_of, int64_t *keys) {
     const Batch bt{num_slots, r2t_stride, num_tokens, num_heads, kv_heads, dim, 0,
                    req_to_token, rows, prefix, q_start, token_req, 1.f};
-    std::vector<int64_t> decodes;
-    for (int64_t t = 0; t < num_tokens; t++) {
-        group_of[t] = -1;
-        const bool alone = (t == 0 || token_req[t - 1] != token_req[t]) && (t + 1 == num_tokens || token_req[t + 1] != token_req[t]);
-        if (alone) decodes.push_back(token_req[t]);
+    const SharedPlan plan = plan_shared_decodes(bt);
+    for (int64_t t = 0; t < num_tokens; t++) group_of[t] = -1;
+    for (size_t g = 0; g < plan.groups.size(); g++) {
+        keys[g] = plan.groups[g].keys;
+        for (int64_t tok : plan.groups[g].tokens) group_of[tok] = static_cast<int64_t>(g);
     }
-    if (!attend_rows_supported(dim) || kv_heads <= 0 || num_heads % kv_heads != 0) return 0;
-    const int64_t group = num_heads / kv_heads;
-    const std::vector<SharedRows> shared =
-        find_shared_prefixes(bt, decodes, shared_min_keys, shared_min_tokens(group), attend_rows_tokens(group, dim));
-    for (size_t g = 0; g < shared.size(); g++) {
-        keys[g] = shared[g].keys;
-        for (int64_t tok : shared[g].tokens) group_of[tok] = static_cast<int64_t>(g);
-    }
-    return static_cast<int64_t>(shared.size());
+    return static_cast<int64_t>(plan.groups.size());
 }
+
+// How many decode tokens the last bfloat16 call attended in groups (for tests).
+extern "C" int64_t paged_attention_last_grouped_tokens() { return last_grouped_tokens.load(); }
 
 #define FORKSERVE_STORE_KV(NAME, T)                                                                          \
     extern "C" int NAME(const T *k, int64_t k_stride, const T *v, int64_t v_stride, const int64_t *loc,       \

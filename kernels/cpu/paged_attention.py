@@ -125,10 +125,15 @@ def shared_prefix_groups(batch: PagedBatch, num_heads: int, kv_heads: int, head_
     group_of = torch.empty(num_tokens, dtype=torch.int64)
     keys = torch.empty(num_tokens, dtype=torch.int64)
     count = entry_checks.load_kernels().paged_attention_shared_groups(
-        int(batch.req_to_token.max()) + 1 if batch.req_to_token.numel() else 0, batch.req_to_token.data_ptr(),
+        0, batch.req_to_token.data_ptr(),
         batch.req_to_token.shape[1], batch.rows.data_ptr(), batch.prefix.data_ptr(), batch.q_start.data_ptr(),
         batch.token_req.data_ptr(), num_tokens, num_heads, kv_heads, head_dim, group_of.data_ptr(), keys.data_ptr())
     return [([t for t, g in enumerate(group_of.tolist()) if g == i], int(keys[i])) for i in range(count)]
+
+
+def last_grouped_tokens() -> int:
+    """How many decode tokens the last bfloat16 ``paged_attention`` call attended in groups."""
+    return int(entry_checks.load_kernels().paged_attention_last_grouped_tokens())
 
 
 @contextlib.contextmanager

@@ -65,6 +65,18 @@ void attend_rows(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf16
 void attend_shared(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf16 *v_cache, const SharedRows &shared,
                    int64_t chunk, int64_t h, const PartialRows &partial);
 
+// A step's groups of decode tokens sharing their first keys, chunks and parts laid out, and
+// how many parts in all (paged_attention.cpp). The same for every layer of the step, so the
+// decoder layers find it once (requests that AMX would take, none at decode sizes unless a
+// test says so, are planned for by each layer itself).
+struct SharedPlan {
+    std::vector<SharedRows> groups;
+    int64_t parts = 0;
+};
+SharedPlan plan_shared_decodes(const Batch &bt, const std::vector<bool> &on_amx = {});
+int paged_attention_planned(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf16 *v_cache, Bf16 *out,
+                            int num_threads, const SharedPlan &plan);
+
 // The decode requests `reqs` (one query token each) in groups of `min_tokens` to `max_tokens`
 // whose first `min_keys` or more keys are the same slots (shared_prefix.cpp); `tokens`,
 // `slots` and `keys` set.

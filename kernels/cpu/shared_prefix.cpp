@@ -33,11 +33,11 @@ std::vector<SharedRows> find_shared_prefixes(const Batch &bt, const std::vector<
     const int64_t n = static_cast<int64_t>(sorted.size());
     min_tokens = std::max<int64_t>(min_tokens, 2);
     if (n < min_tokens || max_tokens < min_tokens) return groups;
-    std::sort(sorted.begin(), sorted.end(), [](const Row &x, const Row &y) {
-        if (x.slots[0] != y.slots[0]) return x.slots[0] < y.slots[0];  // the usual answer, without a scan
-        if (std::lexicographical_compare(x.slots, x.slots + x.keys, y.slots, y.slots + y.keys)) return true;
-        if (std::lexicographical_compare(y.slots, y.slots + y.keys, x.slots, x.slots + x.keys)) return false;
-        return x.tok < y.tok;
+    std::sort(sorted.begin(), sorted.end(), [](const Row &x, const Row &y) {  // by slots, then token
+        const int64_t most = std::min(x.keys, y.keys);
+        const auto [a, b] = std::mismatch(x.slots, x.slots + most, y.slots);
+        if (a != x.slots + most) return *a < *b;
+        return x.keys != y.keys ? x.keys < y.keys : x.tok < y.tok;
     });
     // common[i]: how many first keys sorted rows i - 1 and i share.
     std::vector<int64_t> common(static_cast<size_t>(n), 0);
