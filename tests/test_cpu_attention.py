@@ -265,17 +265,23 @@ def test_forks_are_grouped_by_their_longest_common_prefix(monkeypatch):
     assert shared_prefix_groups(batch, *geometry) == []  # 60 shared keys: short of the default
 
 
-def test_a_nan_query_in_a_forked_decode_spoils_its_own_rows_only(kernel_build):
+@pytest.mark.parametrize("where", ["query", "shared key"])
+def test_nan_in_forked_decodes_spoils_the_rows_that_see_it(where, kernel_build):
+    """A NaN query spoils its own token's head only; a NaN in a shared key row spoils every
+    row of that KV head's group in every fork, as in the reference."""
     geometry = GEOMETRIES[1]
     fewest, _ = _group_sizes(geometry)
 
-    def spoil(q, *_):
-        q[2, 4] = float("nan")
+    def spoil(q, k_cache, table, seqs):
+        if where == "query":
+            q[2, 4] = float("nan")
+        else:
+            k_cache[1, table[1, 10], 3] = float("nan")
 
     with shared_min_keys(16):
         _, got, want = _forked_decodes([(fewest, 50)], geometry, torch.Generator().manual_seed(5), prepare=spoil)
     assert torch.equal(got.isnan(), want.isnan())
-    assert want.isnan().any(dim=-1).sum() == 1
+    assert want.isnan().any(dim=-1).sum() == (1 if where == "query" else fewest * 3)
     finite = ~want.isnan()
     torch.testing.assert_close(got[finite], want[finite], **TOLERANCE[torch.bfloat16])
 
