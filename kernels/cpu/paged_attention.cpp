@@ -348,11 +348,19 @@ int paged_attention(const Batch &bt, const T *q, const T *k_cache, const T *v_ca
                 tasks.push_back({j, block ? (end - j < per_block ? end - j : per_block) : 0, h});
         t = end;
     }
+    // The caller's plan, unless it groups a token that AMX attended (decode tokens go to AMX
+    // only where a test lowers its threshold to one token): then one without those tokens.
+    auto on_amx_in = [&](const SharedPlan &p) {
+        for (const SharedRows &g : p.groups)
+            for (int64_t tok : g.tokens)
+                if (!on_amx.empty() && on_amx[bt.token_req[tok]]) return true;
+        return false;
+    };
     SharedPlan local;
     const SharedPlan *plan = given;
     if (!blocks) {
         plan = &local;  // no extend tasks here: nothing grouped
-    } else if (plan == nullptr || !on_amx.empty()) {
+    } else if (plan == nullptr || on_amx_in(*plan)) {
         local = plan_shared_decodes(bt, on_amx);
         plan = &local;
     }

@@ -67,8 +67,8 @@ void attend_shared(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf
 
 // A step's groups of decode tokens sharing their first keys, chunks and parts laid out, and
 // how many parts in all (paged_attention.cpp). The same for every layer of the step, so the
-// decoder layers find it once (requests that AMX would take, none at decode sizes unless a
-// test says so, are planned for by each layer itself).
+// decoder layers find it once (a layer whose AMX kernel took a grouped token, which only a
+// test's one-token AMX threshold makes happen, plans again without it).
 struct SharedPlan {
     std::vector<SharedRows> groups;
     int64_t parts = 0;

@@ -43,10 +43,7 @@ std::vector<SharedRows> find_shared_prefixes(const Batch &bt, const std::vector<
     std::vector<int64_t> common(static_cast<size_t>(n), 0);
     for (int64_t i = 1; i < n; i++) {
         const Row &x = sorted[i - 1], &y = sorted[i];
-        const int64_t most = std::min(x.keys, y.keys);
-        int64_t k = 0;
-        while (k < most && x.slots[k] == y.slots[k]) k++;
-        common[i] = k;
+        common[i] = std::mismatch(x.slots, x.slots + std::min(x.keys, y.keys), y.slots).first - x.slots;
     }
     // saved[i]: the most key rows saved by grouping the first i rows; start[i]: where the
     // run ending at row i - 1 starts in that grouping (i - 1: row i - 1 alone).
