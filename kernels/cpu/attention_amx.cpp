@@ -13,8 +13,9 @@
 // in tiles 4-5 (64 dims), its output accumulators in tiles 0-3 (16 tokens x 64 dims, float32)
 // for the whole pass over the keys, 32 keys at a time:
 //   scores: tile 6 = q k^T for 16 keys (tile 7 holds the keys), twice, stored to memory;
-//   softmax in AVX-512 on the 16 x 32 scores (online_softmax.h: scaled,
-//     masked past each token's last key, a reference that moves only when a score passes it
+//   softmax in AVX-512 on the 16 x 32 scores (online_softmax.h: scaled, in base 2 as in
+//     attention_rows.cpp, masked past each token's last key (blocks that every row sees
+//     whole skip the masks), a reference that moves only when a score passes it
 //     by kSlack), so the accumulators are rarely rescaled (then: stored, scaled, reloaded);
 //     probabilities rounded to bfloat16 into one tile (6);
 //   values: tiles 0-3 += p (tile 6) x values (tile 7, 16 dims at a time).
@@ -116,7 +117,8 @@ void attend_tile(const Extend &e, const Request &r, int64_t t0, int64_t count, i
 
     alignas(64) float s[kQueryRows][kKeys], acc[kQueryRows][kDim], total[kQueryRows][16];
     alignas(64) Bf16 p[kQueryRows][kKeys];
-    float best[kQueryRows], seen[kQueryRows];
+    float best[kQueryRows], seen[kQueryRows];  // best: in log2 units (online_softmax.h)
+    const float scale2 = e.scale * kLog2e;
     bool broken[kQueryRows] = {};
     for (int64_t m = 0; m < kQueryRows; m++) {
         // keys row m sees (padding rows: as the last real row)
@@ -142,9 +144,13 @@ void attend_tile(const Extend &e, const Request &r, int64_t t0, int64_t count, i
 
         bool rescale = false;
         float corr[kQueryRows];
+        // Every row sees the whole block (row 0 sees the fewest keys): no masks.
+        const bool full = seen[0] - static_cast<float>(k0) >= kKeys;
         for (int64_t m = 0; m < kQueryRows; m++) {
-            const SoftmaxStep step = online_softmax32(_mm512_load_ps(&s[m][0]), _mm512_load_ps(&s[m][16]),
-                                                      seen[m] - static_cast<float>(k0), e.scale, best[m], broken[m]);
+            const __m512 raw_lo = _mm512_load_ps(&s[m][0]), raw_hi = _mm512_load_ps(&s[m][16]);
+            const float visible = seen[m] - static_cast<float>(k0);
+            const SoftmaxStep step = full ? online_softmax32<true>(raw_lo, raw_hi, visible, scale2, best[m], broken[m])
+                                          : online_softmax32<false>(raw_lo, raw_hi, visible, scale2, best[m], broken[m]);
             corr[m] = step.corr;
             rescale |= step.moved;
             _mm512_store_ps(total[m], _mm512_fmadd_ps(_mm512_load_ps(total[m]), _mm512_set1_ps(step.corr),

@@ -122,7 +122,6 @@ void attend_rows_impl(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const
     if constexpr (WIDE) std::memset(s, 0, sizeof(s));  // the value pass reads past the real rows
     for (int m = 0; m < kRowRoom; m++) corr[m] = 1.f;
 
-    constexpr float kLog2e = 1.44269504f;
     const __m512 scale = _mm512_set1_ps(bt.scale * kLog2e), slack = _mm512_set1_ps(kSlack * kLog2e);
     const __m512 floor = _mm512_set1_ps(-1e30f), one = _mm512_set1_ps(1.f);
     __m512 best[RV], total[RV], limit[RV];
