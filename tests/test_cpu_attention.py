@@ -18,10 +18,12 @@ if build.find_compiler() is None:
     pytest.skip("no C++ compiler on PATH: the cpu backend cannot be built", allow_module_level=True)
 
 from kernels.cpu.paged_attention import (  # noqa: E402
+    AMX_SHARED_MIN_ROWS,
     PagedBatch,
     last_grouped_tokens,
     paged_attention,
     shared_min_keys,
+    shared_min_rows,
     shared_prefix_groups,
     store_kv,
 )
@@ -57,7 +59,8 @@ def kernel_build(request, tmp_path_factory):
             pytest.skip("no bf16 extend tasks in this CPU's build: no widened variant to test")
         lib = build.load_kernels()
         previous = lib.paged_attention_set_amx_min_tokens(amx_min_tokens)
-        with attention_choice.forced(widened):
+        # The kernel's own grouping thresholds, whatever a bf16 engine of an earlier test set.
+        with attention_choice.forced(widened), shared_min_rows(SHARED_MIN_ROWS), shared_min_keys(SHARED_MIN_KEYS):
             yield request.param
         lib.paged_attention_set_amx_min_tokens(previous)
         return
@@ -174,16 +177,19 @@ def test_a_nan_query_spoils_its_own_rows_only(kernel_build):
     assert want.isnan().any(dim=-1).sum() == 2
 
 
-# Query rows a group of decode tokens needs before they attend their shared keys together
-# (kSharedMinRows in paged_attention.cpp), and the most tokens one task holds.
+# Query rows and shared keys a group of decode tokens needs by default before they attend
+# their shared keys together (shared_min_rows / _keys in paged_attention.cpp; the worker
+# lowers both where the GEMMs run on AMX: paged_attention.AMX_SHARED_MIN_ROWS / _KEYS).
 SHARED_MIN_ROWS = 24
+SHARED_MIN_KEYS = 1024
 
 
-def _group_sizes(geometry):
-    """The fewest and the most decode tokens of one group for this geometry."""
+def _group_sizes(geometry, min_rows=SHARED_MIN_ROWS):
+    """The fewest and the most decode tokens of one group for this geometry (the most: one
+    task's)."""
     heads, kv_heads, dim = geometry
     group = heads // kv_heads
-    return -(-SHARED_MIN_ROWS // group), (48 if dim == 64 else 32) // group
+    return max(2, -(-min_rows // group)), (48 if dim == 64 else 32) // group
 
 
 def _forked_decodes(groups, geometry, gen, extend=(), prepare=None):
@@ -215,13 +221,15 @@ def _forked_decodes(groups, geometry, gen, extend=(), prepare=None):
 
 @pytest.mark.parametrize("geometry", GEOMETRIES, ids=lambda g: f"{g[0]}h{g[1]}kv{g[2]}")
 @pytest.mark.parametrize("growing", [False, True])
-def test_decodes_sharing_a_prefix_match_the_reference(geometry, growing, kernel_build):
+@pytest.mark.parametrize("min_rows", [SHARED_MIN_ROWS, AMX_SHARED_MIN_ROWS])
+def test_decodes_sharing_a_prefix_match_the_reference(geometry, growing, min_rows, kernel_build):
     """Forks of one prompt decoding side by side attend their shared keys together (in two
     chunks for the long prefix), their own keys apart, and merge the two softmaxes: the
-    result is the reference's, beside a lone decode and an extend in the same step. With
+    result is the reference's, beside a lone decode and an extend in the same step; at the
+    default group size and the smaller one used where the GEMMs run on AMX. With
     ``growing``, keys score higher the later they come, so each part of a row has its own
     maximum and the merge must rescale them."""
-    fewest, most = _group_sizes(geometry)
+    fewest, most = _group_sizes(geometry, min_rows)
     groups = [(fewest, 40), (most, 1100)]
 
     def grow(q, k_cache, table, seqs):  # every query of a KV head along one direction, keys ever closer to it
@@ -233,7 +241,7 @@ def test_decodes_sharing_a_prefix_match_the_reference(geometry, growing, kernel_
             ramp = torch.linspace(0, 1, n).view(1, n, 1)
             k_cache[:, slots] = (k_cache[:, slots].float() * 0.2 + ramp * 4 * direction.unsqueeze(1)).bfloat16()
 
-    with shared_min_keys(16):
+    with shared_min_keys(16), shared_min_rows(min_rows):
         batch, got, want = _forked_decodes(groups + [(1, 0)], geometry, torch.Generator().manual_seed(sum(geometry)),
                                            extend=[(30, 7)], prepare=grow if growing else None)
         found = shared_prefix_groups(batch, geometry[0], geometry[1], geometry[2])
@@ -259,10 +267,15 @@ def test_forks_are_grouped_by_their_longest_common_prefix(monkeypatch):
     system = batch.req_to_token[1, :20].clone()
     for r in range(1, 17):
         batch.req_to_token[r, :20] = system
-    with shared_min_keys(16):
+    with shared_min_rows(SHARED_MIN_ROWS):
+        with shared_min_keys(16):
+            found = shared_prefix_groups(batch, *geometry)
+        assert sorted((tokens, keys) for tokens, keys in found) == [(list(range(8)), 60), (list(range(8, 16)), 60)]
+        with shared_min_keys(SHARED_MIN_KEYS):
+            assert shared_prefix_groups(batch, *geometry) == []  # 60 shared keys: short of the default
+    with shared_min_rows(AMX_SHARED_MIN_ROWS), shared_min_keys(16):  # 4 forks are enough
         found = shared_prefix_groups(batch, *geometry)
-    assert sorted((tokens, keys) for tokens, keys in found) == [(list(range(8)), 60), (list(range(8, 16)), 60)]
-    assert shared_prefix_groups(batch, *geometry) == []  # 60 shared keys: short of the default
+    assert sorted(len(tokens) for tokens, _ in found) == [5, 8, 8]
 
 
 @pytest.mark.parametrize("where", ["query", "shared key"])

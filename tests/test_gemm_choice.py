@@ -198,3 +198,29 @@ def test_a_noisy_loss_neither_moves_the_crossover_nor_turns_the_tiles_off(monkey
     assert gemm_choice.measure_crossover(64, 32, threads=1) == 3
     monkeypatch.setattr(gemm_choice, "_challenger_wins", lambda *args: lose)
     assert gemm_choice.measure_crossover(64, 32, threads=1) == gemm_choice.NEVER
+
+
+@pytest.fixture
+def restore_grouping():
+    from kernels.cpu.paged_attention import shared_min_keys, shared_min_rows
+
+    with shared_min_rows(24), shared_min_keys(1024):  # the kernel's defaults, restored after
+        yield
+
+
+@pytest.mark.skipif(not linear_bf16.available(), reason="no bfloat16 GEMM kernel on this CPU")
+@pytest.mark.parametrize("on_amx", [True, False])
+def test_the_worker_groups_smaller_forks_where_the_gemms_run_on_amx(tiny_gqa_llama, restore_threshold,
+                                                                    restore_grouping, monkeypatch, on_amx):
+    """Decode forks share their keys' reads from 12 query rows and 256 keys where the GEMMs
+    run on AMX tiles; elsewhere the kernel's defaults (24 rows, 1,024 keys) stay."""
+    from kernels.cpu.build import load_kernels
+    from runtime.engine import Engine
+
+    monkeypatch.setattr(gemm_choice, "choose_for", lambda shapes, threads=None: 3 if on_amx else gemm_choice.NEVER)
+    monkeypatch.setattr(gemm_choice, "amx_available", lambda: on_amx)
+    engine = Engine(str(tiny_gqa_llama), dtype="bfloat16", max_total_tokens=2000)
+    engine.shutdown()
+    lib = load_kernels()
+    rows, keys = lib.paged_attention_set_shared_min_rows(24), lib.paged_attention_set_shared_min_keys(1024)
+    assert (rows, keys) == ((12, 256) if on_amx else (24, 1024))

@@ -120,6 +120,7 @@ _PLAIN_SIGNATURES = {
     "paged_attention_set_widened": ([_I64], _I64),
     "paged_attention_rows_available": ([], _INT),
     "paged_attention_set_shared_min_keys": ([_I64], _I64),
+    "paged_attention_set_shared_min_rows": ([_I64], _I64),
     "paged_attention_shared_groups": ([_I64, _P, _I64, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _P, _P], _I64),
     "paged_attention_last_grouped_tokens": ([], _I64),
     "linear_amx": ([_P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _INT], _INT),

@@ -275,20 +275,22 @@ void merge_parts(const PartialRows &partial, int64_t first, int64_t count, int64
     for (int64_t d = 0; d < bt.dim; d++) from_f32(sum[d] * inv, dst + d);
 }
 
-// Decode tokens whose requests share at least this many first keys attend them together
-// (find_shared_prefixes), in groups of at least kSharedMinRows query rows; set by
-// paged_attention_set_shared_min_keys. Measured on an Intel Xeon (2 cores, the default
-// model, whole decode steps, python -m bench_agent.bench_shared_decode): 8 or 16 forks of a
-// 3,000-token prompt decode 1.21x and 1.29x faster; 4 forks of a 3,000-token one (12 rows),
-// or 8 of a 440-token one, no faster. With fewer rows a task leaves most of its 16 lanes
-// idle (attention_rows.cpp) and per-token tasks do as well.
+// Decode tokens whose requests share at least shared_min_keys first keys attend them together
+// (find_shared_prefixes), in groups of at least shared_min_rows query rows; both settable
+// (paged_attention_set_shared_min_keys / _rows). The defaults, measured on an Intel Xeon
+// without AMX (2 cores, the default model, whole decode steps, python -m
+// bench_agent.bench_shared_decode): 8 or 16 forks of a 3,000-token prompt decode 1.21x and
+// 1.29x faster; 4 forks of a 3,000-token one (12 rows), or 8 of a 440-token one, no faster.
+// With fewer rows a task leaves most of its 16 lanes idle (attention_rows.cpp) and per-token
+// tasks do as well. Where the GEMMs run on AMX tiles attention is a larger share of a decode
+// step and smaller groups pay: the worker lowers both there (kernels/cpu/paged_attention.py).
 int64_t shared_min_keys = 1024;
-constexpr int64_t kSharedMinRows = 24;
+int64_t shared_min_rows = 24;
 
 // Keys per task of a group's shared prefix (about: the prefix is cut into equal chunks).
 constexpr int64_t kSharedChunk = 512;
 
-int64_t shared_min_tokens(int64_t group) { return (kSharedMinRows + group - 1) / group; }
+int64_t shared_min_tokens(int64_t group) { return (shared_min_rows + group - 1) / group; }
 
 // Requests with at least this many query tokens in the step go to the AMX kernel
 // (attention_amx.cpp) where it applies; set by paged_attention_set_amx_min_tokens.
@@ -513,6 +515,14 @@ extern "C" int64_t paged_attention_set_amx_min_tokens(int64_t tokens) {
 extern "C" int64_t paged_attention_set_shared_min_keys(int64_t keys) {
     const int64_t previous = shared_min_keys;
     shared_min_keys = keys;
+    return previous;
+}
+
+// ... in groups of at least `rows` query rows (tokens times query heads per KV head; at
+// least 1); returns the previous setting.
+extern "C" int64_t paged_attention_set_shared_min_rows(int64_t rows) {
+    const int64_t previous = shared_min_rows;
+    shared_min_rows = rows < 1 ? 1 : rows;
     return previous;
 }
 

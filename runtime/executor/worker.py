@@ -18,6 +18,11 @@ from kernels.attention.forward_context import ForwardContext, forward_context
 from kernels.cpu import attention_choice, gemm_choice
 from kernels.cpu.elementwise import argmax_rows
 from kernels.cpu.packed_linear import PackedLinearUnavailable
+from kernels.cpu.paged_attention import (
+    AMX_SHARED_MIN_KEYS,
+    AMX_SHARED_MIN_ROWS,
+    use_amx_grouping_thresholds,
+)
 from radix_cache import ReqToTokenTable
 from runtime.config import MIN_KV_TOKENS, ServerArgs
 from runtime.distributed import NO_TP, TPInfo, split_range
@@ -167,6 +172,10 @@ class ModelWorker:
                            "kernel (prefill ~10x slower); another process probably took a core while it was "
                            "measured: delete %s to measure again", gemm_choice.cache_file_name())
         prefetch = rows > 1 and gemm_choice.choose_small_prefetch(bf16)
+        if rows < gemm_choice.NEVER:  # GEMMs on AMX tiles: attention is more of a decode step
+            use_amx_grouping_thresholds()
+            logger.info("decode forks attend their shared keys together from %d query rows and %d keys",
+                        AMX_SHARED_MIN_ROWS, AMX_SHARED_MIN_KEYS)
         return gemm_choice.describe(rows, prefetch, widen_rows)
 
     @property
