@@ -42,7 +42,7 @@ def test_schemathesis_finds_no_server_error_and_no_undocumented_answer(small_ser
     st = shutil.which("schemathesis") or shutil.which("st")
     assert st is not None, "schemathesis is in the test extra: pip install -e '.[test]'"
     done = subprocess.run(
-        [st, "run", small_server.url + "/openapi.json", "--checks", CHECKS, "--max-examples", "6", "--seed", "1",
+        [st, "run", small_server.url + "/openapi.json", "--checks", CHECKS, "--max-examples", "4", "--seed", "1",
          "--phases", "examples,coverage,fuzzing", "--request-timeout", "60", "--workers", "1", "--no-color"],
         cwd=tmp_path, capture_output=True, text=True, timeout=900,
     )
