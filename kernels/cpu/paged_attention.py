@@ -137,27 +137,27 @@ def last_grouped_tokens() -> int:
 
 
 @contextlib.contextmanager
-def shared_min_keys(keys: int) -> Iterator[None]:
+def _kernel_setting(setter: str, value: int) -> Iterator[None]:
+    """Inside the block, the library's setting ``setter`` (an entry that sets a value and
+    returns the previous one) holds ``value``; the previous value comes back after."""
+    set_value = getattr(entry_checks.load_kernels(), setter)
+    previous = set_value(value)
+    try:
+        yield
+    finally:
+        set_value(previous)
+
+
+def shared_min_keys(keys: int) -> contextlib.AbstractContextManager[None]:
     """Inside the block, decode tokens whose requests share at least ``keys`` first keys
     attend them together (the kernel's setting, for tests: its default needs long prompts)."""
-    lib = entry_checks.load_kernels()
-    previous = lib.paged_attention_set_shared_min_keys(keys)
-    try:
-        yield
-    finally:
-        lib.paged_attention_set_shared_min_keys(previous)
+    return _kernel_setting("paged_attention_set_shared_min_keys", keys)
 
 
-@contextlib.contextmanager
-def shared_min_rows(rows: int) -> Iterator[None]:
+def shared_min_rows(rows: int) -> contextlib.AbstractContextManager[None]:
     """Inside the block, a group of decode tokens needs at least ``rows`` query rows (tokens
     times query heads per KV head) to attend its shared keys together."""
-    lib = entry_checks.load_kernels()
-    previous = lib.paged_attention_set_shared_min_rows(rows)
-    try:
-        yield
-    finally:
-        lib.paged_attention_set_shared_min_rows(previous)
+    return _kernel_setting("paged_attention_set_shared_min_rows", rows)
 
 
 # Where the GEMMs run on AMX tiles, decode steps spend a larger share in attention, and forks
@@ -170,9 +170,9 @@ AMX_SHARED_MIN_ROWS = 12
 AMX_SHARED_MIN_KEYS = 256
 
 
-def use_amx_grouping_thresholds() -> tuple[int, int]:
-    """Lower the decode-grouping thresholds to the AMX ones (for a process whose GEMMs run on
-    AMX tiles); returns the previous (rows, keys)."""
+def use_amx_grouping_thresholds() -> None:
+    """Lower the decode-grouping thresholds to the AMX ones, for the rest of the process (one
+    whose GEMMs run on AMX tiles)."""
     lib = entry_checks.load_kernels()
-    return (int(lib.paged_attention_set_shared_min_rows(AMX_SHARED_MIN_ROWS)),
-            int(lib.paged_attention_set_shared_min_keys(AMX_SHARED_MIN_KEYS)))
+    lib.paged_attention_set_shared_min_rows(AMX_SHARED_MIN_ROWS)
+    lib.paged_attention_set_shared_min_keys(AMX_SHARED_MIN_KEYS)
