@@ -28,9 +28,11 @@ from tests.tool_call_ids import same_ids
 
 pytestmark = pytest.mark.slow
 
+# Sized to take each path once (a critique round that does not stop, a fork with a select
+# per leaf): these run sequential fp32 decodes twice, in process and over HTTP.
 EXAMPLES = [
-    (self_critique, {"task": "Explain rain to a child.", "good_enough": 11}),
-    (tree_of_thought, {"question": "How can I sleep better?", "width": 2, "depth": 2}),
+    (self_critique, {"task": "Explain rain to a child.", "max_rounds": 1, "good_enough": 11}),
+    (tree_of_thought, {"question": "How can I sleep better?", "width": 2, "depth": 1}),
     (llm_judge, {"question": "What is 2 + 2?", "answer": "4, because two pairs make four."}),
     (react, {"question": "How many people live in the capital of Japan?"}),
     (extract_and_act, {"document": DOCUMENT}),
