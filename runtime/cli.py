@@ -32,13 +32,13 @@ def _generate_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_generate(ns: argparse.Namespace) -> int:
-    from runtime.engine import Engine
-
     try:
         args: ServerArgs = args_from_namespace(ns, ServerArgs)
     except ValueError as err:
         print(f"forkserve: {err}", file=sys.stderr)
         return 2
+    from runtime.engine import Engine  # after the flags are checked: it imports torch
+
     started = time.perf_counter()
     try:
         engine = Engine(**{k: v for k, v in vars(args).items()})
