@@ -13,7 +13,9 @@ from kernels.cpu.elementwise import rotary_
 
 
 def _inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    # On the CPU even inside a meta-device build: arithmetic on meta tensors imports PyTorch's
+    # decompositions (~2 s at start-up).
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim))
     kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
     if kind == "default":
         return inv_freq
@@ -47,7 +49,7 @@ class RotaryEmbedding(nn.Module):
         """(Re)compute the cos/sin tables in float32; needed after building on the meta device."""
         head_dim, max_positions, theta, scaling = self._spec
         inv_freq = _inv_freq(head_dim, theta, scaling)
-        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
+        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32, device="cpu"), inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("cos", emb.cos().to(device), persistent=False)
         self.register_buffer("sin", emb.sin().to(device), persistent=False)
