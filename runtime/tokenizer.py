@@ -8,6 +8,7 @@ from typing import Any
 
 from transformers import AutoTokenizer, PretrainedConfig
 
+from runtime.model_loader.weights import load_hf_config
 from runtime.sampling import stop_regex
 
 
@@ -17,9 +18,10 @@ def load_hf_tokenizer(model_dir: Path) -> Any:
     it: loading imports the model family's config module and with it much of transformers,
     ~2 s in each of the server's three processes that tokenize. Otherwise AutoTokenizer
     resolves the class itself, which needs that config class."""
-    tokenizer_config, config = model_dir / "tokenizer_config.json", model_dir / "config.json"
-    if tokenizer_config.exists() and config.exists() and json.loads(tokenizer_config.read_text()).get("tokenizer_class"):
-        plain = PretrainedConfig.from_dict(json.loads(config.read_text()))
+    tokenizer_config = model_dir / "tokenizer_config.json"
+    names_class = tokenizer_config.is_file() and json.loads(tokenizer_config.read_text()).get("tokenizer_class")
+    if names_class and (model_dir / "config.json").is_file():
+        plain = PretrainedConfig.from_dict(load_hf_config(model_dir))
         return AutoTokenizer.from_pretrained(str(model_dir), config=plain)
     return AutoTokenizer.from_pretrained(str(model_dir))
 
