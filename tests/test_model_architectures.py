@@ -163,3 +163,23 @@ def test_paged_prefix_reuse_with_small_chunks(build_case):
     assert out1["output_ids"] == hf_oracle(hf_model, first)[0]
     assert out2["output_ids"] == hf_oracle(hf_model, second)[0]
     engine.scheduler.check_invariants()
+
+
+def test_a_model_built_on_a_real_device_has_initialised_weights():
+    """The loader builds the model on the meta device and fills it from the checkpoint; a
+    model built on the CPU (the random-weight tests) must hold ``nn.Embedding``'s own init,
+    not uninitialised memory (a tied head on such memory gave NaN logits at random)."""
+    from runtime.models.config import ModelConfig
+    from runtime.models.llama import LlamaForCausalLM
+
+    cfg = ModelConfig.from_hf(dict(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, intermediate_size=96,
+                                   num_hidden_layers=1, vocab_size=300, max_position_embeddings=32, rms_norm_eps=1e-5,
+                                   tie_word_embeddings=True))
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg)
+    torch.manual_seed(0)
+    reference = torch.nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+    assert torch.equal(model.embed_tokens.weight, reference.weight)
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    with torch.device("meta"):
+        assert LlamaForCausalLM(cfg).embed_tokens.weight.is_meta

@@ -108,9 +108,14 @@ class LlamaForCausalLM(nn.Module):
         check_tp_size(tp.size, cfg.num_kv_heads)
         self.cfg = cfg
         # Embedding and head are replicated: at these sizes a vocab split saves little.
-        # An uninitialised weight (the checkpoint fills it): nn.Embedding's own normal_ init
-        # costs ~2 s on the meta device, where the model is built (its decomposition imports).
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
+        # nn.Embedding's own normal_ init costs ~2 s on the meta device, where the loader builds
+        # the model (its decomposition imports); there the checkpoint fills the weight. A model
+        # built on a real device (random-weight tests) gets the usual N(0, 1) init, never
+        # uninitialised memory.
+        embedding = torch.empty(cfg.vocab_size, cfg.hidden_size)
+        if embedding.device.type != "meta":
+            nn.init.normal_(embedding)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=embedding)
         rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i, rotary, tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
