@@ -81,11 +81,13 @@ def replay_without_tools(client: httpx.Client, calls: list[Call]) -> int:
     return sum(_chat(client, without_tools(body, tokens))["usage"]["completion_tokens"] for body, tokens in calls)
 
 
-def measure(url: str, cities: list[str]) -> dict[str, Any]:
-    """Tool loops, then the same calls without tools, on the server at ``url``."""
+def measure(url: str, cities: list[str], warm_up: bool = True) -> dict[str, Any]:
+    """Tool loops, then the same calls without tools, on the server at ``url``; with
+    ``warm_up``, one loop and its replay first, untimed (grammars compiled, code paths run)."""
     client = httpx.Client(base_url=url, timeout=600)
     model = client.get("/v1/models").json()["data"][0]["id"]
-    replay_without_tools(client, tool_loop(client, model, "Warsaw"))  # warm up: grammars compiled, code paths run
+    if warm_up:
+        replay_without_tools(client, tool_loop(client, model, "Warsaw"))
     client.post("/flush_cache")
     start = time.perf_counter()
     with ThreadPoolExecutor(IN_FLIGHT) as pool:
@@ -100,7 +102,7 @@ def measure(url: str, cities: list[str]) -> dict[str, Any]:
     if replayed != tokens:
         raise RuntimeError(f"the calls without tools generated {replayed} tokens, the tool calls {tokens}")
     return {"calls": sum(len(c) for c in conversations), "tokens": tokens, "with_tools_s": with_tools,
-            "without_tools_s": plain, "ratio": with_tools / plain}
+            "without_tools_s": plain, "ratio": with_tools / plain, "conversations": conversations}
 
 
 def main(argv: list[str] | None = None) -> None:

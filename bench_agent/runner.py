@@ -32,6 +32,8 @@ class RunResult:
     num_programs: int
     errors: list[str] = field(default_factory=list)
     peak_kv_usage: float | None = None
+    # each program's final state (its messages and variables), by index; None where it failed
+    states: list[Any] = field(default_factory=list)
 
 
 class _PeakSampler:
@@ -89,6 +91,7 @@ def run_workload(
     n = len(program_args)
     latencies: list[float] = []
     errors: list[str] = []
+    states: list[Any] = [None] * n
     arrivals = _arrival_offsets(n, request_rate, seed)
 
     def one(i: int, t0: float) -> None:
@@ -100,6 +103,7 @@ def run_workload(
         )
         state.sync()
         latencies.append(time.perf_counter() - began)
+        states[i] = state
 
     workers = concurrency if concurrency is not None else n
     bar = tqdm(total=n, desc=desc or workload.name, unit="prog", disable=not progress, leave=False)
@@ -112,7 +116,7 @@ def run_workload(
             bar.update()
         wall = time.perf_counter() - t0
     bar.close()
-    return RunResult(log.records, latencies, wall, n, errors, sampler.peak)
+    return RunResult(log.records, latencies, wall, n, errors, sampler.peak, states)
 
 
 def _arrival_offsets(n: int, rate: float | None, seed: int) -> list[float]:

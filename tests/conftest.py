@@ -26,6 +26,13 @@ def engine(model_dir):
 
 
 @pytest.fixture(scope="session")
+def other_kernel_builds(tmp_path_factory):
+    """A kernel cache for builds with other flags than this CPU's own (each flag set hashes
+    to a library of its own), shared so that a build several test files use compiles once."""
+    return tmp_path_factory.mktemp("other_kernel_builds")
+
+
+@pytest.fixture(scope="session")
 def tiny_gqa_llama(tmp_path_factory, model_dir):
     """A 2-layer random-weight Llama with head size 64 and 3 query heads per KV head
     (SmolLM2's ratio), saved as an HF folder with the default model's tokenizer."""

@@ -22,17 +22,18 @@ pytestmark = pytest.mark.slow
 N = 2  # programs per run
 
 
-def run_tiny(name, backend, probe=None, concurrency=N, **kw):
+def run_tiny(name, backend, probe=None, concurrency=N, n=N, **kw):
     workload = get_workload(name)
-    result = run_workload(workload, backend, workload.program_args(N, 0, "tiny"), concurrency=concurrency,
+    result = run_workload(workload, backend, workload.program_args(n, 0, "tiny"), concurrency=concurrency,
                           kv_probe=probe, progress=False, **kw)
     return workload, result, summarise(result)
 
 
 def check_counts(workload, result, summary):
+    n = result.num_programs
     assert result.errors == []
-    assert summary["programs_ok"] == N
-    assert summary["gen_calls"] == N * workload.gen_calls(workload.sizes("tiny"))
+    assert summary["programs_ok"] == n
+    assert summary["gen_calls"] == n * workload.gen_calls(workload.sizes("tiny"))
     gens = [r for r in result.records if r.kind == "gen"]
     if workload.fixed_lengths:
         assert all(r.completion_tokens == r.max_new_tokens > 0 for r in gens), "fixed output lengths"
@@ -74,7 +75,7 @@ def test_hit_rate_is_zero_with_the_cache_off(model_dir):
                                 disable_radix_cache=True)
     try:
         for name in ("critique", "tree_of_thought"):
-            workload, result, summary = run_tiny(name, backend)
+            workload, result, summary = run_tiny(name, backend, n=1)
             check_counts(workload, result, summary)
             assert summary["cache_hit_rate"] == 0
     finally:
@@ -94,15 +95,14 @@ def test_every_workload_on_a_live_server(name, server):
             check_counts(workload, result, summary)
             assert summary["cache_hit_rate"] > 0
             assert summary["peak_kv_usage"] is not None
-            (args,) = workload.program_args(1, 0, "tiny")
-            state = workload.program.run(**args, backend=backend, temperature=0, ignore_eos=True)
             # (the DSL also lists the template's default system turn; the chat API adds it unseen)
-            texts[label] = same_ids([m for m in state.messages() if m["role"] != "system" or name != "no_reuse"])
+            texts[label] = [same_ids([m for m in state.messages() if m["role"] != "system" or name != "no_reuse"])
+                            for state in result.states]
         assert texts["dsl"] == texts["openai"]
         if name == "react":  # through real tool calls: a call per step, its result as a tool message
-            roles = [m["role"] for m in texts["openai"]]
-            assert roles.count("tool") == workload.sizes("tiny")["steps"]
-            assert all(len(m["tool_calls"]) == 1 for m in texts["openai"] if m.get("tool_calls"))
+            for messages in texts["openai"]:
+                assert [m["role"] for m in messages].count("tool") == workload.sizes("tiny")["steps"]
+                assert all(len(m["tool_calls"]) == 1 for m in messages if m.get("tool_calls"))
     finally:
         dsl.shutdown()
         chat.shutdown()
@@ -121,19 +121,16 @@ def test_the_react_workload_runs_tool_calls_through_the_openai_api(server, tmp_p
 def test_bench_tools_baseline_is_the_same_calls_without_tools(server):
     """bench_tools' baseline: each tool call again with the same messages, no tools, held to
     the tool call's output length (measure checks the token counts match)."""
-    import httpx
+    from bench_agent.bench_tools import measure, without_tools
 
-    from bench_agent.bench_tools import measure, tool_loop, without_tools
-
-    client = httpx.Client(base_url=server.url, timeout=120)
-    calls = tool_loop(client, "SmolLM2-135M-Instruct", "Oslo")
-    assert calls and calls[0][0]["tool_choice"] == "required"
+    result = measure(server.url, ["Paris"], warm_up=False)
+    assert result["calls"] >= 1 and result["tokens"] > 0 and result["ratio"] > 0
+    (calls,) = result["conversations"]
+    assert calls and calls[0][0]["tool_choice"] == "required" and calls[0][0]["tools"]
     for body, tokens in calls:
         plain = without_tools(body, tokens)
         assert plain["messages"] == body["messages"] and not {"tools", "tool_choice"} & plain.keys()
         assert plain["max_tokens"] == tokens > 0 and plain["ignore_eos"] is True
-    result = measure(server.url, ["Paris"])
-    assert result["calls"] >= 1 and result["tokens"] > 0 and result["ratio"] > 0
 
 
 def test_transformers_driver_matches_the_engine(local):
@@ -142,12 +139,12 @@ def test_transformers_driver_matches_the_engine(local):
 
     hf = HFBackend(dtype="float32")
     for name in ("critique", "tree_of_thought"):
-        workload, result, summary = run_tiny(name, hf)
+        workload, result, summary = run_tiny(name, hf, n=1)
         check_counts(workload, result, summary)
         assert summary["cache_hit_rate"] == 0
-        args = workload.program_args(1, 0, "tiny")[0]
-        ours, theirs = (workload.program.run(**args, backend=b, temperature=0, ignore_eos=True) for b in (local, hf))
-        assert ours.messages() == theirs.messages()
+        (args,) = workload.program_args(1, 0, "tiny")
+        ours = workload.program.run(**args, backend=local, temperature=0, ignore_eos=True)
+        assert ours.messages() == result.states[0].messages()
     workload = get_workload("react")
     result = run_workload(workload, hf, workload.program_args(1, 0, "tiny"), concurrency=1, progress=False)
     assert len(result.errors) == 1 and "transformers driver cannot run gens with tools" in result.errors[0]

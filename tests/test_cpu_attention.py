@@ -47,7 +47,7 @@ NATIVE = {"native": (16, False), "native_amx_always": (1, False), "native_no_amx
 
 
 @pytest.fixture(scope="module", params=[*NATIVE, *OTHER_BUILDS])
-def kernel_build(request, tmp_path_factory):
+def kernel_build(request, other_kernel_builds):
     """The kernel library these tests call: this CPU's build (with one of the AMX
     thresholds, or off AMX with the extend tasks on float32 FMAs), or one of ``OTHER_BUILDS``;
     the value is the build's name."""
@@ -67,7 +67,7 @@ def kernel_build(request, tmp_path_factory):
     if platform.machine().lower() not in ("x86_64", "amd64"):
         pytest.skip("the AVX-512 paths exist on x86 only")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("FORKSERVE_KERNEL_CACHE", str(tmp_path_factory.mktemp(request.param)))
+        mp.setenv("FORKSERVE_KERNEL_CACHE", str(other_kernel_builds))
         mp.setattr(build, "FLAGS", (*build.FLAGS, OTHER_BUILDS[request.param]))
         lib = build.load_kernels.__wrapped__()
         mp.setattr(entry_checks, "load_kernels", lambda: lib)  # where the kernels are looked up

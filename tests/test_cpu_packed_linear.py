@@ -301,10 +301,10 @@ def test_bad_inputs_to_the_bf16_kernel_raise():
 
 
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86 build flags")
-def test_a_build_without_avx512_bf16_has_no_kernel_and_says_so(tmp_path, monkeypatch):
+def test_a_build_without_avx512_bf16_has_no_kernel_and_says_so(other_kernel_builds, monkeypatch):
     if build.find_compiler() is None:
         pytest.skip("no C++ compiler")
-    monkeypatch.setenv("FORKSERVE_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setenv("FORKSERVE_KERNEL_CACHE", str(other_kernel_builds))
     monkeypatch.setattr(build, "FLAGS", (*build.FLAGS, "-mno-avx512bf16"))
     lib = build.load_kernels.__wrapped__()
     assert lib.linear_bf16_available() == 0

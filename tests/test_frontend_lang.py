@@ -33,7 +33,8 @@ pytestmark = pytest.mark.slow
 EXAMPLES = [
     (self_critique, {"task": "Explain rain to a child.", "max_rounds": 1, "good_enough": 11}),
     (tree_of_thought, {"question": "How can I sleep better?", "width": 2, "depth": 1}),
-    (llm_judge, {"question": "What is 2 + 2?", "answer": "4, because two pairs make four."}),
+    (llm_judge, {"question": "What is 2 + 2?", "answer": "4, because two pairs make four.",
+                 "dimensions": ["clarity", "accuracy"]}),
     (react, {"question": "How many people live in the capital of Japan?"}),
     (extract_and_act, {"document": DOCUMENT}),
 ]
