@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import time
@@ -107,7 +108,11 @@ def _run_serve(ns: argparse.Namespace) -> int:
         from runtime.server.dp_launcher import serve_data_parallel
 
         return serve_data_parallel(args, http, dp)
-    return serve(args, http)
+    code = serve(args, http)
+    # The process exits next; its collection passes over the millions of objects torch and
+    # transformers hold took ~1 s of the 1.6 s from SIGTERM to exit. Frozen, they are skipped.
+    gc.freeze()
+    return code
 
 
 def build_parser() -> argparse.ArgumentParser:
