@@ -80,29 +80,25 @@ def library_path(compiler: str) -> Path:
 def _compile(compiler: str, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     print(f"forkserve: compiling the CPU kernels into {target} (once)", file=sys.stderr)
-    # Build beside the target and rename: concurrent starts never load a half-written file.
-    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
-    os.close(fd)
-    try:
-        with tempfile.TemporaryDirectory(dir=target.parent) as objects:
-            # One compiler process per source, as many at once as there are cores (a
-            # one-process build of all of them took ~2x as long on 2 cores), then one link.
-            jobs = [(name, str(Path(objects) / f"{Path(name).stem}.o")) for name in SOURCES]
-            with ThreadPoolExecutor(max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
-                runs = list(pool.map(lambda job: _run(compiler, "-c", str(SOURCE_DIR / job[0]), "-o", job[1]), jobs))
-            failed = [(name, run.stderr.strip()) for (name, _), run in zip(jobs, runs, strict=True) if run.returncode]
-            if not failed:
-                link = _run(compiler, *(obj for _, obj in jobs), "-o", tmp)
-                failed = [("the link", link.stderr.strip())] if link.returncode else []
-            if failed:
-                raise CpuKernelsUnavailable(
-                    "".join(f"compiling {name} with {compiler} failed:\n{err}\n" for name, err in failed)
-                    + "Use --attention-backend torch_native to run without compiled kernels."
-                )
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    # Build in a folder beside the target and rename: concurrent starts never load a
+    # half-written file, and a failed build leaves nothing behind.
+    with tempfile.TemporaryDirectory(dir=target.parent) as work:
+        # One compiler process per source, as many at once as there are cores (a
+        # one-process build of all of them took ~2x as long on 2 cores), then one link.
+        jobs = [(name, str(Path(work) / f"{Path(name).stem}.o")) for name in SOURCES]
+        with ThreadPoolExecutor(max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
+            runs = list(pool.map(lambda job: _run(compiler, "-c", str(SOURCE_DIR / job[0]), "-o", job[1]), jobs))
+        failed = [(f"compiling {name}", run.stderr) for (name, _), run in zip(jobs, runs, strict=True) if run.returncode]
+        library = str(Path(work) / target.name)
+        if not failed:
+            link = _run(compiler, *(obj for _, obj in jobs), "-o", library)
+            failed = [("linking the kernels", link.stderr)] if link.returncode else []
+        if failed:
+            raise CpuKernelsUnavailable(
+                "".join(f"{what} with {compiler} failed:\n{err.strip()}\n" for what, err in failed)
+                + "Use --attention-backend torch_native to run without compiled kernels."
+            )
+        os.replace(library, target)
 
 
 def _run(compiler: str, *args: str) -> subprocess.CompletedProcess[str]:
