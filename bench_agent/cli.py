@@ -73,7 +73,9 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--label", help="Backend name in the table (default: the driver and its flags).")
     p.add_argument("--no-warmup", action="store_true", help="Skip the one small unmeasured program per workload.")
     p.add_argument("--no-flush", action="store_true", help="Keep the server's prefix cache between workloads "
-                   "(by default a forkserve server's cache is flushed before each).")
+                   "(by default it is emptied after the warm-up, before each workload: /flush_cache on "
+                   "forkserve and SGLang, /reset_prefix_cache on vLLM started with VLLM_SERVER_DEV_MODE=1; "
+                   "a server with neither is named on stderr).")
     p.add_argument("--output-dir", default="bench_results", help="Where results.jsonl, table.md and "
                    "bench.png go" + d)
     p.add_argument("--no-plot", action="store_true", help="Do not draw bench.png.")

@@ -109,8 +109,10 @@ def measure(
     if not ns.no_warmup:
         warm = workload.program_args(1, ns.seed + WARMUP_SEED_OFFSET, "tiny")
         run_workload(workload, backend, warm, concurrency=1, progress=False)
-    if not ns.no_flush:
-        flush_cache(backend)
+    if not ns.no_flush and hasattr(backend, "flush_cache") and not flush_cache(backend):
+        print(f"  {workload.name} / {label}: could not empty the server's prefix cache (it has no /flush_cache, "
+              "nor /reset_prefix_cache as vLLM has with VLLM_SERVER_DEV_MODE=1): what earlier runs sent it "
+              "stays cached", file=sys.stderr)
     n = num_programs or workload.default_programs[ns.size]
     result = run_workload(
         workload,

@@ -118,6 +118,51 @@ def test_the_react_workload_runs_tool_calls_through_the_openai_api(server, tmp_p
     assert row["workload"] == "react" and row["errors"] == 0 and row["programs_ok"] == N
 
 
+def test_the_openai_driver_empties_the_servers_cache_before_each_run(server, tmp_path, capsys):
+    """Two runs of one program through ``--backend openai --url`` on one server see the same
+    hit rate: the cache is emptied after the warm-up (``/flush_cache``), as the DSL driver
+    does, instead of the second run finding the first one's prompts."""
+    rates = []
+    for run in range(2):
+        out = tmp_path / str(run)
+        code = bench_main(["--backend", "openai", "--url", server.url, "--size", "tiny", "--workload", "critique",
+                           "--num-programs", "1", "--output-dir", str(out), "--no-progress", "--no-plot"])
+        assert code == 0
+        (row,) = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+        rates.append(row["cache_hit_rate"])
+    assert rates[0] == rates[1] < 0.9, rates
+    assert "could not empty" not in capsys.readouterr().err
+
+
+def test_a_server_without_a_flush_route_is_not_flushed():
+    """The OpenAI driver tries /flush_cache, then vLLM's /reset_prefix_cache, and says False
+    when neither answers 200 (measure then names the server on stderr)."""
+    import http.server
+    import threading
+
+    paths = []
+
+    class NoFlush(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (the standard library's name)
+            paths.append(self.path)
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NoFlush)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    backend = OpenAIChatBackend(f"http://127.0.0.1:{httpd.server_address[1]}", model="any")
+    try:
+        assert backend.flush_cache() is False
+        assert paths == ["/flush_cache", "/reset_prefix_cache"]
+    finally:
+        backend.shutdown()
+        httpd.shutdown()
+
+
 def test_bench_tools_baseline_is_the_same_calls_without_tools(server):
     """bench_tools' baseline: each tool call again with the same messages, no tools, held to
     the tool call's output length (measure checks the token counts match)."""

@@ -79,6 +79,7 @@ def kv_probe_for_engine(backend: Any) -> KVProbe:
 
 
 def flush_cache(backend: Backend) -> bool:
-    """Empty the server's prefix cache between runs where the driver can (forkserve)."""
+    """Empty the server's prefix cache between runs where the driver can (forkserve; over the
+    OpenAI driver also SGLang, and vLLM in its development mode)."""
     flush = getattr(backend, "flush_cache", None)
     return bool(flush()) if flush is not None else False

@@ -187,5 +187,19 @@ class OpenAIChatBackend(StreamingBackend):
     def end_program(self, program_id: str) -> None:
         pass  # a chat server knows nothing of programs
 
+    def flush_cache(self) -> bool:
+        """Empty the server's prefix cache through the first route it has: ``/flush_cache``
+        (forkserve, SGLang) or ``/reset_prefix_cache`` (vLLM started with
+        ``VLLM_SERVER_DEV_MODE=1``). False when neither answers 200, so that a run after another
+        on the same server would find the earlier run's prompts cached."""
+        root = self.base_url.removesuffix("/v1")
+        for route in ("/flush_cache", "/reset_prefix_cache"):
+            try:
+                if self.client.post(root + route).status_code == 200:
+                    return True
+            except httpx.HTTPError:
+                return False
+        return False
+
     def shutdown(self) -> None:
         self.client.close()
