@@ -46,7 +46,9 @@ def add_compare_args(p: argparse.ArgumentParser) -> None:
                    "OpenAI-compatible server (OpenAI chat driver, same programs) and print both with their ratios.")
     p.add_argument("--compare-cmd", metavar="CMD", help="Shell command that starts the --compare server in the "
                    "foreground; it is started fresh for each workload after forkserve is stopped, and its whole "
-                   "process group is stopped after, so only one engine runs at a time.")
+                   "process group is stopped after, so only one engine runs at a time. Its environment has "
+                   "VLLM_SERVER_DEV_MODE=1, which gives a vLLM server the /reset_prefix_cache route, so that its "
+                   "cache is emptied after the warm-up as forkserve's is.")
     p.add_argument("--compare-label", help="Name of the --compare server in the tables (default: its URL).")
     p.add_argument("--compare-timeout", type=float, default=600.0, help="Seconds to wait for the --compare-cmd "
                    "server to answer /v1/models (default: %(default)s).")
@@ -60,7 +62,11 @@ class PeerServer:
     def __init__(self, cmd: str, url: str) -> None:
         self.url = url.rstrip("/").removesuffix("/v1")
         self.log = tempfile.NamedTemporaryFile("w+", prefix="forkserve-compare-", suffix=".log")  # noqa: SIM115
-        self.proc = subprocess.Popen(cmd, shell=True, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        # vLLM answers /reset_prefix_cache only in its development mode; with it both sides of a
+        # comparison start measuring from an empty cache (see measure.measure).
+        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+        self.proc = subprocess.Popen(cmd, shell=True, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     env=env)
 
     def wait_ready(self, timeout: float) -> PeerServer:
         deadline = time.monotonic() + timeout

@@ -194,3 +194,6 @@ def test_the_compared_server_is_started_in_its_own_group_and_stopped_whole(tmp_p
     assert left == []
     with pytest.raises(RuntimeError, match="exited with 3"):
         PeerServer("echo starting; exit 3", "http://127.0.0.1:1").wait_ready(30)
+    # vLLM's development mode (its /reset_prefix_cache route) is on for the command
+    with pytest.raises(RuntimeError, match="dev mode 1"):
+        PeerServer('echo "dev mode $VLLM_SERVER_DEV_MODE"; exit 3', "http://127.0.0.1:1").wait_ready(30)
