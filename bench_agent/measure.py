@@ -109,7 +109,7 @@ def measure(
     if not ns.no_warmup:
         warm = workload.program_args(1, ns.seed + WARMUP_SEED_OFFSET, "tiny")
         run_workload(workload, backend, warm, concurrency=1, progress=False)
-    if not ns.no_flush and hasattr(backend, "flush_cache") and not flush_cache(backend):
+    if not ns.no_flush and flush_cache(backend) is False:
         print(f"  {workload.name} / {label}: could not empty the server's prefix cache (it has no /flush_cache, "
               "nor /reset_prefix_cache as vLLM has with VLLM_SERVER_DEV_MODE=1): what earlier runs sent it "
               "stays cached", file=sys.stderr)

@@ -17,6 +17,7 @@ from kernels.cpu import build
 
 ROOT = Path(__file__).resolve().parent.parent
 
+
 @pytest.mark.slow  # builds a wheel (~20 s)
 def test_the_wheel_has_the_kernel_sources_and_the_templates(tmp_path):
     done = subprocess.run(

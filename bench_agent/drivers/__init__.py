@@ -78,8 +78,9 @@ def kv_probe_for_engine(backend: Any) -> KVProbe:
     return lambda: kv_usage_from_stats(backend.run_in_driver(backend.engine.scheduler.stats))
 
 
-def flush_cache(backend: Backend) -> bool:
+def flush_cache(backend: Backend) -> bool | None:
     """Empty the server's prefix cache between runs where the driver can (forkserve; over the
-    OpenAI driver also SGLang, and vLLM in its development mode)."""
+    OpenAI driver also SGLang, and vLLM in its development mode): whether it was emptied, or
+    None for a driver with no prefix cache to empty (transformers)."""
     flush = getattr(backend, "flush_cache", None)
-    return bool(flush()) if flush is not None else False
+    return bool(flush()) if flush is not None else None
