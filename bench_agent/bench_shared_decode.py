@@ -8,7 +8,8 @@ that the machine's drift hits both sides alike):
 Each round prefills a fresh random prompt (cached), then decodes ``--forks`` requests that
 each add a few tokens of their own to it, as parallel samples or tree-of-thought branches
 do; the figure is the mean decode step. The setting is ``paged_attention_set_shared_min_keys``
-(kernels/cpu/paged_attention.cpp): its default against never.
+(kernels/cpu/paged_attention.cpp): its default against never; on a CPU with AMX tiles also
+the grouped keys on AVX-512 vectors instead of tiles (``paged_attention_set_shared_on_tiles``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import argparse
 import random
 import statistics
 import sys
+from collections.abc import Callable
 
 NEVER = 2**62
 
@@ -33,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench_agent.bench_kernel_ab import alternate, mean_decode_step
     from kernels.cpu import build
+    from kernels.cpu.gemm_choice import amx_available
     from runtime import Engine
 
     engine = Engine(dtype="bfloat16")
@@ -47,14 +50,22 @@ def main(argv: list[str] | None = None) -> int:
         return mean_decode_step(engine, [prompt + [rng.randrange(100, 40_000) for _ in range(4)] for _ in range(forks)],
                                 ns.new_tokens)
 
-    settings = {"shared keys once per group": default, "once per fork": NEVER}
-    sides = {name: (lambda s=s: lib.paged_attention_set_shared_min_keys(s)) for name, s in settings.items()}
-    print(f"| forks of a {ns.prompt}-token prompt | " + " | ".join(sides) + " | speed-up |\n|---|---|---|---|")
+    def setting(min_keys: int, tiles: bool = True) -> Callable[[], None]:
+        return lambda: (lib.paged_attention_set_shared_min_keys(min_keys), lib.paged_attention_set_shared_on_tiles(tiles))
+
+    grouped = "shared keys once per group (on tiles)" if amx_available() else "shared keys once per group"
+    sides = {grouped: setting(default), "once per fork": setting(NEVER)}
+    if amx_available():
+        sides["once per group on vectors"] = setting(default, tiles=False)
+    columns = " | ".join(f"{name}: slower by" for name in list(sides)[1:])
+    print(f"| forks of a {ns.prompt}-token prompt | " + " | ".join(sides) + f" | {columns} |")
+    print("|---" * (2 * len(sides)) + "|")
     for forks in ns.forks:
         times = alternate(sides, lambda forks=forks: decode_step(forks), ns.rounds)
-        lib.paged_attention_set_shared_min_keys(default)
-        on, off = (statistics.mean(times[name]) for name in sides)
-        print(f"| {forks} | {on * 1e3:.1f} ms | {off * 1e3:.1f} ms | {off / on:.2f}x |")
+        setting(default)()
+        means = [statistics.mean(times[name]) for name in sides]
+        print(f"| {forks} | " + " | ".join(f"{m * 1e3:.1f} ms" for m in means) + " | "
+              + " | ".join(f"{m / means[0]:.2f}x" for m in means[1:]) + " |")
     engine.shutdown()
     return 0
 

@@ -21,9 +21,11 @@ from kernels.cpu.paged_attention import (  # noqa: E402
     AMX_SHARED_MIN_ROWS,
     PagedBatch,
     last_grouped_tokens,
+    last_shared_on_tiles,
     paged_attention,
     shared_min_keys,
     shared_min_rows,
+    shared_on_tiles,
     shared_prefix_groups,
     store_kv,
 )
@@ -39,11 +41,13 @@ GEOMETRIES = [(4, 4, 64), (9, 3, 64), (8, 2, 128), (8, 1, 64)]
 OTHER_BUILDS = {"no_avx512": "-mno-avx512f", "no_avx512_bf16": "-mno-avx512bf16"}
 
 
-# This CPU's build as (AMX threshold, extend tasks widened): the AMX extend kernel
-# (attention_amx.cpp) at its default threshold (requests of 16 query tokens or more), for
-# every request, or for none; and off AMX with the extend tasks on float32 FMAs.
-NATIVE = {"native": (16, False), "native_amx_always": (1, False), "native_no_amx": (2**63 - 1, False),
-          "native_widened": (2**63 - 1, True)}
+# This CPU's build as (AMX threshold, extend tasks widened, forks' shared keys on tiles):
+# the AMX extend kernel (attention_amx.cpp) at its default threshold (requests of 16 query
+# tokens or more) with grouped decodes' shared keys on tiles, as a server runs; for every
+# request; or nothing on tiles, with the extend tasks on bf16 dot products or on float32
+# FMAs. (Tiles only where the CPU has them: elsewhere "native" is all vectors.)
+NATIVE = {"native": (16, False, True), "native_amx_always": (1, False, True),
+          "native_no_amx": (2**63 - 1, False, False), "native_widened": (2**63 - 1, True, False)}
 
 
 @pytest.fixture(scope="module", params=[*NATIVE, *OTHER_BUILDS])
@@ -52,7 +56,7 @@ def kernel_build(request, other_kernel_builds):
     thresholds, or off AMX with the extend tasks on float32 FMAs), or one of ``OTHER_BUILDS``;
     the value is the build's name."""
     if request.param in NATIVE:
-        amx_min_tokens, widened = NATIVE[request.param]
+        amx_min_tokens, widened, tiles = NATIVE[request.param]
         if request.param in ("native_amx_always", "native_no_amx") and not gemm_choice.amx_available():
             pytest.skip("this CPU (or its build or OS) has no AMX tiles: no AMX attention to test")
         if widened and not attention_choice.applies(64):
@@ -60,7 +64,8 @@ def kernel_build(request, other_kernel_builds):
         lib = build.load_kernels()
         previous = lib.paged_attention_set_amx_min_tokens(amx_min_tokens)
         # The kernel's own grouping thresholds, whatever a bf16 engine of an earlier test set.
-        with attention_choice.forced(widened), shared_min_rows(SHARED_MIN_ROWS), shared_min_keys(SHARED_MIN_KEYS):
+        with (attention_choice.forced(widened), shared_on_tiles(tiles), shared_min_rows(SHARED_MIN_ROWS),
+              shared_min_keys(SHARED_MIN_KEYS)):
             yield request.param
         lib.paged_attention_set_amx_min_tokens(previous)
         return
@@ -250,12 +255,16 @@ def test_decodes_sharing_a_prefix_match_the_reference(geometry, min_rows, growin
         batch, got, want = _forked_decodes(groups + [(1, 0)], geometry, torch.Generator().manual_seed(sum(geometry)),
                                            extend=[(30, 7)], prepare=grow if growing else None)
         found = shared_prefix_groups(batch, geometry[0], geometry[1], geometry[2])
-        grouped = last_grouped_tokens()
+        grouped, on_tiles = last_grouped_tokens(), last_shared_on_tiles()
     torch.testing.assert_close(got, want, **TOLERANCE[torch.bfloat16])
     amx_takes_decodes = kernel_build == "native_amx_always" and geometry[2] == 64
     if kernel_build in NATIVE and attention_choice.applies(geometry[2]) and not amx_takes_decodes:
         assert sorted((len(tokens), keys) for tokens, keys in found) == sorted([(most, 1100), (fewest, 40)])
         assert grouped == fewest + most  # the kernel took the grouped path
+        # the shared keys on tiles where the build has them and the head size fits (64);
+        # 3 chunks per KV head: one for the short prefix, two for the long one
+        tiles = kernel_build == "native" and gemm_choice.amx_available() and geometry[2] == 64
+        assert on_tiles == (3 * geometry[1] if tiles else 0)
 
 
 def test_forks_are_grouped_by_their_longest_common_prefix(monkeypatch):

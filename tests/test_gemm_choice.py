@@ -212,8 +212,9 @@ def restore_grouping():
 @pytest.mark.parametrize("on_amx", [True, False])
 def test_the_worker_groups_smaller_forks_where_the_gemms_run_on_amx(tiny_gqa_llama, restore_threshold,
                                                                     restore_grouping, monkeypatch, on_amx):
-    """Decode forks share their keys' reads from 12 query rows and 256 keys where the GEMMs
-    run on AMX tiles; elsewhere the kernel's defaults (24 rows, 1,024 keys) stay."""
+    """Decode forks share their keys' reads from 6 query rows (2 forks of the default model)
+    and 256 keys where the GEMMs run on AMX tiles; elsewhere the kernel's defaults (24 rows,
+    1,024 keys) stay."""
     from kernels.cpu.build import load_kernels
     from runtime.engine import Engine
 
@@ -223,4 +224,4 @@ def test_the_worker_groups_smaller_forks_where_the_gemms_run_on_amx(tiny_gqa_lla
     engine.shutdown()
     lib = load_kernels()
     rows, keys = lib.paged_attention_set_shared_min_rows(24), lib.paged_attention_set_shared_min_keys(1024)
-    assert (rows, keys) == ((12, 256) if on_amx else (24, 1024))
+    assert (rows, keys) == ((6, 256) if on_amx else (24, 1024))

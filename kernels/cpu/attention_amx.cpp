@@ -24,16 +24,19 @@
 //
 // Called from paged_attention.cpp for requests with at least amx_min_tokens query tokens.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "amx.h"
 #include "bf16.h"
 #include "entries.h"
 #include "online_softmax.h"
+#include "paged_batch.h"
 #include "simd.h"
 
 #if defined(FORKSERVE_AMX_KERNELS)
@@ -72,6 +75,11 @@ void pack_block(const Bf16 *kh, const Bf16 *vh, const int64_t *slots, int64_t ke
                 Bf16 *value_tiles) {
     alignas(64) static const Bf16 zero_row[kDim] = {};
     auto row = [&](const Bf16 *base, int64_t c) { return k0 + c < keys ? base + slots[k0 + c] * kDim : zero_row; };
+    // The next block's rows, which the slots scatter beyond the hardware prefetcher's guess.
+    for (int64_t c = kKeys; c < 2 * kKeys && k0 + c < keys; c++) {
+        prefetch_row(kh + slots[k0 + c] * kDim, kDim);
+        prefetch_row(vh + slots[k0 + c] * kDim, kDim);
+    }
     for (int64_t half = 0; half < 2; half++)
         for (int64_t dt = 0; dt < kDim / 32; dt++) {
             __m512i tile[16];
@@ -93,21 +101,23 @@ void pack_block(const Bf16 *kh, const Bf16 *vh, const int64_t *slots, int64_t ke
     }
 }
 
-// Phase 2: query tokens [t0, t0 + count) (count <= 16) of one request, query head `head`.
-void attend_tile(const Extend &e, const Request &r, int64_t t0, int64_t count, int64_t head) {
-    const int64_t group = e.num_heads / e.kv_heads, h = head / group;
-    const int32_t *key_tiles = r.keys + h * r.blocks32 * 2 * kKeyTile;
-    const Bf16 *value_tiles = r.values + h * r.blocks32 * kValueTile;
-    const int64_t q_stride = e.num_heads * kDim;
-    alignas(64) Bf16 qbuf[kQueryRows][kDim];
-    const Bf16 *q = e.q + (r.q_start + t0) * q_stride + head * kDim;
-    int64_t q_stride_bytes = q_stride * 2;
-    if (count < kQueryRows) {  // padding rows are zeros
-        std::memset(qbuf, 0, sizeof qbuf);
-        for (int64_t m = 0; m < count; m++) std::memcpy(qbuf[m], q + m * q_stride, sizeof qbuf[m]);
-        q = &qbuf[0][0];
-        q_stride_bytes = kDim * 2;
-    }
+// One block of up to 16 query rows against a request's packed keys and values: the
+// unnormalised softmax of each row, as FlashAttention leaves it before the last division.
+struct TileRows {
+    alignas(64) float acc[kQueryRows][kDim];  // sums of p x value
+    float best[kQueryRows];                   // each row's reference, in log2 units (online_softmax.h)
+    float total[kQueryRows];                  // sums of p
+    bool broken[kQueryRows];                  // a NaN among the row's visible scores
+};
+
+// Rows m = 0-15 of queries (64 bf16 each, q_stride_bytes apart; rows past the first `rows`
+// zeros, and left out of the softmax) against `keys` keys and values, row m seeing the first
+// seen[m] of them (seen[0] the fewest). blocks(k0) gives the packed tiles of keys [k0, k0 +
+// 32): {key tiles, value tiles}. Tiles 4-5 hold the queries, 0-3 the sums, 6-7 the
+// products' other operands (see the file's comment).
+template <typename Blocks>
+void attend_packed(const Bf16 *q, int64_t q_stride_bytes, const float *seen, int64_t keys, int64_t rows,
+                   Blocks &&blocks, float scale, TileRows &out) {
     TILE_LOADD(4, q, q_stride_bytes);
     TILE_LOADD(5, q + 32, q_stride_bytes);
     TILE_ZERO(0);
@@ -115,20 +125,18 @@ void attend_tile(const Extend &e, const Request &r, int64_t t0, int64_t count, i
     TILE_ZERO(2);
     TILE_ZERO(3);
 
-    alignas(64) float s[kQueryRows][kKeys], acc[kQueryRows][kDim], total[kQueryRows][16];
+    alignas(64) float s[kQueryRows][kKeys], total[kQueryRows][16];
     alignas(64) Bf16 p[kQueryRows][kKeys];
-    float best[kQueryRows], seen[kQueryRows];  // best: in log2 units (online_softmax.h)
-    const float scale2 = e.scale * kLog2e;
-    bool broken[kQueryRows] = {};
+    const float scale2 = scale * kLog2e;
     for (int64_t m = 0; m < kQueryRows; m++) {
-        // keys row m sees (padding rows: as the last real row)
-        seen[m] = static_cast<float>(r.prefix + t0 + (m < count ? m : count - 1) + 1);
-        best[m] = -1e30f;
+        out.best[m] = -1e30f;
+        out.broken[m] = false;
+        out.total[m] = 0.f;
         _mm512_store_ps(total[m], _mm512_setzero_ps());
     }
-    const int64_t keys = r.prefix + t0 + count;
+    if (rows < kQueryRows) std::memset(p[rows], 0, sizeof(p[0]) * (kQueryRows - rows));  // padding rows add nothing
     for (int64_t k0 = 0; k0 < keys; k0 += kKeys) {
-        const int32_t *kt = key_tiles + (k0 / 16) * kKeyTile;
+        const auto [kt, vt] = blocks(k0);
         TILE_ZERO(6);
         TILE_LOADD(7, kt, 64);
         TILE_DPBF16PS(6, 4, 7);
@@ -146,11 +154,12 @@ void attend_tile(const Extend &e, const Request &r, int64_t t0, int64_t count, i
         float corr[kQueryRows];
         // Every row sees the whole block (row 0 sees the fewest keys): no masks.
         const bool full = seen[0] - static_cast<float>(k0) >= kKeys;
-        for (int64_t m = 0; m < kQueryRows; m++) {
+        for (int64_t m = 0; m < rows; m++) {
             const __m512 raw_lo = _mm512_load_ps(&s[m][0]), raw_hi = _mm512_load_ps(&s[m][16]);
             const float visible = seen[m] - static_cast<float>(k0);
-            const SoftmaxStep step = full ? online_softmax32<true>(raw_lo, raw_hi, visible, scale2, best[m], broken[m])
-                                          : online_softmax32<false>(raw_lo, raw_hi, visible, scale2, best[m], broken[m]);
+            const SoftmaxStep step =
+                full ? online_softmax32<true>(raw_lo, raw_hi, visible, scale2, out.best[m], out.broken[m])
+                     : online_softmax32<false>(raw_lo, raw_hi, visible, scale2, out.best[m], out.broken[m]);
             corr[m] = step.corr;
             rescale |= step.moved;
             _mm512_store_ps(total[m], _mm512_fmadd_ps(_mm512_load_ps(total[m]), _mm512_set1_ps(step.corr),
@@ -158,19 +167,18 @@ void attend_tile(const Extend &e, const Request &r, int64_t t0, int64_t count, i
             _mm512_store_si512(p[m], (__m512i)_mm512_cvtne2ps_pbh(step.p_hi, step.p_lo));
         }
         if (rescale && k0 > 0) {  // before the first block the accumulators are zero
-            TILE_STORED(0, &acc[0][0], kDim * 4);
-            TILE_STORED(1, &acc[0][16], kDim * 4);
-            TILE_STORED(2, &acc[0][32], kDim * 4);
-            TILE_STORED(3, &acc[0][48], kDim * 4);
-            for (int64_t m = 0; m < kQueryRows; m++)
+            TILE_STORED(0, &out.acc[0][0], kDim * 4);
+            TILE_STORED(1, &out.acc[0][16], kDim * 4);
+            TILE_STORED(2, &out.acc[0][32], kDim * 4);
+            TILE_STORED(3, &out.acc[0][48], kDim * 4);
+            for (int64_t m = 0; m < rows; m++)
                 for (int64_t v = 0; v < kDim; v += 16)
-                    _mm512_store_ps(&acc[m][v], _mm512_mul_ps(_mm512_load_ps(&acc[m][v]), _mm512_set1_ps(corr[m])));
-            TILE_LOADD(0, &acc[0][0], kDim * 4);
-            TILE_LOADD(1, &acc[0][16], kDim * 4);
-            TILE_LOADD(2, &acc[0][32], kDim * 4);
-            TILE_LOADD(3, &acc[0][48], kDim * 4);
+                    _mm512_store_ps(&out.acc[m][v], _mm512_mul_ps(_mm512_load_ps(&out.acc[m][v]), _mm512_set1_ps(corr[m])));
+            TILE_LOADD(0, &out.acc[0][0], kDim * 4);
+            TILE_LOADD(1, &out.acc[0][16], kDim * 4);
+            TILE_LOADD(2, &out.acc[0][32], kDim * 4);
+            TILE_LOADD(3, &out.acc[0][48], kDim * 4);
         }
-        const Bf16 *vt = value_tiles + (k0 / kKeys) * kValueTile;
         TILE_LOADD(6, &p[0][0], kKeys * 2);
         TILE_LOADD(7, vt, 64);
         TILE_DPBF16PS(0, 6, 7);
@@ -181,17 +189,40 @@ void attend_tile(const Extend &e, const Request &r, int64_t t0, int64_t count, i
         TILE_LOADD(7, vt + 1536, 64);
         TILE_DPBF16PS(3, 6, 7);
     }
-    TILE_STORED(0, &acc[0][0], kDim * 4);
-    TILE_STORED(1, &acc[0][16], kDim * 4);
-    TILE_STORED(2, &acc[0][32], kDim * 4);
-    TILE_STORED(3, &acc[0][48], kDim * 4);
+    TILE_STORED(0, &out.acc[0][0], kDim * 4);
+    TILE_STORED(1, &out.acc[0][16], kDim * 4);
+    TILE_STORED(2, &out.acc[0][32], kDim * 4);
+    TILE_STORED(3, &out.acc[0][48], kDim * 4);
+    for (int64_t m = 0; m < rows; m++) out.total[m] = _mm512_reduce_add_ps(_mm512_load_ps(total[m]));
+}
+
+// Phase 2: query tokens [t0, t0 + count) (count <= 16) of one request, query head `head`.
+void attend_tile(const Extend &e, const Request &r, int64_t t0, int64_t count, int64_t head) {
+    const int64_t group = e.num_heads / e.kv_heads, h = head / group;
+    const int64_t q_stride = e.num_heads * kDim;
+    alignas(64) Bf16 qbuf[kQueryRows][kDim];
+    const Bf16 *q = e.q + (r.q_start + t0) * q_stride + head * kDim;
+    int64_t q_stride_bytes = q_stride * 2;
+    if (count < kQueryRows) {  // padding rows are zeros
+        std::memset(qbuf, 0, sizeof qbuf);
+        for (int64_t m = 0; m < count; m++) std::memcpy(qbuf[m], q + m * q_stride, sizeof qbuf[m]);
+        q = &qbuf[0][0];
+        q_stride_bytes = kDim * 2;
+    }
+    float seen[kQueryRows];  // keys row m sees (padding rows: as the last real row)
+    for (int64_t m = 0; m < kQueryRows; m++) seen[m] = static_cast<float>(r.prefix + t0 + (m < count ? m : count - 1) + 1);
+    const int32_t *key_tiles = r.keys + h * r.blocks32 * 2 * kKeyTile;
+    const Bf16 *value_tiles = r.values + h * r.blocks32 * kValueTile;
+    TileRows rows;
+    attend_packed(q, q_stride_bytes, seen, r.prefix + t0 + count, count, [&](int64_t k0) {
+        return std::make_pair(key_tiles + (k0 / 16) * kKeyTile, value_tiles + (k0 / kKeys) * kValueTile);
+    }, e.scale, rows);
     for (int64_t m = 0; m < count; m++) {
-        const __m512 inv = broken[m] ? _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN())
-                                     : _mm512_set1_ps(1.f / _mm512_reduce_add_ps(_mm512_load_ps(total[m])));
+        const __m512 inv = _mm512_set1_ps(rows.broken[m] ? std::numeric_limits<float>::quiet_NaN() : 1.f / rows.total[m]);
         Bf16 *dst = e.out + (r.q_start + t0 + m) * q_stride + head * kDim;
         for (int64_t v = 0; v < kDim; v += 16)
             _mm256_storeu_si256(reinterpret_cast<__m256i *>(dst + v),
-                                (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_load_ps(&acc[m][v]), inv)));
+                                (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_load_ps(&rows.acc[m][v]), inv)));
     }
 }
 
@@ -199,7 +230,69 @@ void attend_tile(const Extend &e, const Request &r, int64_t t0, int64_t count, i
 
 }  // namespace
 
+namespace forkserve {
+
+namespace {
+// Set by paged_attention_set_shared_on_tiles (tests turn it off to check the vector path).
+std::atomic<bool> shared_on_tiles{true};
+}  // namespace
+
+bool attend_shared_amx(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf16 *v_cache,
+                       const SharedRows &shared, int64_t chunk, int64_t h, const PartialRows &partial) {
+#if defined(FORKSERVE_AMX_KERNELS)
+    if (bt.dim != kDim || !shared_on_tiles.load(std::memory_order_relaxed) || !linear_amx_available()) return false;
+    const int64_t begin = shared.chunk_begin(chunk), keys = shared.chunk_begin(chunk + 1) - begin;
+    const int64_t group = bt.num_heads / bt.kv_heads;
+    const Bf16 *kh = k_cache + h * bt.num_slots * kDim, *vh = v_cache + h * bt.num_slots * kDim;
+    // Each block of 32 keys is packed just before its products, into buffers that stay in L1;
+    // pack_block has asked for the next block's rows by then, so memory serves them meanwhile.
+    alignas(64) int32_t key_tiles[2 * kKeyTile];
+    alignas(64) Bf16 value_tiles[kValueTile];
+    auto blocks = [&](int64_t k0) {
+        pack_block(kh, vh, shared.slots + begin, keys, k0, key_tiles, value_tiles);
+        return std::make_pair(static_cast<const int32_t *>(key_tiles), static_cast<const Bf16 *>(value_tiles));
+    };
+    // Rows: (token i, query head g of KV head h) at m = i * group + g, 16 at a time; every
+    // row sees every key of the chunk.
+    const int64_t rows = static_cast<int64_t>(shared.tokens.size()) * group;
+    float seen[kQueryRows];
+    for (float &x : seen) x = static_cast<float>(keys);
+    load_tile_config();
+    for (int64_t m0 = 0; m0 < rows; m0 += kQueryRows) {
+        const int64_t count = rows - m0 < kQueryRows ? rows - m0 : kQueryRows;
+        alignas(64) Bf16 qbuf[kQueryRows][kDim] = {};
+        for (int64_t m = 0; m < count; m++) {
+            const int64_t i = (m0 + m) / group, head = h * group + (m0 + m) % group;
+            std::memcpy(qbuf[m], q + (shared.tokens[i] * bt.num_heads + head) * kDim, sizeof qbuf[m]);
+        }
+        TileRows out;
+        attend_packed(&qbuf[0][0], kDim * 2, seen, keys, count, blocks, bt.scale, out);
+        for (int64_t m = 0; m < count; m++) {
+            const int64_t i = (m0 + m) / group, head = h * group + (m0 + m) % group;
+            const int64_t row = (shared.first_part[i] + chunk) * bt.num_heads + head;
+            std::memcpy(partial.acc + row * kDim, out.acc[m], sizeof out.acc[m]);
+            partial.best[row] = out.best[m] / kLog2e;  // in nats of scaled scores, as merge_parts reads it
+            partial.total[row] = out.broken[m] ? std::numeric_limits<float>::quiet_NaN() : out.total[m];
+        }
+    }
+    TILE_RELEASE();
+    return true;
+#else
+    (void)bt, (void)q, (void)k_cache, (void)v_cache, (void)shared, (void)chunk, (void)h, (void)partial;
+    return false;
+#endif
+}
+
+}  // namespace forkserve
+
 extern "C" {
+
+// Whether decode tokens' shared keys are attended on AMX tiles where the tiles are there (1,
+// the default) or on vectors (0); returns the previous setting.
+int64_t paged_attention_set_shared_on_tiles(int64_t on) {
+    return forkserve::shared_on_tiles.exchange(on != 0) ? 1 : 0;
+}
+
 
 // Attention of every query token of requests reqs[0 .. num_reqs) of a step (the batch as in
 // paged_attention_bf16, plus each request's query token count `tokens[b]`), on AMX tiles.

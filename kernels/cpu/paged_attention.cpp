@@ -18,10 +18,11 @@
 // needs, and a query token reads only the keys it may see.
 //
 // Decode tokens whose requests begin with the same keys (forks of one prompt; found by
-// shared_prefix.cpp) attend those keys together where enough of them decode: one
-// attend_rows-style task per chunk of the shared keys and KV head for all of the group's
-// query rows, a per-token task for each token's own keys, each leaving an unnormalised
-// softmax, and merge_parts combining a token's parts once every task is done.
+// shared_prefix.cpp) attend those keys together where enough of them decode: one task per
+// chunk of the shared keys and KV head for all of the group's query rows (on AMX tiles
+// where the CPU has them, attention_amx.cpp; else attend_rows-style vectors), a per-token
+// task for each token's own keys, each leaving an unnormalised softmax, and merge_parts
+// combining a token's parts once every task is done.
 //
 // Extends in bfloat16 on AVX512-BF16 (a request with several query tokens in the step): one
 // task is a block of the request's consecutive tokens for one KV head, as small matrix
@@ -322,8 +323,9 @@ std::vector<bool> attend_on_amx(const Batch &bt, const T *q, const T *k_cache, c
     return done;
 }
 
-// Tokens grouped by the last bfloat16 call (for tests: paged_attention_last_grouped_tokens).
-std::atomic<int64_t> last_grouped_tokens{0};
+// Tokens grouped by the last bfloat16 call, and its shared tasks done on AMX tiles (for
+// tests: paged_attention_last_grouped_tokens, paged_attention_last_shared_on_tiles).
+std::atomic<int64_t> last_grouped_tokens{0}, last_shared_on_tiles{0};
 
 template <typename T>
 int paged_attention(const Batch &bt, const T *q, const T *k_cache, const T *v_cache, T *out, int num_threads,
@@ -380,7 +382,10 @@ int paged_attention(const Batch &bt, const T *q, const T *k_cache, const T *v_ca
         for (int64_t c = 0; c < g.chunks; c++)
             for (int64_t h = 0; h < bt.kv_heads; h++) tasks.push_back({g.tokens[0], 0, h, &g, c});
     }
-    if constexpr (std::is_same_v<T, Bf16>) last_grouped_tokens.store(grouped, std::memory_order_relaxed);
+    if constexpr (std::is_same_v<T, Bf16>) {
+        last_grouped_tokens.store(grouped, std::memory_order_relaxed);
+        last_shared_on_tiles.store(0, std::memory_order_relaxed);
+    }
     // The parts' rows: the shared chunks' and the grouped tokens' own, by (part, head).
     const size_t part_rows = static_cast<size_t>(plan->parts * bt.num_heads);
     std::vector<float> partial_buffer(part_rows * static_cast<size_t>(bt.dim + 2));
@@ -413,8 +418,12 @@ int paged_attention(const Batch &bt, const T *q, const T *k_cache, const T *v_ca
         for (int64_t i = 0; i < num_tasks; i++) {
             const AttendTask &task = tasks[i];
             if (task.shared != nullptr) {
-                if constexpr (std::is_same_v<T, Bf16>)
-                    attend_shared(bt, q, k_cache, v_cache, *task.shared, task.chunk, task.h, partial);
+                if constexpr (std::is_same_v<T, Bf16>) {
+                    if (attend_shared_amx(bt, q, k_cache, v_cache, *task.shared, task.chunk, task.h, partial))
+                        last_shared_on_tiles.fetch_add(1, std::memory_order_relaxed);
+                    else
+                        attend_shared(bt, q, k_cache, v_cache, *task.shared, task.chunk, task.h, partial);
+                }
             } else if (task.count == 0) {
                 const int64_t part = own_part.empty() ? -1 : own_part[task.tok];
                 attend(bt, q, k_cache, v_cache, out, task.tok, task.h, part < 0 ? 0 : skip[task.tok],
@@ -546,6 +555,9 @@ extern "C" int64_t paged_attention_shared_groups(int64_t num_slots, const int64_
 
 // How many decode tokens the last bfloat16 call attended in groups (for tests).
 extern "C" int64_t paged_attention_last_grouped_tokens() { return last_grouped_tokens.load(); }
+
+// How many of the last bfloat16 call's shared-key tasks ran on AMX tiles (for tests).
+extern "C" int64_t paged_attention_last_shared_on_tiles() { return last_shared_on_tiles.load(); }
 
 #define FORKSERVE_STORE_KV(NAME, T)                                                                          \
     extern "C" int NAME(const T *k, int64_t k_stride, const T *v, int64_t v_stride, const int64_t *loc,       \

@@ -160,14 +160,29 @@ def shared_min_rows(rows: int) -> contextlib.AbstractContextManager[None]:
     return _kernel_setting("paged_attention_set_shared_min_rows", rows)
 
 
-# Where the GEMMs run on AMX tiles, decode steps spend a larger share in attention, and forks
-# group from 12 query rows (4 forks of the default model) sharing 256 keys. Measured on an
-# Intel Xeon with AMX (family 6 model 167, 2 cores, whole decode steps of 32 forks, grouped
-# against not, alternating): 4 forks of a 450-token prompt 1.12-1.18x, 8 forks 1.12x, 16
-# forks 1.14x; 4 forks of 250 tokens 1.03x. Without AMX the same grouping measured 0.99x
-# (4 x 4 forks of 440 tokens), so the kernel's defaults (24 rows, 1,024 keys) stay there.
-AMX_SHARED_MIN_ROWS = 12
+# Where the GEMMs run on AMX tiles, decode steps spend a larger share in attention, and the
+# shared keys are attended on tiles too (attend_shared_amx), which costs about the same for
+# 2 rows as for 16: forks group from 6 query rows (2 forks of the default model) sharing 256
+# keys. Measured on an Intel Xeon with AMX (family 6 model 167, 2 cores), whole decode steps
+# of 8 programs' forks on 466-token prompts, alternating in one process: 2 forks each
+# 39.5 -> 34.1 ms, 4 forks 53.3 -> 45.5 ms, against the vector kernel grouping from 12 rows
+# (what was kept before the tiles); the attention alone of the 2-fork step (30 layers) 16.2
+# ungrouped -> 14.7 ms grouped on tiles, 19.3 grouped on vectors. Without AMX, grouping on
+# vectors measured 0.99x (4 x 4 forks of 440 tokens), so the kernel's defaults (24 rows,
+# 1,024 keys) stay there.
+AMX_SHARED_MIN_ROWS = 6
 AMX_SHARED_MIN_KEYS = 256
+
+
+def shared_on_tiles(on: bool) -> contextlib.AbstractContextManager[None]:
+    """Inside the block, grouped decode tokens attend their shared keys on AMX tiles (where
+    this CPU and build have them; the default) or on AVX-512 vectors (``on=False``)."""
+    return _kernel_setting("paged_attention_set_shared_on_tiles", int(on))
+
+
+def last_shared_on_tiles() -> int:
+    """How many shared-key tasks of the last bfloat16 ``paged_attention`` call ran on AMX tiles."""
+    return int(entry_checks.load_kernels().paged_attention_last_shared_on_tiles())
 
 
 def use_amx_grouping_thresholds() -> None:

@@ -65,6 +65,11 @@ void attend_rows(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf16
 void attend_shared(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf16 *v_cache, const SharedRows &shared,
                    int64_t chunk, int64_t h, const PartialRows &partial);
 
+// The same shared keys on AMX tiles (attention_amx.cpp): false, having done nothing, where this
+// build, process or head size has none (or paged_attention_set_shared_on_tiles turned them off).
+bool attend_shared_amx(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf16 *v_cache,
+                       const SharedRows &shared, int64_t chunk, int64_t h, const PartialRows &partial);
+
 // A step's groups of decode tokens sharing their first keys, chunks and parts laid out, and
 // how many parts in all (paged_attention.cpp). The same for every layer of the step, so the
 // decoder layers find it once (a layer whose AMX kernel took a grouped token, which only a

@@ -174,7 +174,7 @@ class ModelWorker:
         prefetch = rows > 1 and gemm_choice.choose_small_prefetch(bf16)
         if rows < gemm_choice.NEVER:  # GEMMs on AMX tiles: attention is more of a decode step
             use_amx_grouping_thresholds()
-            logger.info("decode forks attend their shared keys together from %d query rows and %d keys",
+            logger.info("decode forks attend their shared keys together on AMX tiles from %d query rows and %d keys",
                         AMX_SHARED_MIN_ROWS, AMX_SHARED_MIN_KEYS)
         return gemm_choice.describe(rows, prefetch, widen_rows)
 
