@@ -113,7 +113,8 @@ struct TileRows {
 // Rows m = 0-15 of queries (64 bf16 each, q_stride_bytes apart; rows past the first `rows`
 // zeros, and left out of the softmax) against `keys` keys and values, row m seeing the first
 // seen[m] of them (seen[0] the fewest). blocks(k0) gives the packed tiles of keys [k0, k0 +
-// 32): {key tiles, value tiles}. Tiles 4-5 hold the queries, 0-3 the sums, 6-7 the
+// 32): {key tiles, value tiles}, called for k0 = 0, 32, ... in order, each call before the
+// values of the block before it are read. Tiles 4-5 hold the queries, 0-3 the sums, 6-7 the
 // products' other operands (see the file's comment).
 template <typename Blocks>
 void attend_packed(const Bf16 *q, int64_t q_stride_bytes, const float *seen, int64_t keys, int64_t rows,
@@ -125,7 +126,9 @@ void attend_packed(const Bf16 *q, int64_t q_stride_bytes, const float *seen, int
     TILE_ZERO(2);
     TILE_ZERO(3);
 
-    alignas(64) float s[kQueryRows][kKeys], total[kQueryRows][16];
+    // Scores of two blocks: the next block's are computed on the tiles while the vector units
+    // take this block's softmax (the two only share the score buffer they do not touch).
+    alignas(64) float s[2][kQueryRows][kKeys], total[kQueryRows][16];
     alignas(64) Bf16 p[kQueryRows][kKeys];
     const float scale2 = scale * kLog2e;
     for (int64_t m = 0; m < kQueryRows; m++) {
@@ -135,27 +138,35 @@ void attend_packed(const Bf16 *q, int64_t q_stride_bytes, const float *seen, int
         _mm512_store_ps(total[m], _mm512_setzero_ps());
     }
     if (rows < kQueryRows) std::memset(p[rows], 0, sizeof(p[0]) * (kQueryRows - rows));  // padding rows add nothing
-    for (int64_t k0 = 0; k0 < keys; k0 += kKeys) {
-        const auto [kt, vt] = blocks(k0);
+    auto score = [&](const int32_t *kt, float (*dst)[kKeys]) {  // keys 0-15, then 16-31, of a block
         TILE_ZERO(6);
         TILE_LOADD(7, kt, 64);
         TILE_DPBF16PS(6, 4, 7);
         TILE_LOADD(7, kt + 256, 64);
         TILE_DPBF16PS(6, 5, 7);
-        TILE_STORED(6, &s[0][0], kKeys * 4);
+        TILE_STORED(6, &dst[0][0], kKeys * 4);
         TILE_ZERO(6);
         TILE_LOADD(7, kt + kKeyTile, 64);
         TILE_DPBF16PS(6, 4, 7);
         TILE_LOADD(7, kt + kKeyTile + 256, 64);
         TILE_DPBF16PS(6, 5, 7);
-        TILE_STORED(6, &s[0][16], kKeys * 4);
-
+        TILE_STORED(6, &dst[0][16], kKeys * 4);
+    };
+    auto [first_keys, vt] = blocks(0);
+    score(first_keys, s[0]);
+    for (int64_t k0 = 0, cur = 0; k0 < keys; k0 += kKeys, cur ^= 1) {
+        const Bf16 *next_values = nullptr;
+        if (k0 + kKeys < keys) {
+            const auto [next_keys, values] = blocks(k0 + kKeys);
+            score(next_keys, s[cur ^ 1]);
+            next_values = values;
+        }
         bool rescale = false;
         float corr[kQueryRows];
         // Every row sees the whole block (row 0 sees the fewest keys): no masks.
         const bool full = seen[0] - static_cast<float>(k0) >= kKeys;
         for (int64_t m = 0; m < rows; m++) {
-            const __m512 raw_lo = _mm512_load_ps(&s[m][0]), raw_hi = _mm512_load_ps(&s[m][16]);
+            const __m512 raw_lo = _mm512_load_ps(&s[cur][m][0]), raw_hi = _mm512_load_ps(&s[cur][m][16]);
             const float visible = seen[m] - static_cast<float>(k0);
             const SoftmaxStep step =
                 full ? online_softmax32<true>(raw_lo, raw_hi, visible, scale2, out.best[m], out.broken[m])
@@ -188,6 +199,7 @@ void attend_packed(const Bf16 *q, int64_t q_stride_bytes, const float *seen, int
         TILE_DPBF16PS(2, 6, 7);
         TILE_LOADD(7, vt + 1536, 64);
         TILE_DPBF16PS(3, 6, 7);
+        vt = next_values;
     }
     TILE_STORED(0, &out.acc[0][0], kDim * 4);
     TILE_STORED(1, &out.acc[0][16], kDim * 4);
@@ -244,13 +256,15 @@ bool attend_shared_amx(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, cons
     const int64_t begin = shared.chunk_begin(chunk), keys = shared.chunk_begin(chunk + 1) - begin;
     const int64_t group = bt.num_heads / bt.kv_heads;
     const Bf16 *kh = k_cache + h * bt.num_slots * kDim, *vh = v_cache + h * bt.num_slots * kDim;
-    // Each block of 32 keys is packed just before its products, into buffers that stay in L1;
+    // Each block of 32 keys is packed just before its products, into buffers that stay in L1
+    // (two: attend_packed scores a block before it takes the values of the one before);
     // pack_block has asked for the next block's rows by then, so memory serves them meanwhile.
-    alignas(64) int32_t key_tiles[2 * kKeyTile];
-    alignas(64) Bf16 value_tiles[kValueTile];
+    alignas(64) int32_t key_tiles[2][2 * kKeyTile];
+    alignas(64) Bf16 value_tiles[2][kValueTile];
     auto blocks = [&](int64_t k0) {
-        pack_block(kh, vh, shared.slots + begin, keys, k0, key_tiles, value_tiles);
-        return std::make_pair(static_cast<const int32_t *>(key_tiles), static_cast<const Bf16 *>(value_tiles));
+        const int64_t b = (k0 / kKeys) % 2;
+        pack_block(kh, vh, shared.slots + begin, keys, k0, key_tiles[b], value_tiles[b]);
+        return std::make_pair(static_cast<const int32_t *>(key_tiles[b]), static_cast<const Bf16 *>(value_tiles[b]));
     };
     // Rows: (token i, query head g of KV head h) at m = i * group + g, 16 at a time; every
     // row sees every key of the chunk.
