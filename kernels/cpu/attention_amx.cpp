@@ -18,11 +18,17 @@
 //     whole skip the masks), a reference that moves only when a score passes it
 //     by kSlack), so the accumulators are rarely rescaled (then: stored, scaled, reloaded);
 //     probabilities rounded to bfloat16 into one tile (6);
-//   values: tiles 0-3 += p (tile 6) x values (tile 7, 16 dims at a time).
+//   values: tiles 0-3 += p (tile 6) x values (tile 7, 16 dims at a time);
+//   the next block's scores are issued before this block's softmax, so the tiles and the
+//   vector units work at once (two score buffers).
+// The same pass (attend_packed) takes the shared keys of a group of decode tokens (forks of
+// one prompt; attend_shared_amx): its rows are the tokens' query heads of one KV head, each
+// block packed just before its products, and it leaves unnormalised softmaxes to merge.
 // Sums, maxima and the normaliser are float32, as in attention_rows.cpp, whose results these
 // equal up to float32 summation order and its exp's last bits. Head size 64 only (the accumulators need DIM / 16 tiles).
 //
-// Called from paged_attention.cpp for requests with at least amx_min_tokens query tokens.
+// Called from paged_attention.cpp for requests with at least amx_min_tokens query tokens,
+// and for grouped decode tokens' shared keys.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
