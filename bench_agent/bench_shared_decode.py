@@ -53,9 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     def setting(min_keys: int, tiles: bool = True) -> Callable[[], None]:
         return lambda: (lib.paged_attention_set_shared_min_keys(min_keys), lib.paged_attention_set_shared_on_tiles(tiles))
 
-    grouped = "shared keys once per group (on tiles)" if amx_available() else "shared keys once per group"
+    tiles = amx_available()
+    grouped = "shared keys once per group (on tiles)" if tiles else "shared keys once per group"
     sides = {grouped: setting(default), "once per fork": setting(NEVER)}
-    if amx_available():
+    if tiles:
         sides["once per group on vectors"] = setting(default, tiles=False)
     columns = " | ".join(f"{name}: slower by" for name in list(sides)[1:])
     print(f"| forks of a {ns.prompt}-token prompt | " + " | ".join(sides) + f" | {columns} |")

@@ -313,7 +313,6 @@ int64_t paged_attention_set_shared_on_tiles(int64_t on) {
     return forkserve::shared_on_tiles.exchange(on != 0) ? 1 : 0;
 }
 
-
 // Attention of every query token of requests reqs[0 .. num_reqs) of a step (the batch as in
 // paged_attention_bf16, plus each request's query token count `tokens[b]`), on AMX tiles.
 // Returns 0; 1 when this build or process has no AMX, or the head size is not 64.

@@ -20,40 +20,38 @@ using namespace forkserve;
 // Below this many elements a thread-pool wake-up costs more than the work.
 constexpr int64_t kParallelMin = 1 << 14;
 
-// runtime/layers/norm.py: y = x / sqrt(mean(x^2) + eps) in float32, rounded to T, times weight.
-// With a residual (not null), x is first added to it, in place and rounded to T (the
-// decoder layer's "residual = residual + x"), and the norm is taken of that sum.
 #if defined(__AVX512BF16__)
 // One bfloat16 row of rms_norm in AVX-512 intrinsics, 16 values at a time (the last ones
 // masked), rounding with vcvtneps2bf16. The scalar loop below is not vectorised for bf16:
 // a 512 x 576 norm with its residual took 190 us on 2 threads (408 on one) against 106-117
 // (157-204) for this (Intel Xeon with AMX), 60 of them in each 512-token prefill step.
 inline void rms_norm_row(const Bf16 *xr, Bf16 *res, const Bf16 *weight, Bf16 *o, int64_t hidden, float eps) {
-    auto mask = [&](int64_t d) {
-        return hidden - d >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (hidden - d)) - 1);
-    };
     auto load = [](const Bf16 *p, __mmask16 m) { return widen16(_mm256_maskz_loadu_epi16(m, p)); };
-    auto store = [](Bf16 *p, __mmask16 m, __m512 v) { _mm256_mask_storeu_epi16(p, m, (__m256i)_mm512_cvtneps_pbh(v)); };
+    auto to_bf16 = [](__m512 v) { return (__m256i)_mm512_cvtneps_pbh(v); };
     __m512 squares = _mm512_setzero_ps();
     for (int64_t d = 0; d < hidden; d += 16) {
-        const __mmask16 m = mask(d);
+        const __mmask16 m = first_lanes(hidden - d);
         __m512 v = load(xr + d, m);
         if (res != nullptr) {  // residual += x, rounded to bf16; the norm is of that
-            store(res + d, m, _mm512_add_ps(load(res + d, m), v));
-            v = load(res + d, m);
+            const __m256i sum = to_bf16(_mm512_add_ps(load(res + d, m), v));
+            _mm256_mask_storeu_epi16(res + d, m, sum);
+            v = widen16(sum);
         }
         squares = _mm512_fmadd_ps(v, v, squares);
     }
     const Bf16 *src = res != nullptr ? res : xr;
     const __m512 inv = _mm512_set1_ps(1.f / std::sqrt(_mm512_reduce_add_ps(squares) / static_cast<float>(hidden) + eps));
     for (int64_t d = 0; d < hidden; d += 16) {
-        const __mmask16 m = mask(d);
-        const __m512 normed = widen16((__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(load(src + d, m), inv)));
-        store(o + d, m, _mm512_mul_ps(load(weight + d, m), normed));
+        const __mmask16 m = first_lanes(hidden - d);
+        const __m512 normed = widen16(to_bf16(_mm512_mul_ps(load(src + d, m), inv)));
+        _mm256_mask_storeu_epi16(o + d, m, to_bf16(_mm512_mul_ps(load(weight + d, m), normed)));
     }
 }
 #endif
 
+// runtime/layers/norm.py: y = x / sqrt(mean(x^2) + eps) in float32, rounded to T, times weight.
+// With a residual (not null), x is first added to it, in place and rounded to T (the
+// decoder layer's "residual = residual + x"), and the norm is taken of that sum.
 template <typename T>
 void rms_norm(const T *x, T *residual, const T *weight, T *out, int64_t rows, int64_t hidden, float eps, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static) if (rows * hidden >= kParallelMin)

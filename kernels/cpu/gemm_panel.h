@@ -24,8 +24,8 @@ struct PanelEpilogue {
     // Columns [col0, col0 + 32) of an out_features-wide output; bias may be null.
     PanelEpilogue(const Bf16 *bias, int64_t out_features, int64_t col0) {
         const int64_t cols = out_features - col0 < kPanel ? out_features - col0 : kPanel;
-        mask0 = cols >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << cols) - 1);
-        mask1 = cols >= 32 ? 0xFFFF : cols > 16 ? static_cast<__mmask16>((1u << (cols - 16)) - 1) : 0;
+        mask0 = first_lanes(cols);
+        mask1 = first_lanes(cols - 16);
         bias0 = bias1 = _mm512_setzero_ps();
         if (bias != nullptr) {
             bias0 = widen16(_mm256_maskz_loadu_epi16(mask0, bias + col0));

@@ -1,5 +1,5 @@
 // AVX-512 helpers shared by the CPU kernels: 16-lane loads of either storage type as
-// float32, e^x, and a 16 x 16 transpose of 32-bit words.
+// float32, the mask of a row's first lanes, e^x, and a 16 x 16 transpose of 32-bit words.
 #pragma once
 
 #include "bf16.h"
@@ -17,6 +17,11 @@ inline __m512 widen16(__m256i bits) { return _mm512_castsi512_ps(_mm512_slli_epi
 // A row of 16 values as float32.
 inline __m512 load16(const float *p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const Bf16 *p) { return widen16(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p))); }
+
+// The first n of 16 lanes (all 16 from n = 16 on; none for n <= 0): a row's masked tail.
+inline __mmask16 first_lanes(int64_t n) {
+    return n >= 16 ? static_cast<__mmask16>(0xFFFF) : n <= 0 ? 0 : static_cast<__mmask16>((1u << n) - 1);
+}
 
 // e^x for 16 lanes, to ~1e-7 relative: x = n ln2 + r with |r| <= ln2 / 2, e^r by its
 // Taylor series to r^6, times 2^n. Below -87 it returns ~e^-87 (not 0); above ~88, inf.
