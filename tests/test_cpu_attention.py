@@ -20,6 +20,7 @@ if build.find_compiler() is None:
 from kernels.cpu.paged_attention import (  # noqa: E402
     AMX_SHARED_MIN_ROWS,
     PagedBatch,
+    bf16_rows_on_avx2,
     last_grouped_tokens,
     last_shared_on_tiles,
     paged_attention,
@@ -29,25 +30,30 @@ from kernels.cpu.paged_attention import (  # noqa: E402
     shared_prefix_groups,
     store_kv,
 )
+from runtime.config import cpu_flags  # noqa: E402
 from runtime.executor.kv_pool import KVPool  # noqa: E402
 
 # (query heads, KV heads, head dim): GQA ratios 1, 3, 4 and 8, head dims 64 and 128
 GEOMETRIES = [(4, 4, 64), (9, 3, 64), (8, 2, 128), (8, 1, 64)]
 
 
-# Builds other than this CPU's own (x86 only): without AVX-512 the kernel runs plain loops
-# instead of the 16-key blocks; with AVX-512 but not its bf16 dot products, bf16 rows take
-# the plain loop for scores and the blocked sums for values.
+# Builds other than this CPU's own (x86 only): without AVX-512 decode tokens run plain loops
+# instead of the 16-key blocks and extends the AVX2 row kernel; with AVX-512 but not its bf16
+# dot products, bf16 decode rows take the plain loop for scores and the blocked sums for
+# values, and extends the AVX2 row kernel.
 OTHER_BUILDS = {"no_avx512": "-mno-avx512f", "no_avx512_bf16": "-mno-avx512bf16"}
 
 
-# This CPU's build as (AMX threshold, extend tasks widened, forks' shared keys on tiles):
-# the AMX extend kernel (attention_amx.cpp) at its default threshold (requests of 16 query
-# tokens or more) with grouped decodes' shared keys on tiles, as a server runs; for every
-# request; or nothing on tiles, with the extend tasks on bf16 dot products or on float32
-# FMAs. (Tiles only where the CPU has them: elsewhere "native" is all vectors.)
-NATIVE = {"native": (16, False, True), "native_amx_always": (1, False, True),
-          "native_no_amx": (2**63 - 1, False, False), "native_widened": (2**63 - 1, True, False)}
+# This CPU's build as (AMX threshold, extend tasks widened, forks' shared keys on tiles, bf16
+# row blocks on the AVX2 kernel): the AMX extend kernel (attention_amx.cpp) at its default
+# threshold (requests of 16 query tokens or more) with grouped decodes' shared keys on tiles,
+# as a server runs; for every request; nothing on tiles, with the extend tasks on bf16 dot
+# products or on float32 FMAs; or the bf16 row blocks on the AVX2 kernel of CPUs without
+# AVX-512 (float32 always takes it). (Tiles only where the CPU has them: elsewhere "native"
+# is all vectors, and AVX2 where there is no AVX512-BF16.)
+NATIVE = {"native": (16, False, True, False), "native_amx_always": (1, False, True, False),
+          "native_no_amx": (2**63 - 1, False, False, False), "native_widened": (2**63 - 1, True, False, False),
+          "native_avx2_rows": (2**63 - 1, False, False, True)}
 
 
 @pytest.fixture(scope="module", params=[*NATIVE, *OTHER_BUILDS])
@@ -56,16 +62,16 @@ def kernel_build(request, other_kernel_builds):
     thresholds, or off AMX with the extend tasks on float32 FMAs), or one of ``OTHER_BUILDS``;
     the value is the build's name."""
     if request.param in NATIVE:
-        amx_min_tokens, widened, tiles = NATIVE[request.param]
+        amx_min_tokens, widened, tiles, avx2_rows = NATIVE[request.param]
         if request.param in ("native_amx_always", "native_no_amx") and not gemm_choice.amx_available():
             pytest.skip("this CPU (or its build or OS) has no AMX tiles: no AMX attention to test")
-        if widened and not attention_choice.applies(64):
-            pytest.skip("no bf16 extend tasks in this CPU's build: no widened variant to test")
+        if (widened or avx2_rows) and not attention_choice.applies(64):
+            pytest.skip("no AVX512-BF16 extend tasks in this CPU's build: \"native\" already runs the AVX2 ones")
         lib = build.load_kernels()
         previous = lib.paged_attention_set_amx_min_tokens(amx_min_tokens)
         # The kernel's own grouping thresholds, whatever a bf16 engine of an earlier test set.
-        with (attention_choice.forced(widened), shared_on_tiles(tiles), shared_min_rows(SHARED_MIN_ROWS),
-              shared_min_keys(SHARED_MIN_KEYS)):
+        with (attention_choice.forced(widened), shared_on_tiles(tiles), bf16_rows_on_avx2(avx2_rows),
+              shared_min_rows(SHARED_MIN_ROWS), shared_min_keys(SHARED_MIN_KEYS)):
             yield request.param
         lib.paged_attention_set_amx_min_tokens(previous)
         return
@@ -189,12 +195,21 @@ SHARED_MIN_ROWS = 24
 SHARED_MIN_KEYS = 1024
 
 
-def _group_sizes(geometry, min_rows=SHARED_MIN_ROWS):
+def _row_kernel(kernel_build: str, dim: int) -> str | None:
+    """Which kernel takes this build's bf16 row blocks (extend tasks, groups' shared keys):
+    "avx512" (attention_rows.cpp), "avx2" (attention_rows_avx2.cpp), or None (every token alone)."""
+    if kernel_build in NATIVE and attention_choice.applies(dim) and not NATIVE[kernel_build][3]:
+        return "avx512"
+    return "avx2" if {"avx2", "fma"} <= cpu_flags() else None
+
+
+def _group_sizes(geometry, kernel_build, min_rows=SHARED_MIN_ROWS):
     """The fewest and the most decode tokens of one group for this geometry (the most: one
-    task's)."""
+    task's rows, 48 or 32 on AVX-512 by head size, 24 on AVX2)."""
     heads, kv_heads, dim = geometry
     group = heads // kv_heads
-    return max(2, -(-min_rows // group)), (48 if dim == 64 else 32) // group
+    rows = (48 if dim == 64 else 32) if _row_kernel(kernel_build, dim) == "avx512" else 24
+    return max(2, -(-min_rows // group)), rows // group
 
 
 def _forked_decodes(groups, geometry, gen, extend=(), prepare=None):
@@ -239,7 +254,7 @@ def test_decodes_sharing_a_prefix_match_the_reference(geometry, min_rows, growin
     default group size and the smaller one used where the GEMMs run on AMX. With
     ``growing``, keys score higher the later they come, so each part of a row has its own
     maximum and the merge must rescale them."""
-    fewest, most = _group_sizes(geometry, min_rows)
+    fewest, most = _group_sizes(geometry, kernel_build, min_rows)
     groups = [(fewest, 40), (most, 1100)]
 
     def grow(q, k_cache, table, seqs):  # every query of a KV head along one direction, keys ever closer to it
@@ -258,7 +273,7 @@ def test_decodes_sharing_a_prefix_match_the_reference(geometry, min_rows, growin
         grouped, on_tiles = last_grouped_tokens(), last_shared_on_tiles()
     torch.testing.assert_close(got, want, **TOLERANCE[torch.bfloat16])
     amx_takes_decodes = kernel_build == "native_amx_always" and geometry[2] == 64
-    if kernel_build in NATIVE and attention_choice.applies(geometry[2]) and not amx_takes_decodes:
+    if _row_kernel(kernel_build, geometry[2]) is not None and not amx_takes_decodes:
         assert sorted((len(tokens), keys) for tokens, keys in found) == sorted([(most, 1100), (fewest, 40)])
         assert grouped == fewest + most  # the kernel took the grouped path
         # the shared keys on tiles where the build has them and the head size fits (64);
@@ -272,8 +287,8 @@ def test_forks_are_grouped_by_their_longest_common_prefix(monkeypatch):
     question, not all together over the system prompt; too few forks, or too short a shared
     prefix at the default setting, stay per token."""
     geometry = GEOMETRIES[1]  # 3 query heads per KV head: 8 to 16 tokens a group
-    if not attention_choice.applies(geometry[2]):
-        pytest.skip("no bf16 extend tasks in this CPU's build: decode tokens are never grouped")
+    if _row_kernel("native", geometry[2]) is None:
+        pytest.skip("no row-block kernel in this CPU's build: decode tokens are never grouped")
     # This CPU's build, whichever build another test's fixture has put in place.
     monkeypatch.setattr(entry_checks, "load_kernels", build.load_kernels)
     gen = torch.Generator().manual_seed(0)
@@ -297,7 +312,7 @@ def test_nan_in_forked_decodes_spoils_the_rows_that_see_it(where, kernel_build):
     """A NaN query spoils its own token's head only; a NaN in a shared key row spoils every
     row of that KV head's group in every fork, as in the reference."""
     geometry = GEOMETRIES[1]
-    fewest, _ = _group_sizes(geometry)
+    fewest, _ = _group_sizes(geometry, kernel_build)
 
     def spoil(q, k_cache, table, seqs):
         if where == "query":

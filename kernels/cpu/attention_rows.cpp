@@ -61,27 +61,9 @@ constexpr int kSubKeys = 8;    // keys scored together: kSubKeys * RV accumulato
 template <int64_t DIM>
 constexpr int kMaxRowVecs = DIM == 64 ? 3 : 2;
 
-// One task's rows, resolved from the batch: query token i of the task is tokens[i] (or
-// first_token + i where tokens is null); row m is query head h * group + m % group of token
-// m / group. Its keys are at slots[0 ..]: causal, token i sees the first first + i + 1 of them
-// (keys = first + count); else every token sees all `keys`. Results: normalised rows into
-// `out`, or, where out is null, each row's unnormalised softmax into part parts[i] of `partial`.
-struct RowsJob {
-    int64_t h, count;
-    const int64_t *tokens;
-    int64_t first_token;
-    const int64_t *slots;
-    int64_t first, keys;
-    bool causal;
-    Bf16 *out;
-    PartialRows partial;
-    const int64_t *parts;
-    int64_t chunk;
-    int64_t token(int64_t i) const { return tokens != nullptr ? tokens[i] : first_token + i; }
-};
-
 template <int64_t DIM, int RV, bool WIDE>
-void attend_rows_impl(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf16 *v_cache, const RowsJob &job) {
+void attend_rows_impl(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf16 *v_cache,
+                      const RowsJob<Bf16> &job) {
     constexpr int64_t kPairs = DIM / 2, kVecs = DIM / 16;
     constexpr int kRows = 16 * RV;
     constexpr int kChunk = 24 / kVecs;       // rows whose sums stay in registers in the value pass
@@ -282,7 +264,7 @@ void attend_rows_impl(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const
 }
 
 template <bool W>
-void attend_rows_as(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf16 *v_cache, const RowsJob &job) {
+void attend_rows_as(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf16 *v_cache, const RowsJob<Bf16> &job) {
     const int64_t row_vecs = (job.count * (bt.num_heads / bt.kv_heads) + 15) / 16;
     if (bt.dim == 64) {
         if (row_vecs <= 1)
@@ -298,7 +280,7 @@ void attend_rows_as(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const B
     }
 }
 
-void attend_job(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf16 *v_cache, const RowsJob &job) {
+void attend_job(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf16 *v_cache, const RowsJob<Bf16> &job) {
     if (widened_rows.load(std::memory_order_relaxed))
         attend_rows_as<true>(bt, q, k_cache, v_cache, job);
     else
@@ -316,19 +298,12 @@ int64_t attend_rows_tokens(int64_t group, int64_t dim) {
 
 void attend_rows(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf16 *v_cache, Bf16 *out,
                  const AttendTask &task) {
-    const int64_t b = bt.token_req[task.tok];
-    const int64_t first = bt.prefix[b] + (task.tok - bt.q_start[b]);  // keys the first token sees, less one
-    const RowsJob job{task.h, task.count, nullptr, task.tok, bt.req_to_token + bt.rows[b] * bt.r2t_stride,
-                      first, first + task.count, true, out, {}, nullptr, 0};
-    attend_job(bt, q, k_cache, v_cache, job);
+    attend_job(bt, q, k_cache, v_cache, RowsJob<Bf16>::extend(bt, task, out));
 }
 
 void attend_shared(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf16 *v_cache, const SharedRows &shared,
                    int64_t chunk, int64_t h, const PartialRows &partial) {
-    const int64_t begin = shared.chunk_begin(chunk), keys = shared.chunk_begin(chunk + 1) - begin;
-    const RowsJob job{h, static_cast<int64_t>(shared.tokens.size()), shared.tokens.data(), 0, shared.slots + begin,
-                      keys - 1, keys, false, nullptr, partial, shared.first_part.data(), chunk};
-    attend_job(bt, q, k_cache, v_cache, job);
+    attend_job(bt, q, k_cache, v_cache, RowsJob<Bf16>::shared_keys(shared, chunk, h, partial));
 }
 
 #else

@@ -38,7 +38,7 @@ from pathlib import Path
 import platformdirs
 
 SOURCE_DIR = Path(__file__).parent
-SOURCES = ("paged_attention.cpp", "attention_rows.cpp", "shared_prefix.cpp", "attention_amx.cpp", "elementwise.cpp", "linear_bf16.cpp", "linear_amx.cpp", "decoder_layers.cpp", "machine_probe.cpp")
+SOURCES = ("paged_attention.cpp", "attention_rows.cpp", "attention_rows_avx2.cpp", "shared_prefix.cpp", "attention_amx.cpp", "elementwise.cpp", "linear_bf16.cpp", "linear_amx.cpp", "decoder_layers.cpp", "machine_probe.cpp")
 HEADERS = ("amx.h", "bf16.h", "entries.h", "gemm_panel.h", "online_softmax.h", "paged_batch.h", "simd.h", "stealing_ranges.h")
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-std=c++17", "-shared", "-fPIC")
 _COMPILERS = ("c++", "g++", "clang++")
@@ -129,6 +129,7 @@ _PLAIN_SIGNATURES = {
     "paged_attention_set_amx_min_tokens": ([_I64], _I64),
     "paged_attention_set_widened": ([_I64], _I64),
     "paged_attention_rows_available": ([], _INT),
+    "paged_attention_set_bf16_rows_avx2": ([_I64], _I64),
     "paged_attention_set_shared_min_keys": ([_I64], _I64),
     "paged_attention_set_shared_min_rows": ([_I64], _I64),
     "paged_attention_set_shared_on_tiles": ([_I64], _I64),

@@ -293,6 +293,30 @@ constexpr int64_t kSharedChunk = 512;
 
 int64_t shared_min_tokens(int64_t group) { return (shared_min_rows + group - 1) / group; }
 
+// Which kernel takes a call's row blocks (extend tasks and groups' shared keys): AVX512-BF16's
+// (attention_rows.cpp) for bfloat16 where this build has it, else the AVX2 one
+// (attention_rows_avx2.cpp) for either storage type; none: every token attends alone.
+enum class RowKernel { none, avx512, avx2 };
+
+// bfloat16 row blocks on the AVX2 kernel even where AVX512-BF16's exists (and shared keys off
+// AMX tiles), so that tests run the kernel of CPUs without AVX-512 on any machine; set by
+// paged_attention_set_bf16_rows_avx2.
+std::atomic<bool> bf16_rows_avx2{false};
+
+template <typename T>
+RowKernel row_kernel(int64_t dim) {
+    if (std::is_same_v<T, Bf16> && attend_rows_supported(dim) && !bf16_rows_avx2.load(std::memory_order_relaxed))
+        return RowKernel::avx512;
+    return attend_rows_avx2_supported(dim) ? RowKernel::avx2 : RowKernel::none;
+}
+
+// Query tokens per extend task (and most tokens per shared group) of that kernel.
+int64_t row_tokens(RowKernel kernel, int64_t group, int64_t dim) {
+    return kernel == RowKernel::avx512 ? attend_rows_tokens(group, dim)
+           : kernel == RowKernel::avx2 ? attend_rows_avx2_tokens(group)
+                                       : 1;
+}
+
 // Requests with at least this many query tokens in the step go to the AMX kernel
 // (attention_amx.cpp) where it applies; set by paged_attention_set_amx_min_tokens.
 int64_t amx_min_tokens = 16;
@@ -323,6 +347,31 @@ std::vector<bool> attend_on_amx(const Batch &bt, const T *q, const T *k_cache, c
     return done;
 }
 
+// A call's groups of decode tokens sharing their first keys (for the row kernel that will
+// attend them), chunks and parts laid out.
+SharedPlan plan_shared(const Batch &bt, const std::vector<bool> &on_amx, RowKernel kernel) {
+    SharedPlan plan;
+    if (bt.kv_heads <= 0 || bt.num_heads % bt.kv_heads != 0) return plan;
+    const int64_t group = bt.num_heads / bt.kv_heads;
+    if (kernel == RowKernel::none || group > kMaxGroup || bt.dim > kMaxDim) return plan;
+    std::vector<int64_t> decodes;  // requests with one query token in the step, off AMX
+    for (int64_t t = 0; t < bt.num_tokens; t++) {
+        const int64_t b = bt.token_req[t];
+        const bool alone = (t == 0 || bt.token_req[t - 1] != b) && (t + 1 == bt.num_tokens || bt.token_req[t + 1] != b);
+        if (alone && (on_amx.empty() || !on_amx[b])) decodes.push_back(b);
+    }
+    plan.groups = find_shared_prefixes(bt, decodes, shared_min_keys, shared_min_tokens(group),
+                                       row_tokens(kernel, group, bt.dim));
+    for (SharedRows &g : plan.groups) {
+        g.chunks = std::max<int64_t>(1, (g.keys + kSharedChunk / 2) / kSharedChunk);
+        for (size_t i = 0; i < g.tokens.size(); i++) {
+            g.first_part.push_back(plan.parts);
+            plan.parts += g.chunks + 1;
+        }
+    }
+    return plan;
+}
+
 // Tokens grouped by the last bfloat16 call, and its shared tasks done on AMX tiles (for
 // tests: paged_attention_last_grouped_tokens, paged_attention_last_shared_on_tiles).
 std::atomic<int64_t> last_grouped_tokens{0}, last_shared_on_tiles{0};
@@ -337,8 +386,9 @@ int paged_attention(const Batch &bt, const T *q, const T *k_cache, const T *v_ca
     // with several query tokens where attend_rows applies, (block of tokens, KV head); and
     // where decode tokens share their first keys, (group, chunk of its keys, KV head).
     std::vector<AttendTask> tasks;
-    const bool blocks = std::is_same_v<T, Bf16> && attend_rows_supported(bt.dim);
-    const int64_t per_block = blocks ? attend_rows_tokens(group, bt.dim) : 1;
+    const RowKernel kernel = row_kernel<T>(bt.dim);
+    const bool blocks = kernel != RowKernel::none;
+    const int64_t per_block = row_tokens(kernel, group, bt.dim);
     for (int64_t t = 0; t < bt.num_tokens;) {
         int64_t end = t + 1;
         while (end < bt.num_tokens && bt.token_req[end] == bt.token_req[t]) end++;
@@ -365,7 +415,7 @@ int paged_attention(const Batch &bt, const T *q, const T *k_cache, const T *v_ca
     if (!blocks) {
         plan = &local;  // no extend tasks here: nothing grouped
     } else if (plan == nullptr || on_amx_in(*plan)) {
-        local = plan_shared_decodes(bt, on_amx);
+        local = plan_shared(bt, on_amx, kernel);
         plan = &local;
     }
     const std::vector<SharedRows> &shared = plan->groups;
@@ -417,20 +467,27 @@ int paged_attention(const Batch &bt, const T *q, const T *k_cache, const T *v_ca
 #pragma omp for schedule(dynamic, 1)
         for (int64_t i = 0; i < num_tasks; i++) {
             const AttendTask &task = tasks[i];
-            if (task.shared != nullptr) {
-                if constexpr (std::is_same_v<T, Bf16>) {
-                    if (attend_shared_amx(bt, q, k_cache, v_cache, *task.shared, task.chunk, task.h, partial))
-                        last_shared_on_tiles.fetch_add(1, std::memory_order_relaxed);
-                    else
-                        attend_shared(bt, q, k_cache, v_cache, *task.shared, task.chunk, task.h, partial);
-                }
-            } else if (task.count == 0) {
+            if (task.count == 0 && task.shared == nullptr) {
                 const int64_t part = own_part.empty() ? -1 : own_part[task.tok];
                 attend(bt, q, k_cache, v_cache, out, task.tok, task.h, part < 0 ? 0 : skip[task.tok],
                        part < 0 ? nullptr : &partial, part, scores.data());
-            } else if constexpr (std::is_same_v<T, Bf16>) {
-                attend_rows(bt, q, k_cache, v_cache, out, task);
+                continue;
             }
+            if constexpr (std::is_same_v<T, Bf16>) {
+                if (kernel == RowKernel::avx512) {
+                    if (task.shared == nullptr)
+                        attend_rows(bt, q, k_cache, v_cache, out, task);
+                    else if (attend_shared_amx(bt, q, k_cache, v_cache, *task.shared, task.chunk, task.h, partial))
+                        last_shared_on_tiles.fetch_add(1, std::memory_order_relaxed);
+                    else
+                        attend_shared(bt, q, k_cache, v_cache, *task.shared, task.chunk, task.h, partial);
+                    continue;
+                }
+            }
+            if (task.shared == nullptr)
+                attend_rows_avx2(bt, q, k_cache, v_cache, out, task);
+            else
+                attend_shared_avx2(bt, q, k_cache, v_cache, *task.shared, task.chunk, task.h, partial);
         }
         // The grouped tokens' rows, once all of their parts are done (the loop's barrier).
         if (merged_rows > 0)
@@ -466,26 +523,7 @@ int store_kv(const T *k, int64_t k_stride, const T *v, int64_t v_stride, const i
 namespace forkserve {
 
 SharedPlan plan_shared_decodes(const Batch &bt, const std::vector<bool> &on_amx) {
-    SharedPlan plan;
-    if (bt.kv_heads <= 0 || bt.num_heads % bt.kv_heads != 0) return plan;
-    const int64_t group = bt.num_heads / bt.kv_heads;
-    if (!attend_rows_supported(bt.dim) || group > kMaxGroup || bt.dim > kMaxDim) return plan;
-    std::vector<int64_t> decodes;  // requests with one query token in the step, off AMX
-    for (int64_t t = 0; t < bt.num_tokens; t++) {
-        const int64_t b = bt.token_req[t];
-        const bool alone = (t == 0 || bt.token_req[t - 1] != b) && (t + 1 == bt.num_tokens || bt.token_req[t + 1] != b);
-        if (alone && (on_amx.empty() || !on_amx[b])) decodes.push_back(b);
-    }
-    plan.groups = find_shared_prefixes(bt, decodes, shared_min_keys, shared_min_tokens(group),
-                                       attend_rows_tokens(group, bt.dim));
-    for (SharedRows &g : plan.groups) {
-        g.chunks = std::max<int64_t>(1, (g.keys + kSharedChunk / 2) / kSharedChunk);
-        for (size_t i = 0; i < g.tokens.size(); i++) {
-            g.first_part.push_back(plan.parts);
-            plan.parts += g.chunks + 1;
-        }
-    }
-    return plan;
+    return plan_shared(bt, on_amx, row_kernel<Bf16>(bt.dim));
 }
 
 int paged_attention_planned(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf16 *v_cache, Bf16 *out,
@@ -518,6 +556,10 @@ extern "C" int64_t paged_attention_set_amx_min_tokens(int64_t tokens) {
     amx_min_tokens = tokens;
     return previous;
 }
+
+// bfloat16 row blocks (extend tasks, groups' shared keys) on the AVX2 kernel even where the
+// AVX512-BF16 one exists, shared keys off AMX tiles included (for tests); returns the previous setting.
+extern "C" int64_t paged_attention_set_bf16_rows_avx2(int64_t on) { return bf16_rows_avx2.exchange(on != 0) ? 1 : 0; }
 
 // Decode tokens whose requests share at least `keys` first keys attend them in one task per
 // group (a very large value: never); returns the previous setting.

@@ -180,6 +180,13 @@ def shared_on_tiles(on: bool) -> contextlib.AbstractContextManager[None]:
     return _kernel_setting("paged_attention_set_shared_on_tiles", int(on))
 
 
+def bf16_rows_on_avx2(on: bool) -> contextlib.AbstractContextManager[None]:
+    """Inside the block (``on=True``), bfloat16 extend tasks and groups' shared keys run on the
+    AVX2 kernel that CPUs without AVX512-BF16 use (``attention_rows_avx2.cpp``), even where
+    the AVX512-BF16 and AMX ones exist: for tests, so every machine checks that kernel."""
+    return _kernel_setting("paged_attention_set_bf16_rows_avx2", int(on))
+
+
 def last_shared_on_tiles() -> int:
     """How many shared-key tasks of the last bfloat16 ``paged_attention`` call ran on AMX tiles."""
     return int(entry_checks.load_kernels().paged_attention_last_shared_on_tiles())

@@ -48,6 +48,42 @@ struct AttendTask {
     int64_t chunk = 0;
 };
 
+// One row-block task of the vector kernels (attention_rows.cpp, attention_rows_avx2.cpp),
+// resolved from the batch: query token i of the task is tokens[i] (or first_token + i where
+// tokens is null); row m is query head h * group + m % group of token m / group. Its keys are
+// at slots[0 ..]: causal, token i sees the first first + i + 1 of them (keys = first + count);
+// else every token sees all `keys`. Results: normalised rows into `out`, or, where out is
+// null, each row's unnormalised softmax into part parts[i] + chunk of `partial`.
+template <typename T>
+struct RowsJob {
+    int64_t h, count;
+    const int64_t *tokens;
+    int64_t first_token;
+    const int64_t *slots;
+    int64_t first, keys;
+    bool causal;
+    T *out;
+    PartialRows partial;
+    const int64_t *parts;
+    int64_t chunk;
+    int64_t token(int64_t i) const { return tokens != nullptr ? tokens[i] : first_token + i; }
+
+    // An extend task: `task.count` consecutive query tokens of one request, causal.
+    static RowsJob extend(const Batch &bt, const AttendTask &task, T *out) {
+        const int64_t b = bt.token_req[task.tok];
+        const int64_t first = bt.prefix[b] + (task.tok - bt.q_start[b]);  // keys the first token sees, less one
+        return {task.h, task.count, nullptr, task.tok, bt.req_to_token + bt.rows[b] * bt.r2t_stride,
+                first, first + task.count, true, out, {}, nullptr, 0};
+    }
+
+    // Chunk `chunk` of a group's shared keys, for every token of the group, into `partial`.
+    static RowsJob shared_keys(const SharedRows &shared, int64_t chunk, int64_t h, const PartialRows &partial) {
+        const int64_t begin = shared.chunk_begin(chunk), keys = shared.chunk_begin(chunk + 1) - begin;
+        return {h, static_cast<int64_t>(shared.tokens.size()), shared.tokens.data(), 0, shared.slots + begin,
+                keys - 1, keys, false, nullptr, partial, shared.first_part.data(), chunk};
+    }
+};
+
 // Locality 3 asks for L1; 2 for L2, where a request can wait longer without crowding L1.
 template <int kLocality = 3, typename T>
 inline void prefetch_row(const T *row, int64_t n) {
@@ -55,7 +91,7 @@ inline void prefetch_row(const T *row, int64_t n) {
     for (int64_t off = 0; off < n * static_cast<int64_t>(sizeof(T)); off += 64) __builtin_prefetch(p + off, 0, kLocality);
 }
 
-// Extends in bfloat16 by row blocks (attention_rows.cpp): whether this build and head size
+// Extends in bfloat16 by row blocks on AVX512-BF16 (attention_rows.cpp): whether this build and head size
 // have them, how many query tokens one task takes, one extend task, and the shared keys of a
 // group of decode tokens (no more tokens than attend_rows_tokens) into `partial`.
 bool attend_rows_supported(int64_t dim);
@@ -64,6 +100,17 @@ void attend_rows(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf16
                  const AttendTask &task);
 void attend_shared(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf16 *v_cache, const SharedRows &shared,
                    int64_t chunk, int64_t h, const PartialRows &partial);
+
+// The same on 8-lane AVX2 float32 FMAs (attention_rows_avx2.cpp), for both storage types:
+// where bfloat16 has no AVX512-BF16 kernel, and for float32 everywhere. No task takes more
+// than attend_rows_avx2_tokens query tokens (or shared tokens).
+bool attend_rows_avx2_supported(int64_t dim);
+int64_t attend_rows_avx2_tokens(int64_t group);
+template <typename T>
+void attend_rows_avx2(const Batch &bt, const T *q, const T *k_cache, const T *v_cache, T *out, const AttendTask &task);
+template <typename T>
+void attend_shared_avx2(const Batch &bt, const T *q, const T *k_cache, const T *v_cache, const SharedRows &shared,
+                        int64_t chunk, int64_t h, const PartialRows &partial);
 
 // The same shared keys on AMX tiles (attention_amx.cpp): false, having done nothing, where this
 // build, process or head size has none (or paged_attention_set_shared_on_tiles turned them off).

@@ -1,13 +1,49 @@
-// AVX-512 helpers shared by the CPU kernels: 16-lane loads of either storage type as
-// float32, the mask of a row's first lanes, e^x, and a 16 x 16 transpose of 32-bit words.
+// Vector helpers shared by the CPU kernels. AVX-512: 16-lane loads of either storage type as
+// float32, the mask of a row's first lanes, e^x, 2^x and a 16 x 16 transpose of 32-bit words.
+// AVX2 with FMA (every x86 CPU of the last decade, AVX-512 or not): 8-lane loads of either
+// storage type as float32, 2^x, and a NaN test that -ffast-math cannot fold away.
 #pragma once
+
+#include <initializer_list>
 
 #include "bf16.h"
 
-#if defined(__AVX512F__)
+#if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 
-#include <initializer_list>
+namespace forkserve {
+
+// 8 values as float32 (bfloat16: exact, its bits are the top half of the float's).
+inline __m256 load8(const float *p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const Bf16 *p) {
+    const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i *>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+}
+
+// 2^t for 8 lanes, as exp2_16 below (the same polynomial, ~2e-6 relative), with 2^n built in
+// the exponent bits (AVX2 has no scalef): below -126 it returns ~2^-126; t must stay below 127.
+inline __m256 exp2_8(__m256 t) {
+    t = _mm256_max_ps(_mm256_set1_ps(-126.f), t);
+    const __m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 f = _mm256_sub_ps(t, n);
+    __m256 p = _mm256_set1_ps(1.3333558e-3f);
+    for (const float c : {9.6181291e-3f, 5.5504109e-2f, 0.24022651f, 0.69314718f, 1.f}) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(c));
+    const __m256i bias = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(bias, 23)));
+}
+
+// All-ones in the lanes of x that hold a NaN: compared as integers, so that -ffast-math,
+// which lets the compiler assume no NaN, keeps the test.
+inline __m256 nan_lanes8(__m256 x) {
+    const __m256i magnitude = _mm256_and_si256(_mm256_castps_si256(x), _mm256_set1_epi32(0x7fffffff));
+    return _mm256_castsi256_ps(_mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(0x7f800000)));
+}
+
+}  // namespace forkserve
+#endif
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
 
 namespace forkserve {
 
