@@ -10,7 +10,7 @@
 //   req_to_token  [*, r2t_stride] int64
 //   token_req     [num_tokens] int64             the request each query token belongs to
 //
-// Decode tokens (and every token without AVX512-BF16, or in float32): one task is one
+// Decode tokens (and every token where no row kernel below applies): one task is one
 // (query token, KV head). It scores the group of query heads sharing that KV head against
 // every visible key (float32 sums; with AVX-512, 16 keys at a time, see score16), takes the
 // softmax in float32 and sums the values (sum_values16: each value row widened once for all
@@ -20,14 +20,15 @@
 // Decode tokens whose requests begin with the same keys (forks of one prompt; found by
 // shared_prefix.cpp) attend those keys together where enough of them decode: one task per
 // chunk of the shared keys and KV head for all of the group's query rows (on AMX tiles
-// where the CPU has them, attention_amx.cpp; else attend_rows-style vectors), a per-token
+// where the CPU has them, attention_amx.cpp; else the row kernels' vectors), a per-token
 // task for each token's own keys, each leaving an unnormalised softmax, and merge_parts
 // combining a token's parts once every task is done.
 //
-// Extends in bfloat16 on AVX512-BF16 (a request with several query tokens in the step): one
-// task is a block of the request's consecutive tokens for one KV head, as small matrix
-// products with an online softmax (attention_rows.cpp), or, on AMX tiles, the whole request
-// (attention_amx.cpp). Tasks run largest first, so the last ones to finish are short.
+// Extends (a request with several query tokens in the step): one task is a block of the
+// request's consecutive tokens for one KV head, as small matrix products with an online
+// softmax: bfloat16 on AVX512-BF16 (attention_rows.cpp), float32 and bfloat16 without it on
+// AVX2 (attention_rows_avx2.cpp); or, on AMX tiles, the whole request (attention_amx.cpp).
+// Tasks run largest first, so the last ones to finish are short.
 //
 // Built (with the other kernels, into one library) and loaded by kernels/cpu/build.py; called
 // from kernels/attention/cpu_backend.py.

@@ -91,9 +91,10 @@ inline void prefetch_row(const T *row, int64_t n) {
     for (int64_t off = 0; off < n * static_cast<int64_t>(sizeof(T)); off += 64) __builtin_prefetch(p + off, 0, kLocality);
 }
 
-// Extends in bfloat16 by row blocks on AVX512-BF16 (attention_rows.cpp): whether this build and head size
-// have them, how many query tokens one task takes, one extend task, and the shared keys of a
-// group of decode tokens (no more tokens than attend_rows_tokens) into `partial`.
+// Extends in bfloat16 by row blocks on AVX512-BF16 (attention_rows.cpp): whether this build
+// and head size have them, how many query tokens one task takes, one extend task, and the
+// shared keys of a group of decode tokens (no more tokens than attend_rows_tokens) into
+// `partial`.
 bool attend_rows_supported(int64_t dim);
 int64_t attend_rows_tokens(int64_t group, int64_t dim);
 void attend_rows(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf16 *v_cache, Bf16 *out,
