@@ -20,6 +20,7 @@
 #include <cstring>
 #include <limits>
 
+#include "online_softmax.h"
 #include "paged_batch.h"
 #include "simd.h"
 
@@ -30,11 +31,10 @@ namespace forkserve {
 namespace {
 
 constexpr int64_t kKeys = 24;  // keys per block: a multiple of every kSubKeys below
-constexpr float kSlack = 8.f;  // as online_softmax.h: the reference moves only past this many nats
-constexpr float kLog2e = 1.44269504f;
 
 // Row vectors per task: 3 (24 rows: 8 tokens of 3 query heads per KV head, the default
-// model's). Keys scored together: RV * kSubKeys sums, RV query vectors and a key broadcast
+// model's; paged_attention.cpp allows at most 16 query heads per KV head, so one token's
+// rows always fit). Keys scored together: RV * kSubKeys sums, RV query vectors and a key broadcast
 // stay within AVX2's 16 registers (with 3 row vectors, 3 keys: 13 registers measured ~3%
 // faster than 4 keys' 16, which GCC spills by reading the queries from memory per FMA).
 constexpr int kMaxRowVecs = 3;

@@ -1,6 +1,6 @@
 // One query row's step of FlashAttention's online softmax over a block of 32 keys, for the AMX
-// extend kernel (attention_amx.cpp); the vector kernel (attention_rows.cpp) does the same per
-// lane, with the same kSlack.
+// extend kernel (attention_amx.cpp); the vector kernels (attention_rows.cpp,
+// attention_rows_avx2.cpp) do the same per lane, with the same kSlack.
 //
 // The exponent's reference (`best`) moves only when a score passes it by more than kSlack:
 // the probabilities stay below e^kSlack, and most blocks skip the max reduction and the
@@ -15,12 +15,16 @@
 
 #include "simd.h"
 
-#if defined(__AVX512F__) && defined(__AVX512DQ__)
 namespace forkserve {
 
 constexpr float kSlack = 8.f;
 
 constexpr float kLog2e = 1.44269504f;
+
+}  // namespace forkserve
+
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+namespace forkserve {
 
 struct SoftmaxStep {
     __m512 p_lo, p_hi;  // probabilities of keys 0-15 and 16-31 of the block
