@@ -259,8 +259,8 @@ bool attend_shared_amx(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, cons
                        const SharedRows &shared, int64_t chunk, int64_t h, const PartialRows &partial) {
 #if defined(FORKSERVE_AMX_KERNELS)
     if (bt.dim != kDim || !shared_on_tiles.load(std::memory_order_relaxed) || !linear_amx_available()) return false;
-    const int64_t begin = shared.chunk_begin(chunk), keys = shared.chunk_begin(chunk + 1) - begin;
-    const int64_t group = bt.num_heads / bt.kv_heads;
+    const RowsJob<Bf16> job = RowsJob<Bf16>::shared_keys(shared, chunk, h, partial);
+    const int64_t keys = job.keys, group = bt.num_heads / bt.kv_heads;
     const Bf16 *kh = k_cache + h * bt.num_slots * kDim, *vh = v_cache + h * bt.num_slots * kDim;
     // Each block of 32 keys is packed just before its products, into buffers that stay in L1
     // (two: attend_packed scores a block before it takes the values of the one before);
@@ -269,7 +269,7 @@ bool attend_shared_amx(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, cons
     alignas(64) Bf16 value_tiles[2][kValueTile];
     auto blocks = [&](int64_t k0) {
         const int64_t b = (k0 / kKeys) % 2;
-        pack_block(kh, vh, shared.slots + begin, keys, k0, key_tiles[b], value_tiles[b]);
+        pack_block(kh, vh, job.slots, keys, k0, key_tiles[b], value_tiles[b]);
         return std::make_pair(static_cast<const int32_t *>(key_tiles[b]), static_cast<const Bf16 *>(value_tiles[b]));
     };
     // Rows: (token i, query head g of KV head h) at m = i * group + g, 16 at a time; every
@@ -287,13 +287,8 @@ bool attend_shared_amx(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, cons
         }
         TileRows out;
         attend_packed(&qbuf[0][0], kDim * 2, seen, keys, count, blocks, bt.scale, out);
-        for (int64_t m = 0; m < count; m++) {
-            const int64_t i = (m0 + m) / group, head = h * group + (m0 + m) % group;
-            const int64_t row = (shared.first_part[i] + chunk) * bt.num_heads + head;
-            std::memcpy(partial.acc + row * kDim, out.acc[m], sizeof out.acc[m]);
-            partial.best[row] = out.best[m] / kLog2e;  // in nats of scaled scores, as merge_parts reads it
-            partial.total[row] = out.broken[m] ? std::numeric_limits<float>::quiet_NaN() : out.total[m];
-        }
+        for (int64_t m = 0; m < count; m++)  // the reference in nats of scaled scores, as merge_parts reads it
+            job.leave_partial(bt, m0 + m, group, out.acc[m], out.best[m] / kLog2e, out.total[m], out.broken[m]);
     }
     TILE_RELEASE();
     return true;

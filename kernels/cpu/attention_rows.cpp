@@ -245,17 +245,13 @@ void attend_rows_impl(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const
         _mm512_store_ps(&bests[16 * r], best[r]);
     }
     for (int64_t m = 0; m < rows; m++) {
-        const int64_t head = job.h * group + m % group;
         // A NaN score (NaN in the query or a visible key) makes the row NaN, as in PyTorch.
         const bool nan = (broken[m / 16] >> (m % 16)) & 1;
-        if (job.out == nullptr) {  // the softmax so far, its reference in nats of scaled scores
-            const int64_t row = (job.parts[m / group] + job.chunk) * bt.num_heads + head;
-            std::memcpy(job.partial.acc + row * DIM, acc[m], sizeof(float) * DIM);
-            job.partial.best[row] = bests[m] / kLog2e;
-            job.partial.total[row] = nan ? std::numeric_limits<float>::quiet_NaN() : sums[m];
+        if (job.out == nullptr) {
+            job.leave_partial(bt, m, group, acc[m], bests[m] / kLog2e, sums[m], nan);
             continue;
         }
-        Bf16 *dst = job.out + (job.token(m / group) * bt.num_heads + head) * DIM;
+        Bf16 *dst = job.out_row(bt, m, group);
         const __m512 inv = _mm512_set1_ps(nan ? std::numeric_limits<float>::quiet_NaN() : 1.f / sums[m]);
         for (int64_t v = 0; v < kVecs; v++)
             _mm256_storeu_si256(reinterpret_cast<__m256i *>(dst + 16 * v),

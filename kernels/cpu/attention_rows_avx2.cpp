@@ -171,17 +171,13 @@ void attend_rows_avx2_impl(const Batch &bt, const T *q, const T *k_cache, const 
         nan_rows[r] = _mm256_movemask_ps(broken[r]);
     }
     for (int64_t m = 0; m < rows; m++) {
-        const int64_t head = job.h * group + m % group;
         // A NaN score (NaN in the query or a visible key) makes the row NaN, as in PyTorch.
         const bool broken_row = (nan_rows[m / 8] >> (m % 8)) & 1;
-        if (job.out == nullptr) {  // the softmax so far, its reference in nats of scaled scores
-            const int64_t row = (job.parts[m / group] + job.chunk) * bt.num_heads + head;
-            std::memcpy(job.partial.acc + row * DIM, acc[m], sizeof(float) * DIM);
-            job.partial.best[row] = bests[m] / kLog2e;
-            job.partial.total[row] = broken_row ? std::numeric_limits<float>::quiet_NaN() : sums[m];
+        if (job.out == nullptr) {
+            job.leave_partial(bt, m, group, acc[m], bests[m] / kLog2e, sums[m], broken_row);
             continue;
         }
-        T *dst = job.out + (job.token(m / group) * bt.num_heads + head) * DIM;
+        T *dst = job.out_row(bt, m, group);
         const float inv = broken_row ? std::numeric_limits<float>::quiet_NaN() : 1.f / sums[m];
         for (int64_t d = 0; d < DIM; d++) from_f32(acc[m][d] * inv, dst + d);
     }

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
+#include <limits>
 #include <vector>
 
 #include "bf16.h"
@@ -67,6 +69,21 @@ struct RowsJob {
     const int64_t *parts;
     int64_t chunk;
     int64_t token(int64_t i) const { return tokens != nullptr ? tokens[i] : first_token + i; }
+
+    // Where row m's normalised output goes (out set), with `group` query heads per KV head.
+    T *out_row(const Batch &bt, int64_t m, int64_t group) const {
+        return out + (token(m / group) * bt.num_heads + h * group + m % group) * bt.dim;
+    }
+
+    // Row m's softmax so far into its part of `partial` (out null): its unnormalised sums, its
+    // reference `best` in nats of scaled scores and its `total`, NaN where the row saw a NaN score.
+    void leave_partial(const Batch &bt, int64_t m, int64_t group, const float *sums, float best, float total,
+                       bool nan) const {
+        const int64_t row = (parts[m / group] + chunk) * bt.num_heads + h * group + m % group;
+        std::memcpy(partial.acc + row * bt.dim, sums, sizeof(float) * bt.dim);
+        partial.best[row] = best;
+        partial.total[row] = nan ? std::numeric_limits<float>::quiet_NaN() : total;
+    }
 
     // An extend task: `task.count` consecutive query tokens of one request, causal.
     static RowsJob extend(const Batch &bt, const AttendTask &task, T *out) {
