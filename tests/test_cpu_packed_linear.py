@@ -1,5 +1,5 @@
 """Linear layers with packed weights (``kernels/cpu/packed_linear.py``): our bfloat16 GEMM
-(``linear_bf16.cpp``) and oneDNN's packing, each against the float64 product of the same
+(``linear_bf16.cpp``), our float32 GEMM (``linear_f32.cpp``) and oneDNN's packing, each against the float64 product of the same
 numbers; the layers and models that use them against their plain ``F.linear`` selves."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import kernels.cpu.packed_linear as pl
-from kernels.cpu import build, gemm_choice, linear_bf16
+from kernels.cpu import build, gemm_choice, gemm_entry, linear_bf16, linear_f32
 from kernels.cpu.packed_linear import PackedLinearUnavailable, pack_weight, packed_linear
 from runtime.layers import pack_linear_weights
 from runtime.layers.linear import Linear, MergedLinear, RowParallelLinear
@@ -25,7 +25,8 @@ from runtime.models.llama import LlamaForCausalLM
 
 # (dtype, packed form, bf16 kernel): every form pack_weight may choose, and for our bf16
 # packing each kernel that may multiply it (gemm_choice picks by row count).
-FORMS = [(torch.float32, "onednn", None), (torch.bfloat16, "onednn", None), (torch.bfloat16, "bf16_panels", "vector"),
+FORMS = [(torch.float32, "onednn", None), (torch.float32, "f32_panels", None), (torch.bfloat16, "onednn", None),
+         (torch.bfloat16, "bf16_panels", "vector"),
          (torch.bfloat16, "bf16_panels", "widened"), (torch.bfloat16, "bf16_panels", "amx")]
 
 
@@ -42,6 +43,10 @@ def form(request, monkeypatch):
     where it cannot."""
     dtype, kind, kernel = request.param
     _skip_without(kernel)
+    if kind == "f32_panels" and not linear_f32.available():
+        pytest.skip("this CPU has no AVX2 and FMA (or no C++ compiler): no float32 GEMM kernel")
+    # On AVX-512 CPUs float32 goes to oneDNN by default; our kernel is checked there too.
+    monkeypatch.setattr(linear_f32, "preferred", lambda: kind == "f32_panels")
     if kind == "onednn":
         monkeypatch.setattr(linear_bf16, "available", lambda: False)
     try:
@@ -96,6 +101,56 @@ def test_bf16_kernel_edges_of_panels_and_pairs(out_features, in_features, kernel
     with gemm_choice.forced(kernel):
         _close_to_exact(linear_bf16.linear(x, packed, out_features, bias), x, weight, bias)
         _close_to_exact(linear_bf16.linear(x[:5], packed, out_features), x[:5], weight, None)
+
+
+def _skip_without_f32_kernel() -> None:
+    if not linear_f32.available():
+        pytest.skip("this CPU has no AVX2 and FMA (or no C++ compiler): no float32 GEMM kernel")
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 6, 7, 13, 17])
+@pytest.mark.parametrize("out_features", [1, 15, 16, 17, 33])
+@pytest.mark.parametrize("in_features", [0, 1, 3, 577])
+def test_f32_kernel_edges_of_panels_and_row_tiles(out_features, in_features, rows):
+    """Output widths around the 16-column panel (a masked last panel), input widths down to
+    none (the bias alone), and the row tiles: 1-6 rows in one tile, 7 as 4 + 3, 13 as
+    5 + 4 + 4, 17 as 6 + 6 + 5; inputs strided, with and without a bias."""
+    _skip_without_f32_kernel()
+    gen = torch.Generator().manual_seed(out_features * 1000 + in_features * 10 + rows)
+    weight = torch.randn(out_features, in_features, generator=gen)
+    bias = torch.randn(out_features, generator=gen)
+    x = torch.randn(rows, in_features + 3, generator=gen)[:, 3:]
+    packed = linear_f32.pack(weight)
+    _close_to_exact(linear_f32.linear(x, packed, out_features, bias), x, weight, bias)
+    _close_to_exact(linear_f32.linear(x, packed, out_features), x, weight, None)
+
+
+@pytest.mark.parametrize("rows", [53, 54, 55, 108, 200])
+def test_f32_kernel_row_passes(rows):
+    """Rows in passes whose inputs fill 128 KiB: 54 rows a pass for 577 features, so the
+    cases end before, at and after a pass, and several passes over many panels (the
+    threads' ranges and the prefetch of each range's last panel past its end)."""
+    _skip_without_f32_kernel()
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randn(16 * 9 + 5, 577, generator=gen)
+    bias = torch.randn(16 * 9 + 5, generator=gen)
+    x = torch.randn(rows, 580, generator=gen)[:, 3:]
+    _close_to_exact(linear_f32.linear(x, linear_f32.pack(weight), weight.shape[0], bias), x, weight, bias)
+
+
+def test_bad_inputs_to_the_f32_kernel_raise():
+    _skip_without_f32_kernel()
+    packed = linear_f32.pack(torch.randn(40, 6))
+    with pytest.raises(ValueError, match="does not fit"):
+        linear_f32.linear(torch.randn(2, 7), packed, 40)
+    with pytest.raises(ValueError, match="does not fit"):
+        linear_f32.linear(torch.randn(2, 6), packed, 70)
+    with pytest.raises(ValueError, match="bias"):
+        linear_f32.linear(torch.randn(2, 6), packed, 40, torch.zeros(39))
+    with pytest.raises(ValueError, match="float32"):
+        linear_f32.linear(torch.randn(2, 6).bfloat16(), packed, 40)
+    with pytest.raises(ValueError, match="float32"):
+        linear_f32.pack(torch.randn(40, 6).bfloat16())
 
 
 @pytest.mark.parametrize("rows", [1, 15, 16, 17, 31, 32, 33, 95, 450])
@@ -309,14 +364,31 @@ def test_a_build_without_avx512_bf16_has_no_kernel_and_says_so(other_kernel_buil
     lib = build.load_kernels.__wrapped__()
     assert lib.linear_bf16_available() == 0
     monkeypatch.setattr(linear_bf16, "load_kernels", lambda: lib)
+    monkeypatch.setattr(gemm_entry, "load_kernels", lambda: lib)
     assert not linear_bf16.available()
     x = torch.randn(2, 6).bfloat16()
     with pytest.raises(build.CpuKernelsUnavailable, match="AVX512-BF16"):
         linear_bf16.linear(x, torch.zeros(lib.linear_bf16_packed_bytes(40, 6) // 2, dtype=torch.bfloat16), 40)
 
 
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86 build flags")
+def test_a_build_without_avx2_has_no_f32_kernel_and_says_so(other_kernel_builds, monkeypatch):
+    if build.find_compiler() is None:
+        pytest.skip("no C++ compiler")
+    monkeypatch.setenv("FORKSERVE_KERNEL_CACHE", str(other_kernel_builds))
+    monkeypatch.setattr(build, "FLAGS", (*build.FLAGS, "-mno-avx2", "-mno-fma"))
+    lib = build.load_kernels.__wrapped__()
+    assert lib.linear_f32_available() == 0
+    monkeypatch.setattr(linear_f32, "load_kernels", lambda: lib)
+    monkeypatch.setattr(gemm_entry, "load_kernels", lambda: lib)
+    assert not linear_f32.available() and not linear_f32.preferred()
+    with pytest.raises(build.CpuKernelsUnavailable, match="AVX2"):
+        linear_f32.linear(torch.randn(2, 6), torch.zeros(lib.linear_f32_packed_numel(40, 6)), 40)
+
+
 def test_a_build_without_onednn_says_so(monkeypatch):
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    monkeypatch.setattr(linear_f32, "preferred", lambda: False)  # float32 on oneDNN, as on AVX-512 CPUs
     pl._onednn_ops.cache_clear()
     pl._onednn_can_pack.cache_clear()
     try:

@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from kernels.cpu import gemm_choice, linear_bf16
+from kernels.cpu import gemm_choice, linear_bf16, linear_f32
 from kernels.cpu.build import CpuKernelsUnavailable
 
 needs_amx = pytest.mark.skipif(not gemm_choice.amx_available(),
@@ -168,9 +168,16 @@ def test_the_worker_states_its_gemm(tiny_gqa_llama, restore_threshold):
         assert engine.worker.gemm.startswith("bf16 GEMM on") and expected in engine.worker.gemm
     finally:
         engine.shutdown()
+
+
+def test_the_worker_states_its_float32_gemm(tiny_gqa_llama):
+    """Float32 weights: our AVX2 kernel on CPUs without AVX-512, oneDNN elsewhere."""
+    from runtime.engine import Engine
+
     fp32 = Engine(str(tiny_gqa_llama), dtype="float32", max_total_tokens=2000)
     try:
-        assert fp32.worker.gemm == "oneDNN GEMM on packed weights"
+        ours = "float32 GEMM of our own on packed weights (AVX2 FMAs)"
+        assert fp32.worker.gemm == (ours if linear_f32.preferred() else "oneDNN GEMM on packed weights")
     finally:
         fp32.shutdown()
 

@@ -2,21 +2,26 @@
 
 ``F.linear`` on CPU hands a plain row-major weight to the GEMM library, which re-blocks it
 for its micro-kernel on every call. A decode step is ~120 small GEMMs whose weights stream
-from memory each time, so that per-call reorder is a large share of the step. Two packed
+from memory each time, so that per-call reorder is a large share of the step. Three packed
 forms, chosen per dtype by ``pack_weight``:
 
 - ``"bf16_panels"``: bfloat16 on CPUs with AVX512-BF16, for our own kernel
   (``linear_bf16.cpp``). On the default model's decode shapes (2 cores) it reads weights at
   ~27 GB/s at batch 1 where oneDNN reaches 14-20, and runs batch 32 ~20% faster.
-- ``"onednn"``: everything else (float32; bfloat16 without AVX512-BF16), reordered into
-  oneDNN's blocked layout, the ops ``torch.compile`` uses for frozen CPU models. Against
+- ``"f32_panels"``: float32 on CPUs with AVX2 and FMA but no AVX-512, for our own kernel
+  (``linear_f32.cpp``). On an AMD Zen 3 (2 cores) it ran the default model's decode
+  products 1.5-1.9x as fast as oneDNN's packed float32 (1-17 rows, weights from memory) and
+  prefill-sized ones at least as fast.
+- ``"onednn"``: everything else (float32 on AVX-512 CPUs; bfloat16 without AVX512-BF16),
+  reordered into oneDNN's blocked layout, the ops ``torch.compile`` uses for frozen CPU models. Against
   ``F.linear`` this took ~30% less time at batch 1 and ~25% less at batch 32.
 
 ``python -m bench_agent.bench_offline`` shows the decode-step times. Results: float32 sums
 of exact bfloat16 products rounded once (``"bf16_panels"``; ``F.linear`` may differ in the
 last bit where its summation order rounds the other way); oneDNN's bfloat16 equals
-``F.linear`` bit for bit, its float32 differs by the summation order (~1e-6 relative).
-``tests/test_cpu_packed_linear.py`` checks both forms against a float64 product.
+``F.linear`` bit for bit; float32 (``"f32_panels"`` and oneDNN's) differs from it by the
+summation order (~1e-6 relative).
+``tests/test_cpu_packed_linear.py`` checks every form against a float64 product.
 """
 
 from __future__ import annotations
@@ -26,12 +31,12 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.cpu import linear_bf16
+from kernels.cpu import linear_bf16, linear_f32
 
 
 class PackedLinearUnavailable(RuntimeError):
     """No packed form fits here: a PyTorch build without oneDNN (mkldnn), or a CPU neither
-    our bfloat16 kernel nor oneDNN can pack this dtype for."""
+    our kernels nor oneDNN can pack this dtype for."""
 
 
 @dataclass(frozen=True)
@@ -42,7 +47,7 @@ class PackedWeight:
     out_features: int
     in_features: int
     dtype: torch.dtype
-    kind: str  # "bf16_panels" or "onednn"
+    kind: str  # "bf16_panels", "f32_panels" or "onednn"
 
 
 @functools.cache
@@ -71,6 +76,8 @@ def kind_for(dtype: torch.dtype) -> str:
     ``PackedLinearUnavailable`` (with the reason) when there is none."""
     if dtype == torch.bfloat16 and linear_bf16.available():
         return "bf16_panels"
+    if dtype == torch.float32 and linear_f32.preferred():
+        return "f32_panels"
     _onednn_can_pack(dtype)
     return "onednn"
 
@@ -88,7 +95,8 @@ def pack_weight(weight: torch.Tensor) -> PackedWeight:
                          f"{tuple(weight.shape)} on {weight.device}")
     kind = kind_for(weight.dtype)
     weight = weight.detach().contiguous()
-    data = linear_bf16.pack(weight) if kind == "bf16_panels" else _onednn_ops()[0](weight)
+    packers = {"bf16_panels": linear_bf16.pack, "f32_panels": linear_f32.pack, "onednn": lambda w: _onednn_ops()[0](w)}
+    data = packers[kind](weight)
     return PackedWeight(data, weight.shape[0], weight.shape[1], weight.dtype, kind)
 
 
@@ -99,4 +107,6 @@ def packed_linear(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | No
                          f"{packed.dtype} {(packed.out_features, packed.in_features)}")
     if packed.kind == "bf16_panels":
         return linear_bf16.linear(x, packed.data, packed.out_features, bias)
+    if packed.kind == "f32_panels":
+        return linear_f32.linear(x, packed.data, packed.out_features, bias)
     return _onednn_ops()[1](x, packed.data, bias, "none", [], "")

@@ -161,8 +161,11 @@ class ModelWorker:
         the widened-kernel and AMX row thresholds and the small-row prefetch measured on this machine
         (``kernels/cpu/gemm_choice.py``)."""
         weights = packed_weights(self.model)
+        if not weights:
+            return "F.linear"
         if not any(p.kind == "bf16_panels" for p in weights):
-            return "oneDNN GEMM on packed weights" if weights else "F.linear"
+            return ("float32 GEMM of our own on packed weights (AVX2 FMAs)" if weights[0].kind == "f32_panels"
+                    else "oneDNN GEMM on packed weights")
         bf16 = [(p.data, p.in_features, p.out_features) for p in weights if p.kind == "bf16_panels"]
         shapes = {(p.in_features, p.out_features) for p in weights}
         widen_rows = gemm_choice.choose_widen_for(shapes)

@@ -1,0 +1,194 @@
+// Linear layers in float32 on 8-lane AVX2 FMAs: out = x W^T (+ bias), with W packed once.
+//
+// Packed layout: output columns in panels of 16; within a panel, for each input feature k,
+// the 16 columns' weights side by side (one 64-byte line):
+//   packed[panel][k][column]
+// Columns past out_features are zeros. A register tile of up to 6 input rows x 16 columns
+// keeps 12 float32 accumulators over the whole input width (12 FMA chains, two vectors of
+// weights, one broadcast input: 15 of AVX2's 16 registers), so each weight line is loaded
+// once per tile and used for 12 FMAs.
+//
+// Why not oneDNN (kernels/cpu/packed_linear.py keeps it for float32 on AVX-512 CPUs): on an
+// AMD Zen 3 (AVX2 only, 2 cores) oneDNN's packed float32 ran the default model's decode
+// products at 61-63 GFLOP/s at 17 rows with weights from memory, where this kernel reaches
+// ~100 (1.5-1.6x as fast), 1.3-1.9x as fast from 1 to 32 rows, and even from 256 rows on
+// (docs/benchmarks.md). Float32 sums in a fixed order (one k after the other per output), so
+// results differ from F.linear's only by summation order.
+//
+// The rows go in passes whose inputs fit in 128 KiB (L2), each pass over every panel of the
+// thread's range; the threads split the panels into contiguous ranges and take over the ends
+// of each other's ranges when done (stealing_ranges.h). The first tile of each panel
+// prefetches the next panel, one line per k, so its weights arrive from memory while these
+// are multiplied: without it, 17-row products with weights from memory ran ~1.6x as long.
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "stealing_ranges.h"
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#include <omp.h>
+#endif
+
+namespace {
+
+constexpr int64_t kCols = 16;  // output columns per panel
+constexpr int kMaxRows = 6;    // input rows per register tile
+
+#if defined(__AVX2__) && defined(__FMA__)
+
+using forkserve::StealingRanges;
+
+struct Gemm {
+    const float *x;
+    int64_t x_stride, in_features;
+    const float *packed;  // [panels][in_features][16]
+    int64_t out_features;
+    const float *bias;  // [out_features] or null
+    float *out;
+    int64_t out_stride;
+};
+
+// Rows [row0, row0 + ROWS) times panel p; `next` (or null) is prefetched alongside.
+// GCC keeps the accumulator array in registers only with the loops over it unrolled; left
+// to itself it stored all 12 to the stack after every k (~2.5x slower).
+template <int ROWS>
+void tile(const Gemm &g, int64_t row0, int64_t p, const float *next) {
+    const float *panel = g.packed + p * g.in_features * kCols;
+    const float *x = g.x + row0 * g.x_stride;
+    __m256 acc[ROWS][2];
+#pragma GCC unroll 8
+    for (int m = 0; m < ROWS; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < g.in_features; k++) {
+        if (next != nullptr) _mm_prefetch(reinterpret_cast<const char *>(next + k * kCols), _MM_HINT_T0);
+        const __m256 w0 = _mm256_loadu_ps(panel + k * kCols), w1 = _mm256_loadu_ps(panel + k * kCols + 8);
+#pragma GCC unroll 8
+        for (int m = 0; m < ROWS; m++) {
+            const __m256 xm = _mm256_broadcast_ss(x + m * g.x_stride + k);
+            acc[m][0] = _mm256_fmadd_ps(xm, w0, acc[m][0]);
+            acc[m][1] = _mm256_fmadd_ps(xm, w1, acc[m][1]);
+        }
+    }
+    // The epilogue: plus bias, stored masked past out_features.
+    const int64_t col0 = p * kCols, cols = g.out_features - col0 < kCols ? g.out_features - col0 : kCols;
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i mask0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(cols)), lane);
+    const __m256i mask1 = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(cols - 8)), lane);
+    __m256 bias0 = _mm256_setzero_ps(), bias1 = _mm256_setzero_ps();
+    if (g.bias != nullptr) {
+        bias0 = _mm256_maskload_ps(g.bias + col0, mask0);
+        bias1 = _mm256_maskload_ps(g.bias + col0 + 8, mask1);
+    }
+#pragma GCC unroll 8
+    for (int m = 0; m < ROWS; m++) {
+        float *out = g.out + (row0 + m) * g.out_stride + col0;
+        _mm256_maskstore_ps(out, mask0, _mm256_add_ps(acc[m][0], bias0));
+        _mm256_maskstore_ps(out + 8, mask1, _mm256_add_ps(acc[m][1], bias1));
+    }
+}
+
+using TileFn = void (*)(const Gemm &, int64_t, int64_t, const float *);
+constexpr TileFn kTiles[kMaxRows + 1] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>};
+
+struct RowTile {
+    int64_t start, n;
+};
+
+// Rows [r0, r1) as ceil(n / 6) tiles of near-equal size (13 rows: 5 + 4 + 4, 17: 6 + 6 + 5),
+// so no tile is left with a row or two and too few FMA chains to fill the pipes.
+void add_row_tiles(int64_t r0, int64_t r1, std::vector<RowTile> &tiles) {
+    const int64_t rows = r1 - r0, count = (rows + kMaxRows - 1) / kMaxRows;
+    for (int64_t i = 0, start = r0; i < count; i++) {
+        const int64_t n = rows / count + (i < rows % count ? 1 : 0);
+        tiles.push_back({start, n});
+        start += n;
+    }
+}
+
+void gemm(const Gemm &g, int64_t rows, int num_threads) {
+    const int64_t panels = (g.out_features + kCols - 1) / kCols;
+    const int64_t row_bytes = 4 * (g.in_features > 0 ? g.in_features : 1);
+    const int64_t step = std::max<int64_t>(kMaxRows, (128 << 10) / row_bytes / kMaxRows * kMaxRows);
+    const int64_t passes = (rows + step - 1) / step;
+    std::vector<StealingRanges> split;
+    std::vector<RowTile> tiles;                                        // every pass's, in order
+    std::vector<int64_t> first_tile(static_cast<size_t>(passes + 1));  // pass i: [first_tile[i], first_tile[i + 1])
+    split.reserve(static_cast<size_t>(passes));
+    for (int64_t pass = 0; pass < passes; pass++) {
+        split.emplace_back(panels, num_threads);
+        first_tile[pass] = static_cast<int64_t>(tiles.size());
+        add_row_tiles(pass * step, std::min(rows, (pass + 1) * step), tiles);
+    }
+    first_tile[passes] = static_cast<int64_t>(tiles.size());
+#pragma omp parallel num_threads(num_threads)
+    {
+        const int t = omp_get_thread_num();
+        for (int64_t pass = 0; pass < passes; pass++) {
+            for (int64_t p = split[pass].next(t); p >= 0; p = split[pass].next(t)) {
+                const float *next = p + 1 < panels ? g.packed + (p + 1) * g.in_features * kCols : nullptr;
+                for (int64_t i = first_tile[pass]; i < first_tile[pass + 1]; i++)
+                    kTiles[tiles[i].n](g, tiles[i].start, p, i == first_tile[pass] ? next : nullptr);
+            }
+        }
+    }
+}
+
+#endif
+
+}  // namespace
+
+extern "C" {
+
+// 1 when this build has the kernel (the CPU has AVX2 and FMA), else 0.
+int linear_f32_available() {
+#if defined(__AVX2__) && defined(__FMA__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+// 1 when this build's CPU has AVX-512F, where oneDNN's float32 GEMM multiplies 16 lanes at a
+// time and this 8-lane kernel has not been measured against it.
+int linear_f32_cpu_has_avx512() {
+#if defined(__AVX512F__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+// Floats of the packed form of an [out_features, in_features] weight.
+int64_t linear_f32_packed_numel(int64_t out_features, int64_t in_features) {
+    return (out_features + kCols - 1) / kCols * kCols * in_features;
+}
+
+// weight: row-major [out_features, in_features]; packed: linear_f32_packed_numel floats.
+void linear_f32_pack(const float *weight, int64_t out_features, int64_t in_features, float *packed) {
+    const int64_t panels = (out_features + kCols - 1) / kCols;
+#pragma omp parallel for
+    for (int64_t p = 0; p < panels; p++)
+        for (int64_t k = 0; k < in_features; k++)
+            for (int64_t c = 0; c < kCols; c++) {
+                const int64_t row = p * kCols + c;
+                packed[(p * in_features + k) * kCols + c] = row < out_features ? weight[row * in_features + k] : 0.f;
+            }
+}
+
+// out[rows, out_features] (row stride out_stride) = x[rows, in_features] (row stride
+// x_stride) times the packed weight, plus bias[out_features] when not null. Returns 0, or 1
+// when this build has no kernel (see linear_f32_available).
+int linear_f32([[maybe_unused]] const float *x, [[maybe_unused]] int64_t rows, [[maybe_unused]] int64_t in_features,
+               [[maybe_unused]] int64_t x_stride, [[maybe_unused]] const float *packed,
+               [[maybe_unused]] int64_t out_features, [[maybe_unused]] const float *bias, [[maybe_unused]] float *out,
+               [[maybe_unused]] int64_t out_stride, [[maybe_unused]] int num_threads) {
+#if defined(__AVX2__) && defined(__FMA__)
+    if (rows > 0) gemm({x, x_stride, in_features, packed, out_features, bias, out, out_stride}, rows, num_threads);
+    return 0;
+#else
+    return 1;
+#endif
+}
+
+}  // extern "C"
