@@ -2,20 +2,32 @@
 the layer modules it stands in for, in the same engine: the same requests must give
 bit-identical tokens and logprobs (it runs the same kernels in the same order), through
 prefill, chunked prefill, extends on cached prefixes and decode; and the worker must keep the
-modules wherever the compiled layers do not apply."""
+modules wherever the compiled layers do not apply. Both storage types: bfloat16 (on our bf16
+GEMM, AVX512-BF16) and float32 (on our float32 GEMM, AVX2; forced where the CPU has AVX-512
+and float32 would otherwise go to oneDNN)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from kernels.cpu import linear_bf16
+from kernels.cpu import linear_bf16, linear_f32
 from kernels.cpu.paged_attention import last_grouped_tokens, shared_min_keys
 from runtime.engine import Engine
 from runtime.executor.model_input import ForwardInput
 from tests.tiny_models import build_hf_model, random_prompts, save_hf_folder
 
-pytestmark = pytest.mark.skipif(not linear_bf16.available(), reason="no bfloat16 GEMM kernel on this CPU")
+
+@pytest.fixture(params=["bfloat16", "float32"])
+def dtype(request, monkeypatch) -> str:
+    """The storage type, with its GEMM of our own (skipped where this CPU has none)."""
+    if request.param == "bfloat16" and not linear_bf16.available():
+        pytest.skip("no bfloat16 GEMM kernel on this CPU (AVX512-BF16)")
+    if request.param == "float32":
+        if not linear_f32.available():
+            pytest.skip("no float32 GEMM kernel on this CPU (AVX2 and FMA)")
+        monkeypatch.setattr(linear_f32, "preferred", lambda: True)
+    return request.param
 
 
 @pytest.fixture(scope="module")
@@ -50,9 +62,9 @@ def _generate_both_ways(engine: Engine, prompts: list[list[int]]) -> dict[str, l
 
 
 @pytest.mark.parametrize("which", ["default", "tiny_qwen2"])
-def test_compiled_layers_match_the_modules(which, model_dir, request):
+def test_compiled_layers_match_the_modules(which, model_dir, request, dtype):
     path = model_dir if which == "default" else request.getfixturevalue("tiny_qwen2")
-    engine = Engine(str(path), dtype="bfloat16", max_total_tokens=20_000, chunked_prefill_size=64)
+    engine = Engine(str(path), dtype=dtype, max_total_tokens=20_000, chunked_prefill_size=64)
     try:
         assert engine.worker.model.compiled_layers is not None
         base = random_prompts(7, (90,))[0]
@@ -65,8 +77,10 @@ def test_compiled_layers_match_the_modules(which, model_dir, request):
         engine.shutdown()
 
 
-def test_the_modules_stay_where_the_compiled_layers_do_not_apply(tiny_gqa_llama):
-    for kwargs in (dict(dtype="float32"), dict(dtype="bfloat16", attention_backend="torch_native")):
+def test_the_modules_stay_where_the_compiled_layers_do_not_apply(tiny_gqa_llama, dtype, monkeypatch):
+    """Another backend, or weights on a GEMM not ours (float32 on oneDNN, as on AVX-512 CPUs)."""
+    monkeypatch.setattr(linear_f32, "preferred", lambda: False)
+    for kwargs in (dict(dtype="float32"), dict(dtype=dtype, attention_backend="torch_native")):
         engine = Engine(str(tiny_gqa_llama), max_total_tokens=2_000, **kwargs)
         try:
             assert engine.worker.model.compiled_layers is None
@@ -76,10 +90,10 @@ def test_the_modules_stay_where_the_compiled_layers_do_not_apply(tiny_gqa_llama)
 
 
 @pytest.mark.parametrize(("slot", "position", "error"), [(1, 10**7, "position"), (None, 0, "slot")])
-def test_a_bad_position_or_slot_raises_either_way(tiny_gqa_llama, slot, position, error):
+def test_a_bad_position_or_slot_raises_either_way(tiny_gqa_llama, slot, position, error, dtype):
     """A position past the rotary tables, or a KV slot past the pool (None: num_slots), is a
     ValueError on both paths, raised before anything is written."""
-    engine = Engine(str(tiny_gqa_llama), dtype="bfloat16", max_total_tokens=2_000)
+    engine = Engine(str(tiny_gqa_llama), dtype=dtype, max_total_tokens=2_000)
     worker = engine.worker
     compiled = worker.model.compiled_layers
     assert compiled is not None
@@ -95,17 +109,19 @@ def test_a_bad_position_or_slot_raises_either_way(tiny_gqa_llama, slot, position
         engine.shutdown()
 
 
-def test_forks_of_one_prompt_match_the_modules(model_dir):
+def test_forks_of_one_prompt_match_the_modules(model_dir, dtype):
     """Forks decoding on one prompt, with their shared keys attended once per group (the
     compiled layers find the groups once per step, the modules in every layer's call): the
     same tokens and logprobs both ways, and the groups were used."""
-    engine = Engine(str(model_dir), dtype="bfloat16", max_total_tokens=20_000)
+    engine = Engine(str(model_dir), dtype=dtype, max_total_tokens=20_000)
     try:
         base = random_prompts(3, (90,))[0]
         prompts = [base] + [base + [100 + i] for i in range(9)]  # the prompt and 9 forks: 30 query rows a KV head
         with shared_min_keys(16):
             results = _generate_both_ways(engine, prompts)
-            assert last_grouped_tokens() == 10
+            # bfloat16 on AVX512-BF16 groups up to 16 tokens (48 query rows); float32 on the
+            # AVX2 row kernel up to 8 (24 rows), and the 2 left over stay per token.
+            assert last_grouped_tokens() == (10 if dtype == "bfloat16" else 8)
         assert results["compiled"] == results["modules"]
     finally:
         engine.shutdown()

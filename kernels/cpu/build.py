@@ -113,6 +113,7 @@ _SIGNATURES = {
     "rotary": ([_P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _I64, _I64, _INT], _INT),
     "silu_and_mul": ([_P, _P, _I64, _I64, _INT], None),
     "store_kv": ([_P, _I64, _P, _I64, _P, _I64, _I64, _I64, _P, _P, _I64, _INT], _INT),
+    "decoder_layers": ([_P, _P, _I64, _P, _P, _P, _INT], _INT),
 }
 # Entry points with one storage type only (no suffix).
 _PLAIN_SIGNATURES = {
@@ -142,7 +143,6 @@ _PLAIN_SIGNATURES = {
     "paged_attention_last_grouped_tokens": ([], _I64),
     "paged_attention_last_shared_on_tiles": ([], _I64),
     "linear_amx": ([_P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _INT], _INT),
-    "decoder_layers_bf16": ([_P, _P, _I64, _P, _P, _P, _INT], _INT),
     "probe_read": ([_P, _I64, _INT], ctypes.c_uint64),
     "probe_bf16_dots": ([_I64, _INT, _P], _INT),
     "probe_f32_fmas": ([_I64, _INT, _P], _INT),

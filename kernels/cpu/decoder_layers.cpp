@@ -1,4 +1,5 @@
-// All decoder layers of a Llama-family model in one call, bfloat16, for the cpu backend.
+// All decoder layers of a Llama-family model in one call, bfloat16 or float32, for the cpu
+// backend.
 //
 // It runs exactly the kernels the layers' Python modules call, in the same order and on the
 // same values (so its output is bit-identical to theirs): per layer
@@ -12,7 +13,9 @@
 // activations together. The intermediate tensors live in one buffer, kept for the next call.
 //
 // Called from runtime/models/cpu_decoder_layers.py, which checks every pointer's tensor once
-// when it builds the layer table and the step's tensors on each call.
+// when it builds the layer table and the step's tensors on each call. One entry per storage
+// type: decoder_layers_bf16 (weights packed for linear_bf16) and decoder_layers_f32 (for
+// linear_f32); the tensors' pointers in the tables are of that type.
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -23,6 +26,28 @@
 
 using forkserve::Bf16;
 
+// The kernels of one storage type, and how its packed weights are stored.
+template <typename T>
+struct Kernels;
+template <>
+struct Kernels<Bf16> {
+    using Packed = uint16_t;
+    static constexpr auto rms_norm = rms_norm_bf16;
+    static constexpr auto rotary = rotary_bf16;
+    static constexpr auto store_kv = store_kv_bf16;
+    static constexpr auto silu_and_mul = silu_and_mul_bf16;
+    static constexpr auto linear = linear_bf16;
+};
+template <>
+struct Kernels<float> {
+    using Packed = float;
+    static constexpr auto rms_norm = rms_norm_f32;
+    static constexpr auto rotary = rotary_f32;
+    static constexpr auto store_kv = store_kv_f32;
+    static constexpr auto silu_and_mul = silu_and_mul_f32;
+    static constexpr auto linear = linear_f32;
+};
+
 // The model's sizes and shared tables (field order as in the Python ctypes structure).
 struct DecoderShape {
     int64_t hidden, intermediate, num_heads, kv_heads, head_dim, num_slots, max_positions;
@@ -30,11 +55,12 @@ struct DecoderShape {
     const float *cos, *sin;  // [max_positions, head_dim] float32
 };
 
-// One layer's weights (packed for linear_bf16) and its K/V pool tensors.
+// One layer's weights (packed for the storage type's GEMM) and its K/V pool tensors.
+template <typename T>
 struct DecoderLayer {
-    const Bf16 *input_norm, *post_norm, *qkv_bias;  // qkv_bias may be null
-    const uint16_t *qkv, *o, *gate_up, *down;
-    Bf16 *k_cache, *v_cache;
+    const T *input_norm, *post_norm, *qkv_bias;  // qkv_bias may be null
+    const typename Kernels<T>::Packed *qkv, *o, *gate_up, *down;
+    T *k_cache, *v_cache;
 };
 
 // The step: which slots each token writes, which keys each token sees (as paged_attention).
@@ -50,23 +76,23 @@ struct DecoderStep {
 // Status codes (the Python side turns them into errors).
 enum : int { kOk = 0, kBadPosition = 1, kBadSlot = 2, kBadAttentionShape = 3, kNoGemm = 4, kNoMemory = 5 };
 
-// A buffer of at least `n` values, reused from call to call (a step's intermediates are tens of
+// A buffer of at least `bytes`, reused from call to call (a step's intermediates are tens of
 // MiB at prefill sizes; mapping fresh pages for them every step costs page faults), or null.
-static Bf16 *scratch(size_t n) {
-    static thread_local Bf16 *buffer = nullptr;
+static void *scratch(size_t bytes) {
+    static thread_local void *buffer = nullptr;
     static thread_local size_t size = 0;
-    if (n > size) {
+    if (bytes > size) {
         std::free(buffer);
-        buffer = static_cast<Bf16 *>(std::malloc(sizeof(Bf16) * n));
-        size = buffer != nullptr ? n : 0;
+        buffer = std::malloc(bytes);
+        size = buffer != nullptr ? bytes : 0;
     }
     return buffer;
 }
 
-// residual: in, the embeddings; out, the skip connection after the last layer. x_out: the
-// last layer's MLP output (the caller's final norm adds the two).
-extern "C" int decoder_layers_bf16(const DecoderShape *shape, const DecoderLayer *layers, int64_t num_layers,
-                                   const DecoderStep *step, Bf16 *residual, Bf16 *x_out, int threads) {
+template <typename T>
+static int decoder_layers(const DecoderShape *shape, const DecoderLayer<T> *layers, int64_t num_layers,
+                          const DecoderStep *step, T *residual, T *x_out, int threads) {
+    using K = Kernels<T>;
     const DecoderShape &s = *shape;
     const int64_t t = step->tokens, q_size = s.num_heads * s.head_dim, kv_size = s.kv_heads * s.head_dim;
     const int64_t qkv_size = q_size + 2 * kv_size;
@@ -74,51 +100,63 @@ extern "C" int decoder_layers_bf16(const DecoderShape *shape, const DecoderLayer
     const int64_t sizes[] = {s.hidden, qkv_size, q_size, q_size, 2 * s.intermediate, s.intermediate};
     int64_t total = 0;
     for (int64_t n : sizes) total += t * n;
-    Bf16 *buffer = scratch(static_cast<size_t>(total > 0 ? total : 1));
+    T *buffer = static_cast<T *>(scratch(sizeof(T) * static_cast<size_t>(total > 0 ? total : 1)));
     if (buffer == nullptr) return kNoMemory;
-    Bf16 *h = buffer, *qkv = h + t * s.hidden, *q = qkv + t * qkv_size, *attn = q + t * q_size;
-    Bf16 *gate_up = attn + t * q_size, *act = gate_up + t * 2 * s.intermediate;
+    T *h = buffer, *qkv = h + t * s.hidden, *q = qkv + t * qkv_size, *attn = q + t * q_size;
+    T *gate_up = attn + t * q_size, *act = gate_up + t * 2 * s.intermediate;
 
     // The step's batch as paged attention reads it, and its decode tokens' shared-prefix
     // groups, the same in every layer.
     const forkserve::Batch batch{s.num_slots,  step->r2t_stride, t,           s.num_heads,     s.kv_heads,
                                  s.head_dim,   step->max_keys,   step->req_to_token, step->rows, step->prefix,
                                  step->q_start, step->token_req, s.scale};
-    const forkserve::SharedPlan plan = forkserve::plan_shared_decodes(batch);
+    const forkserve::SharedPlan plan = forkserve::plan_shared_decodes<T>(batch);
     int status = kOk;
     for (int64_t l = 0; l < num_layers && status == kOk; l++) {
-        const DecoderLayer &w = layers[l];
+        const DecoderLayer<T> &w = layers[l];
         if (l == 0)
-            rms_norm_bf16(residual, nullptr, w.input_norm, h, t, s.hidden, s.eps, threads);
+            K::rms_norm(residual, nullptr, w.input_norm, h, t, s.hidden, s.eps, threads);
         else
-            rms_norm_bf16(x_out, residual, w.input_norm, h, t, s.hidden, s.eps, threads);
-        if (linear_bf16(h, t, s.hidden, s.hidden, w.qkv, qkv_size, w.qkv_bias, qkv, qkv_size, threads)) {
+            K::rms_norm(x_out, residual, w.input_norm, h, t, s.hidden, s.eps, threads);
+        if (K::linear(h, t, s.hidden, s.hidden, w.qkv, qkv_size, w.qkv_bias, qkv, qkv_size, threads)) {
             status = kNoGemm;
             break;
         }
-        Bf16 *k = qkv + q_size, *v = k + kv_size;
-        if (rotary_bf16(qkv, k, step->positions, s.cos, s.sin, s.max_positions, t, s.num_heads, s.kv_heads,
-                        s.head_dim, qkv_size, qkv_size, threads)) {
+        T *k = qkv + q_size, *v = k + kv_size;
+        if (K::rotary(qkv, k, step->positions, s.cos, s.sin, s.max_positions, t, s.num_heads, s.kv_heads,
+                      s.head_dim, qkv_size, qkv_size, threads)) {
             status = kBadPosition;
             break;
         }
-        if (store_kv_bf16(k, qkv_size, v, qkv_size, step->out_cache_loc, t, s.kv_heads, s.head_dim, w.k_cache,
-                          w.v_cache, s.num_slots, threads)) {
+        if (K::store_kv(k, qkv_size, v, qkv_size, step->out_cache_loc, t, s.kv_heads, s.head_dim, w.k_cache,
+                        w.v_cache, s.num_slots, threads)) {
             status = kBadSlot;
             break;
         }
-        for (int64_t i = 0; i < t; i++) std::memcpy(q + i * q_size, qkv + i * qkv_size, sizeof(Bf16) * q_size);
+        for (int64_t i = 0; i < t; i++) std::memcpy(q + i * q_size, qkv + i * qkv_size, sizeof(T) * q_size);
         if (forkserve::paged_attention_planned(batch, q, w.k_cache, w.v_cache, attn, threads, plan)) {
             status = kBadAttentionShape;
             break;
         }
         // x_out holds the attention block's output until the MLP overwrites it.
-        linear_bf16(attn, t, q_size, q_size, w.o, s.hidden, nullptr, x_out, s.hidden, threads);
-        rms_norm_bf16(x_out, residual, w.post_norm, h, t, s.hidden, s.eps, threads);
-        linear_bf16(h, t, s.hidden, s.hidden, w.gate_up, 2 * s.intermediate, nullptr, gate_up, 2 * s.intermediate,
-                    threads);
-        silu_and_mul_bf16(gate_up, act, t, s.intermediate, threads);
-        linear_bf16(act, t, s.intermediate, s.intermediate, w.down, s.hidden, nullptr, x_out, s.hidden, threads);
+        K::linear(attn, t, q_size, q_size, w.o, s.hidden, nullptr, x_out, s.hidden, threads);
+        K::rms_norm(x_out, residual, w.post_norm, h, t, s.hidden, s.eps, threads);
+        K::linear(h, t, s.hidden, s.hidden, w.gate_up, 2 * s.intermediate, nullptr, gate_up, 2 * s.intermediate,
+                  threads);
+        K::silu_and_mul(gate_up, act, t, s.intermediate, threads);
+        K::linear(act, t, s.intermediate, s.intermediate, w.down, s.hidden, nullptr, x_out, s.hidden, threads);
     }
     return status;
+}
+
+// residual: in, the embeddings; out, the skip connection after the last layer. x_out: the
+// last layer's MLP output (the caller's final norm adds the two).
+extern "C" int decoder_layers_bf16(const DecoderShape *shape, const DecoderLayer<Bf16> *layers, int64_t num_layers,
+                                   const DecoderStep *step, Bf16 *residual, Bf16 *x_out, int threads) {
+    return decoder_layers(shape, layers, num_layers, step, residual, x_out, threads);
+}
+
+extern "C" int decoder_layers_f32(const DecoderShape *shape, const DecoderLayer<float> *layers, int64_t num_layers,
+                                  const DecoderStep *step, float *residual, float *x_out, int threads) {
+    return decoder_layers(shape, layers, num_layers, step, residual, x_out, threads);
 }

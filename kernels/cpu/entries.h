@@ -1,4 +1,4 @@
-// The bfloat16 entry points that one kernel file calls in another (decoder_layers.cpp; and
+// The entry points that one kernel file calls in another (decoder_layers.cpp; and
 // linear_bf16.cpp and paged_attention.cpp calling their AMX kernels), declared once. Each
 // file that defines one includes this too, so a definition that drifts from its declaration
 // here fails to compile instead of being called with the wrong arguments.
@@ -36,4 +36,15 @@ int linear_amx(const forkserve::Bf16 *x, int64_t rows, int64_t in_features, int6
 int linear_bf16(const forkserve::Bf16 *x, int64_t rows, int64_t in_features, int64_t x_stride, const uint16_t *packed,
                 int64_t out_features, const forkserve::Bf16 *bias, forkserve::Bf16 *out, int64_t out_stride,
                 int num_threads);
+// The float32 ones that decoder_layers.cpp calls.
+void rms_norm_f32(const float *x, float *residual, const float *weight, float *out, int64_t rows, int64_t hidden,
+                  float eps, int threads);
+int rotary_f32(float *q, float *k, const int64_t *positions, const float *cos, const float *sin, int64_t max_positions,
+               int64_t tokens, int64_t q_heads, int64_t k_heads, int64_t dim, int64_t q_stride, int64_t k_stride,
+               int threads);
+void silu_and_mul_f32(const float *gate_up, float *out, int64_t rows, int64_t width, int threads);
+int store_kv_f32(const float *k, int64_t k_stride, const float *v, int64_t v_stride, const int64_t *loc, int64_t tokens,
+                 int64_t kv_heads, int64_t dim, float *k_cache, float *v_cache, int64_t num_slots, int threads);
+int linear_f32(const float *x, int64_t rows, int64_t in_features, int64_t x_stride, const float *packed,
+               int64_t out_features, const float *bias, float *out, int64_t out_stride, int num_threads);
 }

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "entries.h"
 #include "stealing_ranges.h"
 
 #if defined(__AVX2__) && defined(__FMA__)

@@ -373,7 +373,7 @@ SharedPlan plan_shared(const Batch &bt, const std::vector<bool> &on_amx, RowKern
     return plan;
 }
 
-// Tokens grouped by the last bfloat16 call, and its shared tasks done on AMX tiles (for
+// Tokens grouped by the last call, and its shared tasks done on AMX tiles (for
 // tests: paged_attention_last_grouped_tokens, paged_attention_last_shared_on_tiles).
 std::atomic<int64_t> last_grouped_tokens{0}, last_shared_on_tiles{0};
 
@@ -433,10 +433,8 @@ int paged_attention(const Batch &bt, const T *q, const T *k_cache, const T *v_ca
         for (int64_t c = 0; c < g.chunks; c++)
             for (int64_t h = 0; h < bt.kv_heads; h++) tasks.push_back({g.tokens[0], 0, h, &g, c});
     }
-    if constexpr (std::is_same_v<T, Bf16>) {
-        last_grouped_tokens.store(grouped, std::memory_order_relaxed);
-        last_shared_on_tiles.store(0, std::memory_order_relaxed);
-    }
+    last_grouped_tokens.store(grouped, std::memory_order_relaxed);
+    last_shared_on_tiles.store(0, std::memory_order_relaxed);
     // The parts' rows: the shared chunks' and the grouped tokens' own, by (part, head).
     const size_t part_rows = static_cast<size_t>(plan->parts * bt.num_heads);
     std::vector<float> partial_buffer(part_rows * static_cast<size_t>(bt.dim + 2));
@@ -523,14 +521,22 @@ int store_kv(const T *k, int64_t k_stride, const T *v, int64_t v_stride, const i
 
 namespace forkserve {
 
+template <typename T>
 SharedPlan plan_shared_decodes(const Batch &bt, const std::vector<bool> &on_amx) {
-    return plan_shared(bt, on_amx, row_kernel<Bf16>(bt.dim));
+    return plan_shared(bt, on_amx, row_kernel<T>(bt.dim));
 }
+template SharedPlan plan_shared_decodes<float>(const Batch &, const std::vector<bool> &);
+template SharedPlan plan_shared_decodes<Bf16>(const Batch &, const std::vector<bool> &);
 
-int paged_attention_planned(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf16 *v_cache, Bf16 *out,
-                            int num_threads, const SharedPlan &plan) {
+template <typename T>
+int paged_attention_planned(const Batch &bt, const T *q, const T *k_cache, const T *v_cache, T *out, int num_threads,
+                            const SharedPlan &plan) {
     return paged_attention(bt, q, k_cache, v_cache, out, num_threads, &plan);
 }
+template int paged_attention_planned(const Batch &, const float *, const float *, const float *, float *, int,
+                                     const SharedPlan &);
+template int paged_attention_planned(const Batch &, const Bf16 *, const Bf16 *, const Bf16 *, Bf16 *, int,
+                                     const SharedPlan &);
 
 }  // namespace forkserve
 
@@ -587,7 +593,7 @@ extern "C" int64_t paged_attention_shared_groups(int64_t num_slots, const int64_
                                                  int64_t kv_heads, int64_t dim, int64_t *group_of, int64_t *keys) {
     const Batch bt{num_slots, r2t_stride, num_tokens, num_heads, kv_heads, dim, 0,
                    req_to_token, rows, prefix, q_start, token_req, 1.f};
-    const SharedPlan plan = plan_shared_decodes(bt);
+    const SharedPlan plan = plan_shared_decodes<Bf16>(bt);
     for (int64_t t = 0; t < num_tokens; t++) group_of[t] = -1;
     for (size_t g = 0; g < plan.groups.size(); g++) {
         keys[g] = plan.groups[g].keys;
@@ -596,7 +602,7 @@ extern "C" int64_t paged_attention_shared_groups(int64_t num_slots, const int64_
     return static_cast<int64_t>(plan.groups.size());
 }
 
-// How many decode tokens the last bfloat16 call attended in groups (for tests).
+// How many decode tokens the last call attended in groups (for tests).
 extern "C" int64_t paged_attention_last_grouped_tokens() { return last_grouped_tokens.load(); }
 
 // How many of the last bfloat16 call's shared-key tasks ran on AMX tiles (for tests).

@@ -132,7 +132,7 @@ def shared_prefix_groups(batch: PagedBatch, num_heads: int, kv_heads: int, head_
 
 
 def last_grouped_tokens() -> int:
-    """How many decode tokens the last bfloat16 ``paged_attention`` call attended in groups."""
+    """How many decode tokens the last ``paged_attention`` call attended in groups."""
     return int(entry_checks.load_kernels().paged_attention_last_grouped_tokens())
 
 

@@ -143,9 +143,12 @@ struct SharedPlan {
     std::vector<SharedRows> groups;
     int64_t parts = 0;
 };
+// T: the storage type (float or Bf16), which decides the row kernel and so the group sizes.
+template <typename T>
 SharedPlan plan_shared_decodes(const Batch &bt, const std::vector<bool> &on_amx = {});
-int paged_attention_planned(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf16 *v_cache, Bf16 *out,
-                            int num_threads, const SharedPlan &plan);
+template <typename T>
+int paged_attention_planned(const Batch &bt, const T *q, const T *k_cache, const T *v_cache, T *out, int num_threads,
+                            const SharedPlan &plan);
 
 // The decode requests `reqs` (one query token each) in groups of `min_tokens` to `max_tokens`
 // whose first `min_keys` or more keys are the same slots (shared_prefix.cpp); `tokens`,

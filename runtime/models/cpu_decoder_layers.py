@@ -1,16 +1,19 @@
 """Every decoder layer of a Llama-family model in one compiled call (``kernels/cpu/decoder_layers.cpp``).
 
-On the cpu backend in bfloat16, a step's layers are the same ten kernels per layer whatever
-the batch; only the Python between them differs. At batch 1 that Python (module calls,
+On the cpu backend, a step's layers are the same ten kernels per layer whatever the batch;
+only the Python between them differs. At batch 1 that Python (module calls,
 views, each wrapper's checks, ~300 ctypes calls) took about a third of the model's time on
 2 cores. Here the per-layer pointers (packed weights, norms, K/V pool tensors) are checked
 and tabled once; each step checks its own tensors and makes one call. The C++ runs exactly
 the kernels the modules call, in their order, so outputs are bit-identical to the module
-path (``tests/test_cpu_decoder_layers.py`` compares the two).
+path (``tests/test_cpu_decoder_layers.py`` compares the two). Two storage types: bfloat16
+with weights packed for our bf16 GEMM (AVX512-BF16), float32 with weights packed for our
+float32 GEMM (AVX2 CPUs without AVX-512).
 
 Building ``CpuDecoderLayers(model, kv_pool)`` raises ``ValueError`` saying why a model cannot
-use it (another dtype, weights not packed for the bf16 GEMM, tensor parallelism, another KV
-layout, a shape the table does not take); the worker then logs it and keeps the module path.
+use it (another dtype, weights not packed for our GEMM of that dtype, tensor parallelism,
+another KV layout, a shape the table does not take); the worker then logs it and keeps the
+module path.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import torch
 
 from kernels.attention.forward_context import get_forward_context
 from kernels.cpu.build import CpuKernelsUnavailable, load_kernels
+from kernels.cpu.entry_checks import SUFFIX
 from kernels.cpu.paged_attention import PagedBatch
 
 if TYPE_CHECKING:
@@ -52,20 +56,18 @@ _STATUS = {
     1: "a position is outside the rotary tables",
     2: "a KV slot is outside the pool",
     3: "paged attention supports head_dim <= 256 and <= 16 query heads per KV head",
-    4: "this build of the CPU kernels has no bfloat16 GEMM (no AVX512-BF16)",
+    4: "this build of the CPU kernels has no GEMM of this dtype",
     5: "out of memory for the layers' intermediate tensors",
 }
 
 
-def _bf16_vector(t: torch.Tensor, size: int, what: str) -> int:
-    if t.dtype != torch.bfloat16 or t.device.type != "cpu" or t.shape != (size,) or not t.is_contiguous():
-        raise ValueError(f"{what} must be a contiguous bfloat16 CPU [{size}] tensor")
-    return t.data_ptr()
+# The packed form each storage type's layers need (kernels/cpu/packed_linear.py).
+_PACKED_KIND = {torch.bfloat16: "bf16_panels", torch.float32: "f32_panels"}
 
 
-def _int64_vector(t: torch.Tensor, size: int, what: str) -> int:
-    if t.dtype != torch.int64 or t.device.type != "cpu" or t.shape != (size,) or not t.is_contiguous():
-        raise ValueError(f"{what} must be a contiguous int64 CPU [{size}] tensor")
+def _vector(t: torch.Tensor, dtype: torch.dtype, size: int, what: str) -> int:
+    if t.dtype != dtype or t.device.type != "cpu" or t.shape != (size,) or not t.is_contiguous():
+        raise ValueError(f"{what} must be a contiguous {str(dtype).removeprefix('torch.')} CPU [{size}] tensor")
     return t.data_ptr()
 
 
@@ -77,16 +79,18 @@ class CpuDecoderLayers:
     def _why_unsupported(model: LlamaForCausalLM, kv_pool: KVPool) -> str | None:
         """Why this model and pool cannot use the compiled layers, or None when they can."""
         cache = kv_pool.k[0]
-        if cache.dtype != torch.bfloat16 or cache.device.type != "cpu" or kv_pool.layout != "HND":
-            return "they need a bfloat16 CPU KV pool in the HND layout"
+        if cache.dtype not in _PACKED_KIND or cache.device.type != "cpu" or kv_pool.layout != "HND":
+            return "they need a bfloat16 or float32 CPU KV pool in the HND layout"
+        kind = _PACKED_KIND[cache.dtype]
         for layer in model.layers:
             attn, mlp = layer.self_attn, layer.mlp
             if attn.o_proj.tp.size > 1 or mlp.down_proj.tp.size > 1:
                 return "they do not run tensor-parallel layers"
             for linear in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
                 packed = linear.packed_weight
-                if packed is None or packed.kind != "bf16_panels":
-                    return "they need every linear weight packed for the bfloat16 GEMM (AVX512-BF16)"
+                if packed is None or packed.kind != kind:
+                    return (f"they need every linear weight packed for our {str(cache.dtype).removeprefix('torch.')} "
+                            "GEMM (bfloat16: AVX512-BF16; float32: AVX2 without AVX-512)")
         try:
             load_kernels()
         except CpuKernelsUnavailable as exc:
@@ -104,7 +108,7 @@ class CpuDecoderLayers:
         for table in (cos, sin):
             if table.dtype != torch.float32 or table.shape != cos.shape or table.shape[1] != hd or not table.is_contiguous():
                 raise ValueError(f"rotary tables must be contiguous float32 [max_positions, {hd}]")
-        num_slots = kv_pool.k[0].shape[1]
+        num_slots, dtype = kv_pool.k[0].shape[1], kv_pool.k[0].dtype
         self._shape = _Shape(hidden, cfg.intermediate_size, heads, kv_heads, hd, num_slots, cos.shape[0],
                              cfg.rms_norm_eps, first.attn.scale, cos.data_ptr(), sin.data_ptr())
         self._keep = [cos, sin]  # the tables' and weights' memory must outlive the pointers
@@ -126,17 +130,17 @@ class CpuDecoderLayers:
             if mlp.down_proj.bias is not None or attn.o_proj.bias is not None or mlp.gate_up_proj.bias is not None:
                 raise ValueError("only the qkv projection may have a bias")
             bias = attn.qkv_proj.bias
-            entry.qkv_bias = None if bias is None else _bf16_vector(bias, qkv_width, f"layer {i} qkv bias")
-            entry.input_norm = _bf16_vector(layer.input_layernorm.weight, hidden, f"layer {i} input norm")
-            entry.post_norm = _bf16_vector(layer.post_attention_layernorm.weight, hidden, f"layer {i} post norm")
+            entry.qkv_bias = None if bias is None else _vector(bias, dtype, qkv_width, f"layer {i} qkv bias")
+            entry.input_norm = _vector(layer.input_layernorm.weight, dtype, hidden, f"layer {i} input norm")
+            entry.post_norm = _vector(layer.post_attention_layernorm.weight, dtype, hidden, f"layer {i} post norm")
             k, v = kv_pool.k[i], kv_pool.v[i]
             for cache in (k, v):
                 if cache.shape != (kv_heads, num_slots, hd) or not cache.is_contiguous():
                     raise ValueError(f"layer {i}: KV pool tensors must be contiguous [{kv_heads}, {num_slots}, {hd}]")
             entry.k_cache, entry.v_cache = k.data_ptr(), v.data_ptr()
             self._keep += [bias, layer.input_layernorm.weight, layer.post_attention_layernorm.weight, k, v]
-        self._pool = kv_pool
-        self._run = load_kernels().decoder_layers_bf16
+        self._pool, self._dtype = kv_pool, dtype
+        self._run = getattr(load_kernels(), f"decoder_layers_{SUFFIX[dtype]}")
 
     def __call__(self, embeddings: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         ctx = get_forward_context()
@@ -144,14 +148,15 @@ class CpuDecoderLayers:
         if not isinstance(batch, PagedBatch) or ctx.kv_pool is not self._pool:
             raise ValueError("compiled decoder layers need the cpu backend's PagedBatch and the pool they were built on")
         tokens, hidden = embeddings.shape[0], self._shape.hidden
-        if (embeddings.dtype != torch.bfloat16 or embeddings.device.type != "cpu" or embeddings.shape != (tokens, hidden)
+        if (embeddings.dtype != self._dtype or embeddings.device.type != "cpu" or embeddings.shape != (tokens, hidden)
                 or not embeddings.is_contiguous()):
-            raise ValueError(f"embeddings must be a contiguous bfloat16 CPU [tokens, {hidden}] tensor")
+            name = str(self._dtype).removeprefix("torch.")
+            raise ValueError(f"embeddings must be a contiguous {name} CPU [tokens, {hidden}] tensor")
         batch.check(tokens)
         r2t = batch.req_to_token
         step = _Step(
-            tokens, _int64_vector(positions, tokens, "positions"),
-            _int64_vector(ctx.out_cache_loc, tokens, "out_cache_loc"), r2t.data_ptr(), r2t.shape[1],
+            tokens, _vector(positions, torch.int64, tokens, "positions"),
+            _vector(ctx.out_cache_loc, torch.int64, tokens, "out_cache_loc"), r2t.data_ptr(), r2t.shape[1],
             batch.rows.data_ptr(), batch.prefix.data_ptr(), batch.q_start.data_ptr(), batch.token_req.data_ptr(),
             batch.max_keys,
         )
