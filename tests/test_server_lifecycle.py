@@ -124,5 +124,5 @@ def test_stopping_answers_requests_in_flight_then_exits_cleanly(sig):
     assert "Traceback" not in proc.read_output(), proc.output
     # What ran was stated before the ready line: dtype, backend, threads, KV pool, GEMM.
     assert re.search(r"^forkserve: \w+ on cpu, attention backend \w+( \(extends on float32 FMAs\))?, \d+ compute threads, KV pool [\d,]+ tokens, "
-                     r"(bf16 GEMM on|oneDNN GEMM|F\.linear)", proc.output, re.MULTILINE), proc.output
+                     r"(bf16 GEMM on|float32 GEMM of our own|oneDNN GEMM|F\.linear)", proc.output, re.MULTILINE), proc.output
     assert proc.output.index("forkserve: ") < proc.output.index("forkserve ready:")

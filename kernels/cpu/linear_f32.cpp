@@ -9,17 +9,17 @@
 // once per tile and used for 12 FMAs.
 //
 // Why not oneDNN (kernels/cpu/packed_linear.py keeps it for float32 on AVX-512 CPUs): on an
-// AMD Zen 3 (AVX2 only, 2 cores) oneDNN's packed float32 ran the default model's decode
-// products at 61-63 GFLOP/s at 17 rows with weights from memory, where this kernel reaches
-// ~100 (1.5-1.6x as fast), 1.3-1.9x as fast from 1 to 32 rows, and even from 256 rows on
-// (docs/benchmarks.md). Float32 sums in a fixed order (one k after the other per output), so
+// AMD Zen 3 (AVX2 only, 2 cores), with the default model's weights from memory as in a
+// decode step, this kernel ran its products 1.2-1.6x as fast as oneDNN's packed float32 from
+// 1 to 17 rows, and about as fast from 32 rows on (python -m bench_agent.bench_gemm;
+// docs/benchmarks.md). Float32 sums in a fixed order (one k after the other per output), so
 // results differ from F.linear's only by summation order.
 //
 // The rows go in passes whose inputs fit in 128 KiB (L2), each pass over every panel of the
 // thread's range; the threads split the panels into contiguous ranges and take over the ends
 // of each other's ranges when done (stealing_ranges.h). The first tile of each panel
 // prefetches the next panel, one line per k, so its weights arrive from memory while these
-// are multiplied: without it, 17-row products with weights from memory ran ~1.6x as long.
+// are multiplied: without it, 17-row products ran ~1.6x as long (the weights from L3).
 #include <algorithm>
 #include <cstdint>
 #include <vector>

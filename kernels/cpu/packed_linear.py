@@ -10,8 +10,8 @@ forms, chosen per dtype by ``pack_weight``:
   ~27 GB/s at batch 1 where oneDNN reaches 14-20, and runs batch 32 ~20% faster.
 - ``"f32_panels"``: float32 on CPUs with AVX2 and FMA but no AVX-512, for our own kernel
   (``linear_f32.cpp``). On an AMD Zen 3 (2 cores) it ran the default model's decode
-  products 1.5-1.9x as fast as oneDNN's packed float32 (1-17 rows, weights from memory) and
-  prefill-sized ones at least as fast.
+  products 1.2-1.6x as fast as oneDNN's packed float32 (1-17 rows, weights from memory;
+  ``python -m bench_agent.bench_gemm``) and prefill-sized ones about as fast.
 - ``"onednn"``: everything else (float32 on AVX-512 CPUs; bfloat16 without AVX512-BF16),
   reordered into oneDNN's blocked layout, the ops ``torch.compile`` uses for frozen CPU models. Against
   ``F.linear`` this took ~30% less time at batch 1 and ~25% less at batch 32.
