@@ -1,7 +1,7 @@
 """What both packed-weight GEMMs (``linear_bf16.py``, ``linear_f32.py``) share on the Python
-side: whether this machine's build has the kernel, and the one way it is called (arguments
-checked before their pointers reach C++, rows flattened, an empty input width answered
-without the kernel, a build without the kernel reported)."""
+side: whether this machine's build has the kernel, how a weight is packed for it, and the
+one way it is called (arguments checked before their pointers reach C++, rows flattened, an
+empty input width answered without the kernel, a build without the kernel reported)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,21 @@ def built_with(entry: str) -> bool:
         return bool(getattr(load_kernels(), entry)())
     except CpuKernelsUnavailable:
         return False
+
+
+def pack_weight_with(name: str, dtype: torch.dtype, entry: Callable[..., None], packed_numel: Callable[[int, int], int],
+                     weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` (``[out, in]`` of ``dtype``, CPU) packed by the C entry point ``entry``
+    (``linear_*_pack``) into a flat tensor of ``packed_numel(out, in)`` elements; ``name``
+    prefixes the error message."""
+    if weight.dtype != dtype or weight.dim() != 2 or weight.device.type != "cpu":
+        kind = str(dtype).removeprefix("torch.")
+        raise ValueError(f"{name} takes a 2-D {kind} CPU tensor, got {weight.dtype} {tuple(weight.shape)}")
+    weight = weight.detach().contiguous()
+    out_features, in_features = weight.shape
+    packed = torch.empty(packed_numel(out_features, in_features), dtype=dtype)
+    entry(weight.data_ptr(), out_features, in_features, packed.data_ptr())
+    return packed
 
 
 def run_packed_gemm(name: str, dtype: torch.dtype, entry: Callable[..., int], missing: str, x: torch.Tensor,

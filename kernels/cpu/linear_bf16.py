@@ -12,7 +12,7 @@ import functools
 import torch
 
 from kernels.cpu.build import load_kernels
-from kernels.cpu.gemm_entry import built_with, run_packed_gemm
+from kernels.cpu.gemm_entry import built_with, pack_weight_with, run_packed_gemm
 
 
 def available() -> bool:
@@ -31,14 +31,7 @@ def _packed_numel(out_features: int, in_features: int) -> int:
 def pack(weight: torch.Tensor) -> torch.Tensor:
     """``weight`` (bfloat16 ``[out, in]``) in the kernel's panel layout, as a flat bfloat16
     tensor (see ``linear_bf16.cpp``)."""
-    if weight.dtype != torch.bfloat16 or weight.dim() != 2 or weight.device.type != "cpu":
-        raise ValueError(f"linear_bf16.pack takes a 2-D bfloat16 CPU tensor, got {weight.dtype} {tuple(weight.shape)}")
-    weight = weight.detach().contiguous()
-    out_features, in_features = weight.shape
-    lib = load_kernels()
-    packed = torch.empty(_packed_numel(out_features, in_features), dtype=torch.bfloat16)
-    lib.linear_bf16_pack(weight.data_ptr(), out_features, in_features, packed.data_ptr())
-    return packed
+    return pack_weight_with("linear_bf16.pack", torch.bfloat16, load_kernels().linear_bf16_pack, _packed_numel, weight)
 
 
 def linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -37,6 +37,9 @@ namespace {
 constexpr int64_t kCols = 16;  // output columns per panel
 constexpr int kMaxRows = 6;    // input rows per register tile
 
+// Panels of an out_features-wide output.
+int64_t panels_of(int64_t out_features) { return (out_features + kCols - 1) / kCols; }
+
 #if defined(__AVX2__) && defined(__FMA__)
 
 using forkserve::StealingRanges;
@@ -108,7 +111,7 @@ void add_row_tiles(int64_t r0, int64_t r1, std::vector<RowTile> &tiles) {
 }
 
 void gemm(const Gemm &g, int64_t rows, int num_threads) {
-    const int64_t panels = (g.out_features + kCols - 1) / kCols;
+    const int64_t panels = panels_of(g.out_features);
     const int64_t row_bytes = 4 * (g.in_features > 0 ? g.in_features : 1);
     const int64_t step = std::max<int64_t>(kMaxRows, (128 << 10) / row_bytes / kMaxRows * kMaxRows);
     const int64_t passes = (rows + step - 1) / step;
@@ -162,12 +165,12 @@ int linear_f32_cpu_has_avx512() {
 
 // Floats of the packed form of an [out_features, in_features] weight.
 int64_t linear_f32_packed_numel(int64_t out_features, int64_t in_features) {
-    return (out_features + kCols - 1) / kCols * kCols * in_features;
+    return panels_of(out_features) * kCols * in_features;
 }
 
 // weight: row-major [out_features, in_features]; packed: linear_f32_packed_numel floats.
 void linear_f32_pack(const float *weight, int64_t out_features, int64_t in_features, float *packed) {
-    const int64_t panels = (out_features + kCols - 1) / kCols;
+    const int64_t panels = panels_of(out_features);
 #pragma omp parallel for
     for (int64_t p = 0; p < panels; p++)
         for (int64_t k = 0; k < in_features; k++)

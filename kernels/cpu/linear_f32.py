@@ -13,7 +13,7 @@ import functools
 import torch
 
 from kernels.cpu.build import load_kernels
-from kernels.cpu.gemm_entry import built_with, run_packed_gemm
+from kernels.cpu.gemm_entry import built_with, pack_weight_with, run_packed_gemm
 
 
 def available() -> bool:
@@ -38,13 +38,7 @@ def _packed_numel(out_features: int, in_features: int) -> int:
 def pack(weight: torch.Tensor) -> torch.Tensor:
     """``weight`` (float32 ``[out, in]``) in the kernel's panel layout, as a flat float32
     tensor (see ``linear_f32.cpp``)."""
-    if weight.dtype != torch.float32 or weight.dim() != 2 or weight.device.type != "cpu":
-        raise ValueError(f"linear_f32.pack takes a 2-D float32 CPU tensor, got {weight.dtype} {tuple(weight.shape)}")
-    weight = weight.detach().contiguous()
-    out_features, in_features = weight.shape
-    packed = torch.empty(_packed_numel(out_features, in_features), dtype=torch.float32)
-    load_kernels().linear_f32_pack(weight.data_ptr(), out_features, in_features, packed.data_ptr())
-    return packed
+    return pack_weight_with("linear_f32.pack", torch.float32, load_kernels().linear_f32_pack, _packed_numel, weight)
 
 
 def linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -33,6 +33,9 @@ import torch
 
 from kernels.cpu import linear_bf16, linear_f32
 
+# Our own packed forms and the module (``pack``, ``linear``) of each.
+_OURS = {"bf16_panels": linear_bf16, "f32_panels": linear_f32}
+
 
 class PackedLinearUnavailable(RuntimeError):
     """No packed form fits here: a PyTorch build without oneDNN (mkldnn), or a CPU neither
@@ -95,8 +98,7 @@ def pack_weight(weight: torch.Tensor) -> PackedWeight:
                          f"{tuple(weight.shape)} on {weight.device}")
     kind = kind_for(weight.dtype)
     weight = weight.detach().contiguous()
-    packers = {"bf16_panels": linear_bf16.pack, "f32_panels": linear_f32.pack, "onednn": lambda w: _onednn_ops()[0](w)}
-    data = packers[kind](weight)
+    data = _OURS[kind].pack(weight) if kind in _OURS else _onednn_ops()[0](weight)
     return PackedWeight(data, weight.shape[0], weight.shape[1], weight.dtype, kind)
 
 
@@ -105,8 +107,6 @@ def packed_linear(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | No
     if x.dtype != packed.dtype or x.shape[-1] != packed.in_features:
         raise ValueError(f"packed_linear: input {x.dtype} {tuple(x.shape)} does not fit the weight "
                          f"{packed.dtype} {(packed.out_features, packed.in_features)}")
-    if packed.kind == "bf16_panels":
-        return linear_bf16.linear(x, packed.data, packed.out_features, bias)
-    if packed.kind == "f32_panels":
-        return linear_f32.linear(x, packed.data, packed.out_features, bias)
+    if packed.kind in _OURS:
+        return _OURS[packed.kind].linear(x, packed.data, packed.out_features, bias)
     return _onednn_ops()[1](x, packed.data, bias, "none", [], "")
