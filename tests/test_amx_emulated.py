@@ -5,26 +5,22 @@ instruction in plain C++ as Intel's manual defines it. What that checks is the k
 part: tiling, strides, zero padding, the overlapping last block, work stealing, the tile
 configuration and the shapes each product is given (the emulation aborts on what the
 hardware would fault on). The tile unit itself is checked only on an AMX CPU, where the same
-tests run natively.
+tests run natively. On CPUs with neither AMX nor AVX512-BF16 but with AVX2, the AVX-512
+instructions around the tiles are emulated too (``FORKSERVE_AVX512_EMULATE=1``, see
+``tests/test_avx512_emulated.py``).
 
 The emulated library is only for this: tile instructions in plain C++ are slow, and the
 child runs only correctness tests (no speed test can pass on it)."""
 
 from __future__ import annotations
 
-import os
-import platform
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from kernels.cpu import build
 from runtime.config import cpu_flags
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.emulated_kernels import avx512_emulation_unavailable, run_child_tests
 
 # The tests of the AMX paths, by pytest -k expression per file: the attention tests with every
 # extend on tiles, and the forked-decode tests as a server runs them (shared keys on tiles).
@@ -37,29 +33,28 @@ AMX_TESTS = {
 }
 
 
-pytestmark = [
-    pytest.mark.skipif(build.find_compiler() is None, reason="no C++ compiler on PATH"),
-    pytest.mark.skipif(platform.system() != "Linux" or "avx512_bf16" not in cpu_flags(),
-                       reason="the AMX kernels are built around AVX512-BF16 on Linux; this CPU has none"),
-]
+
+def _emulations() -> tuple[dict[str, str] | None, str]:
+    """The environment of the child run (None where it cannot run here) and why not."""
+    if build.find_compiler() is None:
+        return None, "no C++ compiler on PATH"
+    if "avx512_bf16" in cpu_flags():
+        return {"FORKSERVE_AMX_EMULATE": "1"}, ""
+    why_not = avx512_emulation_unavailable()
+    if why_not is None:
+        return {"FORKSERVE_AMX_EMULATE": "1", "FORKSERVE_AVX512_EMULATE": "1"}, ""
+    return None, f"the AMX kernels are built around AVX512-BF16, which this CPU lacks ({why_not})"
 
 
-def _run_amx_tests(test_file: str, expression: str, kernel_cache: Path) -> str:
-    env = {**os.environ, "FORKSERVE_AMX_EMULATE": "1", "FORKSERVE_KERNEL_CACHE": str(kernel_cache)}
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", test_file, "-k", expression],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200,
-    )
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output[-6000:]
-    return output
+EMULATIONS, _WHY_NOT = _emulations()
+pytestmark = pytest.mark.skipif(EMULATIONS is None, reason=_WHY_NOT)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("test_file", sorted(AMX_TESTS))
 def test_the_amx_kernels_pass_their_tests_on_emulated_tiles(test_file, tmp_path_factory):
     cache = tmp_path_factory.getbasetemp() / "amx_emulated_kernels"  # one build for both files
-    output = _run_amx_tests(test_file, AMX_TESTS[test_file], cache)
+    output = run_child_tests(test_file, AMX_TESTS[test_file], EMULATIONS, cache)
     summary = output.strip().splitlines()[-1]
     passed = re.search(r"(\d+) passed", summary)
     assert passed and int(passed.group(1)) > 0, summary
@@ -67,11 +62,14 @@ def test_the_amx_kernels_pass_their_tests_on_emulated_tiles(test_file, tmp_path_
     assert "skipped" not in summary, output[-6000:]
 
 
-def test_the_emulated_library_is_a_build_of_its_own(monkeypatch):
-    """The define changes the library's name, so the emulated build never replaces the
-    machine's own (nor is loaded by a server)."""
+def test_each_emulated_library_is_a_build_of_its_own(monkeypatch):
+    """Each emulation's define changes the library's name, so an emulated build never
+    replaces the machine's own (nor is loaded by a server)."""
     compiler = build.find_compiler()
-    monkeypatch.delenv("FORKSERVE_AMX_EMULATE", raising=False)
-    native = build.library_path(compiler)
-    monkeypatch.setenv("FORKSERVE_AMX_EMULATE", "1")
-    assert build.library_path(compiler) != native
+    for name in build.EMULATIONS:
+        monkeypatch.delenv(name, raising=False)
+    paths = {build.library_path(compiler)}
+    for name in build.EMULATIONS:
+        monkeypatch.setenv(name, "1")
+        paths.add(build.library_path(compiler))
+    assert len(paths) == 1 + len(build.EMULATIONS)

@@ -79,6 +79,7 @@ def kernel_build(request, other_kernel_builds):
         pytest.skip("the AVX-512 paths exist on x86 only")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("FORKSERVE_KERNEL_CACHE", str(other_kernel_builds))
+        mp.delenv("FORKSERVE_AVX512_EMULATE", raising=False)  # these builds are without AVX-512 (bf16)
         mp.setattr(build, "FLAGS", (*build.FLAGS, OTHER_BUILDS[request.param]))
         lib = build.load_kernels.__wrapped__()
         mp.setattr(entry_checks, "load_kernels", lambda: lib)  # where the kernels are looked up

@@ -10,7 +10,9 @@ AVX2 FMAs, for CPUs without AVX-512),
 ``runtime/models/cpu_decoder_layers.py``) and ``machine_probe.cpp`` (the read rate and
 multiply-add peaks of ``bench_agent/roofline.py``) are compiled once per machine and loaded
 by ``build.py`` (``bf16.h`` and ``simd.h`` hold the shared conversions and AVX-512 helpers,
-``amx.h`` the tile configuration, ``gemm_panel.h`` the GEMMs' panel epilogue,
+``isa.h`` which instruction sets a build targets (or emulates, for tests: AVX-512 from
+SIMDe and ``avx512_emulated.h`` on AVX2-only CPUs), ``amx.h`` the tile configuration (or its
+emulation), ``gemm_panel.h`` the GEMMs' panel epilogue,
 ``online_softmax.h`` the extend paths' softmax step, ``entries.h`` the entry points one file
 calls in another); ``paged_attention.py``, ``elementwise.py``, ``linear_bf16.py`` and
 ``linear_f32.py`` are their checked Python entry points (``entry_checks.py``: the checks and

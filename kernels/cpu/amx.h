@@ -17,7 +17,9 @@
 // tiles); FORKSERVE_AMX_HARDWARE where the tiles are the CPU's own.
 #pragma once
 
-#if defined(__AVX512BF16__) && defined(__linux__)
+#include "isa.h"
+
+#if defined(FORKSERVE_AVX512_BF16) && defined(__linux__)
 #if defined(FORKSERVE_AMX_EMULATE)
 #define FORKSERVE_AMX_KERNELS 1
 #elif defined(__AMX_BF16__) && defined(__AMX_TILE__)

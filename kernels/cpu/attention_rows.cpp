@@ -48,7 +48,7 @@ namespace {
 std::atomic<bool> widened_rows{false};
 }  // namespace
 
-#if defined(__AVX512BF16__) && defined(__AVX512DQ__)
+#if defined(FORKSERVE_AVX512_BF16)
 
 namespace {
 

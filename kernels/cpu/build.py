@@ -14,7 +14,10 @@ the same cores.
 
 ``FORKSERVE_AMX_EMULATE=1`` builds (into its own file) a library whose AMX kernels run each
 tile instruction as plain C++ (``amx.h``), so their logic is tested on CPUs without AMX
-(``tests/test_amx_emulated.py``). It is slow and meant for tests only.
+(``tests/test_amx_emulated.py``). ``FORKSERVE_AVX512_EMULATE=1`` likewise builds the
+AVX-512 kernels for a CPU with only AVX2 and FMA, their intrinsics from SIMDe's headers
+(``isa.h``; Debian's ``libsimde-dev``), so that they are tested there
+(``tests/test_avx512_emulated.py``). Both are slow and meant for tests only.
 
 There is no fallback: if no compiler is found or the build fails, :func:`load_kernels`
 raises ``CpuKernelsUnavailable`` with the compiler's message, and the caller decides
@@ -39,7 +42,7 @@ import platformdirs
 
 SOURCE_DIR = Path(__file__).parent
 SOURCES = ("paged_attention.cpp", "attention_rows.cpp", "attention_rows_avx2.cpp", "shared_prefix.cpp", "attention_amx.cpp", "elementwise.cpp", "linear_bf16.cpp", "linear_f32.cpp", "linear_amx.cpp", "decoder_layers.cpp", "machine_probe.cpp")
-HEADERS = ("amx.h", "bf16.h", "entries.h", "gemm_panel.h", "online_softmax.h", "paged_batch.h", "simd.h", "stealing_ranges.h")
+HEADERS = ("amx.h", "avx512_emulated.h", "bf16.h", "entries.h", "gemm_panel.h", "isa.h", "online_softmax.h", "paged_batch.h", "simd.h", "stealing_ranges.h")
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-std=c++17", "-shared", "-fPIC")
 _COMPILERS = ("c++", "g++", "clang++")
 
@@ -63,9 +66,13 @@ def _cpu_flags() -> str:
         return platform.processor()
 
 
+# Test-only builds, each into a file of its own: environment variable -> define.
+EMULATIONS = {"FORKSERVE_AMX_EMULATE": "-DFORKSERVE_AMX_EMULATE", "FORKSERVE_AVX512_EMULATE": "-DFORKSERVE_AVX512_EMULATE"}
+
+
 def _flags() -> tuple[str, ...]:
-    """FLAGS, plus the define that emulates AMX tiles when ``FORKSERVE_AMX_EMULATE=1``."""
-    return (*FLAGS, "-DFORKSERVE_AMX_EMULATE") if os.environ.get("FORKSERVE_AMX_EMULATE") == "1" else FLAGS
+    """FLAGS, plus the define of each emulation whose environment variable is ``1``."""
+    return (*FLAGS, *(define for name, define in EMULATIONS.items() if os.environ.get(name) == "1"))
 
 
 def library_path(compiler: str) -> Path:

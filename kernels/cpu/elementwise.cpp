@@ -20,7 +20,7 @@ using namespace forkserve;
 // Below this many elements a thread-pool wake-up costs more than the work.
 constexpr int64_t kParallelMin = 1 << 14;
 
-#if defined(__AVX512BF16__)
+#if defined(FORKSERVE_AVX512_BF16)
 // One bfloat16 row of rms_norm in AVX-512 intrinsics, 16 values at a time (the last ones
 // masked), rounding with vcvtneps2bf16. The scalar loop below is not vectorised for bf16:
 // a 512 x 576 norm with its residual took 190 us on 2 threads (408 on one) against 106-117
@@ -56,7 +56,7 @@ template <typename T>
 void rms_norm(const T *x, T *residual, const T *weight, T *out, int64_t rows, int64_t hidden, float eps, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static) if (rows * hidden >= kParallelMin)
     for (int64_t r = 0; r < rows; r++) {
-#if defined(__AVX512BF16__)
+#if defined(FORKSERVE_AVX512_BF16)
         if constexpr (std::is_same_v<T, Bf16>) {
             rms_norm_row(x + r * hidden, residual != nullptr ? residual + r * hidden : nullptr, weight, out + r * hidden,
                          hidden, eps);
@@ -125,7 +125,7 @@ void silu_and_mul(const T *gate_up, T *out, int64_t rows, int64_t width, int thr
         const T *gate = gate_up + r * 2 * width, *up = gate + width;
         T *o = out + r * width;
         int64_t d = 0;
-#if defined(__AVX512BF16__)
+#if defined(FORKSERVE_AVX512_BF16)
         if constexpr (std::is_same_v<T, Bf16>) {  // 16 at a time with exp16; the rest below
             for (; d + 16 <= width; d += 16) {
                 const __m512 g = load16(gate + d);

@@ -14,7 +14,7 @@ constexpr int64_t kPanel = 32;  // output columns per panel
 
 }  // namespace forkserve
 
-#if defined(__AVX512BF16__)
+#if defined(FORKSERVE_AVX512_BF16)
 namespace forkserve {
 
 struct PanelEpilogue {

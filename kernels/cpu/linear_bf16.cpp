@@ -45,7 +45,7 @@
 #include "simd.h"
 #include "stealing_ranges.h"
 
-#if defined(__AVX512BF16__)
+#if defined(FORKSERVE_AVX512_BF16)
 #include <omp.h>
 #endif
 
@@ -62,7 +62,7 @@ constexpr int kMaxTile = 12;    // input rows per register tile
 constexpr int64_t kAhead = 1;
 int64_t small_ahead = 0;        // the same below 8 rows (0: no prefetch); set by the caller
 
-#if defined(__AVX512BF16__)
+#if defined(FORKSERVE_AVX512_BF16)
 
 struct Gemm {
     const int32_t *x_pairs;  // the input rows regrouped by pack_rows
@@ -277,7 +277,7 @@ extern "C" {
 
 // 1 when this build has the kernel (the CPU has AVX512-BF16), else 0.
 int linear_bf16_available() {
-#if defined(__AVX512BF16__)
+#if defined(FORKSERVE_AVX512_BF16)
     return 1;
 #else
     return 0;
@@ -334,7 +334,7 @@ void linear_bf16_pack(const uint16_t *weight, int64_t out_features, int64_t in_f
 int linear_bf16_vector(const forkserve::Bf16 *x, int64_t rows, int64_t in_features, int64_t x_stride,
                        const uint16_t *packed, int64_t out_features, const forkserve::Bf16 *bias, forkserve::Bf16 *out,
                        int64_t out_stride, int num_threads) {
-#if defined(__AVX512BF16__)
+#if defined(FORKSERVE_AVX512_BF16)
     const Gemm g{nullptr, rows, (in_features + 1) / 2, panel_pairs_of(in_features), packed, out_features, bias, out,
                  out_stride};
     gemm(x, in_features, x_stride, g, rows >= widen_min_rows, num_threads);

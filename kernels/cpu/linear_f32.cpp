@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "entries.h"
+#include "isa.h"
 #include "stealing_ranges.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -156,7 +157,7 @@ int linear_f32_available() {
 // 1 when this build's CPU has AVX-512F, where oneDNN's float32 GEMM multiplies 16 lanes at a
 // time and this 8-lane kernel has not been measured against it.
 int linear_f32_cpu_has_avx512() {
-#if defined(__AVX512F__)
+#if defined(FORKSERVE_AVX512)
     return 1;
 #else
     return 0;

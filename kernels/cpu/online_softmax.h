@@ -23,7 +23,7 @@ constexpr float kLog2e = 1.44269504f;
 
 }  // namespace forkserve
 
-#if defined(__AVX512F__) && defined(__AVX512DQ__)
+#if defined(FORKSERVE_AVX512)
 namespace forkserve {
 
 struct SoftmaxStep {

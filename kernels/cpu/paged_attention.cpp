@@ -62,7 +62,7 @@ constexpr int64_t kPrefetch = 8;
 // Key rows ask for L1 this far ahead of the block being scored, and for L2 three times as far.
 constexpr int64_t kKeyAhead = 16;
 
-#if defined(__AVX512F__)
+#if defined(FORKSERVE_AVX512)
 // Lane k of the result is the sum of the 16 lanes of v[k]: a transpose-and-add tree, about
 // three instructions per vector instead of a full horizontal reduction for each.
 inline __m512 sum_each16(const __m512 *v) {
@@ -96,7 +96,7 @@ inline void score16(const float *qf, const float *, float, const float *kh, cons
     _mm512_mask_storeu_ps(out, static_cast<__mmask16>((1u << count) - 1), sum_each16(acc));
 }
 
-#if defined(__AVX512BF16__)
+#if defined(FORKSERVE_AVX512_BF16)
 // Bfloat16: pairwise dot products straight from the stored rows (vdpbf16ps: exact products,
 // float32 sums); the query is the unscaled bf16 row and the scale is applied to the sums.
 template <int64_t DIM>

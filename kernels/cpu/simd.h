@@ -7,6 +7,7 @@
 #include <initializer_list>
 
 #include "bf16.h"
+#include "isa.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -42,7 +43,7 @@ inline __m256 nan_lanes8(__m256 x) {
 }  // namespace forkserve
 #endif
 
-#if defined(__AVX512F__)
+#if defined(FORKSERVE_AVX512)
 #include <immintrin.h>
 
 namespace forkserve {
