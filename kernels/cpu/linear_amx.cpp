@@ -31,7 +31,7 @@
 #include "entries.h"
 #include "gemm_panel.h"
 #include "simd.h"
-#include "stealing_ranges.h"
+#include "row_passes.h"
 
 #if defined(FORKSERVE_AMX_KERNELS)
 #include <omp.h>
@@ -136,36 +136,28 @@ void amx_gemm(const AmxGemm &g, int num_threads) {
         x = small.data();
         small_stride_bytes = width * 2;
     }
-    // Each row pass's panels: a contiguous range per thread, with the ranges' ends up for grabs
-    // (stealing_ranges.h, as in linear_bf16.cpp), so a thread that another process preempts
-    // leaves its untaken panels to the other instead of stalling it at the barrier.
-    const int64_t passes = (g.rows + pass - 1) / pass;
-    std::vector<StealingRanges> split;
-    split.reserve(static_cast<size_t>(passes));
-    for (int64_t i = 0; i < passes; i++) split.emplace_back(panels, num_threads);
+    // Each pass's rows as blocks of 32 (the last one shorter; fewer than 32 rows: one block).
+    RowPasses passes(g.rows, pass, panels, num_threads, [](int64_t r0, int64_t r1, std::vector<RowTile> &blocks) {
+        for (int64_t r = r0; r < r1; r += kBlockRows) blocks.push_back({r, r1 - r < kBlockRows ? r1 - r : kBlockRows});
+    });
 #pragma omp parallel num_threads(num_threads)
     {
         load_tile_config();
         alignas(64) float c[kBlockRows * kPanel];
-        const int t = omp_get_thread_num();
-        for (int64_t i = 0; i < passes; i++) {
-            const int64_t r0 = i * pass, r1 = r0 + pass < g.rows ? r0 + pass : g.rows;
-            for (int64_t p = split[i].next(t); p >= 0; p = split[i].next(t)) {
-                const uint16_t *panel = g.packed + p * g.panel_pairs * 2 * kPanel;
-                if (g.rows < kBlockRows) {  // one block of the padded copy: one row of tiles, or two
-                    (g.rows <= kTileRows ? block<false> : block<true>)(x, small_stride_bytes, panel, g.k_tiles, c);
-                    store_block(g, c, 0, g.rows, 0, p);
-                    continue;
-                }
-                for (int64_t r = r0; r < r1; r += kBlockRows) {
-                    // The last block ends at the last row, overlapping the previous block.
-                    const int64_t start = r + kBlockRows <= g.rows ? r : g.rows - kBlockRows;
-                    block<true>(x + start * g.x_stride, a_stride_bytes, panel, g.k_tiles, c);
-                    const int64_t end = r + kBlockRows < r1 ? r + kBlockRows : r1;
-                    store_block(g, c, r, end - r, r - start, p);
-                }
+        passes.run(omp_get_thread_num(), [&](int64_t p, const RowTile *blocks, int64_t count) {
+            const uint16_t *panel = g.packed + p * g.panel_pairs * 2 * kPanel;
+            if (g.rows < kBlockRows) {  // one block of the padded copy: one row of tiles, or two
+                (g.rows <= kTileRows ? block<false> : block<true>)(x, small_stride_bytes, panel, g.k_tiles, c);
+                store_block(g, c, 0, g.rows, 0, p);
+                return;
             }
-        }
+            for (int64_t i = 0; i < count; i++) {
+                // A short last block ends at the last row, overlapping the previous block.
+                const int64_t r = blocks[i].start, start = r + kBlockRows <= g.rows ? r : g.rows - kBlockRows;
+                block<true>(x + start * g.x_stride, a_stride_bytes, panel, g.k_tiles, c);
+                store_block(g, c, r, blocks[i].n, r - start, p);
+            }
+        });
         TILE_RELEASE();
     }
 }

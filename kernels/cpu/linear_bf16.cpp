@@ -20,7 +20,7 @@
 // 12 times. The input rows are first regrouped by k-pair (pack_rows), so a tile's broadcasts
 // read consecutive words. The threads split the panels into contiguous ranges, so at decode
 // sizes (a few rows) each streams its share of the weights once, in address order, and take
-// over the ends of each other's ranges when done (stealing_ranges.h), so a thread that another
+// over the ends of each other's ranges when done (row_passes.h), so a thread that another
 // process preempts no longer stalls the other (a 600-token prefill beside a process busy 20% of
 // a core: 495 instead of 529 ms; alone, the same within noise); with 8 rows or more, the tiles of a
 // panel also prefetch (into L2) the panel kAhead places on, so its weights arrive from memory
@@ -43,7 +43,7 @@
 #include "entries.h"
 #include "gemm_panel.h"
 #include "simd.h"
-#include "stealing_ranges.h"
+#include "row_passes.h"
 
 #if defined(FORKSERVE_AVX512_BF16)
 #include <omp.h>
@@ -82,10 +82,6 @@ struct Gemm {
 // long with 12 + 1 rows, at batch 16 1.05x with 12 + 4. Larger remainders keep their own tile
 // (splitting 17 rows as 9 + 8 or 32 as 11 + 11 + 10 measured ~3% slower than 12 + 5 and
 // 12 + 12 + 8: a full tile uses each weight vector 12 times).
-struct RowTile {
-    int64_t start, n;
-};
-
 // Appends the tiles of rows [r0, r1) (r0 < r1) to `tiles`.
 void add_row_tiles(int64_t r0, int64_t r1, std::vector<RowTile> &tiles) {
     const size_t first = tiles.size();
@@ -227,36 +223,18 @@ void gemm(const Bf16 *x, int64_t in_features, int64_t x_stride, Gemm g, bool wid
     int32_t *const pairs_buf = x_pairs.data();  // the caller's buffer, shared by the team below
     g.x_pairs = pairs_buf;
     const int64_t ahead = g.rows >= 8 ? kAhead : small_ahead;
-    const int64_t passes = (g.rows + step - 1) / step;
-    std::vector<StealingRanges> split;
-    std::vector<RowTile> tiles;  // every pass's, in order
-    std::vector<int64_t> first_tile(static_cast<size_t>(passes + 1));  // pass i's tiles: [first_tile[i], first_tile[i + 1])
-    split.reserve(static_cast<size_t>(passes));
-    for (int64_t pass = 0; pass < passes; pass++) {
-        split.emplace_back(panels, num_threads);
-        first_tile[pass] = static_cast<int64_t>(tiles.size());
-        add_row_tiles(pass * step, (pass + 1) * step < g.rows ? (pass + 1) * step : g.rows, tiles);
-    }
-    first_tile[passes] = static_cast<int64_t>(tiles.size());
+    RowPasses passes(g.rows, step, panels, num_threads, add_row_tiles);
+    const std::vector<RowTile> &tiles = passes.tiles();
 #pragma omp parallel num_threads(num_threads)
     {
 #pragma omp for schedule(static)
-        for (int64_t i = 0; i < first_tile[passes]; i++)
+        for (size_t i = 0; i < tiles.size(); i++)
             (widened ? pack_rows<true> : pack_rows<false>)(x, in_features, x_stride, g.pairs, tiles[i], pairs_buf);
-        // Each row pass's panels: a contiguous range per thread, in address order, with the
-        // ranges' ends up for grabs (stealing_ranges.h), so a thread preempted by another
-        // process does not stall the other at the barrier.
-        const int t = omp_get_thread_num();
-        for (int64_t pass = 0; pass < passes; pass++) {
-            const RowTile *pass_tiles = tiles.data() + first_tile[pass];
-            const int64_t count = first_tile[pass + 1] - first_tile[pass];
-            for (int64_t p = split[pass].next(t); p >= 0; p = split[pass].next(t)) {
-                const uint16_t *next =
-                    ahead > 0 && p + ahead < panels ? g.packed + (p + ahead) * g.panel_pairs * 2 * kPanel : nullptr;
-                for (int64_t i = 0; i < count; i++)
-                    tile_fns[pass_tiles[i].n](g, pass_tiles[i].start, p, next, Share{i, count});
-            }
-        }
+        passes.run(omp_get_thread_num(), [&](int64_t p, const RowTile *pass_tiles, int64_t count) {
+            const uint16_t *next =
+                ahead > 0 && p + ahead < panels ? g.packed + (p + ahead) * g.panel_pairs * 2 * kPanel : nullptr;
+            for (int64_t i = 0; i < count; i++) tile_fns[pass_tiles[i].n](g, pass_tiles[i].start, p, next, Share{i, count});
+        });
     }
 }
 

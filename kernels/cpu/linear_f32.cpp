@@ -17,7 +17,7 @@
 //
 // The rows go in passes whose inputs fit in 128 KiB (L2), each pass over every panel of the
 // thread's range; the threads split the panels into contiguous ranges and take over the ends
-// of each other's ranges when done (stealing_ranges.h). The first tile of each panel
+// of each other's ranges when done (row_passes.h). The first tile of each panel
 // prefetches the next panel, one line per k, so its weights arrive from memory while these
 // are multiplied: without it, 17-row products ran ~1.6x as long (the weights from L3).
 #include <algorithm>
@@ -26,7 +26,7 @@
 
 #include "entries.h"
 #include "isa.h"
-#include "stealing_ranges.h"
+#include "row_passes.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -43,7 +43,8 @@ int64_t panels_of(int64_t out_features) { return (out_features + kCols - 1) / kC
 
 #if defined(__AVX2__) && defined(__FMA__)
 
-using forkserve::StealingRanges;
+using forkserve::RowPasses;
+using forkserve::RowTile;
 
 struct Gemm {
     const float *x;
@@ -96,10 +97,6 @@ void tile(const Gemm &g, int64_t row0, int64_t p, const float *next) {
 using TileFn = void (*)(const Gemm &, int64_t, int64_t, const float *);
 constexpr TileFn kTiles[kMaxRows + 1] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>};
 
-struct RowTile {
-    int64_t start, n;
-};
-
 // Rows [r0, r1) as ceil(n / 6) tiles of near-equal size (13 rows: 5 + 4 + 4, 17: 6 + 6 + 5),
 // so no tile is left with a row or two and too few FMA chains to fill the pipes.
 void add_row_tiles(int64_t r0, int64_t r1, std::vector<RowTile> &tiles) {
@@ -115,28 +112,12 @@ void gemm(const Gemm &g, int64_t rows, int num_threads) {
     const int64_t panels = panels_of(g.out_features);
     const int64_t row_bytes = 4 * (g.in_features > 0 ? g.in_features : 1);
     const int64_t step = std::max<int64_t>(kMaxRows, (128 << 10) / row_bytes / kMaxRows * kMaxRows);
-    const int64_t passes = (rows + step - 1) / step;
-    std::vector<StealingRanges> split;
-    std::vector<RowTile> tiles;                                        // every pass's, in order
-    std::vector<int64_t> first_tile(static_cast<size_t>(passes + 1));  // pass i: [first_tile[i], first_tile[i + 1])
-    split.reserve(static_cast<size_t>(passes));
-    for (int64_t pass = 0; pass < passes; pass++) {
-        split.emplace_back(panels, num_threads);
-        first_tile[pass] = static_cast<int64_t>(tiles.size());
-        add_row_tiles(pass * step, std::min(rows, (pass + 1) * step), tiles);
-    }
-    first_tile[passes] = static_cast<int64_t>(tiles.size());
+    RowPasses passes(rows, step, panels, num_threads, add_row_tiles);
 #pragma omp parallel num_threads(num_threads)
-    {
-        const int t = omp_get_thread_num();
-        for (int64_t pass = 0; pass < passes; pass++) {
-            for (int64_t p = split[pass].next(t); p >= 0; p = split[pass].next(t)) {
-                const float *next = p + 1 < panels ? g.packed + (p + 1) * g.in_features * kCols : nullptr;
-                for (int64_t i = first_tile[pass]; i < first_tile[pass + 1]; i++)
-                    kTiles[tiles[i].n](g, tiles[i].start, p, i == first_tile[pass] ? next : nullptr);
-            }
-        }
-    }
+    passes.run(omp_get_thread_num(), [&](int64_t p, const RowTile *tiles, int64_t count) {
+        const float *next = p + 1 < panels ? g.packed + (p + 1) * g.in_features * kCols : nullptr;
+        for (int64_t i = 0; i < count; i++) kTiles[tiles[i].n](g, tiles[i].start, p, i == 0 ? next : nullptr);
+    });
 }
 
 #endif
