@@ -1,7 +1,10 @@
 """A real agent framework from PyPI, the OpenAI Agents SDK, runs an agent with a function
-tool to completion against ``forkserve serve`` through its chat-completions model class."""
+tool to completion against ``forkserve serve``, through its chat-completions model class and
+through its default one, on the Responses API (``/v1/responses``), streamed."""
 
 from __future__ import annotations
+
+import asyncio
 
 import pytest
 
@@ -10,19 +13,10 @@ pytestmark = pytest.mark.slow
 MODEL = "SmolLM2-135M-Instruct"
 
 
-def test_an_agents_sdk_agent_runs_to_completion(server):
-    from agents import (
-        Agent,
-        ModelSettings,
-        OpenAIChatCompletionsModel,
-        Runner,
-        function_tool,
-        set_tracing_disabled,
-    )
-    from openai import AsyncOpenAI
+def _weather_agent(model, cities: list[str], **settings):
+    from agents import Agent, ModelSettings, function_tool, set_tracing_disabled
 
     set_tracing_disabled(True)  # the SDK would upload traces to OpenAI
-    cities: list[str] = []
 
     @function_tool
     def get_weather(city: str) -> str:
@@ -30,10 +24,35 @@ def test_an_agents_sdk_agent_runs_to_completion(server):
         cities.append(city)
         return f"{city}: 18 degrees, sunny"
 
+    return Agent(name="weather", instructions="Answer weather questions with the get_weather tool.",
+                 tools=[get_weather], model=model,
+                 model_settings=ModelSettings(temperature=0, tool_choice="required", **settings))
+
+
+def test_an_agents_sdk_agent_runs_to_completion(server):
+    from agents import OpenAIChatCompletionsModel, Runner
+    from openai import AsyncOpenAI
+
+    cities: list[str] = []
     model = OpenAIChatCompletionsModel(model=MODEL, openai_client=AsyncOpenAI(base_url=server.url + "/v1", api_key="x"))
-    agent = Agent(name="weather", instructions="Answer weather questions with the get_weather tool.",
-                  tools=[get_weather], model=model,
-                  model_settings=ModelSettings(temperature=0, max_tokens=60, tool_choice="required"))
-    result = Runner.run_sync(agent, "What is the weather in Paris?", max_turns=4)
+    result = Runner.run_sync(_weather_agent(model, cities, max_tokens=60), "What is the weather in Paris?", max_turns=4)
     assert cities and all(isinstance(c, str) and c for c in cities)  # the tool ran with valid arguments
     assert isinstance(result.final_output, str) and result.final_output  # then the model answered in text
+
+
+def test_an_agents_sdk_agent_runs_on_the_responses_api_streamed(server):
+    from agents import OpenAIResponsesModel, Runner
+    from openai import AsyncOpenAI
+
+    async def run() -> tuple[object, set[str]]:
+        model = OpenAIResponsesModel(model=MODEL, openai_client=AsyncOpenAI(base_url=server.url + "/v1", api_key="x"))
+        agent = _weather_agent(model, cities, max_tokens=100, parallel_tool_calls=False)
+        result = Runner.run_streamed(agent, "What is the weather in Rome?", max_turns=4)
+        kinds = {event.type async for event in result.stream_events()}
+        return result.final_output, kinds
+
+    cities: list[str] = []
+    final_output, kinds = asyncio.run(run())
+    assert cities and all(isinstance(c, str) and c for c in cities)  # the tool ran with valid arguments
+    assert "raw_response_event" in kinds and "run_item_stream_event" in kinds
+    assert isinstance(final_output, str) and final_output

@@ -1,7 +1,8 @@
-"""OpenAI-compatible routes: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``, and
-``/v1/chat/completions/render`` (the prompt and constraint a chat request would run with).
-The handlers live in ``completion.py`` and ``chat_completion.py`` (their shared part in
-``openai_handler.py``)."""
+"""OpenAI-compatible routes: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``,
+``/v1/chat/completions/render`` (the prompt and constraint a chat request would run with) and
+the Responses API (``/v1/responses``, and reading or deleting a stored response). The handlers
+live in ``completion.py``, ``chat_completion.py`` and ``responses_api.py`` (their shared part
+in ``openai_handler.py``)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,15 @@ from fastapi.responses import Response
 from runtime.server.chat_completion import ChatCompletion
 from runtime.server.completion import Completion
 from runtime.server.context import ServerContext, read_body
-from runtime.server.protocol import ChatCompletionRequest, CompletionRequest
+from runtime.server.protocol import ChatCompletionRequest, CompletionRequest, ResponsesRequest
+from runtime.server.responses import JsonResponse
+from runtime.server.responses_api import ResponseCreation
+from runtime.server.responses_input import ResponseStore
 
 
 def add_routes(app: FastAPI, ctx: ServerContext) -> None:
+    stored_responses = ResponseStore()
+
     def card() -> dict[str, Any]:
         return {
             "id": ctx.model_name,
@@ -50,3 +56,17 @@ def add_routes(app: FastAPI, ctx: ServerContext) -> None:
     async def render_chat_completion(request: Request) -> Response:
         req: ChatCompletionRequest = await read_body(request, ChatCompletionRequest, ctx.http.max_request_bytes)
         return ChatCompletion(ctx, req, request).render()
+
+    @app.post("/v1/responses")
+    async def create_response(request: Request) -> Response:
+        req: ResponsesRequest = await read_body(request, ResponsesRequest, ctx.http.max_request_bytes)
+        return await ResponseCreation(ctx, req, request, stored_responses).run()
+
+    @app.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str) -> Response:
+        return JsonResponse(stored_responses.response(response_id))
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str) -> Response:
+        stored_responses.delete(response_id)
+        return JsonResponse({"id": response_id, "object": "response", "deleted": True})

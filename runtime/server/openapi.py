@@ -20,12 +20,14 @@ from runtime.server.protocol import (
     CompletionRequest,
     EndProgramReq,
     GenerateReqInput,
+    ResponsesRequest,
 )
 
 BODIES: dict[str, type[BaseModel]] = {
     "/v1/chat/completions": ChatCompletionRequest,
     "/v1/chat/completions/render": ChatCompletionRequest,
     "/v1/completions": CompletionRequest,
+    "/v1/responses": ResponsesRequest,
     "/generate": GenerateReqInput,
     "/end_program": EndProgramReq,
 }
@@ -47,8 +49,9 @@ def install(app: FastAPI) -> None:
                         "content": {"application/json": {"schema": {"$ref": _REF.format(model=model.__name__)}}},
                     }
             for path, operations in schema["paths"].items():
-                for operation in operations.values():
-                    operation["responses"] = copy.deepcopy(RESPONSES[path]["*"])
+                for method, operation in operations.items():
+                    answers = RESPONSES[path]
+                    operation["responses"] = copy.deepcopy(answers.get(method, answers.get("*")))
             app.openapi_schema = schema
         return app.openapi_schema
 

@@ -86,6 +86,18 @@ def _json(schema: dict[str, Any]) -> dict[str, Any]:
     return {"application/json": {"schema": schema}}
 
 
+RESPONSE = {
+    "type": "object", "required": ["id", "object", "created_at", "status", "model", "output", "usage"],
+    "properties": {
+        "id": {"type": "string"}, "object": {"const": "response"}, "created_at": {"type": "integer"},
+        "status": {"enum": ["completed", "incomplete", "in_progress", "failed"]}, "model": {"type": "string"},
+        "output": {"type": "array", "items": {"type": "object", "required": ["type", "id"],
+                                              "properties": {"type": {"enum": ["message", "function_call", "reasoning"]}}}},
+        "usage": {"anyOf": [{"type": "null"}, {"type": "object", "required": ["input_tokens", "output_tokens", "total_tokens"]}]},
+    },
+}
+
+
 def _errors(*codes: int) -> dict[str, Any]:
     what = {400: "Bad input: the message and `param` name the field", 401: "Missing or wrong API key",
             404: "Not found (e.g. a model this server does not serve)", 413: "Request body too large",
@@ -133,6 +145,17 @@ RESPONSES: dict[str, dict[str, dict[str, Any]]] = {
                                                   "output constraint as /generate sampling fields, its tool-call parser",
                                                   "content": _json(RENDERED_CHAT)},
                                           **_errors(400, 401, 404, 413)}},
+}
+RESPONSES["/v1/responses"] = {"*": {"200": {"description": "A response (output items: message, function_call, reasoning), "
+                                             "or the Responses streaming events",
+                                             "content": {**_json(RESPONSE), **_SSE}},
+                                     **_errors(*_GUARDED, 404)}}
+RESPONSES["/v1/responses/{response_id}"] = {
+    "get": {"200": {"description": "A stored response", "content": _json(RESPONSE)}, **_errors(401, 404)},
+    "delete": {"200": {"description": "Deleted", "content": _json({
+        "type": "object", "required": ["id", "object", "deleted"],
+        "properties": {"id": {"type": "string"}, "object": {"const": "response"}, "deleted": {"const": True}}})},
+        **_errors(401, 404)},
 }
 RESPONSES["/model_info"] = RESPONSES["/get_model_info"]  # SGLang's newer names for the same answers
 RESPONSES["/server_info"] = RESPONSES["/get_server_info"]

@@ -300,3 +300,58 @@ class ChatCompletionRequest(_OpenAISampling):
     CHAT_UNSUPPORTED: ClassVar[tuple[str, ...]] = (
         "functions", "function_call", "audio", "prediction", "web_search_options", "reasoning_effort",
     )
+
+
+# ---------------------------------------------------------------- OpenAI Responses API
+class ResponseTextFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseText(_Body):
+    format: ResponseTextFormat | None = None
+    verbosity: str | None = None  # accepted and ignored
+
+
+class ResponsesRequest(_Body):
+    """``POST /v1/responses``. ``input`` items and ``tools`` stay plain dicts here: each is
+    checked as it is turned into a chat message or tool (``responses_api.py``), with a 400
+    that names the item."""
+
+    model: str
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    stream: bool = False
+    text: ResponseText | None = None
+    store: bool = True
+    include: list[str] | None = None
+    truncation: Literal["disabled"] | None = None  # "auto" would drop items; this server never does
+    # accepted and ignored: they change nothing here
+    metadata: dict[str, Any] | None = None
+    user: str | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    prompt_cache_options: Any = None
+    safety_identifier: str | None = None
+    stream_options: dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None  # this model does not reason: nothing to set
+    max_tool_calls: int | None = None
+    # accepted at their neutral value only
+    background: bool = False
+    conversation: Any = None
+    prompt: Any = None
+    context_management: Any = None
+
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("background", "conversation", "prompt", "context_management")

@@ -1,0 +1,217 @@
+"""``/v1/responses``: OpenAI's Responses API on the chat route's machinery. The request becomes
+a chat request (``responses_input.py``); the assistant's answer comes back as output items (a
+``reasoning`` item where a reasoning parser split one off, a ``message`` with one
+``output_text`` part, a ``function_call`` item per tool call), whole or as the Responses
+streaming events (``response.created`` ... ``response.output_text.delta`` ...
+``response.completed``). With ``store`` (the default) the response and its conversation are
+kept in memory for ``previous_response_id`` and ``GET /v1/responses/{id}``."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+
+from runtime.server.chat_completion import ChatCompletion
+from runtime.server.context import ServerContext
+from runtime.server.openai_handler import OPENAI_NAMES, finish_reason_of
+from runtime.server.protocol import ResponsesRequest, reject_unsupported
+from runtime.server.responses import JsonResponse, error_of, merged_updates, sse, wait_all
+from runtime.server.responses_input import ResponseStore, chat_request
+from runtime.server.scheduler_client import ReqState
+
+# Sampling fields as Responses clients call them, for error messages.
+NAMES = {**OPENAI_NAMES, "max_new_tokens": "max_output_tokens", "json_schema": "text"}
+# The two kinds of text item: their part type, and the prefix of their delta / done events.
+TEXT_ITEMS = {"message": ("output_text", "response.output_text"), "reasoning": ("reasoning_text", "response.reasoning_text")}
+
+
+class ResponseCreation(ChatCompletion):
+    """``POST /v1/responses``."""
+
+    def __init__(self, ctx: ServerContext, req: ResponsesRequest, request: Request, store: ResponseStore) -> None:
+        ctx.check_model(req.model)
+        reject_unsupported(req, req.UNSUPPORTED)
+        history = store.conversation(req.previous_response_id) if req.previous_response_id else []
+        chat, self.conversation = chat_request(req, history)
+        super().__init__(ctx, chat, request)
+        self.create, self.store = req, store
+        self.hex = uuid.uuid4().hex
+        self.id = f"resp_{self.hex}"
+
+    async def run(self) -> Response:
+        self.check_request()
+        prompts = await self.ctx.encode([self.prompt().text])
+        states = self.submit(prompts, self.req.max_tokens, (self.req.top_logprobs or 0) if self.req.logprobs else None)
+        if self.req.stream:
+            return StreamingResponse(self.events(states), media_type="text/event-stream")
+        await wait_all(self.ctx.client, states, self.request)
+        state = states[0]
+        err = error_of(state, NAMES)
+        if err is not None:
+            raise err
+        message, finish = self.answer.message(state.text, finish_reason_of(state))
+        logprobs = self.logprobs(state, 0, len(state.output_token_logprobs), 0)
+        output = []
+        if message.get("reasoning_content"):
+            output.append(self.text_item("reasoning", message["reasoning_content"]))
+        if message["content"]:
+            output.append(self.text_item("message", message["content"], logprobs["content"] if logprobs else []))
+        for k, call in enumerate(message.get("tool_calls") or []):
+            output.append(self.call_item(k, call["id"], call["function"]["name"], call["function"]["arguments"]))
+        return JsonResponse(self.finish(output, finish, states))
+
+    # ------------------------------------------------------------------ output items
+    def text_item(self, kind: str, text: str, logprobs: list[dict[str, Any]] | None = None,
+                  status: str = "completed") -> dict[str, Any]:
+        part: dict[str, Any] = {"type": TEXT_ITEMS[kind][0], "text": text}
+        if kind == "message":
+            part.update(annotations=[], logprobs=logprobs or [])
+            return {"type": "message", "id": f"msg_{self.hex}", "status": status, "role": "assistant", "content": [part]}
+        return {"type": "reasoning", "id": f"rs_{self.hex}", "status": status, "summary": [], "content": [part]}
+
+    def call_item(self, k: int, call_id: str, name: str, arguments: str, status: str = "completed") -> dict[str, Any]:
+        return {"type": "function_call", "id": f"fc_{self.hex}_{k}", "call_id": call_id, "name": name,
+                "arguments": arguments, "status": status}
+
+    def body(self, output: list[dict[str, Any]], status: str, usage: dict[str, Any] | None) -> dict[str, Any]:
+        r = self.create
+        fmt = r.text.format.model_dump(by_alias=True, exclude_none=True) if r.text and r.text.format else {"type": "text"}
+        return {
+            "id": self.id, "object": "response", "created_at": self.created, "status": status, "error": None,
+            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+            "instructions": r.instructions, "max_output_tokens": r.max_output_tokens, "model": self.ctx.model_name,
+            "output": output, "parallel_tool_calls": r.parallel_tool_calls is not False,
+            "previous_response_id": r.previous_response_id, "reasoning": {"effort": None, "summary": None},
+            "store": r.store, "temperature": r.temperature, "text": {"format": fmt}, "tool_choice": r.tool_choice or "auto",
+            "tools": r.tools or [], "top_p": r.top_p, "truncation": "disabled", "usage": usage,
+            "metadata": r.metadata or {}, "user": r.user,
+        }
+
+    def finish(self, output: list[dict[str, Any]], finish: str | None, states: list[ReqState]) -> dict[str, Any]:
+        """The finished response (stored when asked): its usage in the Responses' names."""
+        chat = self.usage(states)
+        usage = {
+            "input_tokens": chat["prompt_tokens"], "input_tokens_details": chat["prompt_tokens_details"],
+            "output_tokens": chat["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": chat["total_tokens"],
+        }
+        body = self.body(output, "incomplete" if finish == "length" else "completed", usage)
+        if self.create.store:
+            text = "".join(p["text"] for item in output if item["type"] == "message" for p in item["content"])
+            calls = [{"id": i["call_id"], "type": "function", "function": {"name": i["name"], "arguments": i["arguments"]}}
+                     for i in output if i["type"] == "function_call"]
+            answer: dict[str, Any] = {"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})}
+            self.store.put(body, [*self.conversation, answer])
+        return body
+
+    # ------------------------------------------------------------------ streaming
+    async def events(self, states: list[ReqState]) -> AsyncIterator[bytes]:
+        out = StreamedOutput(self)
+        yield out.event("response.created", response=self.body([], "in_progress", None))
+        yield out.event("response.in_progress", response=self.body([], "in_progress", None))
+        sent_text = sent_tokens = 0
+        finish = None
+        async with contextlib.aclosing(merged_updates(self.ctx.client, states)) as updates:
+            async for _, s in updates:
+                err = error_of(s, NAMES)
+                if err is not None:
+                    failed = {**self.body(out.items, "failed", None), "error": {"code": str(err.status), "message": err.message}}
+                    yield out.event("response.failed", response=failed)
+                    return
+                finish = finish_reason_of(s)
+                logprobs = self.logprobs(s, sent_tokens, len(s.output_token_logprobs), sent_text)
+                if self.answer.is_plain:
+                    delta = {"content": s.text[sent_text:]}
+                else:  # tokens and parsed text no longer line up: no logprobs on the deltas
+                    delta, finish = self.answer.delta(0, s.text, finish)
+                    delta, logprobs = delta or {}, None
+                sent_text, sent_tokens = len(s.text), len(s.output_token_logprobs)
+                for chunk in (*out.text("reasoning", delta.get("reasoning_content"), None),
+                              *out.text("message", delta.get("content"), logprobs["content"] if logprobs else None),
+                              *out.calls(delta.get("tool_calls") or [])):
+                    yield chunk
+        for chunk in out.close():
+            yield chunk
+        body = self.finish(out.items, finish, states)
+        yield out.event("response.completed" if body["status"] == "completed" else "response.incomplete", response=body)
+
+
+class StreamedOutput:
+    """A streamed response's output items as they grow, and the events that announce them."""
+
+    def __init__(self, creation: ResponseCreation) -> None:
+        self.creation = creation
+        self.items: list[dict[str, Any]] = []
+        self.open: dict[str, int] = {}  # text item kind, or "call <k>" -> its output index
+        self.sequence = 0
+
+    def event(self, kind: str, **fields: Any) -> bytes:
+        self.sequence += 1
+        return sse({"type": kind, "sequence_number": self.sequence - 1, **fields})
+
+    def _add(self, key: str, item: dict[str, Any]) -> list[bytes]:
+        """Open a new item (closing the open ones first: items do not interleave)."""
+        chunks = self.close()
+        self.open[key] = len(self.items)
+        self.items.append(item)
+        return [*chunks, self.event("response.output_item.added", output_index=self.open[key],
+                                    item={**item, "content": []} if "content" in item else dict(item))]
+
+    def text(self, kind: str, delta: str | None, logprobs: list[dict[str, Any]] | None) -> list[bytes]:
+        if not delta:
+            return []
+        chunks: list[bytes] = []
+        if kind not in self.open:
+            chunks += self._add(kind, self.creation.text_item(kind, "", status="in_progress"))
+            index = self.open[kind]
+            chunks.append(self.event("response.content_part.added", item_id=self.items[index]["id"], output_index=index,
+                                     content_index=0, part=self.items[index]["content"][0]))
+        index = self.open[kind]
+        part = self.items[index]["content"][0]
+        part["text"] += delta
+        fields: dict[str, Any] = {"delta": delta}
+        if kind == "message":
+            part["logprobs"] += logprobs or []
+            fields["logprobs"] = logprobs or []
+        return [*chunks, self.event(TEXT_ITEMS[kind][1] + ".delta", item_id=self.items[index]["id"], output_index=index,
+                                    content_index=0, **fields)]
+
+    def calls(self, deltas: list[dict[str, Any]]) -> list[bytes]:
+        chunks: list[bytes] = []
+        for d in deltas:
+            key, function = f"call {d['index']}", d.get("function") or {}
+            if "id" in d:
+                item = self.creation.call_item(d["index"], d["id"], function.get("name", ""), "", status="in_progress")
+                chunks += self._add(key, item)
+            pieces = function.get("arguments") or ""
+            if pieces and key in self.open:
+                index = self.open[key]
+                self.items[index]["arguments"] += pieces
+                chunks.append(self.event("response.function_call_arguments.delta", item_id=self.items[index]["id"],
+                                         output_index=index, delta=pieces))
+        return chunks
+
+    def close(self) -> list[bytes]:
+        """Close every open item, in output order."""
+        chunks: list[bytes] = []
+        for key, index in sorted(self.open.items(), key=lambda kv: kv[1]):
+            item = self.items[index]
+            item["status"] = "completed"
+            if key in TEXT_ITEMS:
+                part = item["content"][0]
+                done = {"logprobs": part["logprobs"]} if key == "message" else {}
+                chunks.append(self.event(TEXT_ITEMS[key][1] + ".done", item_id=item["id"], output_index=index,
+                                         content_index=0, text=part["text"], **done))
+                chunks.append(self.event("response.content_part.done", item_id=item["id"], output_index=index,
+                                         content_index=0, part=part))
+            else:
+                chunks.append(self.event("response.function_call_arguments.done", item_id=item["id"],
+                                         output_index=index, name=item["name"], arguments=item["arguments"]))
+            chunks.append(self.event("response.output_item.done", output_index=index, item=item))
+        self.open.clear()
+        return chunks

@@ -1,0 +1,167 @@
+"""What a ``/v1/responses`` request asks, as a chat completion request: ``instructions`` as the
+system message, the stored conversation of ``previous_response_id`` next, then each ``input``
+item as a chat message (``message`` items with text parts, ``function_call`` items as the
+assistant's tool calls, ``function_call_output`` items as tool messages), function tools as
+chat tools, ``text.format`` as ``response_format``. Anything else is a 400 naming the item.
+And the store of answered responses, in memory, that ``previous_response_id`` and
+``GET /v1/responses/{id}`` read."""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from typing import Any
+
+from pydantic import ValidationError
+
+from runtime.server.protocol import ApiError, ChatCompletionRequest, ResponsesRequest
+
+TEXT_PARTS = ("input_text", "output_text", "text")
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+
+
+def _text_of(content: Any, where: str) -> str:
+    """A message's or a tool output's content: a string, or a list of text parts."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ApiError(400, f"{where}.content must be a string or a list of content parts", param=where)
+    texts = []
+    for k, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in TEXT_PARTS and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif kind == "refusal" and isinstance(part.get("refusal"), str):
+            texts.append(part["refusal"])
+        else:
+            raise ApiError(400, f"{where}.content[{k}]: content of type '{kind}' is not supported (text only)",
+                           param=where)
+    return "".join(texts)
+
+
+def _field(item: dict[str, Any], name: str, where: str) -> str:
+    value = item.get(name)
+    if not isinstance(value, str):
+        raise ApiError(400, f"{where}.{name} must be a string", param=where)
+    return value
+
+
+def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The chat messages of a request's ``input``."""
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    messages: list[dict[str, Any]] = []
+    for i, item in enumerate(items):
+        where, kind = f"input[{i}]", item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "system", "developer", "assistant"):
+                raise ApiError(400, f"{where}.role must be user, system, developer or assistant", param=where)
+            messages.append({"role": role, "content": _text_of(item.get("content"), where)})
+        elif kind == "function_call":
+            call = {"id": _field(item, "call_id", where), "type": "function",
+                    "function": {"name": _field(item, "name", where), "arguments": _field(item, "arguments", where)}}
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant":  # the calls of one turn: one assistant message
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif kind == "function_call_output":
+            messages.append({"role": "tool", "tool_call_id": _field(item, "call_id", where),
+                             "content": _text_of(item.get("output"), where)})
+        elif kind == "reasoning":
+            continue  # a reasoning item sent back: chat templates leave earlier reasoning out
+        else:
+            raise ApiError(400, f"{where}: input items of type '{kind}' are not supported by this server "
+                                "(message, function_call, function_call_output, reasoning)", param=where)
+    return messages
+
+
+def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    if not tools:
+        return None
+    out = []
+    for i, tool in enumerate(tools):
+        if tool.get("type") != "function":
+            raise ApiError(400, f"tools[{i}]: tools of type '{tool.get('type')}' are not supported by this server "
+                                "(function tools only)", param=f"tools[{i}]")
+        function = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
+        out.append({"type": "function", "function": function})
+    return out
+
+
+def chat_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+    if choice is None or isinstance(choice, str):
+        return choice
+    if choice.get("type") == "function" and isinstance(choice.get("name"), str):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    raise ApiError(400, f"tool_choice of type '{choice.get('type')}' is not supported by this server "
+                        "(none, auto, required, or a function by name)", param="tool_choice")
+
+
+def response_format(req: ResponsesRequest) -> dict[str, Any] | None:
+    fmt = req.text.format if req.text is not None else None
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return {"type": "json_object"}
+    schema = {"name": fmt.name or "output", "schema": fmt.schema_, "strict": fmt.strict, "description": fmt.description}
+    return {"type": "json_schema", "json_schema": {k: v for k, v in schema.items() if v is not None}}
+
+
+def chat_request(req: ResponsesRequest, history: list[dict[str, Any]]) -> tuple[ChatCompletionRequest, list[dict[str, Any]]]:
+    """The chat request, and the conversation it holds without the instructions (what a later
+    ``previous_response_id`` continues)."""
+    conversation = [*history, *input_messages(req.input)]
+    if not conversation:
+        raise ApiError(400, "input must hold at least one item", param="input")
+    messages = ([{"role": "system", "content": req.instructions}] if req.instructions else []) + conversation
+    logprobs = LOGPROBS_INCLUDE in (req.include or []) or bool(req.top_logprobs)
+    body = {
+        "model": req.model, "messages": messages, "tools": chat_tools(req.tools),
+        "tool_choice": chat_tool_choice(req.tool_choice), "parallel_tool_calls": req.parallel_tool_calls,
+        "max_tokens": req.max_output_tokens, "temperature": req.temperature, "top_p": req.top_p,
+        "stream": req.stream, "response_format": response_format(req), "logprobs": logprobs,
+        "top_logprobs": req.top_logprobs if logprobs else None,
+    }
+    try:
+        chat = ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        raise ApiError(400, f"{where}: {first['msg']} (the request as chat: {json.dumps(first.get('input'))[:200]})",
+                       param=where) from err
+    return chat, conversation
+
+
+class ResponseStore:
+    """The last ``capacity`` stored responses by id: each answer and the conversation up to
+    and including it (chat messages), in memory only."""
+
+    def __init__(self, capacity: int = 1024) -> None:
+        self.capacity = capacity
+        self._items: OrderedDict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = OrderedDict()
+
+    def put(self, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
+        self._items[response["id"]] = (response, conversation)
+        self._items.move_to_end(response["id"])
+        while len(self._items) > self.capacity:
+            self._items.popitem(last=False)
+
+    def _get(self, response_id: str, param: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        if response_id not in self._items:  # a 400 when the id is a field of a new request, as OpenAI answers
+            raise ApiError(400 if param == "previous_response_id" else 404,
+                           f"No stored response with id '{response_id}' (this server keeps the last {self.capacity} "
+                           "responses created with store=true, until it stops)", param=param)
+        self._items.move_to_end(response_id)
+        return self._items[response_id]
+
+    def response(self, response_id: str) -> dict[str, Any]:
+        return self._get(response_id, "response_id")[0]
+
+    def conversation(self, response_id: str) -> list[dict[str, Any]]:
+        return self._get(response_id, "previous_response_id")[1]
+
+    def delete(self, response_id: str) -> None:
+        self._get(response_id, "response_id")
+        del self._items[response_id]

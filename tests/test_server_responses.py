@@ -1,0 +1,162 @@
+"""OpenAI's Responses API (``/v1/responses``) through the official ``openai`` client against a
+real server, with the chat route as the oracle: the same conversation as chat messages gives
+the same greedy text and token counts; streaming events add up to the non-streamed answer;
+``previous_response_id`` continues the stored conversation exactly as the whole history sent
+as chat would; function calls come back as ``function_call`` items and their outputs go back
+in; what the server cannot do is a 400 that says so."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+pytestmark = pytest.mark.slow
+
+MODEL = "SmolLM2-135M-Instruct"
+TOOL = {"type": "function", "name": "get_weather", "description": "Current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+                       "required": ["city"], "additionalProperties": False}}
+CHAT_TOOL = {"type": "function", "function": {k: v for k, v in TOOL.items() if k != "type"}}
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="x")
+
+
+def chat_text(client, messages, **kw) -> tuple[str, object]:
+    out = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, **kw)
+    return out.choices[0].message.content, out.usage
+
+
+def test_a_response_is_the_chat_answer_to_the_same_messages(client):
+    r = client.responses.create(model=MODEL, instructions="Answer in one line.", input="Name three planets.",
+                                temperature=0, max_output_tokens=40)
+    text, usage = chat_text(client, [{"role": "system", "content": "Answer in one line."},
+                                     {"role": "user", "content": "Name three planets."}], max_tokens=40)
+    assert r.object == "response" and r.id.startswith("resp_") and r.model == MODEL
+    assert [o.type for o in r.output] == ["message"] and r.output[0].role == "assistant"
+    assert r.output_text == text and text
+    assert (r.usage.input_tokens, r.usage.output_tokens) == (usage.prompt_tokens, usage.completion_tokens)
+    assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
+    assert r.status == ("incomplete" if r.usage.output_tokens == 40 else "completed")
+
+
+def test_streamed_events_add_up_to_the_whole_answer(client):
+    kw = dict(model=MODEL, input=[{"role": "user", "content": "Count to five."}], temperature=0, max_output_tokens=200)
+    whole = client.responses.create(**kw)
+    with client.responses.stream(**kw) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == final.output_text == whole.output_text and deltas
+    done = next(e for e in events if e.type == "response.output_text.done")
+    assert done.text == deltas and done.item_id == final.output[0].id
+    assert final.usage.output_tokens == whole.usage.output_tokens
+
+
+def test_previous_response_id_continues_the_stored_conversation(client):
+    first = client.responses.create(model=MODEL, input="Name a planet.", temperature=0, max_output_tokens=30)
+    second = client.responses.create(model=MODEL, input="Name another one.", previous_response_id=first.id,
+                                     temperature=0, max_output_tokens=30)
+    history = [{"role": "user", "content": "Name a planet."}, {"role": "assistant", "content": first.output_text},
+               {"role": "user", "content": "Name another one."}]
+    text, usage = chat_text(client, history, max_tokens=30)
+    assert second.output_text == text
+    assert second.usage.input_tokens == usage.prompt_tokens
+    assert second.usage.input_tokens_details.cached_tokens > 0  # the first call's prompt was reused
+    assert second.previous_response_id == first.id
+    # stored: read back, then deleted
+    assert client.responses.retrieve(first.id).output_text == first.output_text
+    client.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(first.id)
+    with pytest.raises(openai.BadRequestError, match="No stored response"):
+        client.responses.create(model=MODEL, input="Go on.", previous_response_id=first.id)
+    # store=false keeps nothing
+    unstored = client.responses.create(model=MODEL, input="Hi", store=False, max_output_tokens=5)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unstored.id)
+
+
+def test_function_calls_and_their_outputs_round_trip(client):
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    r = client.responses.create(model=MODEL, input=ask, tools=[TOOL], tool_choice="required",
+                                parallel_tool_calls=False, temperature=0, max_output_tokens=80)
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert len(calls) == 1 and calls[0].name == "get_weather" and calls[0].call_id
+    jsonschema.validate(json.loads(calls[0].arguments), TOOL["parameters"])
+    # the same call as the chat route makes it
+    chat = client.chat.completions.create(model=MODEL, messages=ask, tools=[CHAT_TOOL], tool_choice="required",
+                                          parallel_tool_calls=False, temperature=0, max_tokens=80)
+    chat_call = chat.choices[0].message.tool_calls[0]
+    assert (chat_call.function.name, chat_call.function.arguments) == (calls[0].name, calls[0].arguments)
+    # streamed, the argument deltas add up to the same call
+    with client.responses.stream(model=MODEL, input=ask, tools=[TOOL], tool_choice="required",
+                                 parallel_tool_calls=False, temperature=0, max_output_tokens=80) as stream:
+        events = list(stream)
+    pieces = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    assert pieces == calls[0].arguments
+    # the tool's output goes back in; the answer is the chat route's to the same history
+    follow = [*ask, {"type": "function_call", "call_id": calls[0].call_id, "name": calls[0].name,
+                     "arguments": calls[0].arguments},
+              {"type": "function_call_output", "call_id": calls[0].call_id, "output": "18 degrees, sunny"}]
+    answer = client.responses.create(model=MODEL, input=follow, tools=[TOOL], temperature=0, max_output_tokens=40)
+    text, _ = chat_text(client, [*ask, {"role": "assistant", "content": "", "tool_calls": [
+        {"id": calls[0].call_id, "type": "function", "function": {"name": calls[0].name, "arguments": calls[0].arguments}}]},
+        {"role": "tool", "tool_call_id": calls[0].call_id, "content": "18 degrees, sunny"}],
+        tools=[CHAT_TOOL], max_tokens=40)
+    assert answer.output_text == text
+
+
+def test_a_json_schema_text_format_constrains_the_output(client):
+    schema = {"type": "object", "properties": {"planet": {"type": "string", "maxLength": 12}},
+              "required": ["planet"], "additionalProperties": False}
+    r = client.responses.create(model=MODEL, input="Name a planet as JSON.", temperature=0, max_output_tokens=40,
+                                text={"format": {"type": "json_schema", "name": "planet", "schema": schema}})
+    jsonschema.validate(json.loads(r.output_text), schema)
+
+
+def test_logprobs_are_the_chat_routes(client):
+    r = client.responses.create(model=MODEL, input="Name a planet.", temperature=0, max_output_tokens=8,
+                                include=["message.output_text.logprobs"], top_logprobs=2)
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Name a planet."}],
+                                          temperature=0, max_tokens=8, logprobs=True, top_logprobs=2)
+    got = [(lp.token, lp.logprob, [t.token for t in lp.top_logprobs]) for lp in r.output[0].content[0].logprobs]
+    want = [(lp.token, lp.logprob, [t.token for t in lp.top_logprobs]) for lp in chat.choices[0].logprobs.content]
+    assert got == want and len(got) == r.usage.output_tokens
+
+
+def test_running_out_of_tokens_is_an_incomplete_response(client):
+    r = client.responses.create(model=MODEL, input="Tell me a long story.", temperature=0, max_output_tokens=4)
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert r.usage.output_tokens == 4
+
+
+@pytest.mark.parametrize("body,param,words", [
+    ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0]", "function tools only"),
+    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0]", "item_reference"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]},
+     "input[0]", "text only"),
+    ({"input": "hi", "background": True}, "background", "not supported"),
+    ({"input": "hi", "tool_choice": {"type": "web_search_preview"}}, "tool_choice", "not supported"),
+    ({"input": []}, "input", "at least one item"),
+    ({"input": "hi", "truncation": "auto"}, "truncation", "disabled"),
+])
+def test_what_the_server_cannot_do_is_a_400_naming_the_field(server, body, param, words):
+    r = httpx.post(server.url + "/v1/responses", json={"model": MODEL, **body}, timeout=60)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and words in error["message"]
+
+
+def test_an_unknown_model_is_a_404(server):
+    r = httpx.post(server.url + "/v1/responses", json={"model": "gpt-9", "input": "hi"}, timeout=60)
+    assert r.status_code == 404 and r.json()["error"]["param"] == "model"
