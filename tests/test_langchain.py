@@ -1,6 +1,7 @@
 """LangChain's OpenAI chat model (``langchain-openai``, in the test extra), unchanged, against
-``forkserve serve``: a plain call, a streamed one, and a tool loop through ``bind_tools``
-whose calls name the declared tool with arguments its schema accepts."""
+``forkserve serve``, on chat completions and on the Responses API (``use_responses_api``): a
+plain call, a streamed one, and a tool loop through ``bind_tools`` whose calls name the
+declared tool with arguments its schema accepts."""
 
 from __future__ import annotations
 
@@ -14,20 +15,21 @@ pytestmark = pytest.mark.slow
 MODEL = "SmolLM2-135M-Instruct"
 
 
-@pytest.fixture(scope="module")
-def chat(server):
+@pytest.fixture(scope="module", params=[False, True], ids=["chat_completions", "responses"])
+def chat(server, request):
     from langchain_openai import ChatOpenAI
 
     return ChatOpenAI(model=MODEL, base_url=server.url + "/v1", api_key="unused", temperature=0, max_tokens=40,
-                      max_retries=0)
+                      max_retries=0, use_responses_api=request.param)
 
 
 def test_invoke_and_stream(chat):
     reply = chat.invoke("Name a planet.")
-    assert isinstance(reply.content, str) and reply.content
-    assert reply.response_metadata["finish_reason"] in ("stop", "length")
-    streamed = "".join(chunk.content for chunk in chat.stream("Name a planet."))
-    assert streamed == reply.content  # greedy: the same text either way
+    assert reply.text
+    meta = reply.response_metadata
+    assert meta.get("finish_reason", meta.get("status")) in ("stop", "length", "completed", "incomplete")
+    streamed = "".join(chunk.text for chunk in chat.stream("Name a planet."))
+    assert streamed == reply.text  # greedy: the same text either way
 
 
 def test_a_tool_loop_through_bind_tools(chat):

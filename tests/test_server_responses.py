@@ -58,6 +58,7 @@ def test_streamed_events_add_up_to_the_whole_answer(client):
     deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert deltas == final.output_text == whole.output_text and deltas
     done = next(e for e in events if e.type == "response.output_text.done")
+    assert len(final.output[0].content[0].logprobs) == 0  # not asked for
     assert done.text == deltas and done.item_id == final.output[0].id
     assert final.usage.output_tokens == whole.usage.output_tokens
 
@@ -132,6 +133,42 @@ def test_logprobs_are_the_chat_routes(client):
     got = [(lp.token, lp.logprob, [t.token for t in lp.top_logprobs]) for lp in r.output[0].content[0].logprobs]
     want = [(lp.token, lp.logprob, [t.token for t in lp.top_logprobs]) for lp in chat.choices[0].logprobs.content]
     assert got == want and len(got) == r.usage.output_tokens
+    with client.responses.stream(model=MODEL, input="Name a planet.", temperature=0, max_output_tokens=8,
+                                 include=["message.output_text.logprobs"], top_logprobs=2) as stream:
+        list(stream)
+        streamed = stream.get_final_response() if r.status == "completed" else None
+    if streamed is not None:
+        assert [(lp.token, lp.logprob) for lp in streamed.output[0].content[0].logprobs] == [g[:2] for g in got]
+
+
+def test_a_call_cut_off_by_max_output_tokens_is_left_out_of_the_stored_conversation(client):
+    with client.responses.stream(model=MODEL, input="What is the weather in Paris?", tools=[TOOL],
+                                 tool_choice="required", temperature=0, max_output_tokens=20) as stream:
+        events = list(stream)
+    incomplete = events[-1]
+    assert incomplete.type == "response.incomplete"
+    calls = [item for item in incomplete.response.output if item.type == "function_call"]
+    assert calls and all(item.status == "incomplete" for item in calls)
+    with pytest.raises(ValueError):
+        json.loads(calls[-1].arguments)  # streamed as far as it got
+    follow = client.responses.create(model=MODEL, input="Never mind.", previous_response_id=incomplete.response.id,
+                                     temperature=0, max_output_tokens=8)
+    assert follow.status in ("completed", "incomplete")
+
+
+def test_structured_output_beside_tools_is_calls_or_that_json(client):
+    """The Agents SDK's pattern for an agent with tools and an output type: text.format and
+    tools together; the answer calls the tool or is JSON of the schema."""
+    schema = {"type": "object", "properties": {"answer": {"type": "string", "maxLength": 40}}, "required": ["answer"],
+              "additionalProperties": False}
+    r = client.responses.create(model=MODEL, input="What is the weather in Paris?", tools=[TOOL], temperature=0,
+                                max_output_tokens=80, parallel_tool_calls=False,
+                                text={"format": {"type": "json_schema", "name": "final_output", "schema": schema}})
+    calls = [o for o in r.output if o.type == "function_call"]
+    if calls:
+        jsonschema.validate(json.loads(calls[0].arguments), TOOL["parameters"])
+    else:
+        jsonschema.validate(json.loads(r.output_text), schema)
 
 
 def test_running_out_of_tokens_is_an_incomplete_response(client):

@@ -147,7 +147,7 @@ def test_render_gives_the_prompt_grammar_and_parser_a_chat_request_runs_with(ser
         ({"tool_choice": "required"}, "tool_choice"),  # no tools
         ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
         ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools.0.function.name"),
-        ({"tools": TOOLS, "response_format": {"type": "json_object"}}, "tools"),
+        ({"tools": TOOLS, "regex": "[a-z]+"}, "tools"),
     ],
 )
 def test_bad_tool_requests_are_400s(server, body, param):
@@ -155,3 +155,19 @@ def test_bad_tool_requests_are_400s(server, body, param):
         "model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, **body})
     assert resp.status_code == 400, resp.text
     assert resp.json()["error"]["param"] == param
+
+
+def test_tools_with_a_json_response_format_answer_with_calls_or_that_json(server):
+    """The answer either calls a declared tool or is JSON of the response_format's schema."""
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x")
+    schema = {"type": "object", "properties": {"answer": {"type": "string", "maxLength": 40}}, "required": ["answer"],
+              "additionalProperties": False}
+    for question in ("What is the weather in Paris in celsius?", "Say hello."):
+        out = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": question}], tools=TOOLS, temperature=0, max_tokens=80,
+            response_format={"type": "json_schema", "json_schema": {"name": "reply", "schema": schema}})
+        message = out.choices[0].message
+        if message.tool_calls:
+            check_calls(message.tool_calls)
+        else:
+            jsonschema.validate(json.loads(message.content), schema)

@@ -72,3 +72,19 @@ def test_auto_allows_text_and_valid_calls_and_stops_after_one_unless_parallel(pa
 
 def test_none_enforces_nothing():
     assert tool_grammar(TOOLS, "none", "hermes") is None
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "qwen25", "llama3_json", "mistral"])
+def test_auto_with_an_answer_schema_allows_calls_or_that_json_only(fmt):
+    """tools + a JSON response_format (the Agents SDK's structured output beside tools): the
+    answer either calls tools or is one value of the schema, never free text."""
+    schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"],
+              "additionalProperties": False}
+    grammar = tool_grammar(TOOLS, "auto", fmt, answer_schema=schema)
+    assert accepts(grammar, block(fmt, [WEATHER]))
+    assert accepts(grammar, block(fmt, [WEATHER, ADD]))
+    assert accepts(grammar, '{"answer": "sunny"}')
+    assert not accepts(grammar, '{"answer": 3}')
+    assert not accepts(grammar, "It is sunny.")
+    # a forced call stays a call: the schema is for the answer that follows the tools' results
+    assert not accepts(tool_grammar(TOOLS, "required", fmt, answer_schema=schema), '{"answer": "sunny"}')

@@ -78,7 +78,9 @@ class ChatCompletion(OpenAIHandler):
                 self.ctx.tokenizer.hf, messages, tools, tool_choice=r.tool_choice,
                 parallel_tool_calls=r.parallel_tool_calls, chat_template=self.ctx.chat_template_override,
                 tool_call_parser=self.ctx.http.tool_call_parser,
-                other_constraint=r.response_format is not None or bool(r.regex or r.ebnf),
+                other_constraint=bool(r.regex or r.ebnf or r.guided_regex or r.guided_grammar or r.guided_choice
+                                      or r.guided_json is not None),
+                answer_schema=self.answer_schema(),
                 add_generation_prompt=r.add_generation_prompt, continue_final_message=r.continue_final_message,
                 template_kwargs=r.chat_template_kwargs,
             )
@@ -88,8 +90,8 @@ class ChatCompletion(OpenAIHandler):
 
     def constraint(self) -> dict[str, Any]:
         fields = super().constraint()
-        if self.tool_ebnf is not None:
-            fields["ebnf"] = self.tool_ebnf
+        if self.tool_ebnf is not None:  # it holds the response_format's schema too, where there is one
+            fields.update(ebnf=self.tool_ebnf, json_schema=None)
         return fields
 
     def choice(self, index: int, state: ReqState) -> dict[str, Any]:

@@ -80,16 +80,20 @@ class OpenAIHandler:
         fields: dict[str, Any] = {"regex": regex, "ebnf": r.ebnf or r.guided_grammar}
         if r.guided_json is not None:
             fields["json_schema"] = r.guided_json if isinstance(r.guided_json, str) else json.dumps(r.guided_json)
-        fmt = r.response_format
+        schema = self.answer_schema()
+        return fields if schema is None else {**fields, "json_schema": json.dumps(schema)}
+
+    def answer_schema(self) -> dict[str, Any] | None:
+        """The JSON schema ``response_format`` asks the answer to follow (``json_object``: any
+        object; a ``json_schema`` without a schema: any JSON value), or None."""
+        fmt = self.req.response_format
         if fmt is None or fmt.type == "text":
-            return fields
+            return None
         if fmt.type == "json_object":
-            schema: dict[str, Any] = {"type": "object"}
-        elif fmt.json_schema is None:
+            return {"type": "object"}
+        if fmt.json_schema is None:
             raise ApiError(400, "response_format of type json_schema needs a 'json_schema' object", param="response_format")
-        else:
-            schema = fmt.json_schema.schema_ or {}  # no schema: any JSON value
-        return {**fields, "json_schema": json.dumps(schema)}
+        return fmt.json_schema.schema_ or {}
 
     def check_common(self) -> None:
         self.ctx.check_model(self.req.model)

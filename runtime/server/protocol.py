@@ -337,6 +337,17 @@ class ResponsesRequest(_Body):
     store: bool = True
     include: list[str] | None = None
     truncation: Literal["disabled"] | None = None  # "auto" would drop items; this server never does
+    # SGLang's extras, as on the chat route
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    extra_key: str | None = None
+    cache_salt: str | None = None
+    request_id: str | None = None  # accepted and ignored
     # accepted and ignored: they change nothing here
     metadata: dict[str, Any] | None = None
     user: str | None = None
@@ -348,10 +359,16 @@ class ResponsesRequest(_Body):
     stream_options: dict[str, Any] | None = None
     reasoning: dict[str, Any] | None = None  # this model does not reason: nothing to set
     max_tool_calls: int | None = None
+    access_programs: Any = None
+    background_options: Any = None
+    image: Any = None
     # accepted at their neutral value only
     background: bool = False
     conversation: Any = None
     prompt: Any = None
     context_management: Any = None
+    moderation: Any = None
+    priority: Any = None
 
-    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("background", "conversation", "prompt", "context_management")
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("background", "conversation", "prompt", "context_management",
+                                              "moderation", "priority")

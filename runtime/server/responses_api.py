@@ -9,6 +9,7 @@ kept in memory for ``previous_response_id`` and ``GET /v1/responses/{id}``."""
 from __future__ import annotations
 
 import contextlib
+import json
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -57,10 +58,11 @@ class ResponseCreation(ChatCompletion):
         message, finish = self.answer.message(state.text, finish_reason_of(state))
         logprobs = self.logprobs(state, 0, len(state.output_token_logprobs), 0)
         output = []
+        status = "incomplete" if finish == "length" else "completed"
         if message.get("reasoning_content"):
-            output.append(self.text_item("reasoning", message["reasoning_content"]))
+            output.append(self.text_item("reasoning", message["reasoning_content"], status=status))
         if message["content"]:
-            output.append(self.text_item("message", message["content"], logprobs["content"] if logprobs else []))
+            output.append(self.text_item("message", message["content"], logprobs["content"] if logprobs else [], status))
         for k, call in enumerate(message.get("tool_calls") or []):
             output.append(self.call_item(k, call["id"], call["function"]["name"], call["function"]["arguments"]))
         return JsonResponse(self.finish(output, finish, states))
@@ -96,15 +98,16 @@ class ResponseCreation(ChatCompletion):
         """The finished response (stored when asked): its usage in the Responses' names."""
         chat = self.usage(states)
         usage = {
-            "input_tokens": chat["prompt_tokens"], "input_tokens_details": chat["prompt_tokens_details"],
+            "input_tokens": chat["prompt_tokens"],
+            "input_tokens_details": {**chat["prompt_tokens_details"], "cache_write_tokens": 0},
             "output_tokens": chat["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": chat["total_tokens"],
         }
         body = self.body(output, "incomplete" if finish == "length" else "completed", usage)
-        if self.create.store:
+        if self.create.store:  # a call cut off by max_output_tokens is not part of the conversation
             text = "".join(p["text"] for item in output if item["type"] == "message" for p in item["content"])
             calls = [{"id": i["call_id"], "type": "function", "function": {"name": i["name"], "arguments": i["arguments"]}}
-                     for i in output if i["type"] == "function_call"]
+                     for i in output if i["type"] == "function_call" and _is_json(i["arguments"])]
             answer: dict[str, Any] = {"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})}
             self.store.put(body, [*self.conversation, answer])
         return body
@@ -116,29 +119,43 @@ class ResponseCreation(ChatCompletion):
         yield out.event("response.in_progress", response=self.body([], "in_progress", None))
         sent_text = sent_tokens = 0
         finish = None
-        async with contextlib.aclosing(merged_updates(self.ctx.client, states)) as updates:
-            async for _, s in updates:
-                err = error_of(s, NAMES)
-                if err is not None:
-                    failed = {**self.body(out.items, "failed", None), "error": {"code": str(err.status), "message": err.message}}
-                    yield out.event("response.failed", response=failed)
-                    return
-                finish = finish_reason_of(s)
-                logprobs = self.logprobs(s, sent_tokens, len(s.output_token_logprobs), sent_text)
-                if self.answer.is_plain:
-                    delta = {"content": s.text[sent_text:]}
-                else:  # tokens and parsed text no longer line up: no logprobs on the deltas
-                    delta, finish = self.answer.delta(0, s.text, finish)
-                    delta, logprobs = delta or {}, None
-                sent_text, sent_tokens = len(s.text), len(s.output_token_logprobs)
-                for chunk in (*out.text("reasoning", delta.get("reasoning_content"), None),
-                              *out.text("message", delta.get("content"), logprobs["content"] if logprobs else None),
-                              *out.calls(delta.get("tool_calls") or [])):
-                    yield chunk
-        for chunk in out.close():
-            yield chunk
-        body = self.finish(out.items, finish, states)
+        try:
+            async with contextlib.aclosing(merged_updates(self.ctx.client, states)) as updates:
+                async for _, s in updates:
+                    err = error_of(s, NAMES)
+                    if err is not None:
+                        yield out.failed(err.status, err.message)
+                        return
+                    finish = finish_reason_of(s)
+                    if len(s.text) == sent_text and finish is None:
+                        continue  # no new text yet: its tokens' logprobs go with the next delta
+                    logprobs = self.logprobs(s, sent_tokens, len(s.output_token_logprobs), sent_text)
+                    if self.answer.is_plain:
+                        delta = {"content": s.text[sent_text:]}
+                    else:  # tokens and parsed text no longer line up: the logprobs come whole at the end
+                        delta, finish = self.answer.delta(0, s.text, finish)
+                        delta, logprobs = delta or {}, None
+                    sent_text, sent_tokens = len(s.text), len(s.output_token_logprobs)
+                    for chunk in (*out.text("reasoning", delta.get("reasoning_content"), None),
+                                  *out.text("message", delta.get("content"), logprobs["content"] if logprobs else None),
+                                  *out.calls(delta.get("tool_calls") or [])):
+                        yield chunk
+            whole = self.logprobs(states[0], 0, len(states[0].output_token_logprobs), 0)
+            for chunk in out.close(incomplete=finish == "length", logprobs=whole["content"] if whole else None):
+                yield chunk
+            body = self.finish(out.items, finish, states)
+        except Exception as err:  # the stream ends with a terminal event, whatever happened
+            yield out.failed(500, f"{type(err).__name__}: {err}")
+            raise
         yield out.event("response.completed" if body["status"] == "completed" else "response.incomplete", response=body)
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 class StreamedOutput:
@@ -154,9 +171,15 @@ class StreamedOutput:
         self.sequence += 1
         return sse({"type": kind, "sequence_number": self.sequence - 1, **fields})
 
+    def failed(self, status: int, message: str) -> bytes:
+        body = self.creation.body(self.items, "failed", None)
+        code = "server_error" if status >= 500 else "invalid_prompt"
+        return self.event("response.failed", response={**body, "error": {"code": code, "message": message}})
+
     def _add(self, key: str, item: dict[str, Any]) -> list[bytes]:
-        """Open a new item (closing the open ones first: items do not interleave)."""
-        chunks = self.close()
+        """Open a new item, closing the open text items first (a call stays open until the
+        end: its arguments may still come, e.g. when written as a string)."""
+        chunks = self.close(only_text=True)
         self.open[key] = len(self.items)
         self.items.append(item)
         return [*chunks, self.event("response.output_item.added", output_index=self.open[key],
@@ -196,14 +219,21 @@ class StreamedOutput:
                                          output_index=index, delta=pieces))
         return chunks
 
-    def close(self) -> list[bytes]:
-        """Close every open item, in output order."""
+    def close(self, only_text: bool = False, incomplete: bool = False,
+              logprobs: list[dict[str, Any]] | None = None) -> list[bytes]:
+        """Close the open items (or only the text ones), in output order: ``incomplete`` when
+        the answer ran out of tokens; ``logprobs``: the message's, whole."""
         chunks: list[bytes] = []
         for key, index in sorted(self.open.items(), key=lambda kv: kv[1]):
+            if only_text and key not in TEXT_ITEMS:
+                continue
+            del self.open[key]
             item = self.items[index]
-            item["status"] = "completed"
+            item["status"] = "incomplete" if incomplete else "completed"
             if key in TEXT_ITEMS:
                 part = item["content"][0]
+                if key == "message" and logprobs is not None:
+                    part["logprobs"] = logprobs
                 done = {"logprobs": part["logprobs"]} if key == "message" else {}
                 chunks.append(self.event(TEXT_ITEMS[key][1] + ".done", item_id=item["id"], output_index=index,
                                          content_index=0, text=part["text"], **done))
@@ -213,5 +243,4 @@ class StreamedOutput:
                 chunks.append(self.event("response.function_call_arguments.done", item_id=item["id"],
                                          output_index=index, name=item["name"], arguments=item["arguments"]))
             chunks.append(self.event("response.output_item.done", output_index=index, item=item))
-        self.open.clear()
         return chunks

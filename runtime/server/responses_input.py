@@ -18,6 +18,9 @@ from runtime.server.protocol import ApiError, ChatCompletionRequest, ResponsesRe
 
 TEXT_PARTS = ("input_text", "output_text", "text")
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
+# Fields that pass to the chat request under the same name (SGLang's extras).
+SAMPLING_EXTRAS = ("seed", "stop", "top_k", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty",
+                   "extra_key", "cache_salt")
 
 
 def _text_of(content: Any, where: str) -> str:
@@ -123,7 +126,10 @@ def chat_request(req: ResponsesRequest, history: list[dict[str, Any]]) -> tuple[
         "max_tokens": req.max_output_tokens, "temperature": req.temperature, "top_p": req.top_p,
         "stream": req.stream, "response_format": response_format(req), "logprobs": logprobs,
         "top_logprobs": req.top_logprobs if logprobs else None,
+        **{name: getattr(req, name) for name in SAMPLING_EXTRAS},
     }
+    if isinstance(req.prompt_cache_options, dict) and req.prompt_cache_options.get("prewarm"):
+        raise ApiError(400, "prompt_cache_options.prewarm is not supported by this server", param="prompt_cache_options")
     try:
         chat = ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
     except ValidationError as err:

@@ -45,14 +45,17 @@ def render_chat(
     chat_template: str | None = None,
     tool_call_parser: str = "auto",
     other_constraint: bool = False,
+    answer_schema: dict[str, Any] | None = None,
     add_generation_prompt: bool = True,
     continue_final_message: bool = False,
     template_kwargs: dict[str, Any] | None = None,
 ) -> ChatPrompt:
     """The prompt for ``messages`` (template dicts, OpenAI's shape) and ``tools``;
     ``chat_template`` (a template's text, ``--chat-template``) replaces the model's.
-    Raises ``InvalidField`` naming ``messages`` (the template refused them), ``tools`` (tools
-    together with ``other_constraint``, another output constraint) or ``tool_choice``."""
+    ``answer_schema``: the JSON schema an answer without calls must follow (the grammar then
+    allows calls or that JSON). Raises ``InvalidField`` naming ``messages`` (the template
+    refused them), ``tools`` (tools together with ``other_constraint``, a regex or grammar
+    constraint) or ``tool_choice``."""
     check_tool_choice(tools, tool_choice)
     uses_tools = bool(tools) or any(m.get("tool_calls") or m["role"] == "tool" for m in messages)
     kwargs = dict(add_generation_prompt=add_generation_prompt and not continue_final_message,
@@ -71,5 +74,6 @@ def render_chat(
     if other_constraint:
         raise InvalidField("tools", "'tools' cannot be combined with another output constraint")
     parser = get_parser(tool_call_parser) if tool_call_parser != "auto" else parser_for_template(template)
-    ebnf = tool_grammar(tools, tool_choice, parser.name, parallel=parallel_tool_calls is not False)
+    ebnf = tool_grammar(tools, tool_choice, parser.name, parallel=parallel_tool_calls is not False,
+                        answer_schema=answer_schema)
     return ChatPrompt(text, parser, ebnf)

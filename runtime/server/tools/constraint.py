@@ -4,7 +4,10 @@ field (built from xgrammar's structural tags):
   at least one, each one's arguments matching its tool's JSON schema;
 - ``auto``: free text in which any call the model starts (at the format's trigger) must
   complete validly.
-With ``parallel_tool_calls: false`` the output ends after its first call."""
+With ``parallel_tool_calls: false`` the output ends after its first call. With an
+``answer_schema`` (the request's JSON ``response_format``), ``auto`` is instead either calls
+(as for ``required``) or one JSON value of that schema: the answer that does not call a tool
+is the structured one."""
 
 from __future__ import annotations
 
@@ -54,7 +57,8 @@ def _functions(tools: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-def tool_grammar(tools: list[dict[str, Any]], tool_choice: Any, parser_name: str, parallel: bool = True) -> str | None:
+def tool_grammar(tools: list[dict[str, Any]], tool_choice: Any, parser_name: str, parallel: bool = True,
+                 answer_schema: dict[str, Any] | None = None) -> str | None:
     """EBNF text, or None when nothing is enforced (``tool_choice`` ``none``)."""
     import xgrammar as xgr
     from xgrammar import structural_tag as st
@@ -71,17 +75,19 @@ def tool_grammar(tools: list[dict[str, Any]], tool_choice: Any, parser_name: str
         args = st.JSONSchemaFormat(json_schema=schema, max_whitespace_cnt=_MAX_WHITESPACE)
         return st.TagFormat(begin=begin.format(name=name), content=args, end=end)
 
-    if tool_choice in (None, "auto"):
-        fmt: Any = st.TriggeredTagsFormat(
+    fmt: Any = st.TagsWithSeparatorFormat(
+        tags=[tag(markup.item_begin, markup.item_end, n, p) for n, p in functions], separator=markup.separator,
+        at_least_one=True, stop_after_first=not parallel,
+    )
+    if markup.prefix or markup.suffix:
+        fmt = st.SequenceFormat(elements=[st.ConstStringFormat(value=markup.prefix), fmt,
+                                          st.ConstStringFormat(value=markup.suffix)])
+    if tool_choice in (None, "auto") and answer_schema is not None:
+        fmt = st.OrFormat(elements=[fmt, st.JSONSchemaFormat(json_schema=answer_schema,
+                                                             max_whitespace_cnt=_MAX_WHITESPACE)])
+    elif tool_choice in (None, "auto"):
+        fmt = st.TriggeredTagsFormat(
             triggers=[markup.trigger], tags=[tag(markup.begin, markup.end, n, p) for n, p in functions],
             stop_after_first=not parallel,
         )
-    else:
-        fmt = st.TagsWithSeparatorFormat(
-            tags=[tag(markup.item_begin, markup.item_end, n, p) for n, p in functions], separator=markup.separator,
-            at_least_one=True, stop_after_first=not parallel,
-        )
-        if markup.prefix or markup.suffix:
-            fmt = st.SequenceFormat(elements=[st.ConstStringFormat(value=markup.prefix), fmt,
-                                              st.ConstStringFormat(value=markup.suffix)])
     return str(xgr.Grammar.from_structural_tag(st.StructuralTag(format=fmt)))
