@@ -74,8 +74,18 @@ def test_previous_response_id_continues_the_stored_conversation(client):
     assert second.usage.input_tokens == usage.prompt_tokens
     assert second.usage.input_tokens_details.cached_tokens > 0  # the first call's prompt was reused
     assert second.previous_response_id == first.id
-    # stored: read back, then deleted
+    # stored: read back, its input items listed (this request's own, newest first), then deleted
     assert client.responses.retrieve(first.id).output_text == first.output_text
+    items = client.responses.input_items.list(second.id)
+    assert [(i.type, i.role, i.content[0].text) for i in items.data] == [("message", "user", "Name another one.")]
+    several = client.responses.create(model=MODEL, input=[{"role": "user", "content": "A"},
+                                                          {"role": "assistant", "content": "B"},
+                                                          {"role": "user", "content": "C"}], max_output_tokens=2)
+    page = client.responses.input_items.list(several.id, limit=2, order="asc")
+    assert [i.content[0].text for i in page.data] == ["A", "B"] and page.has_more
+    rest = client.responses.input_items.list(several.id, order="asc", after=page.data[-1].id)
+    assert [i.content[0].text for i in rest.data] == ["C"] and not rest.has_more
+    assert [i.content[0].text for i in client.responses.input_items.list(several.id).data] == ["C", "B", "A"]
     client.responses.delete(first.id)
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(first.id)

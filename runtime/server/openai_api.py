@@ -1,6 +1,7 @@
 """OpenAI-compatible routes: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``,
 ``/v1/chat/completions/render`` (the prompt and constraint a chat request would run with) and
-the Responses API (``/v1/responses``, and reading or deleting a stored response). The handlers
+the Responses API (``/v1/responses``, and reading a stored response, its input items, or
+deleting it). The handlers
 live in ``completion.py``, ``chat_completion.py`` and ``responses_api.py`` (their shared part
 in ``openai_handler.py``)."""
 
@@ -17,7 +18,7 @@ from runtime.server.context import ServerContext, read_body
 from runtime.server.protocol import ChatCompletionRequest, CompletionRequest, ResponsesRequest
 from runtime.server.responses import JsonResponse
 from runtime.server.responses_api import ResponseCreation
-from runtime.server.responses_input import ResponseStore
+from runtime.server.responses_input import ResponseStore, item_page
 
 
 def add_routes(app: FastAPI, ctx: ServerContext) -> None:
@@ -65,6 +66,10 @@ def add_routes(app: FastAPI, ctx: ServerContext) -> None:
     @app.get("/v1/responses/{response_id}")
     async def get_response(response_id: str) -> Response:
         return JsonResponse(stored_responses.response(response_id))
+
+    @app.get("/v1/responses/{response_id}/input_items")
+    async def list_input_items(response_id: str, limit: int = 20, order: str = "desc", after: str | None = None) -> Response:
+        return JsonResponse(item_page(stored_responses.input_items(response_id), limit, order, after))
 
     @app.delete("/v1/responses/{response_id}")
     async def delete_response(response_id: str) -> Response:

@@ -157,5 +157,11 @@ RESPONSES["/v1/responses/{response_id}"] = {
         "properties": {"id": {"type": "string"}, "object": {"const": "response"}, "deleted": {"const": True}}})},
         **_errors(401, 404)},
 }
+RESPONSES["/v1/responses/{response_id}/input_items"] = {"*": {
+    "200": {"description": "A page of the stored response's input items", "content": _json({
+        "type": "object", "required": ["object", "data", "has_more"],
+        "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": {"type": "object"}},
+                       "has_more": {"type": "boolean"}}})},
+    **_errors(400, 401, 404)}}
 RESPONSES["/model_info"] = RESPONSES["/get_model_info"]  # SGLang's newer names for the same answers
 RESPONSES["/server_info"] = RESPONSES["/get_server_info"]

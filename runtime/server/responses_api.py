@@ -22,7 +22,7 @@ from runtime.server.context import ServerContext
 from runtime.server.openai_handler import OPENAI_NAMES, finish_reason_of
 from runtime.server.protocol import ResponsesRequest, reject_unsupported
 from runtime.server.responses import JsonResponse, error_of, merged_updates, sse, wait_all
-from runtime.server.responses_input import ResponseStore, chat_request
+from runtime.server.responses_input import ResponseStore, chat_request, stored_input_items
 from runtime.server.scheduler_client import ReqState
 
 # Sampling fields as Responses clients call them, for error messages.
@@ -109,7 +109,7 @@ class ResponseCreation(ChatCompletion):
             calls = [{"id": i["call_id"], "type": "function", "function": {"name": i["name"], "arguments": i["arguments"]}}
                      for i in output if i["type"] == "function_call" and _is_json(i["arguments"])]
             answer: dict[str, Any] = {"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})}
-            self.store.put(body, [*self.conversation, answer])
+            self.store.put(body, [*self.conversation, answer], stored_input_items(self.create.input, self.hex))
         return body
 
     # ------------------------------------------------------------------ streaming

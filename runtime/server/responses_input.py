@@ -80,6 +80,42 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     return messages
 
 
+def stored_input_items(items: str | list[dict[str, Any]], hex_id: str) -> list[dict[str, Any]]:
+    """A request's ``input`` as ``GET /v1/responses/{id}/input_items`` lists it: each item
+    with its type, an id (the client's, else one of ours) and text as content parts."""
+    if isinstance(items, str):
+        items = [{"role": "user", "content": items}]
+    out = []
+    for i, item in enumerate(items):
+        item = {"type": "message", **item}
+        prefix = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}[item["type"]]
+        item.setdefault("id", f"{prefix}_{hex_id}_in{i}")
+        if item["type"] == "message":
+            if isinstance(item.get("content"), str):
+                kind = "output_text" if item.get("role") == "assistant" else "input_text"
+                item["content"] = [{"type": kind, "text": item["content"]}]
+            item.setdefault("status", "completed")
+        out.append(item)
+    return out
+
+
+def item_page(items: list[dict[str, Any]], limit: int, order: str, after: str | None) -> dict[str, Any]:
+    """A page of stored items in OpenAI's list shape (``order`` desc: newest first)."""
+    if not 1 <= limit <= 100:
+        raise ApiError(400, f"limit must be in [1, 100], got {limit}", param="limit")
+    if order not in ("asc", "desc"):
+        raise ApiError(400, f"order must be asc or desc, got {order!r}", param="order")
+    ordered = items if order == "asc" else items[::-1]
+    if after is not None:
+        ids = [item["id"] for item in ordered]
+        if after not in ids:
+            raise ApiError(400, f"No item with id '{after}' in this response's input", param="after")
+        ordered = ordered[ids.index(after) + 1:]
+    data = ordered[:limit]
+    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None, "has_more": len(ordered) > limit}
+
+
 def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
     if not tools:
         return None
@@ -141,20 +177,20 @@ def chat_request(req: ResponsesRequest, history: list[dict[str, Any]]) -> tuple[
 
 
 class ResponseStore:
-    """The last ``capacity`` stored responses by id: each answer and the conversation up to
-    and including it (chat messages), in memory only."""
+    """The last ``capacity`` stored responses by id: each answer, the conversation up to and
+    including it (chat messages) and its request's input items, in memory only."""
 
     def __init__(self, capacity: int = 1024) -> None:
         self.capacity = capacity
-        self._items: OrderedDict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = OrderedDict()
+        self._items: OrderedDict[str, tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]] = OrderedDict()
 
-    def put(self, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
-        self._items[response["id"]] = (response, conversation)
+    def put(self, response: dict[str, Any], conversation: list[dict[str, Any]], input_items: list[dict[str, Any]]) -> None:
+        self._items[response["id"]] = (response, conversation, input_items)
         self._items.move_to_end(response["id"])
         while len(self._items) > self.capacity:
             self._items.popitem(last=False)
 
-    def _get(self, response_id: str, param: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    def _get(self, response_id: str, param: str) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
         if response_id not in self._items:  # a 400 when the id is a field of a new request, as OpenAI answers
             raise ApiError(400 if param == "previous_response_id" else 404,
                            f"No stored response with id '{response_id}' (this server keeps the last {self.capacity} "
@@ -167,6 +203,9 @@ class ResponseStore:
 
     def conversation(self, response_id: str) -> list[dict[str, Any]]:
         return self._get(response_id, "previous_response_id")[1]
+
+    def input_items(self, response_id: str) -> list[dict[str, Any]]:
+        return self._get(response_id, "response_id")[2]
 
     def delete(self, response_id: str) -> None:
         self._get(response_id, "response_id")
