@@ -17,6 +17,7 @@
 // tiles); FORKSERVE_AMX_HARDWARE where the tiles are the CPU's own.
 #pragma once
 
+#include "bf16.h"
 #include "isa.h"
 
 #if defined(FORKSERVE_AVX512_BF16) && defined(__linux__)
@@ -120,23 +121,6 @@ inline void zero(int tile) {
     std::memset(t.data[tile], 0, sizeof t.data[tile]);
 }
 
-// A bfloat16 as float32, denormals as zero (as tdpbf16ps reads its inputs).
-inline float bf16_in(uint16_t bits) {
-    if ((bits & 0x7f80) == 0) bits &= 0x8000;
-    const uint32_t word = static_cast<uint32_t>(bits) << 16;
-    float f;
-    std::memcpy(&f, &word, sizeof f);
-    return f;
-}
-
-inline float flush_denormal(float f) {
-    uint32_t word;
-    std::memcpy(&word, &f, sizeof word);
-    if ((word & 0x7f800000u) != 0) return f;
-    word &= 0x80000000u;
-    std::memcpy(&f, &word, sizeof f);
-    return f;
-}
 
 // tdpbf16ps c, a, b: for each row m of c and float32 column n, for each k-pair k of a's row:
 // c[m][n] += a[m][2k] * b[k][2n], then += a[m][2k+1] * b[k][2n+1] (float32, round to nearest
@@ -157,8 +141,8 @@ inline void dpbf16ps(int c, int a, int b) {
         for (int k = 0; k < k_pairs; k++) {
             std::memcpy(b_row, t.data[b][k], sizeof b_row);
             for (int n = 0; n < n_cols; n++) {
-                acc[n] = flush_denormal(acc[n] + bf16_in(a_row[2 * k]) * bf16_in(b_row[2 * n]));
-                acc[n] = flush_denormal(acc[n] + bf16_in(a_row[2 * k + 1]) * bf16_in(b_row[2 * n + 1]));
+                acc[n] = flush_denormal(acc[n] + to_f32_denormals_as_zero(a_row[2 * k]) * to_f32_denormals_as_zero(b_row[2 * n]));
+                acc[n] = flush_denormal(acc[n] + to_f32_denormals_as_zero(a_row[2 * k + 1]) * to_f32_denormals_as_zero(b_row[2 * n + 1]));
             }
         }
         std::memcpy(t.data[c][m], acc, sizeof acc);

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "bf16.h"
+
 namespace forkserve::avx512_emulated {
 
 template <typename To, typename From>
@@ -32,25 +34,12 @@ struct U32x16 {
     uint32_t v[16];
 };
 
-// A bfloat16 as float32, denormals as zero (as vdpbf16ps reads its inputs).
-inline float bf16_in(uint16_t bits) {
-    if ((bits & 0x7f80) == 0) bits &= 0x8000;
-    return bits_as<float>(static_cast<uint32_t>(bits) << 16);
-}
-
-inline float flush_denormal(float f) {
-    const uint32_t word = bits_as<uint32_t>(f);
-    return (word & 0x7f800000u) != 0 ? f : bits_as<float>(word & 0x80000000u);
-}
-
-// vcvtneps2bf16 on one lane: round to nearest even, denormal inputs as zero, NaN stays a
-// quiet NaN with its sign.
+// vcvtneps2bf16 on one lane: as from_f32 (round to nearest even, NaN stays a quiet NaN with
+// its sign), but with a denormal input read as zero.
 inline uint16_t bf16_out(float f) {
-    uint32_t word = bits_as<uint32_t>(f);
-    if ((word & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((word >> 16) | 0x40);
-    if ((word & 0x7f800000u) == 0) word &= 0x80000000u;
-    word += 0x7fffu + ((word >> 16) & 1u);
-    return static_cast<uint16_t>(word >> 16);
+    Bf16 out;
+    from_f32(flush_denormal(f), &out);
+    return out.bits;
 }
 
 inline __m512i cvtepu16_epi32(__m256i a) {
@@ -80,8 +69,8 @@ inline __m512 dpbf16_ps(__m512 src, __m512bh a, __m512bh b) {
     const auto x = bits_as<U16x32>(a), y = bits_as<U16x32>(b);
     for (int i = 0; i < 16; i++) {
         float sum = acc.v[i];
-        sum += bf16_in(x.v[2 * i + 1]) * bf16_in(y.v[2 * i + 1]);
-        sum += bf16_in(x.v[2 * i]) * bf16_in(y.v[2 * i]);
+        sum += to_f32_denormals_as_zero(x.v[2 * i + 1]) * to_f32_denormals_as_zero(y.v[2 * i + 1]);
+        sum += to_f32_denormals_as_zero(x.v[2 * i]) * to_f32_denormals_as_zero(y.v[2 * i]);
         acc.v[i] = flush_denormal(sum);
     }
     return bits_as<__m512>(acc);

@@ -35,6 +35,20 @@ inline void from_f32(float x, Bf16 *dst) {
     dst->bits = static_cast<uint16_t>(u >> 16);
 }
 
+// What the CPUs' bfloat16 dot products (vdpbf16ps, tdpbf16ps) and vcvtneps2bf16 do with
+// denormals, for the emulations of those instructions (avx512_emulated.h, amx.h): inputs read
+// as zero, results flushed to zero, signs kept.
+inline float flush_denormal(float f) {
+    uint32_t word;
+    std::memcpy(&word, &f, sizeof word);
+    if ((word & 0x7f800000u) != 0) return f;
+    word &= 0x80000000u;
+    std::memcpy(&f, &word, sizeof f);
+    return f;
+}
+
+inline float to_f32_denormals_as_zero(uint16_t bits) { return flush_denormal(to_f32(Bf16{bits})); }
+
 // x rounded to T and back: where PyTorch stores an intermediate in T, so do we.
 template <typename T>
 inline float rounded(float x) {
