@@ -29,13 +29,15 @@ class ChatCompletion(OpenAIHandler):
         self.answer = ChatAnswer(None, self.reasoning, self.req.stream_reasoning)
 
     async def run(self) -> Response:
+        return await self.respond(await self.start())
+
+    async def start(self) -> list[ReqState]:
+        """Check the request, build its prompt and submit its ``n`` requests."""
         r = self.req
         self.check_request()
-        prompt = self.prompt()
-        prompts = await self.ctx.encode([prompt.text])
+        prompts = await self.ctx.encode([self.prompt().text])
         max_tokens = r.max_completion_tokens if r.max_completion_tokens is not None else r.max_tokens
-        top = (r.top_logprobs or 0) if r.logprobs else None
-        return await self.respond(self.submit(prompts, max_tokens, top))
+        return self.submit(prompts, max_tokens, (r.top_logprobs or 0) if r.logprobs else None)
 
     def render(self) -> Response:
         """``/v1/chat/completions/render``: what ``run`` would send to the engine, without

@@ -156,11 +156,17 @@ async def read_body(request: Request, model: type[BaseModel], max_bytes: int | N
     try:
         body = model.model_validate(data)
     except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(x) for x in first["loc"])
-        raise ApiError(400, f"{where}: {first['msg']}" + (f" ({len(err.errors())} errors)" if len(err.errors()) > 1 else ""), param=where) from err
+        raise validation_400(err) from err
     warn_unknown_fields(request.url.path, body)
     return body
+
+
+def validation_400(err: ValidationError) -> ApiError:
+    """A body's validation error as a 400 naming its first field (and how many more there are)."""
+    first = err.errors()[0]
+    where = ".".join(str(x) for x in first["loc"])
+    more = f" ({len(err.errors())} errors)" if len(err.errors()) > 1 else ""
+    return ApiError(400, f"{where}: {first['msg']}{more}", param=where)
 
 
 _warned_fields: set[tuple[str, str]] = set()

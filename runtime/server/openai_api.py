@@ -1,9 +1,8 @@
 """OpenAI-compatible routes: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``,
 ``/v1/chat/completions/render`` (the prompt and constraint a chat request would run with) and
 the Responses API (``/v1/responses``, and reading a stored response, its input items, or
-deleting it). The handlers
-live in ``completion.py``, ``chat_completion.py`` and ``responses_api.py`` (their shared part
-in ``openai_handler.py``)."""
+deleting it). The handlers live in ``completion.py``, ``chat_completion.py`` and
+``responses_api.py`` (their shared part in ``openai_handler.py``)."""
 
 from __future__ import annotations
 

@@ -45,9 +45,7 @@ class ResponseCreation(ChatCompletion):
         self.id = f"resp_{self.hex}"
 
     async def run(self) -> Response:
-        self.check_request()
-        prompts = await self.ctx.encode([self.prompt().text])
-        states = self.submit(prompts, self.req.max_tokens, (self.req.top_logprobs or 0) if self.req.logprobs else None)
+        states = await self.start()
         if self.req.stream:
             return StreamingResponse(self.events(states), media_type="text/event-stream")
         await wait_all(self.ctx.client, states, self.request)
@@ -56,16 +54,21 @@ class ResponseCreation(ChatCompletion):
         if err is not None:
             raise err
         message, finish = self.answer.message(state.text, finish_reason_of(state))
-        logprobs = self.logprobs(state, 0, len(state.output_token_logprobs), 0)
+        logprobs = self.all_logprobs(state)
         output = []
         status = "incomplete" if finish == "length" else "completed"
         if message.get("reasoning_content"):
             output.append(self.text_item("reasoning", message["reasoning_content"], status=status))
         if message["content"]:
-            output.append(self.text_item("message", message["content"], logprobs["content"] if logprobs else [], status))
+            output.append(self.text_item("message", message["content"], logprobs or [], status))
         for k, call in enumerate(message.get("tool_calls") or []):
             output.append(self.call_item(k, call["id"], call["function"]["name"], call["function"]["arguments"]))
         return JsonResponse(self.finish(output, finish, states))
+
+    def all_logprobs(self, state: ReqState) -> list[dict[str, Any]] | None:
+        """Every output token's logprob entry (None: not asked for)."""
+        whole = self.logprobs(state, 0, len(state.output_token_logprobs), 0)
+        return whole["content"] if whole else None
 
     # ------------------------------------------------------------------ output items
     def text_item(self, kind: str, text: str, logprobs: list[dict[str, Any]] | None = None,
@@ -140,8 +143,7 @@ class ResponseCreation(ChatCompletion):
                                   *out.text("message", delta.get("content"), logprobs["content"] if logprobs else None),
                                   *out.calls(delta.get("tool_calls") or [])):
                         yield chunk
-            whole = self.logprobs(states[0], 0, len(states[0].output_token_logprobs), 0)
-            for chunk in out.close(incomplete=finish == "length", logprobs=whole["content"] if whole else None):
+            for chunk in out.close(incomplete=finish == "length", logprobs=self.all_logprobs(states[0])):
                 yield chunk
             body = self.finish(out.items, finish, states)
         except Exception as err:  # the stream ends with a terminal event, whatever happened

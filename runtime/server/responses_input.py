@@ -8,12 +8,12 @@ And the store of answered responses, in memory, that ``previous_response_id`` an
 
 from __future__ import annotations
 
-import json
 from collections import OrderedDict
 from typing import Any
 
 from pydantic import ValidationError
 
+from runtime.server.context import validation_400
 from runtime.server.protocol import ApiError, ChatCompletionRequest, ResponsesRequest
 
 TEXT_PARTS = ("input_text", "output_text", "text")
@@ -168,12 +168,13 @@ def chat_request(req: ResponsesRequest, history: list[dict[str, Any]]) -> tuple[
         raise ApiError(400, "prompt_cache_options.prewarm is not supported by this server", param="prompt_cache_options")
     try:
         chat = ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
-    except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(x) for x in first["loc"])
-        raise ApiError(400, f"{where}: {first['msg']} (the request as chat: {json.dumps(first.get('input'))[:200]})",
-                       param=where) from err
+    except ValidationError as err:  # a field the chat request checks (e.g. a tool's name)
+        raise validation_400(err) from err
     return chat, conversation
+
+
+# A stored response: the answer, its conversation as chat messages, its request's input items.
+_Stored = tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]
 
 
 class ResponseStore:
@@ -182,7 +183,7 @@ class ResponseStore:
 
     def __init__(self, capacity: int = 1024) -> None:
         self.capacity = capacity
-        self._items: OrderedDict[str, tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]] = OrderedDict()
+        self._items: OrderedDict[str, _Stored] = OrderedDict()
 
     def put(self, response: dict[str, Any], conversation: list[dict[str, Any]], input_items: list[dict[str, Any]]) -> None:
         self._items[response["id"]] = (response, conversation, input_items)
@@ -190,7 +191,7 @@ class ResponseStore:
         while len(self._items) > self.capacity:
             self._items.popitem(last=False)
 
-    def _get(self, response_id: str, param: str) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+    def _get(self, response_id: str, param: str) -> _Stored:
         if response_id not in self._items:  # a 400 when the id is a field of a new request, as OpenAI answers
             raise ApiError(400 if param == "previous_response_id" else 404,
                            f"No stored response with id '{response_id}' (this server keeps the last {self.capacity} "
