@@ -4,8 +4,9 @@
     for call in s["calls"]:                       # ToolCall: id, name, arguments (JSON text), args
         s += sgl.tool(run(call.name, call.args), call.id)
 
-``tools`` are OpenAI's function tools; ``tool_choice`` is ``none``, ``auto``, ``required`` or
-``{"type": "function", "function": {"name": ...}}``. Such a gen takes a whole assistant turn;
+``tools`` are OpenAI's function tools; ``tool_choice`` is ``none``, ``auto``, ``required``,
+``{"type": "function", "function": {"name": ...}}`` or ``allowed_tools`` (calls of some of the
+tools only, all of them shown: the prompt stays the same from step to step). Such a gen takes a whole assistant turn;
 its variable holds the calls (``get_meta_info(name)["content"]`` the text beside them), or
 the text with ``tool_choice="none"`` (the tools shown, no call possible).
 
@@ -26,7 +27,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-_CHOICES = ("none", "auto", "required")
+from runtime.sampling.params import InvalidField
+from runtime.server.tools.choice import call_rule
 
 
 @dataclass(frozen=True)
@@ -59,12 +61,10 @@ def tool_use(tools: Any, choice: Any, parallel: Any) -> ToolUse | None:
         if not (isinstance(t, dict) and t.get("type") == "function" and isinstance(t.get("function"), dict)
                 and isinstance(t["function"].get("name"), str)):
             raise ValueError(f'gen(): each tool must be {{"type": "function", "function": {{"name": ...}}}}, got {t!r}')
-    names = [t["function"]["name"] for t in tools]
-    if isinstance(choice, dict):
-        if (choice.get("function") or {}).get("name") not in names:
-            raise ValueError(f"gen(): tool_choice must name one of the tools {names}, got {choice!r}")
-    elif choice is not None and choice not in _CHOICES:
-        raise ValueError(f"gen(): tool_choice must be one of {_CHOICES} or a named function, got {choice!r}")
+    try:
+        call_rule(tools, choice)
+    except InvalidField as err:
+        raise ValueError(f"gen(): {err}") from None
     if parallel is not None and not isinstance(parallel, bool):
         raise ValueError(f"gen(): parallel_tool_calls must be true or false, got {parallel!r}")
     return ToolUse(list(tools), choice, parallel)

@@ -21,6 +21,8 @@ TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {
         ({"tools": [TOOL], "tool_choice": "sometimes"}, "tool_choice must be one of"),
         ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "other"}}}, "must name one of"),
         ({"tool_choice": "required"}, "need tools"),
+        ({"tools": [TOOL], "tool_choice": {"type": "allowed_tools", "allowed_tools": {
+            "mode": "auto", "tools": [{"type": "function", "function": {"name": "other"}}]}}}, "not one of the given"),
         ({"tools": [TOOL], "parallel_tool_calls": "yes"}, "parallel_tool_calls must be"),
         ({"tools": [TOOL], "regex": "[a-z]+"}, "cannot be combined"),
     ],
@@ -34,6 +36,9 @@ def test_a_gen_with_tools_carries_them():
     gen = sgl.gen("x", tools=[TOOL], tool_choice="required", parallel_tool_calls=False)
     assert gen.tools.request_fields() == {"tools": [TOOL], "tool_choice": "required", "parallel_tool_calls": False}
     assert sgl.gen("y").tools is None
+    allowed = {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [
+        {"type": "function", "function": {"name": "lookup"}}]}}
+    assert sgl.gen("z", tools=[TOOL], tool_choice=allowed).tools.request_fields()["tool_choice"] == allowed
 
 
 def test_calls_are_read_with_the_format_and_numbered_after_the_history():

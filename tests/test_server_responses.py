@@ -127,6 +127,33 @@ def test_function_calls_and_their_outputs_round_trip(client):
     assert answer.output_text == text
 
 
+def test_allowed_tools_in_the_responses_form_is_the_chat_routes(client):
+    """The Responses form of allowed_tools: the call is of the allowed tool (not the one the
+    model picks when both may be called), the same call as the chat route's."""
+    calculator = {"type": "function", "name": "calculator", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+        "required": ["a", "b"], "additionalProperties": False}}
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    kw = dict(model=MODEL, input=ask, tools=[TOOL, calculator], parallel_tool_calls=False, temperature=0,
+              max_output_tokens=60)
+
+    def call_of(response):
+        (call,) = [o for o in response.output if o.type == "function_call"]
+        return call
+
+    free = call_of(client.responses.create(tool_choice="required", **kw)).name
+    (other,) = {"get_weather", "calculator"} - {free}
+    call = call_of(client.responses.create(**kw, tool_choice={
+        "type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": other}]}))
+    chat = client.chat.completions.create(
+        model=MODEL, messages=ask, parallel_tool_calls=False, temperature=0, max_tokens=60,
+        tools=[CHAT_TOOL, {"type": "function", "function": {k: v for k, v in calculator.items() if k != "type"}}],
+        tool_choice={"type": "function", "function": {"name": other}})
+    chat_call = chat.choices[0].message.tool_calls[0]
+    assert call.name == other
+    assert (call.name, call.arguments) == (chat_call.function.name, chat_call.function.arguments)
+
+
 def test_a_json_schema_text_format_constrains_the_output(client):
     schema = {"type": "object", "properties": {"planet": {"type": "string", "maxLength": 12}},
               "required": ["planet"], "additionalProperties": False}
@@ -194,6 +221,12 @@ def test_running_out_of_tokens_is_an_incomplete_response(client):
      "input[0]", "text only"),
     ({"input": "hi", "background": True}, "background", "not supported"),
     ({"input": "hi", "tool_choice": {"type": "web_search_preview"}}, "tool_choice", "not supported"),
+    ({"input": "hi", "tools": [TOOL], "tool_choice": {"type": "allowed_tools", "mode": "auto",
+                                                      "tools": [{"type": "mcp", "server_label": "x"}]}},
+     "tool_choice", "not supported"),
+    ({"input": "hi", "tools": [TOOL], "tool_choice": {"type": "allowed_tools", "mode": "auto",
+                                                      "tools": [{"type": "function", "name": "nope"}]}},
+     "tool_choice", "not one of the given tools"),
     ({"input": []}, "input", "at least one item"),
     ({"input": "hi", "truncation": "auto"}, "truncation", "disabled"),
 ])

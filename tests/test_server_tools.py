@@ -1,8 +1,8 @@
 """Tool calling through the official ``openai`` client against a real server: a multi-step
 loop (``tool_choice`` required, then auto) where every returned call names a declared tool
 and its arguments validate against that tool's schema; streaming gives the same calls as
-non-streaming; a named ``tool_choice`` is obeyed; ``parallel_tool_calls: false`` gives one
-call; bad tool requests are 400s."""
+non-streaming; a named ``tool_choice`` and ``allowed_tools`` are obeyed; ``parallel_tool_calls:
+false`` gives one call; bad tool requests are 400s."""
 
 from __future__ import annotations
 
@@ -100,6 +100,36 @@ def test_a_named_tool_choice_is_obeyed(client):
     assert [c.function.name for c in calls] == ["calculator"]
 
 
+def test_allowed_tools_keeps_every_tool_in_the_prompt_and_calls_only_the_allowed(server, client):
+    """``allowed_tools`` narrows what may be called without changing the prompt (so a program's
+    next step keeps its cached prefix): the rendered prompt is the one with every tool, and the
+    answer calls the allowed tool, not the one the model picks when both may be called, the
+    same call as naming that tool."""
+    ask = [{"role": "user", "content": "What is the weather in Rome?"}]
+    kw = dict(model=MODEL, messages=ask, tools=TOOLS, temperature=0, max_tokens=60, parallel_tool_calls=False)
+    free = client.chat.completions.create(tool_choice="required", **kw).choices[0].message.tool_calls[0].function.name
+    (other,) = {"get_weather", "calculator"} - {free}
+    only_other = {"type": "allowed_tools", "allowed_tools": {
+        "mode": "required", "tools": [{"type": "function", "function": {"name": other}}]}}
+
+    def render(choice):
+        return httpx.post(server.url + "/v1/chat/completions/render", timeout=60, json={
+            "model": MODEL, "messages": ask, "tools": TOOLS, "tool_choice": choice}).json()["text"]
+
+    assert render(only_other) == render("required") == render("auto")
+    allowed = client.chat.completions.create(tool_choice=only_other, **kw).choices[0].message.tool_calls
+    named = client.chat.completions.create(tool_choice={"type": "function", "function": {"name": other}},
+                                           **kw).choices[0].message.tool_calls
+    check_calls(allowed)
+    assert [(c.function.name, c.function.arguments) for c in allowed] == [
+        (c.function.name, c.function.arguments) for c in named]
+    assert allowed[0].function.name == other
+    auto = {"type": "allowed_tools", "allowed_tools": {**only_other["allowed_tools"], "mode": "auto"}}
+    for _ in range(2):
+        message = client.chat.completions.create(tool_choice=auto, **{**kw, "temperature": 1.0}).choices[0].message
+        assert all(c.function.name == other for c in message.tool_calls or [])
+
+
 def test_parallel_tool_calls_false_gives_one_call(client):
     """Two things asked at once: with parallel_tool_calls false the answer holds exactly one
     call (the grammar ends it there); with the default (true) every call it holds is valid,
@@ -146,6 +176,8 @@ def test_render_gives_the_prompt_grammar_and_parser_a_chat_request_runs_with(ser
     [
         ({"tool_choice": "required"}, "tool_choice"),  # no tools
         ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+        ({"tools": TOOLS, "tool_choice": {"type": "allowed_tools", "allowed_tools": {
+            "mode": "auto", "tools": [{"type": "function", "function": {"name": "nope"}}]}}}, "tool_choice"),
         ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools.0.function.name"),
         ({"tools": TOOLS, "regex": "[a-z]+"}, "tools"),
     ],

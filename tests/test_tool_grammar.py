@@ -1,6 +1,7 @@
 """The grammars that enforce tool calls (``runtime/server/tools/constraint.py``), checked
 against hand-written outputs for every format: which texts each ``tool_choice`` and
-``parallel_tool_calls`` setting lets the model write, and which it does not. Each accepted
+``parallel_tool_calls`` setting (``allowed_tools`` included) lets the model write, and which
+it does not; and how each ``tool_choice`` form is read. Each accepted
 text also parses back into the same calls with the format's parser."""
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import json
 import pytest
 import xgrammar as xgr
 
+from runtime.sampling.params import InvalidField
+from runtime.server.tools.choice import CallRule, call_rule
 from runtime.server.tools.constraint import tool_grammar
 from runtime.server.tools.parsers import get_parser
 
@@ -88,3 +91,56 @@ def test_auto_with_an_answer_schema_allows_calls_or_that_json_only(fmt):
     assert not accepts(grammar, "It is sunny.")
     # a forced call stays a call: the schema is for the answer that follows the tools' results
     assert not accepts(tool_grammar(TOOLS, "required", fmt, answer_schema=schema), '{"answer": "sunny"}')
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "llama3_json", "mistral"])
+def test_allowed_tools_limits_the_calls_to_those_tools(fmt):
+    """allowed_tools: every tool stays in the prompt, only the listed ones may be called;
+    mode ``required`` is calls only, ``auto`` also free text."""
+    only_add = {"type": "allowed_tools", "allowed_tools": {
+        "mode": "required", "tools": [{"type": "function", "function": {"name": "add"}}]}}
+    required = tool_grammar(TOOLS, only_add, fmt)
+    assert accepts(required, block(fmt, [ADD]))
+    assert accepts(required, block(fmt, [ADD, ADD]))
+    assert not accepts(required, block(fmt, [WEATHER]))
+    assert not accepts(required, block(fmt, [ADD, WEATHER]))
+    assert not accepts(required, "I will not call anything.")
+    auto = tool_grammar(TOOLS, {**only_add, "allowed_tools": {**only_add["allowed_tools"], "mode": "auto"}}, fmt)
+    assert accepts(auto, "I will not call anything.")
+    if fmt == "hermes":  # a call inside free text opens at the format's trigger
+        assert accepts(auto, "Adding. " + block(fmt, [ADD]))
+        assert not accepts(auto, "Checking. " + block(fmt, [WEATHER]))
+
+
+@pytest.mark.parametrize(
+    ("tools", "choice", "words"),
+    [
+        (None, "required", "needs 'tools'"),
+        (TOOLS, "sometimes", "must be one of"),
+        (TOOLS, {"type": "function", "function": {"name": "nope"}}, "must name one of the given tools"),
+        (TOOLS, {"type": "allowed_tools", "allowed_tools": {"mode": "sometimes", "tools": [
+            {"type": "function", "function": {"name": "add"}}]}}, 'needs "mode"'),
+        (TOOLS, {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": []}}, "non-empty"),
+        (TOOLS, {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [
+            {"type": "function", "function": {"name": "nope"}}]}}, "'nope', which is not one of the given"),
+        (TOOLS, {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [
+            {"type": "function", "name": "add"}]}}, "each of allowed_tools.tools must be"),
+        (TOOLS, {"type": "custom", "custom": {"name": "add"}}, "must be one of"),
+    ],
+)
+def test_a_tool_choice_the_request_cannot_honour_names_the_field(tools, choice, words):
+    with pytest.raises(InvalidField, match=words) as err:
+        call_rule(tools, choice)
+    assert err.value.field == "tool_choice"
+
+
+def test_the_call_rule_of_each_form():
+    names = ("get_weather", "add")
+    assert call_rule(TOOLS, None) == CallRule("auto", names)
+    assert call_rule(None, None) == CallRule("none", ())
+    assert call_rule(None, "auto") == CallRule("auto", ())
+    assert call_rule(TOOLS, "none") == CallRule("none", names)
+    assert call_rule(TOOLS, {"type": "function", "function": {"name": "add"}}) == CallRule("required", ("add",))
+    both = [{"type": "function", "function": {"name": n}} for n in ("add", "get_weather")]
+    allowed = {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": both}}
+    assert call_rule(TOOLS, allowed) == CallRule("auto", names)  # in the request's order

@@ -14,7 +14,8 @@ from runtime.server.protocol import ApiError, reject_unsupported
 from runtime.server.reasoning import PARSERS as REASONING_PARSERS
 from runtime.server.responses import JsonResponse
 from runtime.server.scheduler_client import ReqState
-from runtime.server.tools.chat_prompt import ChatPrompt, check_tool_choice, render_chat
+from runtime.server.tools.chat_prompt import ChatPrompt, render_chat
+from runtime.server.tools.choice import call_rule
 
 
 class ChatCompletion(OpenAIHandler):
@@ -57,7 +58,7 @@ class ChatCompletion(OpenAIHandler):
         self.check_common()
         reject_unsupported(r, r.CHAT_UNSUPPORTED)
         with bad_input_as_400("tool_choice"):
-            check_tool_choice([t.model_dump() for t in r.tools] if r.tools else None, r.tool_choice)
+            call_rule([t.model_dump() for t in r.tools] if r.tools else None, r.tool_choice)
         if r.web_search_options is not None:  # even {} asks for a search
             raise ApiError(400, "'web_search_options' is not supported by this server", param="web_search_options")
         if r.modalities not in (None, ["text"]):

@@ -129,13 +129,26 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
     return out
 
 
+def _chat_function(entry: Any, where: str) -> dict[str, Any]:
+    """``{"type": "function", "name": N}`` as the chat API names it."""
+    if isinstance(entry, dict) and entry.get("type") == "function" and isinstance(entry.get("name"), str):
+        return {"type": "function", "function": {"name": entry["name"]}}
+    kind = entry.get("type") if isinstance(entry, dict) else type(entry).__name__
+    raise ApiError(400, f"{where} of type '{kind}' is not supported by this server "
+                        "(none, auto, required, a function by name, or allowed_tools of functions)", param="tool_choice")
+
+
 def chat_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+    """The chat API's form of a Responses ``tool_choice`` (checked against the tools there)."""
     if choice is None or isinstance(choice, str):
         return choice
-    if choice.get("type") == "function" and isinstance(choice.get("name"), str):
-        return {"type": "function", "function": {"name": choice["name"]}}
-    raise ApiError(400, f"tool_choice of type '{choice.get('type')}' is not supported by this server "
-                        "(none, auto, required, or a function by name)", param="tool_choice")
+    if choice.get("type") == "allowed_tools":
+        entries = choice.get("tools")
+        if not isinstance(entries, list):
+            raise ApiError(400, "allowed_tools needs a 'tools' list", param="tool_choice")
+        return {"type": "allowed_tools", "allowed_tools": {
+            "mode": choice.get("mode"), "tools": [_chat_function(e, "allowed_tools.tools entry") for e in entries]}}
+    return _chat_function(choice, "tool_choice")
 
 
 def response_format(req: ResponsesRequest) -> dict[str, Any] | None:

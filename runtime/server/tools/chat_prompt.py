@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.sampling.params import InvalidField
+from runtime.server.tools.choice import call_rule
 from runtime.server.tools.constraint import tool_grammar
 from runtime.server.tools.parsers import ToolCallParser, get_parser, parser_for_template
 from runtime.server.tools.template import render, tool_template
@@ -20,19 +21,6 @@ class ChatPrompt:
     # set when the answer may hold calls: tools given and tool_choice not "none"
     tool_parser: ToolCallParser | None = None
     tool_ebnf: str | None = None  # None: nothing enforced
-
-
-def check_tool_choice(tools: list[dict[str, Any]] | None, choice: Any) -> None:
-    """``tool_choice`` must name something the request offers."""
-    if choice in (None, "none", "auto"):
-        return
-    if not tools:
-        raise InvalidField("tool_choice", f"tool_choice {choice!r} needs 'tools'")
-    if isinstance(choice, dict):
-        name = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
-        if name not in {t["function"]["name"] for t in tools}:
-            raise InvalidField("tool_choice", "tool_choice must name one of the given tools: "
-                               '{"type": "function", "function": {"name": ...}}')
 
 
 def render_chat(
@@ -56,7 +44,7 @@ def render_chat(
     allows calls or that JSON). Raises ``InvalidField`` naming ``messages`` (the template
     refused them), ``tools`` (tools together with ``other_constraint``, a regex or grammar
     constraint) or ``tool_choice``."""
-    check_tool_choice(tools, tool_choice)
+    rule = call_rule(tools, tool_choice)
     uses_tools = bool(tools) or any(m.get("tool_calls") or m["role"] == "tool" for m in messages)
     kwargs = dict(add_generation_prompt=add_generation_prompt and not continue_final_message,
                   continue_final_message=continue_final_message, **(template_kwargs or {}))
@@ -69,7 +57,7 @@ def render_chat(
         raise InvalidField("messages", str(err)) from err
     except Exception as err:  # jinja errors name the template's complaint
         raise InvalidField("messages", f"the chat template rejected the messages: {err}") from err
-    if not tools or tool_choice == "none":
+    if rule.mode == "none":
         return ChatPrompt(text)
     if other_constraint:
         raise InvalidField("tools", "'tools' cannot be combined with another output constraint")

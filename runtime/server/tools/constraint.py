@@ -1,9 +1,10 @@
 """The grammar that keeps a model's tool calls valid, as EBNF text for the ``ebnf`` sampling
 field (built from xgrammar's structural tags):
-- ``tool_choice`` ``required`` or a named function: nothing but calls of the allowed tools,
-  at least one, each one's arguments matching its tool's JSON schema;
-- ``auto``: free text in which any call the model starts (at the format's trigger) must
-  complete validly.
+- ``tool_choice`` ``required`` (a named function, ``allowed_tools`` in mode ``required``):
+  nothing but calls of the allowed tools, at least one, each one's arguments matching its
+  tool's JSON schema;
+- ``auto`` (``allowed_tools`` in mode ``auto``): free text in which any call the model starts
+  (at the format's trigger) must complete validly, as a call of an allowed tool.
 With ``parallel_tool_calls: false`` the output ends after its first call. With an
 ``answer_schema`` (the request's JSON ``response_format``), ``auto`` is instead either calls
 (as for ``required``) or one JSON value of that schema: the answer that does not call a tool
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from runtime.server.tools.choice import call_rule
 
 
 @dataclass(frozen=True)
@@ -64,12 +67,10 @@ def tool_grammar(tools: list[dict[str, Any]], tool_choice: Any, parser_name: str
     from xgrammar import structural_tag as st
 
     markup = MARKUP[parser_name]
-    functions = _functions(tools)
-    if tool_choice == "none":
+    rule = call_rule(tools, tool_choice)
+    if rule.mode == "none":
         return None
-    if isinstance(tool_choice, dict):
-        wanted = (tool_choice.get("function") or {}).get("name")
-        functions = [(n, p) for n, p in functions if n == wanted]
+    functions = [(n, p) for n, p in _functions(tools) if n in rule.names]
 
     def tag(begin: str, end: str, name: str, schema: dict[str, Any]) -> Any:
         args = st.JSONSchemaFormat(json_schema=schema, max_whitespace_cnt=_MAX_WHITESPACE)
@@ -82,10 +83,10 @@ def tool_grammar(tools: list[dict[str, Any]], tool_choice: Any, parser_name: str
     if markup.prefix or markup.suffix:
         fmt = st.SequenceFormat(elements=[st.ConstStringFormat(value=markup.prefix), fmt,
                                           st.ConstStringFormat(value=markup.suffix)])
-    if tool_choice in (None, "auto") and answer_schema is not None:
+    if rule.mode == "auto" and answer_schema is not None:
         fmt = st.OrFormat(elements=[fmt, st.JSONSchemaFormat(json_schema=answer_schema,
                                                              max_whitespace_cnt=_MAX_WHITESPACE)])
-    elif tool_choice in (None, "auto"):
+    elif rule.mode == "auto":
         fmt = st.TriggeredTagsFormat(
             triggers=[markup.trigger], tags=[tag(markup.begin, markup.end, n, p) for n, p in functions],
             stop_after_first=not parallel,
