@@ -23,12 +23,14 @@ OPENAI_NULLS = {
     "reasoning_effort": None, "response_format": None, "safety_identifier": None, "seed": None,
     "service_tier": None, "stop": None, "store": None, "stream": None, "stream_options": None,
     "temperature": None, "tool_choice": None, "tools": None, "top_logprobs": None, "top_p": None, "user": None,
-    "verbosity": None, "web_search_options": None,
+    "verbosity": None, "web_search_options": None, "moderation": None, "prompt_cache_options": None,
+    "prompt_cache_retention": None,
 }
 # Values that change nothing here, as clients set them.
 OPENAI_HARMLESS = {"user": "user-1", "metadata": {"run": "7"}, "store": False, "service_tier": "auto",
                    "parallel_tool_calls": True, "prompt_cache_key": "k", "safety_identifier": "s",
-                   "modalities": ["text"], "tool_choice": "none", "verbosity": "medium"}
+                   "modalities": ["text"], "tool_choice": "none", "verbosity": "medium",
+                   "prompt_cache_retention": "24h", "prompt_cache_options": {"mode": "implicit", "ttl": "30m"}}
 # What SGLang's model gateway forwards on the chat route (its own fields at their defaults).
 GATEWAY_CHAT = {"continue_final_message": False, "separate_reasoning": True, "stream_reasoning": True,
                 "no_stop_trim": False, "return_hidden_states": False, "skip_special_tokens": True,
@@ -61,6 +63,17 @@ def test_completion_and_generate_bodies_with_nulls_and_gateway_fields(server):
     assert resp.status_code == 200, resp.text
 
 
+def test_an_explicit_cache_breakpoint_changes_nothing(server):
+    """Every prefix is cached here, so OpenAI's ``prompt_cache_breakpoint`` on a text part is
+    accepted and the answer is the one to the same text as a plain string."""
+    parts = [{"role": "user", "content": [{"type": "text", "text": MESSAGES[0]["content"],
+                                           "prompt_cache_breakpoint": {"mode": "explicit", "ttl": "30m"}}]}]
+    answers = [post(server, "/v1/chat/completions", {"model": MODEL, "messages": m, "max_tokens": 6, "temperature": 0})
+               for m in (parts, MESSAGES)]
+    assert [a.status_code for a in answers] == [200, 200], answers[0].text
+    assert answers[0].json()["choices"][0]["message"] == answers[1].json()["choices"][0]["message"]
+
+
 def test_unknown_fields_are_ignored_with_one_warning(server):
     for _ in range(2):
         resp = post(server, "/v1/chat/completions", {"model": MODEL, "messages": MESSAGES, "max_tokens": 2,
@@ -75,6 +88,7 @@ def test_unknown_fields_are_ignored_with_one_warning(server):
     [
         ("logit_bias", {"42": 5}), ("audio", {"voice": "alloy", "format": "mp3"}), ("prediction", {"type": "content", "content": "x"}),
         ("reasoning_effort", "high"), ("web_search_options", {}), ("modalities", ["text", "audio"]),
+        ("moderation", {"model": "omni-moderation-latest"}),
         ("return_hidden_states", True), ("lora_path", "adapter"),
         ("tool_choice", "required"), ("use_beam_search", True), ("allowed_token_ids", [1, 2]),
     ],

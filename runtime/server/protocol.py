@@ -202,6 +202,7 @@ class CompletionRequest(_OpenAISampling):
 class TextPart(_Body):
     type: Literal["text"]
     text: str
+    prompt_cache_breakpoint: Any = None  # accepted and ignored: every prefix is cached here
 
 
 class ContentPart(_Body):
@@ -280,6 +281,8 @@ class ChatCompletionRequest(_OpenAISampling):
     store: bool | None = None
     service_tier: str | None = None
     prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    prompt_cache_options: dict[str, Any] | None = None
     safety_identifier: str | None = None
     verbosity: str | None = None
     parallel_tool_calls: bool | None = None
@@ -296,9 +299,10 @@ class ChatCompletionRequest(_OpenAISampling):
     prediction: Any = None
     web_search_options: Any = None
     reasoning_effort: Any = None
+    moderation: Any = None
 
     CHAT_UNSUPPORTED: ClassVar[tuple[str, ...]] = (
-        "functions", "function_call", "audio", "prediction", "web_search_options", "reasoning_effort",
+        "functions", "function_call", "audio", "prediction", "web_search_options", "reasoning_effort", "moderation",
     )
 
 
