@@ -229,6 +229,7 @@ def test_running_out_of_tokens_is_an_incomplete_response(client):
      "tool_choice", "not one of the given tools"),
     ({"input": []}, "input", "at least one item"),
     ({"input": "hi", "truncation": "auto"}, "truncation", "disabled"),
+    ({"input": "hi", "reasoning": {"effort": "high"}}, "reasoning.effort", "not supported by this model"),
 ])
 def test_what_the_server_cannot_do_is_a_400_naming_the_field(server, body, param, words):
     r = httpx.post(server.url + "/v1/responses", json={"model": MODEL, **body}, timeout=60)

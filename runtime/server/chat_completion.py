@@ -3,7 +3,7 @@ reasoning split off (``chat_answer.py``) and the prompt built by ``tools/chat_pr
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from fastapi.responses import Response
 
@@ -22,6 +22,7 @@ class ChatCompletion(OpenAIHandler):
     object_name = "chat.completion"
     id_prefix = "chatcmpl"
     tool_ebnf: str | None = None
+    FIELD_NAMES: ClassVar[dict[str, str]] = {}  # a chat field -> its name in the request (see ResponseCreation)
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
@@ -76,7 +77,7 @@ class ChatCompletion(OpenAIHandler):
         r = self.req
         tools = [t.model_dump(exclude_none=True) for t in r.tools] if r.tools else None
         messages = [m.as_template_dict() for m in r.messages]
-        with bad_input_as_400("messages"):
+        with bad_input_as_400("messages", self.FIELD_NAMES):
             prompt = render_chat(
                 self.ctx.tokenizer.hf, messages, tools, tool_choice=r.tool_choice,
                 parallel_tool_calls=r.parallel_tool_calls, chat_template=self.ctx.chat_template_override,
@@ -85,7 +86,7 @@ class ChatCompletion(OpenAIHandler):
                                       or r.guided_json is not None),
                 answer_schema=self.answer_schema(),
                 add_generation_prompt=r.add_generation_prompt, continue_final_message=r.continue_final_message,
-                template_kwargs=r.chat_template_kwargs,
+                template_kwargs=r.chat_template_kwargs, reasoning_effort=r.reasoning_effort,
             )
         self.tool_ebnf = prompt.tool_ebnf
         self.answer = ChatAnswer(prompt.tool_parser, self.reasoning, self.req.stream_reasoning)

@@ -240,9 +240,11 @@ class ChatMessage(_Body):
     name: str | None = None
     tool_call_id: str | None = None
     tool_calls: list[ToolCall] | None = None
+    # an assistant turn's reasoning as --reasoning-parser returned it: passed to the chat
+    # template, which shows it or not (reasoning models' templates show the turn in progress)
+    reasoning_content: str | None = None
     # accepted and ignored: what clients echo back from earlier responses
     refusal: str | None = None
-    reasoning_content: str | None = None
     annotations: Any = None
     audio: Any = None
     function_call: Any = None
@@ -263,6 +265,8 @@ class ChatMessage(_Body):
             out["tool_call_id"] = self.tool_call_id
         if self.name is not None:
             out["name"] = self.name
+        if self.reasoning_content and self.role == "assistant":
+            out["reasoning_content"] = self.reasoning_content
         return out
 
 
@@ -298,11 +302,12 @@ class ChatCompletionRequest(_OpenAISampling):
     audio: Any = None
     prediction: Any = None
     web_search_options: Any = None
-    reasoning_effort: Any = None
     moderation: Any = None
+    # passed to the chat template, where the template reads it (a 400 where it does not)
+    reasoning_effort: str | None = None
 
     CHAT_UNSUPPORTED: ClassVar[tuple[str, ...]] = (
-        "functions", "function_call", "audio", "prediction", "web_search_options", "reasoning_effort", "moderation",
+        "functions", "function_call", "audio", "prediction", "web_search_options", "moderation",
     )
 
 
@@ -361,7 +366,7 @@ class ResponsesRequest(_Body):
     prompt_cache_options: Any = None
     safety_identifier: str | None = None
     stream_options: dict[str, Any] | None = None
-    reasoning: dict[str, Any] | None = None  # this model does not reason: nothing to set
+    reasoning: dict[str, Any] | None = None  # its effort as the chat route's reasoning_effort; summary ignored
     max_tool_calls: int | None = None
     access_programs: Any = None
     background_options: Any = None

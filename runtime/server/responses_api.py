@@ -22,7 +22,12 @@ from runtime.server.context import ServerContext
 from runtime.server.openai_handler import OPENAI_NAMES, finish_reason_of
 from runtime.server.protocol import ResponsesRequest, reject_unsupported
 from runtime.server.responses import JsonResponse, error_of, merged_updates, sse, wait_all
-from runtime.server.responses_input import ResponseStore, chat_request, stored_input_items
+from runtime.server.responses_input import (
+    ResponseStore,
+    chat_request,
+    input_messages,
+    stored_input_items,
+)
 from runtime.server.scheduler_client import ReqState
 
 # Sampling fields as Responses clients call them, for error messages.
@@ -33,6 +38,8 @@ TEXT_ITEMS = {"message": ("output_text", "response.output_text"), "reasoning": (
 
 class ResponseCreation(ChatCompletion):
     """``POST /v1/responses``."""
+
+    FIELD_NAMES = {"reasoning_effort": "reasoning.effort"}
 
     def __init__(self, ctx: ServerContext, req: ResponsesRequest, request: Request, store: ResponseStore) -> None:
         ctx.check_model(req.model)
@@ -91,7 +98,7 @@ class ResponseCreation(ChatCompletion):
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
             "instructions": r.instructions, "max_output_tokens": r.max_output_tokens, "model": self.ctx.model_name,
             "output": output, "parallel_tool_calls": r.parallel_tool_calls is not False,
-            "previous_response_id": r.previous_response_id, "reasoning": {"effort": None, "summary": None},
+            "previous_response_id": r.previous_response_id, "reasoning": {"effort": (r.reasoning or {}).get("effort"), "summary": None},
             "store": r.store, "temperature": r.temperature, "text": {"format": fmt}, "tool_choice": r.tool_choice or "auto",
             "tools": r.tools or [], "top_p": r.top_p, "truncation": "disabled", "usage": usage,
             "metadata": r.metadata or {}, "user": r.user,
@@ -108,11 +115,9 @@ class ResponseCreation(ChatCompletion):
         }
         body = self.body(output, "incomplete" if finish == "length" else "completed", usage)
         if self.create.store:  # a call cut off by max_output_tokens is not part of the conversation
-            text = "".join(p["text"] for item in output if item["type"] == "message" for p in item["content"])
-            calls = [{"id": i["call_id"], "type": "function", "function": {"name": i["name"], "arguments": i["arguments"]}}
-                     for i in output if i["type"] == "function_call" and _is_json(i["arguments"])]
-            answer: dict[str, Any] = {"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})}
-            self.store.put(body, [*self.conversation, answer], stored_input_items(self.create.input, self.hex))
+            kept = [i for i in output if i["type"] != "function_call" or _is_json(i["arguments"])]
+            answer = input_messages(kept) or [{"role": "assistant", "content": ""}]
+            self.store.put(body, [*self.conversation, *answer], stored_input_items(self.create.input, self.hex))
         return body
 
     # ------------------------------------------------------------------ streaming

@@ -1,7 +1,8 @@
 """What a ``/v1/responses`` request asks, as a chat completion request: ``instructions`` as the
 system message, the stored conversation of ``previous_response_id`` next, then each ``input``
 item as a chat message (``message`` items with text parts, ``function_call`` items as the
-assistant's tool calls, ``function_call_output`` items as tool messages), function tools as
+assistant's tool calls, ``function_call_output`` items as tool messages, ``reasoning`` items as
+the next assistant message's ``reasoning_content``), function tools as
 chat tools, ``text.format`` as ``response_format``. Anything else is a 400 naming the item.
 And the store of answered responses, in memory, that ``previous_response_id`` and
 ``GET /v1/responses/{id}`` read."""
@@ -49,31 +50,55 @@ def _field(item: dict[str, Any], name: str, where: str) -> str:
     return value
 
 
+def _reasoning_text(item: dict[str, Any]) -> str:
+    """The text of a reasoning item's ``reasoning_text`` parts ("" for a summary or encrypted
+    content only: neither is the reasoning a template would show)."""
+    parts = item.get("content")
+    return "".join(p["text"] for p in parts if isinstance(p, dict) and p.get("type") == "reasoning_text"
+                   and isinstance(p.get("text"), str)) if isinstance(parts, list) else ""
+
+
 def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The chat messages of a request's ``input``."""
+    """The chat messages of a request's ``input`` (or of a response's ``output``: the same
+    items). A ``reasoning`` item's text becomes the ``reasoning_content`` of the assistant
+    message that follows it, as the chat route takes it (templates of reasoning models show
+    the reasoning of the turn in progress, e.g. between tool calls)."""
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
     messages: list[dict[str, Any]] = []
+    reasoning = ""  # of the assistant turn to come
+
+    def assistant(message: dict[str, Any]) -> dict[str, Any]:
+        nonlocal reasoning
+        if reasoning:
+            message["reasoning_content"] = message.get("reasoning_content", "") + reasoning
+            reasoning = ""
+        return message
+
     for i, item in enumerate(items):
         where, kind = f"input[{i}]", item.get("type", "message")
         if kind == "message":
             role = item.get("role")
             if role not in ("user", "system", "developer", "assistant"):
                 raise ApiError(400, f"{where}.role must be user, system, developer or assistant", param=where)
-            messages.append({"role": role, "content": _text_of(item.get("content"), where)})
+            message = {"role": role, "content": _text_of(item.get("content"), where)}
+            if role != "assistant":
+                reasoning = ""  # reasoning belongs to the assistant turn right after it
+            messages.append(assistant(message) if role == "assistant" else message)
         elif kind == "function_call":
             call = {"id": _field(item, "call_id", where), "type": "function",
                     "function": {"name": _field(item, "name", where), "arguments": _field(item, "arguments", where)}}
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant":  # the calls of one turn: one assistant message
-                last.setdefault("tool_calls", []).append(call)
+                assistant(last).setdefault("tool_calls", []).append(call)
             else:
-                messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+                messages.append(assistant({"role": "assistant", "content": "", "tool_calls": [call]}))
         elif kind == "function_call_output":
+            reasoning = ""
             messages.append({"role": "tool", "tool_call_id": _field(item, "call_id", where),
                              "content": _text_of(item.get("output"), where)})
         elif kind == "reasoning":
-            continue  # a reasoning item sent back: chat templates leave earlier reasoning out
+            reasoning += _reasoning_text(item)
         else:
             raise ApiError(400, f"{where}: input items of type '{kind}' are not supported by this server "
                                 "(message, function_call, function_call_output, reasoning)", param=where)
@@ -175,6 +200,7 @@ def chat_request(req: ResponsesRequest, history: list[dict[str, Any]]) -> tuple[
         "max_tokens": req.max_output_tokens, "temperature": req.temperature, "top_p": req.top_p,
         "stream": req.stream, "response_format": response_format(req), "logprobs": logprobs,
         "top_logprobs": req.top_logprobs if logprobs else None,
+        "reasoning_effort": (req.reasoning or {}).get("effort"),
         **{name: getattr(req, name) for name in SAMPLING_EXTRAS},
     }
     if isinstance(req.prompt_cache_options, dict) and req.prompt_cache_options.get("prewarm"):

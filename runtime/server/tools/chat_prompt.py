@@ -37,13 +37,15 @@ def render_chat(
     add_generation_prompt: bool = True,
     continue_final_message: bool = False,
     template_kwargs: dict[str, Any] | None = None,
+    reasoning_effort: str | None = None,
 ) -> ChatPrompt:
     """The prompt for ``messages`` (template dicts, OpenAI's shape) and ``tools``;
     ``chat_template`` (a template's text, ``--chat-template``) replaces the model's.
     ``answer_schema``: the JSON schema an answer without calls must follow (the grammar then
     allows calls or that JSON). Raises ``InvalidField`` naming ``messages`` (the template
     refused them), ``tools`` (tools together with ``other_constraint``, a regex or grammar
-    constraint) or ``tool_choice``."""
+    constraint), ``tool_choice`` or ``reasoning_effort`` (given to a template that does not
+    read it: the request would otherwise be answered as if it had not been asked)."""
     rule = call_rule(tools, tool_choice)
     uses_tools = bool(tools) or any(m.get("tool_calls") or m["role"] == "tool" for m in messages)
     kwargs = dict(add_generation_prompt=add_generation_prompt and not continue_final_message,
@@ -52,7 +54,14 @@ def render_chat(
         template = tool_template(hf_tokenizer, chat_template) if uses_tools else (chat_template or hf_tokenizer.chat_template)
         if not template:
             raise ValueError("this model has no chat template; use completions instead of chat")
+        if reasoning_effort is not None:
+            if "reasoning_effort" not in template:
+                raise InvalidField("reasoning_effort", "reasoning_effort is not supported by this model: its chat "
+                                                       "template does not read it")
+            kwargs["reasoning_effort"] = reasoning_effort
         text = render(hf_tokenizer, template, messages, tools, **kwargs)
+    except InvalidField:
+        raise
     except ValueError as err:
         raise InvalidField("messages", str(err)) from err
     except Exception as err:  # jinja errors name the template's complaint

@@ -1,0 +1,102 @@
+"""What a request says of reasoning reaches the chat template: an assistant turn's reasoning
+sent back (``reasoning_content`` on a chat message; a Responses ``reasoning`` item's
+``reasoning_text`` as the ``reasoning_content`` of the assistant message after it), shown or
+not as the template decides (here as reasoning models' templates do: the turn in progress
+only); and ``reasoning_effort``, given to a template that reads it and refused (naming the
+field) by one that does not."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime.sampling.params import InvalidField
+from runtime.server.protocol import ChatMessage
+from runtime.server.responses_input import input_messages
+from runtime.server.tools.chat_prompt import render_chat
+
+# A reasoning model's way (Qwen3's rule, written here): reasoning shown only for the assistant
+# messages after the last user message, i.e. between the tool calls of the turn in progress.
+THINKING_TEMPLATE = (
+    "{%- set ns = namespace(last_user=-1) -%}"
+    "{%- for m in messages %}{% if m.role == 'user' %}{% set ns.last_user = loop.index0 %}{% endif %}{% endfor -%}"
+    "{%- for m in messages -%}"
+    "<|{{ m.role }}|>"
+    "{%- if m.role == 'assistant' and m.reasoning_content and loop.index0 > ns.last_user -%}"
+    "<think>{{ m.reasoning_content }}</think>"
+    "{%- endif -%}"
+    "{{ m.content }}{% for c in m.tool_calls or [] %}[call {{ c.function.name }}]{% endfor %}|"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def reasoning(text: str) -> dict:
+    return {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": text}]}
+
+
+CALL = {"type": "function_call", "call_id": "call_1", "name": "lookup", "arguments": '{"q": "Oslo"}'}
+CHAT_CALL = {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "Oslo"}'}}
+
+
+def test_reasoning_items_become_the_next_assistant_messages_reasoning():
+    items = [
+        {"role": "user", "content": "Weather in Oslo?"},
+        reasoning("I should look it up."), CALL,
+        {"type": "function_call_output", "call_id": "call_1", "output": "3 degrees"},
+        reasoning("Now I can answer."),
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "It is 3 degrees."}]},
+        reasoning("left before a user message: dropped"),
+        {"role": "user", "content": "Thanks"},
+        {"type": "reasoning", "id": "rs_2", "summary": [{"type": "summary_text", "text": "a summary"}]},
+        {"type": "message", "role": "assistant", "content": "You are welcome."},
+    ]
+    assert input_messages(items) == [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": "", "tool_calls": [CHAT_CALL], "reasoning_content": "I should look it up."},
+        {"role": "tool", "tool_call_id": "call_1", "content": "3 degrees"},
+        {"role": "assistant", "content": "It is 3 degrees.", "reasoning_content": "Now I can answer."},
+        {"role": "user", "content": "Thanks"},
+        {"role": "assistant", "content": "You are welcome."},  # a summary is not the reasoning
+    ]
+
+
+def test_a_message_and_its_calls_are_one_turn_with_the_reasoning_before_them():
+    items = [{"role": "user", "content": "Hi"}, reasoning("Greet, then look up."),
+             {"type": "message", "role": "assistant", "content": "Hello."}, CALL]
+    assert input_messages(items)[1] == {"role": "assistant", "content": "Hello.", "tool_calls": [CHAT_CALL],
+                                        "reasoning_content": "Greet, then look up."}
+
+
+def test_the_chat_message_passes_an_assistants_reasoning_to_the_template():
+    said = ChatMessage.model_validate({"role": "assistant", "content": "Hi.", "reasoning_content": "Be brief."})
+    assert said.as_template_dict() == {"role": "assistant", "content": "Hi.", "reasoning_content": "Be brief."}
+    user = ChatMessage.model_validate({"role": "user", "content": "Hi", "reasoning_content": "not a user's"})
+    assert "reasoning_content" not in user.as_template_dict()
+
+
+@pytest.fixture(scope="module")
+def hf(model_dir):
+    from runtime.tokenizer import Tokenizer
+
+    return Tokenizer(model_dir).hf
+
+
+def test_a_thinking_template_shows_the_reasoning_of_the_turn_in_progress(hf):
+    items = [{"role": "user", "content": "Weather in Oslo?"}, reasoning("I should look it up."), CALL,
+             {"type": "function_call_output", "call_id": "call_1", "output": "3 degrees"}]
+    messages = [ChatMessage.model_validate(m).as_template_dict() for m in input_messages(items)]
+    text = render_chat(hf, messages, chat_template=THINKING_TEMPLATE).text
+    assert text == ("<|user|>Weather in Oslo?|<|assistant|><think>I should look it up.</think>[call lookup]|"
+                    "<|tool|>3 degrees|<|assistant|>")
+
+
+def test_reasoning_effort_goes_to_a_template_that_reads_it_and_is_refused_by_one_that_does_not(hf):
+    reads = "{% if reasoning_effort %}Reasoning: {{ reasoning_effort }}|{% endif %}" + THINKING_TEMPLATE
+    hi = [{"role": "user", "content": "Hi"}]
+    assert render_chat(hf, hi, chat_template=reads, reasoning_effort="low").text == "Reasoning: low|<|user|>Hi|<|assistant|>"
+    assert render_chat(hf, hi, chat_template=reads).text == "<|user|>Hi|<|assistant|>"
+    with pytest.raises(InvalidField, match="does not read it") as err:
+        render_chat(hf, hi, chat_template=THINKING_TEMPLATE, reasoning_effort="low")
+    assert err.value.field == "reasoning_effort"
+    with pytest.raises(InvalidField):  # the default model's own template has no effort either
+        render_chat(hf, hi, reasoning_effort="high")
