@@ -154,6 +154,36 @@ def test_allowed_tools_in_the_responses_form_is_the_chat_routes(client):
     assert (call.name, call.arguments) == (chat_call.function.name, chat_call.function.arguments)
 
 
+@pytest.mark.parametrize("kw", [dict(tools=[TOOL], tool_choice="required"), dict(include=["message.output_text.logprobs"])],
+                         ids=["call", "text"])
+def test_a_stored_response_streams_again_as_its_events(client, kw):
+    """``GET /v1/responses/{id}?stream=true`` (the client's ``retrieve(..., stream=True)``): the
+    events of the stored response, numbered from 0, ending with it as stored; text and call
+    arguments add up to its items; ``starting_after`` resumes after that event. The oracle is
+    the stored response itself and the events of the stream that created it."""
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    with client.responses.stream(model=MODEL, input=ask, temperature=0, max_output_tokens=40, **kw) as stream:
+        live = list(stream)
+    created = live[-1].response
+    stored = client.responses.retrieve(created.id)
+    events = list(client.responses.retrieve(created.id, stream=True))
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[0].type == "response.created" and events[-1].type == "response." + stored.status
+    assert events[-1].response.model_dump() == stored.model_dump() == created.model_dump()
+    done = [e.item for e in events if e.type == "response.output_item.done"]
+    assert [i.model_dump() for i in done] == [i.model_dump() for i in stored.output]
+    live_done = [e.item.model_dump() for e in live if e.type == "response.output_item.done"]
+    assert [i.model_dump() for i in done] == live_done
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == stored.output_text
+    args = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    assert args == "".join(i.arguments for i in stored.output if i.type == "function_call")
+    resumed = list(client.responses.retrieve(created.id, stream=True, starting_after=2))
+    assert [e.model_dump() for e in resumed] == [e.model_dump() for e in events[3:]]
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve("resp_unknown", stream=True)
+
+
 def test_a_json_schema_text_format_constrains_the_output(client):
     schema = {"type": "object", "properties": {"planet": {"type": "string", "maxLength": 12}},
               "required": ["planet"], "additionalProperties": False}

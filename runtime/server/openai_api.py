@@ -9,14 +9,19 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
 
 from runtime.server.chat_completion import ChatCompletion
 from runtime.server.completion import Completion
 from runtime.server.context import ServerContext, read_body
-from runtime.server.protocol import ChatCompletionRequest, CompletionRequest, ResponsesRequest
+from runtime.server.protocol import (
+    ApiError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    ResponsesRequest,
+)
 from runtime.server.responses import JsonResponse
-from runtime.server.responses_api import ResponseCreation
+from runtime.server.responses_api import ResponseCreation, replayed_events
 from runtime.server.responses_input import ResponseStore, item_page
 
 
@@ -63,8 +68,13 @@ def add_routes(app: FastAPI, ctx: ServerContext) -> None:
         return await ResponseCreation(ctx, req, request, stored_responses).run()
 
     @app.get("/v1/responses/{response_id}")
-    async def get_response(response_id: str) -> Response:
-        return JsonResponse(stored_responses.response(response_id))
+    async def get_response(response_id: str, stream: bool = False, starting_after: int | None = None) -> Response:
+        stored = stored_responses.response(response_id)
+        if not stream:
+            return JsonResponse(stored)
+        if starting_after is not None and starting_after < -1:
+            raise ApiError(400, f"starting_after must be at least -1, got {starting_after}", param="starting_after")
+        return StreamingResponse(iter(replayed_events(stored, starting_after)), media_type="text/event-stream")
 
     @app.get("/v1/responses/{response_id}/input_items")
     async def list_input_items(response_id: str, limit: int = 20, order: str = "desc", after: str | None = None) -> Response:

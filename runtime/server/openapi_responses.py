@@ -151,7 +151,8 @@ RESPONSES["/v1/responses"] = {"*": {"200": {"description": "A response (output i
                                              "content": {**_json(RESPONSE), **_SSE}},
                                      **_errors(*_GUARDED, 404)}}
 RESPONSES["/v1/responses/{response_id}"] = {
-    "get": {"200": {"description": "A stored response", "content": _json(RESPONSE)}, **_errors(401, 404)},
+    "get": {"200": {"description": "A stored response, or (stream=true) its events again",
+                    "content": {**_json(RESPONSE), **_SSE}}, **_errors(400, 401, 404)},
     "delete": {"200": {"description": "Deleted", "content": _json({
         "type": "object", "required": ["id", "object", "deleted"],
         "properties": {"id": {"type": "string"}, "object": {"const": "response"}, "deleted": {"const": True}}})},

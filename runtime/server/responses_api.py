@@ -36,7 +36,28 @@ NAMES = {**OPENAI_NAMES, "max_new_tokens": "max_output_tokens", "json_schema": "
 TEXT_ITEMS = {"message": ("output_text", "response.output_text"), "reasoning": ("reasoning_text", "response.reasoning_text")}
 
 
-class ResponseCreation(ChatCompletion):
+class OutputItems:
+    """The output items of the response whose id is ``resp_<hex>``; their ids follow from it."""
+
+    hex: str
+
+    def text_item(self, kind: str, text: str, logprobs: list[dict[str, Any]] | None = None,
+                  status: str = "completed") -> dict[str, Any]:
+        part: dict[str, Any] = {"type": TEXT_ITEMS[kind][0], "text": text}
+        if kind == "message":
+            part.update(annotations=[], logprobs=logprobs or [])
+            return {"type": "message", "id": f"msg_{self.hex}", "status": status, "role": "assistant", "content": [part]}
+        return {"type": "reasoning", "id": f"rs_{self.hex}", "status": status, "summary": [], "content": [part]}
+
+    def call_item(self, k: int, call_id: str, name: str, arguments: str, status: str = "completed") -> dict[str, Any]:
+        return {"type": "function_call", "id": f"fc_{self.hex}_{k}", "call_id": call_id, "name": name,
+                "arguments": arguments, "status": status}
+
+    def body(self, output: list[dict[str, Any]], status: str, usage: dict[str, Any] | None) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class ResponseCreation(OutputItems, ChatCompletion):
     """``POST /v1/responses``."""
 
     FIELD_NAMES = {"reasoning_effort": "reasoning.effort"}
@@ -76,19 +97,6 @@ class ResponseCreation(ChatCompletion):
         """Every output token's logprob entry (None: not asked for)."""
         whole = self.logprobs(state, 0, len(state.output_token_logprobs), 0)
         return whole["content"] if whole else None
-
-    # ------------------------------------------------------------------ output items
-    def text_item(self, kind: str, text: str, logprobs: list[dict[str, Any]] | None = None,
-                  status: str = "completed") -> dict[str, Any]:
-        part: dict[str, Any] = {"type": TEXT_ITEMS[kind][0], "text": text}
-        if kind == "message":
-            part.update(annotations=[], logprobs=logprobs or [])
-            return {"type": "message", "id": f"msg_{self.hex}", "status": status, "role": "assistant", "content": [part]}
-        return {"type": "reasoning", "id": f"rs_{self.hex}", "status": status, "summary": [], "content": [part]}
-
-    def call_item(self, k: int, call_id: str, name: str, arguments: str, status: str = "completed") -> dict[str, Any]:
-        return {"type": "function_call", "id": f"fc_{self.hex}_{k}", "call_id": call_id, "name": name,
-                "arguments": arguments, "status": status}
 
     def body(self, output: list[dict[str, Any]], status: str, usage: dict[str, Any] | None) -> dict[str, Any]:
         r = self.create
@@ -168,7 +176,7 @@ def _is_json(text: str) -> bool:
 class StreamedOutput:
     """A streamed response's output items as they grow, and the events that announce them."""
 
-    def __init__(self, creation: ResponseCreation) -> None:
+    def __init__(self, creation: OutputItems) -> None:
         self.creation = creation
         self.items: list[dict[str, Any]] = []
         self.open: dict[str, int] = {}  # text item kind, or "call <k>" -> its output index
@@ -251,3 +259,35 @@ class StreamedOutput:
                                          output_index=index, name=item["name"], arguments=item["arguments"]))
             chunks.append(self.event("response.output_item.done", output_index=index, item=item))
         return chunks
+
+
+class StoredResponse(OutputItems):
+    """A stored response, as the source of its events again."""
+
+    def __init__(self, stored: dict[str, Any]) -> None:
+        self.stored, self.hex = stored, stored["id"].removeprefix("resp_")
+
+    def body(self, output: list[dict[str, Any]], status: str, usage: dict[str, Any] | None) -> dict[str, Any]:
+        return {**self.stored, "output": output, "status": status, "usage": usage, "incomplete_details": None}
+
+
+def replayed_events(stored: dict[str, Any], starting_after: int | None = None) -> list[bytes]:
+    """``GET /v1/responses/{id}?stream=true``: a stored response as the events of a stream
+    (each item's text or arguments in one delta), those numbered after ``starting_after``."""
+    source = StoredResponse(stored)
+    out = StreamedOutput(source)
+    chunks = [out.event(kind, response=source.body([], "in_progress", None))
+              for kind in ("response.created", "response.in_progress")]
+    calls, logprobs = 0, None
+    for item in stored["output"]:
+        if item["type"] in TEXT_ITEMS:
+            part = item["content"][0]
+            logprobs = part.get("logprobs") if item["type"] == "message" else logprobs
+            chunks += out.text(item["type"], part["text"], part.get("logprobs"))
+        else:
+            chunks += out.calls([{"index": calls, "id": item["call_id"],
+                                  "function": {"name": item["name"], "arguments": item["arguments"]}}])
+            calls += 1
+    chunks += out.close(incomplete=stored["status"] == "incomplete", logprobs=logprobs)
+    chunks.append(out.event(f"response.{stored['status']}", response=stored))
+    return chunks[0 if starting_after is None else starting_after + 1:]
