@@ -253,6 +253,13 @@ class HttpArgs:
         "shipped tool template by name: chatml_hermes_tools, llama3_json_tools or mistral_tools (what "
         "--tool-call-parser auto then reads: hermes, llama3_json, mistral).",
     )
+    response_store: str | None = _arg(
+        None,
+        "A SQLite file for the responses /v1/responses stores (for previous_response_id and GET "
+        "/v1/responses/{id}): servers given the same file share them. --dp-size gives its replicas one file "
+        "of its own unless this is set (the gateway may send a continuation to any replica). Default: in "
+        "memory, this server only.",
+    )
     stream_cumulative_logprobs: bool = _arg(
         False,
         "On streamed /generate responses with return_logprob, repeat every logprob so far in each event "

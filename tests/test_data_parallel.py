@@ -120,6 +120,22 @@ def test_cache_aware_keeps_each_conversation_on_one_replica_and_spreads_them(dp)
     assert served == [turns, turns], served
 
 
+def test_responses_continue_on_whichever_replica_the_gateway_picks(dp, server):
+    """The replicas share one store of /v1/responses, so a continuation (previous_response_id)
+    works wherever the gateway sends it: every stored response is found on both replicas, and
+    each continuation is answered as one server answers it."""
+    client, single = (openai.OpenAI(base_url=url + "/v1", api_key="none") for url in (dp.url, server.url))
+    kw = dict(model=MODEL, temperature=0, max_output_tokens=8)
+    for i in range(4):
+        first = client.responses.create(input=f"Name planet number {i + 1}.", **kw)
+        for url, _ in dp.replicas:
+            assert httpx.get(f"{url}/v1/responses/{first.id}", timeout=30).json()["id"] == first.id
+        then = client.responses.create(input="And the next one?", previous_response_id=first.id, **kw)
+        alone = single.responses.create(input="And the next one?", **kw, previous_response_id=single.responses.create(
+            input=f"Name planet number {i + 1}.", **kw).id)
+        assert (then.output_text, then.usage.input_tokens) == (alone.output_text, alone.usage.input_tokens)
+
+
 def test_dsl_programs_through_the_gateway_run_without_pins(dp, caplog):
     """The gateway forwards neither /end_program nor program_id: the first program ends with
     one warning, later ones do not ask for pins, and no replica holds any."""

@@ -17,11 +17,14 @@ stops the rest and exits with code 1.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -76,6 +79,12 @@ class DataParallelLauncher:
         self.children: list[Child] = []
         self.gateway: Child | None = None
         self.url = local_url(http.host, http.port)
+        # The replicas share one store of /v1/responses: the gateway may send a continuation
+        # (previous_response_id) to a replica other than the one that answered first.
+        self.run_dir: str | None = None
+        if http.response_store is None:
+            self.run_dir = tempfile.mkdtemp(prefix="forkserve-dp-")
+            self.http = dataclasses.replace(http, response_store=os.path.join(self.run_dir, "responses.sqlite"))
 
     def run(self) -> int:
         if not gateway_installed():
@@ -184,6 +193,8 @@ class DataParallelLauncher:
         for c in [*self.children, *([self.gateway] if self.gateway else [])]:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(c.proc.pid, signal.SIGKILL)
+        if self.run_dir is not None:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
 
 
 def reserve_ports(n: int) -> list[socket.socket]:

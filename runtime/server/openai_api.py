@@ -20,13 +20,14 @@ from runtime.server.protocol import (
     CompletionRequest,
     ResponsesRequest,
 )
+from runtime.server.response_store import ResponseStore, SqliteResponseStore
 from runtime.server.responses import JsonResponse
 from runtime.server.responses_api import ResponseCreation, replayed_events
-from runtime.server.responses_input import ResponseStore, item_page
+from runtime.server.responses_input import item_page
 
 
 def add_routes(app: FastAPI, ctx: ServerContext) -> None:
-    stored_responses = ResponseStore()
+    stored_responses = SqliteResponseStore(ctx.http.response_store) if ctx.http.response_store else ResponseStore()
 
     def card() -> dict[str, Any]:
         return {

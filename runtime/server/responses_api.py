@@ -21,9 +21,9 @@ from runtime.server.chat_completion import ChatCompletion
 from runtime.server.context import ServerContext
 from runtime.server.openai_handler import OPENAI_NAMES, finish_reason_of
 from runtime.server.protocol import ResponsesRequest, reject_unsupported
+from runtime.server.response_store import ResponseStore
 from runtime.server.responses import JsonResponse, error_of, merged_updates, sse, wait_all
 from runtime.server.responses_input import (
-    ResponseStore,
     chat_request,
     input_messages,
     stored_input_items,

@@ -4,12 +4,11 @@ item as a chat message (``message`` items with text parts, ``function_call`` ite
 assistant's tool calls, ``function_call_output`` items as tool messages, ``reasoning`` items as
 the next assistant message's ``reasoning_content``), function tools as
 chat tools, ``text.format`` as ``response_format``. Anything else is a 400 naming the item.
-And the store of answered responses, in memory, that ``previous_response_id`` and
-``GET /v1/responses/{id}`` read."""
+And a stored request's input items, as ``GET /v1/responses/{id}/input_items`` pages them
+(the store itself: ``response_store.py``)."""
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Any
 
 from pydantic import ValidationError
@@ -210,43 +209,3 @@ def chat_request(req: ResponsesRequest, history: list[dict[str, Any]]) -> tuple[
     except ValidationError as err:  # a field the chat request checks (e.g. a tool's name)
         raise validation_400(err) from err
     return chat, conversation
-
-
-# A stored response: the answer, its conversation as chat messages, its request's input items.
-_Stored = tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]
-
-
-class ResponseStore:
-    """The last ``capacity`` stored responses by id: each answer, the conversation up to and
-    including it (chat messages) and its request's input items, in memory only."""
-
-    def __init__(self, capacity: int = 1024) -> None:
-        self.capacity = capacity
-        self._items: OrderedDict[str, _Stored] = OrderedDict()
-
-    def put(self, response: dict[str, Any], conversation: list[dict[str, Any]], input_items: list[dict[str, Any]]) -> None:
-        self._items[response["id"]] = (response, conversation, input_items)
-        self._items.move_to_end(response["id"])
-        while len(self._items) > self.capacity:
-            self._items.popitem(last=False)
-
-    def _get(self, response_id: str, param: str) -> _Stored:
-        if response_id not in self._items:  # a 400 when the id is a field of a new request, as OpenAI answers
-            raise ApiError(400 if param == "previous_response_id" else 404,
-                           f"No stored response with id '{response_id}' (this server keeps the last {self.capacity} "
-                           "responses created with store=true, until it stops)", param=param)
-        self._items.move_to_end(response_id)
-        return self._items[response_id]
-
-    def response(self, response_id: str) -> dict[str, Any]:
-        return self._get(response_id, "response_id")[0]
-
-    def conversation(self, response_id: str) -> list[dict[str, Any]]:
-        return self._get(response_id, "previous_response_id")[1]
-
-    def input_items(self, response_id: str) -> list[dict[str, Any]]:
-        return self._get(response_id, "response_id")[2]
-
-    def delete(self, response_id: str) -> None:
-        self._get(response_id, "response_id")
-        del self._items[response_id]

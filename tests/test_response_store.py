@@ -1,0 +1,83 @@
+"""The stores of /v1/responses (``runtime/server/response_store.py``) against a brute-force
+model: any sequence of stores, reads and deletes gives the same answers and evicts the same
+responses (least recently used beyond capacity) in memory and in SQLite; and two SQLite
+stores on one file, as two replicas hold them, see each other's responses."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runtime.server.protocol import ApiError
+from runtime.server.response_store import ResponseStore, SqliteResponseStore
+
+IDS = [f"resp_{i}" for i in range(4)]
+# puts twice as likely as each other operation, so that capacity (2) is exceeded often
+OPS = st.lists(st.tuples(st.sampled_from(["put", "put", "response", "conversation", "items", "delete"]),
+                         st.sampled_from(IDS)), min_size=4, max_size=40)
+
+
+class Model:
+    """A list, most recently used last: what the stores must do."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity, self.order, self.data = capacity, [], {}
+
+    def touch(self, rid):
+        self.order.remove(rid)
+        self.order.append(rid)
+
+    def put(self, rid, value):
+        if rid in self.data:
+            self.order.remove(rid)
+        self.data[rid] = value
+        self.order.append(rid)
+        while len(self.order) > self.capacity:
+            del self.data[self.order.pop(0)]
+
+
+def run(store, model, ops):
+    for k, (op, rid) in enumerate(ops):
+        if op == "put":
+            value = ({"id": rid, "k": k}, [{"role": "user", "content": f"m{k}"}], [{"type": "message", "n": k}])
+            store.put(*value)
+            model.put(rid, value)
+            continue
+        get = {"response": store.response, "conversation": store.conversation, "items": store.input_items,
+               "delete": store.delete}[op]
+        if rid not in model.data:
+            with pytest.raises(ApiError) as err:
+                get(rid)
+            assert err.value.status == (400 if op == "conversation" else 404)
+            continue
+        got = get(rid)
+        if op == "delete":
+            model.order.remove(rid)
+            del model.data[rid]
+            continue
+        model.touch(rid)
+        assert got == model.data[rid][{"response": 0, "conversation": 1, "items": 2}[op]]
+
+
+@settings(max_examples=100, deadline=None)
+@given(ops=OPS)
+def test_both_stores_do_what_the_model_does(tmp_path_factory, ops):
+    run(ResponseStore(capacity=2), Model(2), ops)
+    path = tmp_path_factory.mktemp("store") / "responses.sqlite"
+    run(SqliteResponseStore(str(path), capacity=2), Model(2), ops)
+
+
+def test_two_sqlite_stores_on_one_file_share_their_responses(tmp_path):
+    path = str(tmp_path / "responses.sqlite")
+    a, b = SqliteResponseStore(path, capacity=2), SqliteResponseStore(path, capacity=2)
+    a.put({"id": "resp_1"}, [{"role": "user", "content": "hi"}], [])
+    assert b.conversation("resp_1") == [{"role": "user", "content": "hi"}]
+    b.put({"id": "resp_2"}, [], [])
+    a.response("resp_1")  # resp_1 is now the most recently used, on both
+    b.put({"id": "resp_3"}, [], [])
+    with pytest.raises(ApiError):
+        a.response("resp_2")
+    b.delete("resp_1")
+    with pytest.raises(ApiError, match="responses.sqlite"):
+        a.response("resp_1")
