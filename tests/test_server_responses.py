@@ -8,6 +8,7 @@ in; what the server cannot do is a 400 that says so."""
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import jsonschema
@@ -184,6 +185,76 @@ def test_a_stored_response_streams_again_as_its_events(client, kw):
         client.responses.retrieve("resp_unknown", stream=True)
 
 
+def _until_ended(client, response_id: str, timeout: float = 120):
+    deadline = time.monotonic() + timeout
+    while (r := client.responses.retrieve(response_id)).status in ("queued", "in_progress"):
+        assert time.monotonic() < deadline, r
+        time.sleep(0.2)
+    return r
+
+
+def _nothing_running(server) -> bool:
+    return httpx.get(server.url + "/get_load", timeout=30).json()[0]["num_reqs"] == 0
+
+
+def test_a_background_response_is_the_foreground_answer_later(client):
+    kw = dict(model=MODEL, input="Name three planets.", temperature=0, max_output_tokens=24)
+    started = client.responses.create(background=True, **kw)
+    assert started.background and started.status == "in_progress" and started.output == []
+    ended = _until_ended(client, started.id)
+    foreground = client.responses.create(**kw)
+    assert ended.status == foreground.status and ended.output_text == foreground.output_text
+    assert ended.usage.output_tokens == foreground.usage.output_tokens
+    then = client.responses.create(model=MODEL, input="And a fourth?", previous_response_id=started.id,
+                                   temperature=0, max_output_tokens=8)
+    assert then.usage.input_tokens > ended.usage.input_tokens  # it continued the stored conversation
+
+
+def test_a_background_stream_resumes_with_the_same_events(client):
+    kw = dict(model=MODEL, input="Name three planets.", temperature=0, max_output_tokens=24, background=True)
+    live = list(client.responses.create(stream=True, **kw))
+    ended = live[-1].response
+    assert ended.status in ("completed", "incomplete") and ended.background
+    assert client.responses.retrieve(ended.id).model_dump() == ended.model_dump()
+    again = list(client.responses.retrieve(ended.id, stream=True, starting_after=4))
+    assert [e.model_dump() for e in again] == [e.model_dump() for e in live[5:]]  # the run's own numbering
+    # a client that goes away does not stop it
+    with httpx.stream("POST", client.base_url.join("responses").__str__(), timeout=60,
+                      json={**kw, "input": "Name four planets.", "stream": True}) as resp:
+        first = next(line for line in resp.iter_lines() if line.startswith("data: "))
+    response_id = json.loads(first[6:])["response"]["id"]
+    assert _until_ended(client, response_id).output_text
+
+
+def test_cancelling_a_background_response_stops_it(server, client):
+    long = dict(model=MODEL, input="Count from 1 to 400, separated by commas.", temperature=0,
+                max_output_tokens=600)
+    started = client.responses.create(background=True, **long)
+    with pytest.raises(openai.BadRequestError, match="still in progress"):
+        client.responses.create(model=MODEL, input="Go on.", previous_response_id=started.id)
+    with pytest.raises(openai.BadRequestError, match="cancel it first"):
+        client.responses.delete(started.id)
+    time.sleep(1.0)
+    cancelled = client.responses.cancel(started.id)
+    assert cancelled.status == "cancelled" and cancelled.id == started.id
+    assert client.responses.retrieve(started.id).status == "cancelled"
+    assert client.responses.cancel(started.id).status == "cancelled"  # again: the same answer
+    deadline = time.monotonic() + 30
+    while not _nothing_running(server):  # its requests were aborted: nothing left on the scheduler
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    with pytest.raises(openai.BadRequestError, match="ended cancelled"):
+        client.responses.create(model=MODEL, input="Go on.", previous_response_id=started.id)
+    events = list(client.responses.retrieve(started.id, stream=True))
+    assert events[-1].type != "response.completed"
+    foreground = client.responses.create(model=MODEL, input="Hi", max_output_tokens=4)
+    with pytest.raises(openai.BadRequestError, match="only background responses"):
+        client.responses.cancel(foreground.id)
+    with pytest.raises(openai.BadRequestError, match="needs 'store' true"):
+        client.responses.create(model=MODEL, input="Hi", background=True, store=False)
+    client.responses.delete(started.id)
+
+
 def test_a_json_schema_text_format_constrains_the_output(client):
     schema = {"type": "object", "properties": {"planet": {"type": "string", "maxLength": 12}},
               "required": ["planet"], "additionalProperties": False}
@@ -249,7 +320,6 @@ def test_running_out_of_tokens_is_an_incomplete_response(client):
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0]", "item_reference"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]},
      "input[0]", "text only"),
-    ({"input": "hi", "background": True}, "background", "not supported"),
     ({"input": "hi", "tool_choice": {"type": "web_search_preview"}}, "tool_choice", "not supported"),
     ({"input": "hi", "tools": [TOOL], "tool_choice": {"type": "allowed_tools", "mode": "auto",
                                                       "tools": [{"type": "mcp", "server_label": "x"}]}},

@@ -1,7 +1,7 @@
 """OpenAI-compatible routes: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``,
 ``/v1/chat/completions/render`` (the prompt and constraint a chat request would run with) and
-the Responses API (``/v1/responses``, and reading a stored response, its input items, or
-deleting it). The handlers live in ``completion.py``, ``chat_completion.py`` and
+the Responses API (``/v1/responses``, and reading a stored response, its input items,
+cancelling a background one, or deleting it). The handlers live in ``completion.py``, ``chat_completion.py`` and
 ``responses_api.py`` (their shared part in ``openai_handler.py``)."""
 
 from __future__ import annotations
@@ -9,25 +9,26 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 
 from runtime.server.chat_completion import ChatCompletion
 from runtime.server.completion import Completion
 from runtime.server.context import ServerContext, read_body
 from runtime.server.protocol import (
-    ApiError,
     ChatCompletionRequest,
     CompletionRequest,
     ResponsesRequest,
 )
 from runtime.server.response_store import ResponseStore, SqliteResponseStore
 from runtime.server.responses import JsonResponse
-from runtime.server.responses_api import ResponseCreation, replayed_events
+from runtime.server.responses_api import ResponseCreation
+from runtime.server.responses_background import BackgroundRuns
 from runtime.server.responses_input import item_page
 
 
 def add_routes(app: FastAPI, ctx: ServerContext) -> None:
     stored_responses = SqliteResponseStore(ctx.http.response_store) if ctx.http.response_store else ResponseStore()
+    background = BackgroundRuns(stored_responses)
 
     def card() -> dict[str, Any]:
         return {
@@ -66,16 +67,17 @@ def add_routes(app: FastAPI, ctx: ServerContext) -> None:
     @app.post("/v1/responses")
     async def create_response(request: Request) -> Response:
         req: ResponsesRequest = await read_body(request, ResponsesRequest, ctx.http.max_request_bytes)
-        return await ResponseCreation(ctx, req, request, stored_responses).run()
+        return await ResponseCreation(ctx, req, request, stored_responses).run(background)
 
     @app.get("/v1/responses/{response_id}")
     async def get_response(response_id: str, stream: bool = False, starting_after: int | None = None) -> Response:
-        stored = stored_responses.response(response_id)
-        if not stream:
-            return JsonResponse(stored)
-        if starting_after is not None and starting_after < -1:
-            raise ApiError(400, f"starting_after must be at least -1, got {starting_after}", param="starting_after")
-        return StreamingResponse(iter(replayed_events(stored, starting_after)), media_type="text/event-stream")
+        if stream:
+            return background.stream(response_id, starting_after)
+        return JsonResponse(background.response(response_id))
+
+    @app.post("/v1/responses/{response_id}/cancel")
+    async def cancel_response(response_id: str) -> Response:
+        return JsonResponse(await background.cancel(response_id))
 
     @app.get("/v1/responses/{response_id}/input_items")
     async def list_input_items(response_id: str, limit: int = 20, order: str = "desc", after: str | None = None) -> Response:
@@ -83,5 +85,6 @@ def add_routes(app: FastAPI, ctx: ServerContext) -> None:
 
     @app.delete("/v1/responses/{response_id}")
     async def delete_response(response_id: str) -> Response:
+        background.check_deletable(response_id)
         stored_responses.delete(response_id)
         return JsonResponse({"id": response_id, "object": "response", "deleted": True})

@@ -90,7 +90,7 @@ RESPONSE = {
     "type": "object", "required": ["id", "object", "created_at", "status", "model", "output", "usage"],
     "properties": {
         "id": {"type": "string"}, "object": {"const": "response"}, "created_at": {"type": "integer"},
-        "status": {"enum": ["completed", "incomplete", "in_progress", "failed"]}, "model": {"type": "string"},
+        "status": {"enum": ["completed", "incomplete", "in_progress", "failed", "cancelled"]}, "model": {"type": "string"},
         "output": {"type": "array", "items": {"type": "object", "required": ["type", "id"],
                                               "properties": {"type": {"enum": ["message", "function_call", "reasoning"]}}}},
         "usage": {"anyOf": [{"type": "null"}, {"type": "object", "required": ["input_tokens", "output_tokens", "total_tokens"]}]},
@@ -158,6 +158,8 @@ RESPONSES["/v1/responses/{response_id}"] = {
         "properties": {"id": {"type": "string"}, "object": {"const": "response"}, "deleted": {"const": True}}})},
         **_errors(401, 404)},
 }
+RESPONSES["/v1/responses/{response_id}/cancel"] = {"*": {
+    "200": {"description": "The background response, cancelled", "content": _json(RESPONSE)}, **_errors(400, 401, 404)}}
 RESPONSES["/v1/responses/{response_id}/input_items"] = {"*": {
     "200": {"description": "A page of the stored response's input items", "content": _json({
         "type": "object", "required": ["object", "data", "has_more"],

@@ -371,13 +371,13 @@ class ResponsesRequest(_Body):
     access_programs: Any = None
     background_options: Any = None
     image: Any = None
+    background: bool = False  # run on after the answer to this request (responses_background.py)
     # accepted at their neutral value only
-    background: bool = False
     conversation: Any = None
     prompt: Any = None
     context_management: Any = None
     moderation: Any = None
     priority: Any = None
 
-    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("background", "conversation", "prompt", "context_management",
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("conversation", "prompt", "context_management",
                                               "moderation", "priority")

@@ -18,8 +18,10 @@ from typing import Any
 
 from runtime.server.protocol import ApiError
 
-# A stored response: the answer, its conversation as chat messages, its request's input items.
-Stored = tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]
+# A stored response: the answer, its conversation as chat messages (None while a background
+# response runs, or where it failed or was cancelled), its request's input items.
+Stored = tuple[dict[str, Any], list[dict[str, Any]] | None, list[dict[str, Any]]]
+RUNNING = ("queued", "in_progress")
 
 
 class ResponseStore:
@@ -49,7 +51,8 @@ class ResponseStore:
         del self._items[response_id]
 
     # ---------------------------------------------------------------- the interface
-    def put(self, response: dict[str, Any], conversation: list[dict[str, Any]], input_items: list[dict[str, Any]]) -> None:
+    def put(self, response: dict[str, Any], conversation: list[dict[str, Any]] | None,
+            input_items: list[dict[str, Any]]) -> None:
         self._write(response["id"], (response, conversation, input_items))
 
     def _get(self, response_id: str, param: str) -> Stored:
@@ -64,7 +67,12 @@ class ResponseStore:
         return self._get(response_id, "response_id")[0]
 
     def conversation(self, response_id: str) -> list[dict[str, Any]]:
-        return self._get(response_id, "previous_response_id")[1]
+        response, conversation, _ = self._get(response_id, "previous_response_id")
+        if conversation is None:
+            ended = "is still in progress" if response["status"] in RUNNING else f"ended {response['status']}"
+            raise ApiError(400, f"response '{response_id}' {ended}: there is no answer to continue from",
+                           param="previous_response_id")
+        return conversation
 
     def input_items(self, response_id: str) -> list[dict[str, Any]]:
         return self._get(response_id, "response_id")[2]

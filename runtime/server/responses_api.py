@@ -4,7 +4,9 @@ a chat request (``responses_input.py``); the assistant's answer comes back as ou
 ``output_text`` part, a ``function_call`` item per tool call), whole or as the Responses
 streaming events (``response.created`` ... ``response.output_text.delta`` ...
 ``response.completed``). With ``store`` (the default) the response and its conversation are
-kept in memory for ``previous_response_id`` and ``GET /v1/responses/{id}``."""
+kept (``response_store.py``) for ``previous_response_id`` and ``GET /v1/responses/{id}``, which
+can also send a stored response again as events; ``background`` responses run on in
+``responses_background.py``."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
@@ -20,7 +22,7 @@ from fastapi.responses import Response, StreamingResponse
 from runtime.server.chat_completion import ChatCompletion
 from runtime.server.context import ServerContext
 from runtime.server.openai_handler import OPENAI_NAMES, finish_reason_of
-from runtime.server.protocol import ResponsesRequest, reject_unsupported
+from runtime.server.protocol import ApiError, ResponsesRequest, reject_unsupported
 from runtime.server.response_store import ResponseStore
 from runtime.server.responses import JsonResponse, error_of, merged_updates, sse, wait_all
 from runtime.server.responses_input import (
@@ -29,6 +31,9 @@ from runtime.server.responses_input import (
     stored_input_items,
 )
 from runtime.server.scheduler_client import ReqState
+
+if TYPE_CHECKING:
+    from runtime.server.responses_background import BackgroundRuns
 
 # Sampling fields as Responses clients call them, for error messages.
 NAMES = {**OPENAI_NAMES, "max_new_tokens": "max_output_tokens", "json_schema": "text"}
@@ -72,8 +77,12 @@ class ResponseCreation(OutputItems, ChatCompletion):
         self.hex = uuid.uuid4().hex
         self.id = f"resp_{self.hex}"
 
-    async def run(self) -> Response:
+    async def run(self, background: BackgroundRuns) -> Response:
+        if self.create.background and not self.create.store:
+            raise ApiError(400, "a background response is stored: 'background' needs 'store' true", param="background")
         states = await self.start()
+        if self.create.background:
+            return background.start(self, states)
         if self.req.stream:
             return StreamingResponse(self.events(states), media_type="text/event-stream")
         await wait_all(self.ctx.client, states, self.request)
@@ -109,7 +118,7 @@ class ResponseCreation(OutputItems, ChatCompletion):
             "previous_response_id": r.previous_response_id, "reasoning": {"effort": (r.reasoning or {}).get("effort"), "summary": None},
             "store": r.store, "temperature": r.temperature, "text": {"format": fmt}, "tool_choice": r.tool_choice or "auto",
             "tools": r.tools or [], "top_p": r.top_p, "truncation": "disabled", "usage": usage,
-            "metadata": r.metadata or {}, "user": r.user,
+            "metadata": r.metadata or {}, "user": r.user, "background": r.background,
         }
 
     def finish(self, output: list[dict[str, Any]], finish: str | None, states: list[ReqState]) -> dict[str, Any]:
@@ -129,8 +138,8 @@ class ResponseCreation(OutputItems, ChatCompletion):
         return body
 
     # ------------------------------------------------------------------ streaming
-    async def events(self, states: list[ReqState]) -> AsyncIterator[bytes]:
-        out = StreamedOutput(self)
+    async def events(self, states: list[ReqState], out: StreamedOutput | None = None) -> AsyncIterator[bytes]:
+        out = out or StreamedOutput(self)
         yield out.event("response.created", response=self.body([], "in_progress", None))
         yield out.event("response.in_progress", response=self.body([], "in_progress", None))
         sent_text = sent_tokens = 0
@@ -181,15 +190,16 @@ class StreamedOutput:
         self.items: list[dict[str, Any]] = []
         self.open: dict[str, int] = {}  # text item kind, or "call <k>" -> its output index
         self.sequence = 0
+        self.failed_body: dict[str, Any] | None = None  # the response as failed, once it has
 
     def event(self, kind: str, **fields: Any) -> bytes:
         self.sequence += 1
         return sse({"type": kind, "sequence_number": self.sequence - 1, **fields})
 
     def failed(self, status: int, message: str) -> bytes:
-        body = self.creation.body(self.items, "failed", None)
         code = "server_error" if status >= 500 else "invalid_prompt"
-        return self.event("response.failed", response={**body, "error": {"code": code, "message": message}})
+        self.failed_body = {**self.creation.body(self.items, "failed", None), "error": {"code": code, "message": message}}
+        return self.event("response.failed", response=self.failed_body)
 
     def _add(self, key: str, item: dict[str, Any]) -> list[bytes]:
         """Open a new item, closing the open text items first (a call stays open until the
@@ -289,5 +299,6 @@ def replayed_events(stored: dict[str, Any], starting_after: int | None = None) -
                                   "function": {"name": item["name"], "arguments": item["arguments"]}}])
             calls += 1
     chunks += out.close(incomplete=stored["status"] == "incomplete", logprobs=logprobs)
-    chunks.append(out.event(f"response.{stored['status']}", response=stored))
+    if stored["status"] != "cancelled":  # a cancelled stream has no event of its end
+        chunks.append(out.event(f"response.{stored['status']}", response=stored))
     return chunks[0 if starting_after is None else starting_after + 1:]
