@@ -90,12 +90,15 @@ class ServerContext:
         if self.is_shutting_down:
             raise ApiError(503, "The server is shutting down.")
 
-    async def encode(self, texts: list[str]) -> list[list[int]]:
+    async def encode(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
         """Token ids of ``texts``. Long inputs are tokenized on a worker thread, so that the
         event loop keeps answering other clients meanwhile (a megabyte of text takes ~0.5 s)."""
+        def encode_all() -> list[list[int]]:
+            return [self.tokenizer.encode(t, add_special_tokens) for t in texts]
+
         if sum(len(t) for t in texts) < _INLINE_ENCODE_CHARS:
-            return [self.tokenizer.encode(t) for t in texts]
-        return await asyncio.to_thread(lambda: [self.tokenizer.encode(t) for t in texts])
+            return encode_all()
+        return await asyncio.to_thread(encode_all)
 
     # ------------------------------------------------------------------ submission
     def submit_group(self, requests: list[GenerateRequest], rids: list[str] | None = None) -> list[ReqState]:

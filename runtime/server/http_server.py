@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from runtime.request_builder import build_requests, parse_sampling_params
 from runtime.request_options import RequestOptions
-from runtime.server import openai_api, openapi
+from runtime.server import openai_api, openapi, tokenize_api
 from runtime.server.context import (
     ServerContext,
     bad_input_as_400,
@@ -173,6 +173,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
         return await handle_generate(ctx, req, request)
 
     openai_api.add_routes(app, ctx)
+    tokenize_api.add_routes(app, ctx)
     openapi.install(app)
     return app
 

@@ -18,9 +18,11 @@ from runtime.server.openapi_responses import RESPONSES
 from runtime.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
+    DetokenizeRequest,
     EndProgramReq,
     GenerateReqInput,
     ResponsesRequest,
+    TokenizeRequest,
 )
 
 BODIES: dict[str, type[BaseModel]] = {
@@ -30,6 +32,8 @@ BODIES: dict[str, type[BaseModel]] = {
     "/v1/responses": ResponsesRequest,
     "/generate": GenerateReqInput,
     "/end_program": EndProgramReq,
+    **{f"{v1}/tokenize": TokenizeRequest for v1 in ("", "/v1")},
+    **{f"{v1}/detokenize": DetokenizeRequest for v1 in ("", "/v1")},
 }
 _REF = "#/components/schemas/{model}"
 

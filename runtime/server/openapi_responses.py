@@ -166,5 +166,16 @@ RESPONSES["/v1/responses/{response_id}/input_items"] = {"*": {
         "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": {"type": "object"}},
                        "has_more": {"type": "boolean"}}})},
     **_errors(400, 401, 404)}}
+for _v1 in ("", "/v1"):
+    RESPONSES[f"{_v1}/tokenize"] = {"*": {"200": {"description": "Token ids and their count (lists of them for a list of prompts)", "content": _json({
+        "type": "object", "required": ["tokens", "count", "max_model_len"],
+        "properties": {"tokens": {"type": "array"}, "count": {"anyOf": [{"type": "integer"}, {"type": "array"}]},
+                       "max_model_len": {"type": "integer"}, "token_strs": {"type": "array"}}})},
+        **_errors(400, 401, 404, 413)}}
+    RESPONSES[f"{_v1}/detokenize"] = {"*": {"200": {"description": "The text of the ids (as text and as prompt)", "content": _json({
+        "type": "object", "required": ["text", "prompt"],
+        "properties": {"text": {"anyOf": [{"type": "string"}, {"type": "array"}]},
+                       "prompt": {"anyOf": [{"type": "string"}, {"type": "array"}]}}})},
+        **_errors(400, 401, 404, 413)}}
 RESPONSES["/model_info"] = RESPONSES["/get_model_info"]  # SGLang's newer names for the same answers
 RESPONSES["/server_info"] = RESPONSES["/get_server_info"]

@@ -311,6 +311,30 @@ class ChatCompletionRequest(_OpenAISampling):
     )
 
 
+# ---------------------------------------------------------------- tokenize / detokenize
+class TokenizeRequest(_Body):
+    """``POST /tokenize``: SGLang's fields (``prompt``: one text or several) and vLLM's (also
+    ``messages`` with ``tools``, rendered as the chat route renders them; ``return_token_strs``)."""
+
+    model: str | None = None
+    prompt: str | list[str] | None = None
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
+    tools: list[Tool] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_special_tokens: bool = True  # on the rendered chat too: the chat route encodes it so
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(_Body):
+    """``POST /detokenize``: one list of token ids or several."""
+
+    model: str | None = None
+    tokens: list[int] | list[list[int]]
+    skip_special_tokens: bool = True
+
+
 # ---------------------------------------------------------------- OpenAI Responses API
 class ResponseTextFormat(_Body):
     type: Literal["text", "json_object", "json_schema"]

@@ -1,0 +1,77 @@
+"""``/tokenize`` and ``/detokenize`` (also under ``/v1``), as SGLang and vLLM serve them: an
+agent counts what its context will cost before it sends it. A chat (``messages`` with
+``tools``) is rendered exactly as the chat route renders it, so its count is the
+``prompt_tokens`` that route would report. The answer carries both servers' names:
+``tokens`` / ``count`` / ``max_model_len`` (and vLLM's ``token_strs`` when asked); on the way
+back SGLang's ``text`` and vLLM's ``prompt``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from runtime.server.chat_completion import ChatCompletion
+from runtime.server.context import ServerContext, read_body
+from runtime.server.protocol import (
+    ApiError,
+    ChatCompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from runtime.server.responses import JsonResponse
+
+CHAT_FIELDS = ("messages", "tools", "add_generation_prompt", "continue_final_message", "chat_template_kwargs")
+
+
+async def tokenize(ctx: ServerContext, req: TokenizeRequest, request: Request) -> dict[str, Any]:
+    if req.model is not None:
+        ctx.check_model(req.model)
+    if (req.prompt is None) == (req.messages is None):
+        raise ApiError(400, "give either 'prompt' (text) or 'messages' (a chat)", param="prompt")
+    if req.messages is not None:
+        chat = ChatCompletionRequest.model_validate(
+            {"model": ctx.model_name, **req.model_dump(include=set(CHAT_FIELDS), exclude_none=True)})
+        handler = ChatCompletion(ctx, chat, request)
+        handler.check_request()
+        texts = [handler.prompt().text]
+    else:
+        texts = [req.prompt] if isinstance(req.prompt, str) else list(req.prompt or [])
+    ids = await ctx.encode(texts, req.add_special_tokens)
+    one = not isinstance(req.prompt, list)
+    out: dict[str, Any] = {"tokens": ids[0] if one else ids, "count": len(ids[0]) if one else [len(i) for i in ids],
+                           "max_model_len": ctx.max_context_len}
+    if req.return_token_strs:
+        strs = [ctx.tokenizer.hf.convert_ids_to_tokens(i) for i in ids]
+        out["token_strs"] = strs[0] if one else strs
+    return out
+
+
+def detokenize(ctx: ServerContext, req: DetokenizeRequest) -> dict[str, Any]:
+    if req.model is not None:
+        ctx.check_model(req.model)
+    one = not (req.tokens and isinstance(req.tokens[0], list))
+    lists: list[list[int]] = [req.tokens] if one else req.tokens  # type: ignore[list-item,assignment]
+    vocab = ctx.tokenizer.vocab_size
+    for ids in lists:
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ApiError(400, f"token id {bad} is outside this model's vocabulary [0, {vocab})", param="tokens")
+    texts = [ctx.tokenizer.decode(ids, req.skip_special_tokens) for ids in lists]
+    text: str | list[str] = texts[0] if one else texts
+    return {"text": text, "prompt": text}
+
+
+def add_routes(app: FastAPI, ctx: ServerContext) -> None:
+    for path in ("/tokenize", "/v1/tokenize"):
+        @app.post(path)
+        async def tokenize_route(request: Request) -> Response:
+            req: TokenizeRequest = await read_body(request, TokenizeRequest, ctx.http.max_request_bytes)
+            return JsonResponse(await tokenize(ctx, req, request))
+
+    for path in ("/detokenize", "/v1/detokenize"):
+        @app.post(path)
+        async def detokenize_route(request: Request) -> Response:
+            req: DetokenizeRequest = await read_body(request, DetokenizeRequest, ctx.http.max_request_bytes)
+            return JsonResponse(detokenize(ctx, req))
