@@ -2,8 +2,8 @@
 sent back (``reasoning_content`` on a chat message; a Responses ``reasoning`` item's
 ``reasoning_text`` as the ``reasoning_content`` of the assistant message after it), shown or
 not as the template decides (here as reasoning models' templates do: the turn in progress
-only); and ``reasoning_effort``, given to a template that reads it and refused (naming the
-field) by one that does not."""
+only); and ``reasoning_effort``, given to a template that reads it, moot for a model that
+does not reason, refused (naming the field) for a reasoning model whose template has none."""
 
 from __future__ import annotations
 
@@ -90,13 +90,18 @@ def test_a_thinking_template_shows_the_reasoning_of_the_turn_in_progress(hf):
                     "<|tool|>3 degrees|<|assistant|>")
 
 
-def test_reasoning_effort_goes_to_a_template_that_reads_it_and_is_refused_by_one_that_does_not(hf):
+def test_reasoning_effort_goes_to_a_template_that_reads_it(hf):
+    """A template that reads the effort gets it; a model that does not reason (no reasoning
+    parser) answers with no reasoning whatever the effort, as asked; a reasoning model whose
+    template has no effort is refused, naming the field."""
     reads = "{% if reasoning_effort %}Reasoning: {{ reasoning_effort }}|{% endif %}" + THINKING_TEMPLATE
     hi = [{"role": "user", "content": "Hi"}]
-    assert render_chat(hf, hi, chat_template=reads, reasoning_effort="low").text == "Reasoning: low|<|user|>Hi|<|assistant|>"
+    for reasoning_model in (False, True):
+        assert render_chat(hf, hi, chat_template=reads, reasoning_effort="low",
+                           reasoning_model=reasoning_model).text == "Reasoning: low|<|user|>Hi|<|assistant|>"
     assert render_chat(hf, hi, chat_template=reads).text == "<|user|>Hi|<|assistant|>"
+    plain = render_chat(hf, hi, chat_template=THINKING_TEMPLATE).text
+    assert render_chat(hf, hi, chat_template=THINKING_TEMPLATE, reasoning_effort="high").text == plain
     with pytest.raises(InvalidField, match="does not read it") as err:
-        render_chat(hf, hi, chat_template=THINKING_TEMPLATE, reasoning_effort="low")
+        render_chat(hf, hi, chat_template=THINKING_TEMPLATE, reasoning_effort="low", reasoning_model=True)
     assert err.value.field == "reasoning_effort"
-    with pytest.raises(InvalidField):  # the default model's own template has no effort either
-        render_chat(hf, hi, reasoning_effort="high")

@@ -76,5 +76,12 @@ def test_a_server_with_a_reasoning_parser_splits_reasoning():
         assert pieces == ["I should greet them."]  # one delta, not token by token
         whole = client.chat.completions.create(**{**kw, "extra_body": {**kw["extra_body"], "separate_reasoning": False}})
         assert whole.choices[0].message.content == "I should greet them.</think>Hello there."
+        # a reasoning model whose template has no effort cannot honour one: a 400 naming it, on both routes
+        with pytest.raises(openai.BadRequestError, match="reasoning_effort is not supported") as err:
+            client.chat.completions.create(**kw, reasoning_effort="low")
+        assert err.value.body["param"] == "reasoning_effort"
+        with pytest.raises(openai.BadRequestError, match="reasoning.effort is not supported") as err:
+            client.responses.create(model=kw["model"], input="Hi", reasoning={"effort": "low"})
+        assert err.value.body["param"] == "reasoning.effort"
     finally:
         assert proc.stop() == 0

@@ -246,13 +246,44 @@ def test_cancelling_a_background_response_stops_it(server, client):
     with pytest.raises(openai.BadRequestError, match="ended cancelled"):
         client.responses.create(model=MODEL, input="Go on.", previous_response_id=started.id)
     events = list(client.responses.retrieve(started.id, stream=True))
-    assert events[-1].type != "response.completed"
+    done = [e.item for e in events if e.type == "response.output_item.done"]
+    assert [i.status for i in done] == [i.status for i in cancelled.output] == ["incomplete"] * len(done)
+    assert events[-1].type == ("response.output_item.done" if done else "response.in_progress")  # no end event
     foreground = client.responses.create(model=MODEL, input="Hi", max_output_tokens=4)
     with pytest.raises(openai.BadRequestError, match="only background responses"):
         client.responses.cancel(foreground.id)
     with pytest.raises(openai.BadRequestError, match="needs 'store' true"):
         client.responses.create(model=MODEL, input="Hi", background=True, store=False)
     client.responses.delete(started.id)
+
+
+def test_a_stopping_server_stores_its_unfinished_background_responses_as_failed(tmp_path):
+    """With --response-store the stored responses outlive the server: one that was still
+    running when the server stopped (SIGTERM) is there as failed, not in progress forever;
+    the finished one is there whole."""
+    from bench_agent.local_server import ServerProcess
+    from runtime.server.response_store import SqliteResponseStore
+
+    path = str(tmp_path / "responses.sqlite")
+    proc = ServerProcess("--response-store", path, "--max-total-tokens", "4000").wait_ready()
+    try:
+        c = openai.OpenAI(base_url=proc.url + "/v1", api_key="x")
+        finished = c.responses.create(model=MODEL, input="Name a planet.", max_output_tokens=6, temperature=0)
+        running = c.responses.create(model=MODEL, input="Count from 1 to 400, separated by commas.",
+                                     max_output_tokens=600, temperature=0, background=True)
+        time.sleep(1.0)
+    finally:
+        assert proc.stop() == 0, proc.read_output()
+    store = SqliteResponseStore(path)
+    assert store.response(finished.id)["output"][0]["content"][0]["text"] == finished.output_text
+    left = store.response(running.id)
+    assert left["status"] == "failed" and "stopped" in left["error"]["message"], left
+
+
+def test_reasoning_effort_is_moot_for_a_model_that_does_not_reason(client):
+    r = client.responses.create(model=MODEL, input="Hi", reasoning={"effort": "high"}, max_output_tokens=4)
+    assert r.status in ("completed", "incomplete") and r.reasoning.effort == "high"
+    assert not [o for o in r.output if o.type == "reasoning"]
 
 
 def test_a_json_schema_text_format_constrains_the_output(client):
@@ -329,7 +360,6 @@ def test_running_out_of_tokens_is_an_incomplete_response(client):
      "tool_choice", "not one of the given tools"),
     ({"input": []}, "input", "at least one item"),
     ({"input": "hi", "truncation": "auto"}, "truncation", "disabled"),
-    ({"input": "hi", "reasoning": {"effort": "high"}}, "reasoning.effort", "not supported by this model"),
 ])
 def test_what_the_server_cannot_do_is_a_400_naming_the_field(server, body, param, words):
     r = httpx.post(server.url + "/v1/responses", json={"model": MODEL, **body}, timeout=60)

@@ -171,6 +171,22 @@ def test_render_gives_the_prompt_grammar_and_parser_a_chat_request_runs_with(ser
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tool_choice"
 
 
+@pytest.mark.parametrize("tools", [None, []])
+def test_auto_over_no_tools_is_a_plain_answer(server, tools):
+    """Clients send tool_choice "auto" with no tools or an empty list: the answer is the one
+    without either field."""
+    ask = {"model": MODEL, "messages": [{"role": "user", "content": "Name a planet."}], "max_tokens": 8,
+           "temperature": 0}
+    plain = httpx.post(server.url + "/v1/chat/completions", timeout=60, json=ask).json()
+    auto = httpx.post(server.url + "/v1/chat/completions", timeout=60,
+                      json={**ask, "tool_choice": "auto", **({"tools": tools} if tools is not None else {})})
+    assert auto.status_code == 200, auto.text
+    assert auto.json()["choices"][0]["message"] == plain["choices"][0]["message"]
+    regex = httpx.post(server.url + "/v1/chat/completions", timeout=60,
+                       json={**ask, "tool_choice": "auto", "tools": tools, "regex": "[A-Z][a-z]+"})
+    assert regex.status_code == 200, regex.text
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [

@@ -138,7 +138,7 @@ def test_the_call_rule_of_each_form():
     names = ("get_weather", "add")
     assert call_rule(TOOLS, None) == CallRule("auto", names)
     assert call_rule(None, None) == CallRule("none", ())
-    assert call_rule(None, "auto") == CallRule("auto", ())
+    assert call_rule(None, "auto") == call_rule([], "auto") == CallRule("none", ())  # nothing to call
     assert call_rule(TOOLS, "none") == CallRule("none", names)
     assert call_rule(TOOLS, {"type": "function", "function": {"name": "add"}}) == CallRule("required", ("add",))
     both = [{"type": "function", "function": {"name": n}} for n in ("add", "get_weather")]

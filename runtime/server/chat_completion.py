@@ -87,6 +87,7 @@ class ChatCompletion(OpenAIHandler):
                 answer_schema=self.answer_schema(),
                 add_generation_prompt=r.add_generation_prompt, continue_final_message=r.continue_final_message,
                 template_kwargs=r.chat_template_kwargs, reasoning_effort=r.reasoning_effort,
+                reasoning_model=self.ctx.http.reasoning_parser is not None,
             )
         self.tool_ebnf = prompt.tool_ebnf
         self.answer = ChatAnswer(prompt.tool_parser, self.reasoning, self.req.stream_reasoning)

@@ -79,12 +79,7 @@ class DataParallelLauncher:
         self.children: list[Child] = []
         self.gateway: Child | None = None
         self.url = local_url(http.host, http.port)
-        # The replicas share one store of /v1/responses: the gateway may send a continuation
-        # (previous_response_id) to a replica other than the one that answered first.
         self.run_dir: str | None = None
-        if http.response_store is None:
-            self.run_dir = tempfile.mkdtemp(prefix="forkserve-dp-")
-            self.http = dataclasses.replace(http, response_store=os.path.join(self.run_dir, "responses.sqlite"))
 
     def run(self) -> int:
         if not gateway_installed():
@@ -94,6 +89,11 @@ class DataParallelLauncher:
         # the others) until just before its server starts, so nothing else takes it meanwhile.
         held = [bind_port(self.http.host, self.http.port)]
         try:
+            if self.http.response_store is None:
+                # The replicas share one store of /v1/responses: the gateway may send a continuation
+                # (previous_response_id) to a replica other than the one that answered first.
+                self.run_dir = tempfile.mkdtemp(prefix="forkserve-dp-")
+                self.http = dataclasses.replace(self.http, response_store=os.path.join(self.run_dir, "responses.sqlite"))
             held += reserve_ports(self.dp.dp_size + 1)
             *ports, metrics_port = [s.getsockname()[1] for s in held[1:]]
             self.replicas = plan_replicas(self.args, self.http, self.dp, ports)

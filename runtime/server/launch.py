@@ -18,6 +18,7 @@ import multiprocessing
 import os
 import signal
 import socket
+import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import Any
 
 from runtime import ipc
 from runtime.config import HttpArgs, ServerArgs
+from runtime.server.response_store import SqliteResponseStore
 from runtime.server.tools.template import load_chat_template
 
 logger = logging.getLogger("forkserve")
@@ -93,6 +95,11 @@ class Launcher:
                 load_chat_template(self.http.chat_template)
             except (OSError, ValueError) as err:
                 raise StartupError(f"--chat-template: {err}") from err
+            if self.http.response_store is not None:
+                try:
+                    SqliteResponseStore(self.http.response_store).close()
+                except sqlite3.Error as err:
+                    raise StartupError(f"--response-store {self.http.response_store}: {err}") from err
             self._spawn(model_dir)
             runner: Any = asyncio.run
             with contextlib.suppress(ImportError):

@@ -85,6 +85,6 @@ def add_routes(app: FastAPI, ctx: ServerContext) -> None:
 
     @app.delete("/v1/responses/{response_id}")
     async def delete_response(response_id: str) -> Response:
-        background.check_deletable(response_id)
+        background.forget(response_id)
         stored_responses.delete(response_id)
         return JsonResponse({"id": response_id, "object": "response", "deleted": True})

@@ -95,6 +95,9 @@ class SqliteResponseStore(ResponseStore):
                          "stored TEXT NOT NULL)")
         self._db.execute("CREATE INDEX IF NOT EXISTS responses_used ON responses (used)")
 
+    def close(self) -> None:
+        self._db.close()
+
     def _touch(self, response_id: str) -> None:
         self._db.execute("UPDATE responses SET used = (SELECT COALESCE(MAX(used), 0) + 1 FROM responses) WHERE id = ?",
                          (response_id,))

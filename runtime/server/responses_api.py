@@ -107,6 +107,10 @@ class ResponseCreation(OutputItems, ChatCompletion):
         whole = self.logprobs(state, 0, len(state.output_token_logprobs), 0)
         return whole["content"] if whole else None
 
+    def input_items(self) -> list[dict[str, Any]]:
+        """The request's input as the store keeps it (``GET .../input_items``)."""
+        return stored_input_items(self.create.input, self.hex)
+
     def body(self, output: list[dict[str, Any]], status: str, usage: dict[str, Any] | None) -> dict[str, Any]:
         r = self.create
         fmt = r.text.format.model_dump(by_alias=True, exclude_none=True) if r.text and r.text.format else {"type": "text"}
@@ -134,7 +138,7 @@ class ResponseCreation(OutputItems, ChatCompletion):
         if self.create.store:  # a call cut off by max_output_tokens is not part of the conversation
             kept = [i for i in output if i["type"] != "function_call" or _is_json(i["arguments"])]
             answer = input_messages(kept) or [{"role": "assistant", "content": ""}]
-            self.store.put(body, [*self.conversation, *answer], stored_input_items(self.create.input, self.hex))
+            self.store.put(body, [*self.conversation, *answer], self.input_items())
         return body
 
     # ------------------------------------------------------------------ streaming
@@ -249,25 +253,30 @@ class StreamedOutput:
         """Close the open items (or only the text ones), in output order: ``incomplete`` when
         the answer ran out of tokens; ``logprobs``: the message's, whole."""
         chunks: list[bytes] = []
-        for key, index in sorted(self.open.items(), key=lambda kv: kv[1]):
-            if only_text and key not in TEXT_ITEMS:
-                continue
-            del self.open[key]
-            item = self.items[index]
-            item["status"] = "incomplete" if incomplete else "completed"
-            if key in TEXT_ITEMS:
-                part = item["content"][0]
-                if key == "message" and logprobs is not None:
-                    part["logprobs"] = logprobs
-                done = {"logprobs": part["logprobs"]} if key == "message" else {}
-                chunks.append(self.event(TEXT_ITEMS[key][1] + ".done", item_id=item["id"], output_index=index,
-                                         content_index=0, text=part["text"], **done))
-                chunks.append(self.event("response.content_part.done", item_id=item["id"], output_index=index,
-                                         content_index=0, part=part))
-            else:
-                chunks.append(self.event("response.function_call_arguments.done", item_id=item["id"],
-                                         output_index=index, name=item["name"], arguments=item["arguments"]))
-            chunks.append(self.event("response.output_item.done", output_index=index, item=item))
+        for key, _ in sorted(self.open.items(), key=lambda kv: kv[1]):
+            if not only_text or key in TEXT_ITEMS:
+                chunks += self.close_item(key, "incomplete" if incomplete else "completed", logprobs)
+        return chunks
+
+    def close_item(self, key: str, status: str, logprobs: list[dict[str, Any]] | None = None) -> list[bytes]:
+        """Close one open item (a text kind, or ``call <k>``) with ``status``."""
+        index = self.open.pop(key)
+        item = self.items[index]
+        item["status"] = status
+        chunks: list[bytes] = []
+        if key in TEXT_ITEMS:
+            part = item["content"][0]
+            if key == "message" and logprobs is not None:
+                part["logprobs"] = logprobs
+            done = {"logprobs": part["logprobs"]} if key == "message" else {}
+            chunks.append(self.event(TEXT_ITEMS[key][1] + ".done", item_id=item["id"], output_index=index,
+                                     content_index=0, text=part["text"], **done))
+            chunks.append(self.event("response.content_part.done", item_id=item["id"], output_index=index,
+                                     content_index=0, part=part))
+        else:
+            chunks.append(self.event("response.function_call_arguments.done", item_id=item["id"],
+                                     output_index=index, name=item["name"], arguments=item["arguments"]))
+        chunks.append(self.event("response.output_item.done", output_index=index, item=item))
         return chunks
 
 
@@ -288,17 +297,18 @@ def replayed_events(stored: dict[str, Any], starting_after: int | None = None) -
     out = StreamedOutput(source)
     chunks = [out.event(kind, response=source.body([], "in_progress", None))
               for kind in ("response.created", "response.in_progress")]
-    calls, logprobs = 0, None
-    for item in stored["output"]:
+    calls = 0
+    for item in stored["output"]:  # each item opened, filled and closed with its stored status
         if item["type"] in TEXT_ITEMS:
-            part = item["content"][0]
-            logprobs = part.get("logprobs") if item["type"] == "message" else logprobs
-            chunks += out.text(item["type"], part["text"], part.get("logprobs"))
+            key, part = item["type"], item["content"][0]
+            chunks += out.text(key, part["text"], part.get("logprobs"))
         else:
+            key = f"call {calls}"
             chunks += out.calls([{"index": calls, "id": item["call_id"],
                                   "function": {"name": item["name"], "arguments": item["arguments"]}}])
             calls += 1
-    chunks += out.close(incomplete=stored["status"] == "incomplete", logprobs=logprobs)
+        if key in out.open:
+            chunks += out.close_item(key, item["status"], item["content"][0].get("logprobs") if key == "message" else None)
     if stored["status"] != "cancelled":  # a cancelled stream has no event of its end
         chunks.append(out.event(f"response.{stored['status']}", response=stored))
     return chunks[0 if starting_after is None else starting_after + 1:]

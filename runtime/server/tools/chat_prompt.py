@@ -38,14 +38,17 @@ def render_chat(
     continue_final_message: bool = False,
     template_kwargs: dict[str, Any] | None = None,
     reasoning_effort: str | None = None,
+    reasoning_model: bool = False,
 ) -> ChatPrompt:
     """The prompt for ``messages`` (template dicts, OpenAI's shape) and ``tools``;
     ``chat_template`` (a template's text, ``--chat-template``) replaces the model's.
     ``answer_schema``: the JSON schema an answer without calls must follow (the grammar then
     allows calls or that JSON). Raises ``InvalidField`` naming ``messages`` (the template
     refused them), ``tools`` (tools together with ``other_constraint``, a regex or grammar
-    constraint), ``tool_choice`` or ``reasoning_effort`` (given to a template that does not
-    read it: the request would otherwise be answered as if it had not been asked)."""
+    constraint), ``tool_choice`` or ``reasoning_effort``. ``reasoning_effort`` goes to a
+    template that reads it; for a model that does not reason (``reasoning_model`` false: no
+    reasoning parser) any effort holds as it is, with no reasoning; a reasoning model whose
+    template has no effort cannot honour it (a 400)."""
     rule = call_rule(tools, tool_choice)
     uses_tools = bool(tools) or any(m.get("tool_calls") or m["role"] == "tool" for m in messages)
     kwargs = dict(add_generation_prompt=add_generation_prompt and not continue_final_message,
@@ -54,11 +57,12 @@ def render_chat(
         template = tool_template(hf_tokenizer, chat_template) if uses_tools else (chat_template or hf_tokenizer.chat_template)
         if not template:
             raise ValueError("this model has no chat template; use completions instead of chat")
-        if reasoning_effort is not None:
-            if "reasoning_effort" not in template:
-                raise InvalidField("reasoning_effort", "reasoning_effort is not supported by this model: its chat "
-                                                       "template does not read it")
+        if reasoning_effort is not None and "reasoning_effort" in template:
             kwargs["reasoning_effort"] = reasoning_effort
+        elif reasoning_effort is not None and reasoning_model:
+            raise InvalidField("reasoning_effort", "reasoning_effort is not supported by this model: its chat "
+                                                   "template does not read it (chat_template_kwargs may have a "
+                                                   "switch of its own, e.g. enable_thinking)")
         text = render(hf_tokenizer, template, messages, tools, **kwargs)
     except InvalidField:
         raise

@@ -41,7 +41,7 @@ def call_rule(tools: list[dict[str, Any]] | None, choice: Any) -> CallRule:
     """The rule for ``choice`` over ``tools`` (OpenAI's function tools); ``InvalidField``
     naming ``tool_choice`` where it is malformed or names a tool the request does not give."""
     given = tuple(t["function"]["name"] for t in tools or ())
-    if choice is None:
+    if choice is None or choice == "auto" and not given:  # "auto" over no tools (clients send it): no calls
         return CallRule("auto" if given else "none", given)
     if isinstance(choice, str):
         if choice not in _MODES:
