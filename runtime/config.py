@@ -256,7 +256,7 @@ class HttpArgs:
     response_store: str | None = _arg(
         None,
         "A SQLite file for the responses /v1/responses stores (for previous_response_id and GET "
-        "/v1/responses/{id}): servers given the same file share them. --dp-size gives its replicas one file "
+        "/v1/responses/{id}) and the conversations of /v1/conversations: servers given the same file share them. --dp-size gives its replicas one file "
         "of its own unless this is set (the gateway may send a continuation to any replica). Default: in "
         "memory, this server only.",
     )

@@ -81,3 +81,31 @@ def test_two_sqlite_stores_on_one_file_share_their_responses(tmp_path):
     b.delete("resp_1")
     with pytest.raises(ApiError, match="responses.sqlite"):
         a.response("resp_1")
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite"])
+def test_conversations_keep_their_items_in_order_on_either_table(tmp_path, backend):
+    """Two stores on one file stand for two replicas: what one appends the other sees."""
+    from runtime.server.response_store import ConversationStore, MemoryTable, SqliteTable
+
+    def table():
+        return MemoryTable() if backend == "memory" else SqliteTable(str(tmp_path / "r.sqlite"), "conversations")
+
+    first = table()
+    a, b = ConversationStore(table=first), ConversationStore(table=first if backend == "memory" else table())
+    conv = a.create([{"id": "m0"}], {"k": "v"})
+    b.append(conv["id"], [{"id": "m1"}, {"id": "m2"}])
+    a.append(conv["id"], [{"id": "m3"}])
+    assert [i["id"] for i in b.items(conv["id"])] == ["m0", "m1", "m2", "m3"]
+    assert b.update(conv["id"], {"k": "w"})["metadata"] == {"k": "w"} == a.get(conv["id"])["metadata"]
+    a.remove_item(conv["id"], "m1")
+    assert [i["id"] for i in b.items(conv["id"])] == ["m0", "m2", "m3"]
+    with pytest.raises(ApiError) as err:
+        b.item(conv["id"], "m1")
+    assert err.value.status == 404 and err.value.param == "item_id"
+    with pytest.raises(ApiError) as err:
+        a.items("conv_x", "conversation")
+    assert err.value.status == 400
+    b.delete(conv["id"])
+    with pytest.raises(ApiError):
+        a.get(conv["id"])

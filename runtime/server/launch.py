@@ -26,7 +26,7 @@ from typing import Any
 
 from runtime import ipc
 from runtime.config import HttpArgs, ServerArgs
-from runtime.server.response_store import SqliteResponseStore
+from runtime.server.response_store import SqliteTable
 from runtime.server.tools.template import load_chat_template
 
 logger = logging.getLogger("forkserve")
@@ -97,7 +97,7 @@ class Launcher:
                 raise StartupError(f"--chat-template: {err}") from err
             if self.http.response_store is not None:
                 try:
-                    SqliteResponseStore(self.http.response_store).close()
+                    SqliteTable(self.http.response_store, "responses").close()
                 except sqlite3.Error as err:
                     raise StartupError(f"--response-store {self.http.response_store}: {err}") from err
             self._spawn(model_dir)

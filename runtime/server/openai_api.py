@@ -1,7 +1,7 @@
 """OpenAI-compatible routes: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``,
 ``/v1/chat/completions/render`` (the prompt and constraint a chat request would run with) and
 the Responses API (``/v1/responses``, and reading a stored response, its input items,
-cancelling a background one, or deleting it). The handlers live in ``completion.py``, ``chat_completion.py`` and
+cancelling a background one, or deleting it; conversations in ``conversations_api.py``). The handlers live in ``completion.py``, ``chat_completion.py`` and
 ``responses_api.py`` (their shared part in ``openai_handler.py``)."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from runtime.server import conversations_api
 from runtime.server.chat_completion import ChatCompletion
 from runtime.server.completion import Completion
 from runtime.server.context import ServerContext, read_body
@@ -19,7 +20,7 @@ from runtime.server.protocol import (
     CompletionRequest,
     ResponsesRequest,
 )
-from runtime.server.response_store import ResponseStore, SqliteResponseStore
+from runtime.server.response_store import ConversationStore, ResponseStore, open_tables
 from runtime.server.responses import JsonResponse
 from runtime.server.responses_api import ResponseCreation
 from runtime.server.responses_background import BackgroundRuns
@@ -27,8 +28,11 @@ from runtime.server.responses_input import item_page
 
 
 def add_routes(app: FastAPI, ctx: ServerContext) -> None:
-    stored_responses = SqliteResponseStore(ctx.http.response_store) if ctx.http.response_store else ResponseStore()
+    responses_table, conversations_table = open_tables(ctx.http.response_store)
+    stored_responses = ResponseStore(table=responses_table)
+    conversations = ConversationStore(table=conversations_table)
     background = BackgroundRuns(stored_responses)
+    conversations_api.add_routes(app, conversations, ctx.http.max_request_bytes)
 
     def card() -> dict[str, Any]:
         return {
@@ -67,7 +71,7 @@ def add_routes(app: FastAPI, ctx: ServerContext) -> None:
     @app.post("/v1/responses")
     async def create_response(request: Request) -> Response:
         req: ResponsesRequest = await read_body(request, ResponsesRequest, ctx.http.max_request_bytes)
-        return await ResponseCreation(ctx, req, request, stored_responses).run(background)
+        return await ResponseCreation(ctx, req, request, stored_responses, conversations).run(background)
 
     @app.get("/v1/responses/{response_id}")
     async def get_response(response_id: str, stream: bool = False, starting_after: int | None = None) -> Response:

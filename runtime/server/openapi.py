@@ -18,6 +18,9 @@ from runtime.server.openapi_responses import RESPONSES
 from runtime.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
+    ConversationCreateRequest,
+    ConversationItemsRequest,
+    ConversationUpdateRequest,
     DetokenizeRequest,
     EndProgramReq,
     GenerateReqInput,
@@ -32,6 +35,9 @@ BODIES: dict[str, type[BaseModel]] = {
     "/v1/responses": ResponsesRequest,
     "/generate": GenerateReqInput,
     "/end_program": EndProgramReq,
+    "/v1/conversations": ConversationCreateRequest,
+    "/v1/conversations/{conversation_id}": ConversationUpdateRequest,
+    "/v1/conversations/{conversation_id}/items": ConversationItemsRequest,
     **{f"{v1}/tokenize": TokenizeRequest for v1 in ("", "/v1")},
     **{f"{v1}/detokenize": DetokenizeRequest for v1 in ("", "/v1")},
 }
@@ -47,7 +53,9 @@ def install(app: FastAPI) -> None:
                 body = model.model_json_schema(ref_template=_REF, by_alias=True)
                 components.update(body.pop("$defs", {}))
                 components[model.__name__] = _narrowed(model, body)
-                for operation in schema["paths"].get(path, {}).values():
+                for method, operation in schema["paths"].get(path, {}).items():
+                    if method not in ("post", "put"):
+                        continue
                     operation["requestBody"] = {
                         "required": True,
                         "content": {"application/json": {"schema": {"$ref": _REF.format(model=model.__name__)}}},

@@ -177,5 +177,32 @@ for _v1 in ("", "/v1"):
         "properties": {"text": {"anyOf": [{"type": "string"}, {"type": "array"}]},
                        "prompt": {"anyOf": [{"type": "string"}, {"type": "array"}]}}})},
         **_errors(400, 401, 404, 413)}}
+CONVERSATION = {"type": "object", "required": ["id", "object", "created_at", "metadata"],
+                "properties": {"id": {"type": "string"}, "object": {"const": "conversation"},
+                               "created_at": {"type": "integer"}, "metadata": {"type": "object"}}}
+ITEM_LIST = {"type": "object", "required": ["object", "data", "has_more"],
+             "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": {"type": "object"}},
+                            "has_more": {"type": "boolean"}}}
+RESPONSES["/v1/conversations"] = {"*": {"200": {"description": "The new conversation", "content": _json(CONVERSATION)},
+                                        **_errors(400, 401, 413)}}
+RESPONSES["/v1/conversations/{conversation_id}"] = {
+    "get": {"200": {"description": "The conversation", "content": _json(CONVERSATION)}, **_errors(401, 404)},
+    "post": {"200": {"description": "The conversation with its new metadata", "content": _json(CONVERSATION)},
+             **_errors(400, 401, 404, 413)},
+    "delete": {"200": {"description": "Deleted", "content": _json({
+        "type": "object", "required": ["id", "object", "deleted"],
+        "properties": {"id": {"type": "string"}, "object": {"const": "conversation.deleted"},
+                       "deleted": {"const": True}}})}, **_errors(401, 404)},
+}
+RESPONSES["/v1/conversations/{conversation_id}/items"] = {
+    "get": {"200": {"description": "A page of the conversation's items", "content": _json(ITEM_LIST)},
+            **_errors(400, 401, 404)},
+    "post": {"200": {"description": "The items added", "content": _json(ITEM_LIST)}, **_errors(400, 401, 404, 413)},
+}
+RESPONSES["/v1/conversations/{conversation_id}/items/{item_id}"] = {
+    "get": {"200": {"description": "The item", "content": _json({"type": "object"})}, **_errors(401, 404)},
+    "delete": {"200": {"description": "The conversation, without the item", "content": _json(CONVERSATION)},
+               **_errors(401, 404)},
+}
 RESPONSES["/model_info"] = RESPONSES["/get_model_info"]  # SGLang's newer names for the same answers
 RESPONSES["/server_info"] = RESPONSES["/get_server_info"]

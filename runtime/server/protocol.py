@@ -311,6 +311,20 @@ class ChatCompletionRequest(_OpenAISampling):
     )
 
 
+# ---------------------------------------------------------------- OpenAI Conversations API
+class ConversationCreateRequest(_Body):
+    items: list[dict[str, Any]] | None = Field(default=None, max_length=20)
+    metadata: dict[str, str] | None = None
+
+
+class ConversationUpdateRequest(_Body):
+    metadata: dict[str, str]
+
+
+class ConversationItemsRequest(_Body):
+    items: list[dict[str, Any]] = Field(min_length=1, max_length=20)
+
+
 # ---------------------------------------------------------------- tokenize / detokenize
 class TokenizeRequest(_Body):
     """``POST /tokenize``: SGLang's fields (``prompt``: one text or several) and vLLM's (also
@@ -396,12 +410,12 @@ class ResponsesRequest(_Body):
     background_options: Any = None
     image: Any = None
     background: bool = False  # run on after the answer to this request (responses_background.py)
+    conversation: str | dict[str, Any] | None = None  # its id, or {"id": ...}
     # accepted at their neutral value only
-    conversation: Any = None
     prompt: Any = None
     context_management: Any = None
     moderation: Any = None
     priority: Any = None
 
-    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("conversation", "prompt", "context_management",
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("prompt", "context_management",
                                               "moderation", "priority")

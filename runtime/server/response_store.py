@@ -1,70 +1,156 @@
-"""Where ``/v1/responses`` keeps the responses it stores (``store: true``, the default): for
-``previous_response_id``, ``GET`` and ``DELETE /v1/responses/{id}`` and its input items.
+"""Where ``/v1/responses`` and ``/v1/conversations`` keep what they store: responses (for
+``previous_response_id``, ``GET`` / ``DELETE /v1/responses/{id}`` and their input items) and
+conversations (their items, which a response given ``conversation`` continues and extends).
 
-- ``ResponseStore``: in this process's memory (the reference, and the default);
-- ``SqliteResponseStore``: in a SQLite file (``--response-store``), so that several servers,
-  e.g. the replicas of ``--dp-size`` behind the gateway, which may send a continuation to a
-  replica other than the one that answered first, share them.
-
-Both keep the last ``capacity`` responses used (stored or read), and answer a missing id the
-same way: a 400 naming ``previous_response_id`` in a new request, else a 404."""
+Storage is a table of JSON values by id that keeps the last ``capacity`` used (stored or
+read):
+- ``MemoryTable``: in this process's memory (the reference, and the default);
+- ``SqliteTable``: in a SQLite file (``--response-store``), so that several servers, e.g. the
+  replicas of ``--dp-size`` behind the gateway, which may send a continuation to a replica
+  other than the one that answered first, share them.
+``ResponseStore`` and ``ConversationStore`` give those values their meaning and their errors
+(a missing id: a 400 naming the field of a new request that names it, else a 404)."""
 
 from __future__ import annotations
 
 import json
 import sqlite3
+import time
+import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 from runtime.server.protocol import ApiError
 
-# A stored response: the answer, its conversation as chat messages (None while a background
-# response runs, or where it failed or was cancelled), its request's input items.
-Stored = tuple[dict[str, Any], list[dict[str, Any]] | None, list[dict[str, Any]]]
 RUNNING = ("queued", "in_progress")
 
 
-class ResponseStore:
-    """The last ``capacity`` stored responses by id, in memory only."""
-
-    where = "this server keeps them in memory until it stops"
+class MemoryTable:
+    """The last ``capacity`` values used, by id, in memory."""
 
     def __init__(self, capacity: int = 1024) -> None:
         self.capacity = capacity
-        self._items: OrderedDict[str, Stored] = OrderedDict()
+        self.where = "this server keeps them in memory until it stops"
+        self._values: OrderedDict[str, Any] = OrderedDict()
 
-    # ---------------------------------------------------------------- storage (overridden)
-    def _write(self, response_id: str, stored: Stored) -> None:
-        self._items[response_id] = stored
-        self._items.move_to_end(response_id)
-        while len(self._items) > self.capacity:
-            self._items.popitem(last=False)
+    def put(self, key: str, value: Any) -> None:
+        self._values[key] = value
+        self._values.move_to_end(key)
+        while len(self._values) > self.capacity:
+            self._values.popitem(last=False)
 
-    def _read(self, response_id: str) -> Stored | None:
-        """The stored response (now the most recently used), or None."""
-        if response_id not in self._items:
+    def get(self, key: str, touch: bool = True) -> Any:
+        """The value (now the most recently used, unless ``touch`` is false), or None."""
+        if key not in self._values:
             return None
-        self._items.move_to_end(response_id)
-        return self._items[response_id]
+        if touch:
+            self._values.move_to_end(key)
+        return self._values[key]
 
-    def _remove(self, response_id: str) -> None:
-        del self._items[response_id]
+    def remove(self, key: str) -> None:
+        self._values.pop(key, None)
 
-    # ---------------------------------------------------------------- the interface
+    def update(self, key: str, change: Callable[[Any], Any]) -> Any:
+        """Replace the value by ``change(value)`` at once (nothing in between), and return it;
+        None where there is no value."""
+        value = self.get(key)
+        if value is None:
+            return None
+        self.put(key, new := change(value))
+        return new
+
+
+class SqliteTable(MemoryTable):
+    """The same in table ``name`` of a SQLite file that every server given ``path`` reads and
+    writes (WAL mode; each call one short transaction; recency a counter kept in the file)."""
+
+    def __init__(self, path: str, name: str, capacity: int = 1024) -> None:
+        super().__init__(capacity)
+        self.where, self.name = f"they live in {path}", name
+        self._db = sqlite3.connect(path, timeout=10, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(f"CREATE TABLE IF NOT EXISTS {name} (id TEXT PRIMARY KEY, used INTEGER NOT NULL, "
+                         "value TEXT NOT NULL)")
+        self._db.execute(f"CREATE INDEX IF NOT EXISTS {name}_used ON {name} (used)")
+
+    def close(self) -> None:
+        self._db.close()
+
+    def _touch(self, key: str) -> None:
+        self._db.execute(f"UPDATE {self.name} SET used = (SELECT COALESCE(MAX(used), 0) + 1 FROM {self.name}) "
+                         "WHERE id = ?", (key,))
+
+    def _insert(self, key: str, value: Any) -> None:
+        self._db.execute(f"INSERT OR REPLACE INTO {self.name} VALUES (?, 0, ?)", (key, json.dumps(value)))
+        self._touch(key)
+        self._db.execute(f"DELETE FROM {self.name} WHERE id NOT IN "
+                         f"(SELECT id FROM {self.name} ORDER BY used DESC LIMIT ?)", (self.capacity,))
+
+    def put(self, key: str, value: Any) -> None:
+        with self._db:  # one transaction: insert, then drop the least recently used beyond capacity
+            self._db.execute("BEGIN IMMEDIATE")
+            self._insert(key, value)
+
+    def update(self, key: str, change: Callable[[Any], Any]) -> Any:
+        with self._db:  # read and write in one transaction: another server's change cannot fall between
+            self._db.execute("BEGIN IMMEDIATE")
+            row = self._db.execute(f"SELECT value FROM {self.name} WHERE id = ?", (key,)).fetchone()
+            if row is None:
+                return None
+            self._insert(key, new := change(json.loads(row[0])))
+        return new
+
+    def get(self, key: str, touch: bool = True) -> Any:
+        if not touch:  # a plain read: no write lock
+            row = self._db.execute(f"SELECT value FROM {self.name} WHERE id = ?", (key,)).fetchone()
+            return None if row is None else json.loads(row[0])
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            row = self._db.execute(f"SELECT value FROM {self.name} WHERE id = ?", (key,)).fetchone()
+            if row is not None:
+                self._touch(key)
+        return None if row is None else json.loads(row[0])
+
+    def remove(self, key: str) -> None:
+        with self._db:
+            self._db.execute(f"DELETE FROM {self.name} WHERE id = ?", (key,))
+
+
+def open_tables(path: str | None, capacity: int = 1024) -> tuple[MemoryTable, MemoryTable]:
+    """The tables of responses and of conversations: in memory, or in the SQLite file ``path``."""
+    if path is None:
+        return MemoryTable(capacity), MemoryTable(capacity)
+    return SqliteTable(path, "responses", capacity), SqliteTable(path, "conversations", capacity)
+
+
+class ResponseStore:
+    """Stored responses. Each is the answer, its conversation as chat messages (None while a
+    background response runs, or where it failed or was cancelled) and its request's input
+    items."""
+
+    def __init__(self, capacity: int = 1024, table: MemoryTable | None = None) -> None:
+        self.table = table or MemoryTable(capacity)
+
     def put(self, response: dict[str, Any], conversation: list[dict[str, Any]] | None,
             input_items: list[dict[str, Any]]) -> None:
-        self._write(response["id"], (response, conversation, input_items))
+        self.table.put(response["id"], [response, conversation, input_items])
 
-    def _get(self, response_id: str, param: str) -> Stored:
-        stored = self._read(response_id)
+    def _get(self, response_id: str, param: str) -> list[Any]:
+        stored = self.table.get(response_id)
         if stored is None:  # a 400 when the id is a field of a new request, as OpenAI answers
             raise ApiError(400 if param == "previous_response_id" else 404,
-                           f"No stored response with id '{response_id}' (the last {self.capacity} responses "
-                           f"created with store=true are kept; {self.where})", param=param)
+                           f"No stored response with id '{response_id}' (the last {self.table.capacity} responses "
+                           f"created with store=true are kept; {self.table.where})", param=param)
         return stored
 
     def response(self, response_id: str) -> dict[str, Any]:
         return self._get(response_id, "response_id")[0]
+
+    def peek(self, response_id: str) -> dict[str, Any] | None:
+        """The response, or None, without counting as a use (for polling)."""
+        stored = self.table.get(response_id, touch=False)
+        return None if stored is None else stored[0]
 
     def conversation(self, response_id: str) -> list[dict[str, Any]]:
         response, conversation, _ = self._get(response_id, "previous_response_id")
@@ -79,48 +165,68 @@ class ResponseStore:
 
     def delete(self, response_id: str) -> None:
         self._get(response_id, "response_id")
-        self._remove(response_id)
+        self.table.remove(response_id)
 
 
 class SqliteResponseStore(ResponseStore):
-    """The same in a SQLite file that every server given ``path`` reads and writes (WAL mode;
-    each call is one short transaction). Recency is a counter shared through the file."""
+    """A ``ResponseStore`` in the SQLite file ``path``."""
 
     def __init__(self, path: str, capacity: int = 1024) -> None:
-        super().__init__(capacity)
-        self.where = f"they live in {path}"
-        self._db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, used INTEGER NOT NULL, "
-                         "stored TEXT NOT NULL)")
-        self._db.execute("CREATE INDEX IF NOT EXISTS responses_used ON responses (used)")
+        super().__init__(table=SqliteTable(path, "responses", capacity))
 
-    def close(self) -> None:
-        self._db.close()
 
-    def _touch(self, response_id: str) -> None:
-        self._db.execute("UPDATE responses SET used = (SELECT COALESCE(MAX(used), 0) + 1 FROM responses) WHERE id = ?",
-                         (response_id,))
+class ConversationStore:
+    """Conversations (``/v1/conversations``): each is its object (id, created_at, metadata)
+    and its items, as the Responses API writes items (each with an id)."""
 
-    def _write(self, response_id: str, stored: Stored) -> None:
-        with self._db:  # one transaction: insert, then drop the least recently used beyond capacity
-            self._db.execute("BEGIN IMMEDIATE")
-            self._db.execute("INSERT OR REPLACE INTO responses VALUES (?, 0, ?)", (response_id, json.dumps(stored)))
-            self._touch(response_id)
-            self._db.execute("DELETE FROM responses WHERE id NOT IN "
-                             "(SELECT id FROM responses ORDER BY used DESC LIMIT ?)", (self.capacity,))
+    def __init__(self, capacity: int = 1024, table: MemoryTable | None = None) -> None:
+        self.table = table or MemoryTable(capacity)
 
-    def _read(self, response_id: str) -> Stored | None:
-        with self._db:
-            self._db.execute("BEGIN IMMEDIATE")
-            row = self._db.execute("SELECT stored FROM responses WHERE id = ?", (response_id,)).fetchone()
-            if row is not None:
-                self._touch(response_id)
-        if row is None:
-            return None
-        response, conversation, input_items = json.loads(row[0])
-        return response, conversation, input_items
+    def create(self, items: list[dict[str, Any]], metadata: dict[str, Any] | None) -> dict[str, Any]:
+        conversation = {"id": f"conv_{uuid.uuid4().hex}", "object": "conversation", "created_at": int(time.time()),
+                        "metadata": metadata or {}}
+        self.table.put(conversation["id"], [conversation, items])
+        return conversation
 
-    def _remove(self, response_id: str) -> None:
-        with self._db:
-            self._db.execute("DELETE FROM responses WHERE id = ?", (response_id,))
+    def _missing(self, conversation_id: str, param: str) -> ApiError:
+        return ApiError(400 if param == "conversation" else 404,
+                        f"No conversation with id '{conversation_id}' (the last {self.table.capacity} used are "
+                        f"kept; {self.table.where})", param=param)
+
+    def _get(self, conversation_id: str, param: str) -> list[Any]:
+        stored = self.table.get(conversation_id)
+        if stored is None:
+            raise self._missing(conversation_id, param)
+        return stored
+
+    def get(self, conversation_id: str) -> dict[str, Any]:
+        return self._get(conversation_id, "conversation_id")[0]
+
+    def _change(self, conversation_id: str, change: Callable[[list[Any]], list[Any]]) -> dict[str, Any]:
+        stored = self.table.update(conversation_id, change)
+        if stored is None:
+            raise self._missing(conversation_id, "conversation_id")
+        return stored[0]
+
+    def update(self, conversation_id: str, metadata: dict[str, Any]) -> dict[str, Any]:
+        return self._change(conversation_id, lambda s: [{**s[0], "metadata": metadata}, s[1]])
+
+    def delete(self, conversation_id: str) -> None:
+        self._get(conversation_id, "conversation_id")
+        self.table.remove(conversation_id)
+
+    def items(self, conversation_id: str, param: str = "conversation_id") -> list[dict[str, Any]]:
+        return self._get(conversation_id, param)[1]
+
+    def append(self, conversation_id: str, new: list[dict[str, Any]]) -> None:
+        self._change(conversation_id, lambda s: [s[0], [*s[1], *new]])
+
+    def item(self, conversation_id: str, item_id: str) -> dict[str, Any]:
+        found = next((i for i in self.items(conversation_id) if i.get("id") == item_id), None)
+        if found is None:
+            raise ApiError(404, f"No item with id '{item_id}' in conversation '{conversation_id}'", param="item_id")
+        return found
+
+    def remove_item(self, conversation_id: str, item_id: str) -> dict[str, Any]:
+        self.item(conversation_id, item_id)  # a 404 where there is none
+        return self._change(conversation_id, lambda s: [s[0], [i for i in s[1] if i.get("id") != item_id]])

@@ -23,7 +23,7 @@ from runtime.server.chat_completion import ChatCompletion
 from runtime.server.context import ServerContext
 from runtime.server.openai_handler import OPENAI_NAMES, finish_reason_of
 from runtime.server.protocol import ApiError, ResponsesRequest, reject_unsupported
-from runtime.server.response_store import ResponseStore
+from runtime.server.response_store import ConversationStore, ResponseStore
 from runtime.server.responses import JsonResponse, error_of, merged_updates, sse, wait_all
 from runtime.server.responses_input import (
     chat_request,
@@ -62,18 +62,34 @@ class OutputItems:
         raise NotImplementedError
 
 
+def conversation_id(conversation: str | dict[str, Any] | None) -> str | None:
+    """The id a request's ``conversation`` names (its id, or ``{"id": ...}``)."""
+    if conversation is None or isinstance(conversation, str):
+        return conversation
+    if isinstance(conversation.get("id"), str):
+        return conversation["id"]
+    raise ApiError(400, 'conversation must be an id or {"id": ...}', param="conversation")
+
+
 class ResponseCreation(OutputItems, ChatCompletion):
     """``POST /v1/responses``."""
 
     FIELD_NAMES = {"reasoning_effort": "reasoning.effort"}
 
-    def __init__(self, ctx: ServerContext, req: ResponsesRequest, request: Request, store: ResponseStore) -> None:
+    def __init__(self, ctx: ServerContext, req: ResponsesRequest, request: Request, store: ResponseStore,
+                 conversations: ConversationStore) -> None:
         ctx.check_model(req.model)
         reject_unsupported(req, req.UNSUPPORTED)
-        history = store.conversation(req.previous_response_id) if req.previous_response_id else []
+        self.conversation_id = conversation_id(req.conversation)
+        if self.conversation_id is not None and req.previous_response_id:
+            raise ApiError(400, "give 'conversation' or 'previous_response_id', not both", param="conversation")
+        if self.conversation_id is not None:
+            history = input_messages(conversations.items(self.conversation_id, "conversation"), field="conversation")
+        else:
+            history = store.conversation(req.previous_response_id) if req.previous_response_id else []
         chat, self.conversation = chat_request(req, history)
         super().__init__(ctx, chat, request)
-        self.create, self.store = req, store
+        self.create, self.store, self.conversations = req, store, conversations
         self.hex = uuid.uuid4().hex
         self.id = f"resp_{self.hex}"
 
@@ -123,6 +139,7 @@ class ResponseCreation(OutputItems, ChatCompletion):
             "store": r.store, "temperature": r.temperature, "text": {"format": fmt}, "tool_choice": r.tool_choice or "auto",
             "tools": r.tools or [], "top_p": r.top_p, "truncation": "disabled", "usage": usage,
             "metadata": r.metadata or {}, "user": r.user, "background": r.background,
+            "conversation": {"id": self.conversation_id} if self.conversation_id else None,
         }
 
     def finish(self, output: list[dict[str, Any]], finish: str | None, states: list[ReqState]) -> dict[str, Any]:
@@ -135,10 +152,12 @@ class ResponseCreation(OutputItems, ChatCompletion):
             "total_tokens": chat["total_tokens"],
         }
         body = self.body(output, "incomplete" if finish == "length" else "completed", usage)
+        kept = [i for i in output if i["type"] != "function_call" or _is_json(i["arguments"])]
         if self.create.store:  # a call cut off by max_output_tokens is not part of the conversation
-            kept = [i for i in output if i["type"] != "function_call" or _is_json(i["arguments"])]
             answer = input_messages(kept) or [{"role": "assistant", "content": ""}]
             self.store.put(body, [*self.conversation, *answer], self.input_items())
+        if self.conversation_id is not None:  # the request's input and the answer join the conversation
+            self.conversations.append(self.conversation_id, [*self.input_items(), *kept])
         return body
 
     # ------------------------------------------------------------------ streaming

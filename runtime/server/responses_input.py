@@ -57,7 +57,7 @@ def _reasoning_text(item: dict[str, Any]) -> str:
                    and isinstance(p.get("text"), str)) if isinstance(parts, list) else ""
 
 
-def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+def input_messages(items: str | list[dict[str, Any]], field: str = "input") -> list[dict[str, Any]]:
     """The chat messages of a request's ``input`` (or of a response's ``output``: the same
     items). A ``reasoning`` item's text becomes the ``reasoning_content`` of the assistant
     message that follows it, as the chat route takes it (templates of reasoning models show
@@ -75,7 +75,7 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
         return message
 
     for i, item in enumerate(items):
-        where, kind = f"input[{i}]", item.get("type", "message")
+        where, kind = f"{field}[{i}]", item.get("type", "message")
         if kind == "message":
             role = item.get("role")
             if role not in ("user", "system", "developer", "assistant"):

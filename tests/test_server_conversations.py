@@ -1,0 +1,102 @@
+"""OpenAI's Conversations API against a real server through the official client: a
+conversation's items are created, listed, read and deleted; a response given ``conversation``
+answers exactly as the same history sent as input would (greedy text and token counts) and
+adds its input and output to it; the Agents SDK's ``OpenAIConversationsSession`` keeps an
+agent's memory there and a ``Runner`` runs on it; bad ids are 404s (a 400 in a new request)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import openai
+import pytest
+
+pytestmark = pytest.mark.slow
+
+MODEL = "SmolLM2-135M-Instruct"
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+
+
+def test_items_are_created_listed_read_and_deleted(client):
+    conv = client.conversations.create(items=[{"type": "message", "role": "user", "content": "Hello"}],
+                                       metadata={"topic": "greeting"})
+    assert conv.id.startswith("conv_") and conv.metadata == {"topic": "greeting"}
+    assert client.conversations.retrieve(conv.id).model_dump() == conv.model_dump()
+    assert client.conversations.update(conv.id, metadata={"topic": "other"}).metadata == {"topic": "other"}
+    added = client.conversations.items.create(conv.id, items=[
+        {"type": "message", "role": "assistant", "content": "Hi there"},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "How are you?"}]}])
+    assert len(added.data) == 2
+    listed = list(client.conversations.items.list(conv.id, order="asc"))
+    assert [(i.role, i.content[0].text) for i in listed] == [
+        ("user", "Hello"), ("assistant", "Hi there"), ("user", "How are you?")]
+    newest = client.conversations.items.list(conv.id, limit=1)  # desc by default: the newest first
+    assert newest.data[0].id == listed[-1].id and newest.has_more
+    assert client.conversations.items.retrieve(listed[1].id, conversation_id=conv.id).id == listed[1].id
+    client.conversations.items.delete(listed[1].id, conversation_id=conv.id)
+    assert [i.id for i in client.conversations.items.list(conv.id, order="asc")] == [listed[0].id, listed[2].id]
+    with pytest.raises(openai.NotFoundError):
+        client.conversations.items.retrieve(listed[1].id, conversation_id=conv.id)
+    client.conversations.delete(conv.id)
+    with pytest.raises(openai.NotFoundError):
+        client.conversations.retrieve(conv.id)
+    with pytest.raises(openai.BadRequestError):
+        client.conversations.create(items=[{"type": "item_reference", "id": "msg_1"}])
+
+
+def test_a_response_in_a_conversation_answers_as_its_history_sent_whole_and_joins_it(client):
+    conv = client.conversations.create(items=[{"type": "message", "role": "system", "content": "Answer briefly."}])
+    kw = dict(model=MODEL, temperature=0, max_output_tokens=16)
+    first = client.responses.create(input="Name a planet.", conversation=conv.id, **kw)
+    second = client.responses.create(input="Name another one.", conversation={"id": conv.id}, **kw)
+    assert second.conversation.id == conv.id
+    history = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Name a planet."},
+               {"role": "assistant", "content": first.output_text}, {"role": "user", "content": "Name another one."}]
+    whole = client.responses.create(input=history, **kw)
+    assert (second.output_text, second.usage.input_tokens) == (whole.output_text, whole.usage.input_tokens)
+    items = list(client.conversations.items.list(conv.id, order="asc"))
+    assert [(i.type, getattr(i, "role", None)) for i in items] == [
+        ("message", "system"), ("message", "user"), ("message", "assistant"), ("message", "user"),
+        ("message", "assistant")]
+    assert items[-1].id == second.output[-1].id
+    with pytest.raises(openai.BadRequestError, match="not both"):
+        client.responses.create(input="x", conversation=conv.id, previous_response_id=first.id, **kw)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(input="x", conversation="conv_unknown", **kw)
+    assert err.value.body["param"] == "conversation"
+
+
+def test_the_agents_sdk_keeps_an_agents_memory_in_a_conversation(server):
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIConversationsSession,
+        OpenAIResponsesModel,
+        Runner,
+        set_tracing_disabled,
+    )
+
+    set_tracing_disabled(True)
+
+    async def run() -> tuple[list, list, object]:
+        client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="x")
+        session = OpenAIConversationsSession(openai_client=client)
+        await session.add_items([{"role": "user", "content": "My name is Ada."},
+                                 {"role": "assistant", "content": "Hello Ada."}])
+        before = await session.get_items()
+        agent = Agent(name="a", instructions="Be brief.", model=OpenAIResponsesModel(model=MODEL, openai_client=client),
+                      model_settings=ModelSettings(temperature=0, max_tokens=120))
+        result = await Runner.run(agent, "What is my name?", session=session)
+        after = await session.get_items()
+        popped = await session.pop_item()
+        await session.clear_session()
+        return before, after, (result.final_output, popped)
+
+    before, after, (final_output, popped) = asyncio.run(run())
+    assert [i["role"] for i in before] == ["user", "assistant"]
+    assert len(after) == 4 and after[2]["role"] == "user" and isinstance(final_output, str) and final_output
+    assert popped is not None
