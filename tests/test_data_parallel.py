@@ -136,6 +136,19 @@ def test_responses_continue_on_whichever_replica_the_gateway_picks(dp, server):
         assert (then.output_text, then.usage.input_tokens) == (alone.output_text, alone.usage.input_tokens)
 
 
+def test_a_background_response_streams_to_its_end_from_either_replica(dp):
+    """A background response runs on one replica; streaming it from the other waits for the
+    stored end and replays it, so both streams end with the same stored response."""
+    client = openai.OpenAI(base_url=dp.url + "/v1", api_key="none")
+    started = client.responses.create(model=MODEL, input="Name three planets.", max_output_tokens=24, temperature=0,
+                                      background=True)
+    ends = []
+    for url, _ in dp.replicas:
+        events = list(openai.OpenAI(base_url=url + "/v1", api_key="none").responses.retrieve(started.id, stream=True))
+        ends.append(events[-1].response.model_dump())
+    assert ends[0] == ends[1] and ends[0]["status"] in ("completed", "incomplete") and ends[0]["output"]
+
+
 def test_dsl_programs_through_the_gateway_run_without_pins(dp, caplog):
     """The gateway forwards neither /end_program nor program_id: the first program ends with
     one warning, later ones do not ask for pins, and no replica holds any."""

@@ -10,12 +10,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runtime.server.protocol import ApiError
-from runtime.server.response_store import ResponseStore, SqliteResponseStore
+from runtime.server.response_store import ResponseStore, SqliteTable
 
 IDS = [f"resp_{i}" for i in range(4)]
 # puts twice as likely as each other operation, so that capacity (2) is exceeded often
 OPS = st.lists(st.tuples(st.sampled_from(["put", "put", "response", "conversation", "items", "delete"]),
                          st.sampled_from(IDS)), min_size=4, max_size=40)
+
+
+def sqlite_store(path: str, capacity: int) -> ResponseStore:
+    return ResponseStore(table=SqliteTable(path, "responses", capacity))
 
 
 class Model:
@@ -65,12 +69,12 @@ def run(store, model, ops):
 def test_both_stores_do_what_the_model_does(tmp_path_factory, ops):
     run(ResponseStore(capacity=2), Model(2), ops)
     path = tmp_path_factory.mktemp("store") / "responses.sqlite"
-    run(SqliteResponseStore(str(path), capacity=2), Model(2), ops)
+    run(sqlite_store(str(path), capacity=2), Model(2), ops)
 
 
 def test_two_sqlite_stores_on_one_file_share_their_responses(tmp_path):
     path = str(tmp_path / "responses.sqlite")
-    a, b = SqliteResponseStore(path, capacity=2), SqliteResponseStore(path, capacity=2)
+    a, b = sqlite_store(path, capacity=2), sqlite_store(path, capacity=2)
     a.put({"id": "resp_1"}, [{"role": "user", "content": "hi"}], [])
     assert b.conversation("resp_1") == [{"role": "user", "content": "hi"}]
     b.put({"id": "resp_2"}, [], [])
@@ -86,7 +90,7 @@ def test_two_sqlite_stores_on_one_file_share_their_responses(tmp_path):
 @pytest.mark.parametrize("backend", ["memory", "sqlite"])
 def test_conversations_keep_their_items_in_order_on_either_table(tmp_path, backend):
     """Two stores on one file stand for two replicas: what one appends the other sees."""
-    from runtime.server.response_store import ConversationStore, MemoryTable, SqliteTable
+    from runtime.server.response_store import ConversationStore, MemoryTable
 
     def table():
         return MemoryTable() if backend == "memory" else SqliteTable(str(tmp_path / "r.sqlite"), "conversations")

@@ -70,6 +70,26 @@ def test_a_response_in_a_conversation_answers_as_its_history_sent_whole_and_join
     assert err.value.body["param"] == "conversation"
 
 
+def test_pages_ids_and_a_streamed_response_in_a_conversation(client):
+    conv = client.conversations.create(items=[{"type": "message", "role": "user", "content": f"m{k}", "id": f"msg_{k}"}
+                                              for k in range(5)])
+    page = client.conversations.items.list(conv.id, order="asc", limit=2, after="msg_1")
+    assert [i.id for i in page.data] == ["msg_2", "msg_3"] and page.has_more and page.last_id == "msg_3"
+    with pytest.raises(openai.BadRequestError, match="already in the conversation"):
+        client.conversations.items.create(conv.id, items=[{"type": "message", "role": "user", "content": "x",
+                                                           "id": "msg_4"}])
+    with pytest.raises(openai.BadRequestError, match="already in the conversation"):
+        client.responses.create(model=MODEL, conversation=conv.id, max_output_tokens=4,
+                                input=[{"type": "message", "role": "user", "content": "x", "id": "msg_0"}])
+    assert len(list(client.conversations.items.list(conv.id))) == 5  # nothing was added by either
+    events = list(client.responses.create(model=MODEL, conversation=conv.id, input="Go on.", max_output_tokens=6,
+                                          temperature=0, stream=True))
+    answer = events[-1].response
+    items = list(client.conversations.items.list(conv.id, order="asc"))
+    assert [i.id for i in items[5:]] == [items[5].id, *[o.id for o in answer.output]]
+    assert items[5].content[0].text == "Go on." and len(items) == 6 + len(answer.output)
+
+
 def test_the_agents_sdk_keeps_an_agents_memory_in_a_conversation(server):
     from agents import (
         Agent,
@@ -99,4 +119,4 @@ def test_the_agents_sdk_keeps_an_agents_memory_in_a_conversation(server):
     before, after, (final_output, popped) = asyncio.run(run())
     assert [i["role"] for i in before] == ["user", "assistant"]
     assert len(after) == 4 and after[2]["role"] == "user" and isinstance(final_output, str) and final_output
-    assert popped is not None
+    assert popped is not None and popped == after[-1]  # the last item: the agent's answer

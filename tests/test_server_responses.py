@@ -193,6 +193,14 @@ def _until_ended(client, response_id: str, timeout: float = 120):
     return r
 
 
+def _until_some_output(client, response_id: str, timeout: float = 60) -> None:
+    """Until a running background response has output (so that it is well under way)."""
+    deadline = time.monotonic() + timeout
+    while not (r := client.responses.retrieve(response_id)).output:
+        assert r.status == "in_progress" and time.monotonic() < deadline, r
+        time.sleep(0.05)
+
+
 def _nothing_running(server) -> bool:
     return httpx.get(server.url + "/get_load", timeout=30).json()[0]["num_reqs"] == 0
 
@@ -228,13 +236,13 @@ def test_a_background_stream_resumes_with_the_same_events(client):
 
 def test_cancelling_a_background_response_stops_it(server, client):
     long = dict(model=MODEL, input="Count from 1 to 400, separated by commas.", temperature=0,
-                max_output_tokens=600)
+                max_output_tokens=1500)
     started = client.responses.create(background=True, **long)
     with pytest.raises(openai.BadRequestError, match="still in progress"):
         client.responses.create(model=MODEL, input="Go on.", previous_response_id=started.id)
     with pytest.raises(openai.BadRequestError, match="cancel it first"):
         client.responses.delete(started.id)
-    time.sleep(1.0)
+    _until_some_output(client, started.id)
     cancelled = client.responses.cancel(started.id)
     assert cancelled.status == "cancelled" and cancelled.id == started.id
     assert client.responses.retrieve(started.id).status == "cancelled"
@@ -247,8 +255,8 @@ def test_cancelling_a_background_response_stops_it(server, client):
         client.responses.create(model=MODEL, input="Go on.", previous_response_id=started.id)
     events = list(client.responses.retrieve(started.id, stream=True))
     done = [e.item for e in events if e.type == "response.output_item.done"]
-    assert [i.status for i in done] == [i.status for i in cancelled.output] == ["incomplete"] * len(done)
-    assert events[-1].type == ("response.output_item.done" if done else "response.in_progress")  # no end event
+    assert done and [i.status for i in done] == [i.status for i in cancelled.output] == ["incomplete"] * len(done)
+    assert events[-1].type == "response.output_item.done"  # no event of its end
     foreground = client.responses.create(model=MODEL, input="Hi", max_output_tokens=4)
     with pytest.raises(openai.BadRequestError, match="only background responses"):
         client.responses.cancel(foreground.id)
@@ -262,7 +270,7 @@ def test_a_stopping_server_stores_its_unfinished_background_responses_as_failed(
     running when the server stopped (SIGTERM) is there as failed, not in progress forever;
     the finished one is there whole."""
     from bench_agent.local_server import ServerProcess
-    from runtime.server.response_store import SqliteResponseStore
+    from runtime.server.response_store import ResponseStore, SqliteTable
 
     path = str(tmp_path / "responses.sqlite")
     proc = ServerProcess("--response-store", path, "--max-total-tokens", "4000").wait_ready()
@@ -270,11 +278,11 @@ def test_a_stopping_server_stores_its_unfinished_background_responses_as_failed(
         c = openai.OpenAI(base_url=proc.url + "/v1", api_key="x")
         finished = c.responses.create(model=MODEL, input="Name a planet.", max_output_tokens=6, temperature=0)
         running = c.responses.create(model=MODEL, input="Count from 1 to 400, separated by commas.",
-                                     max_output_tokens=600, temperature=0, background=True)
-        time.sleep(1.0)
+                                     max_output_tokens=1500, temperature=0, background=True)
+        _until_some_output(c, running.id)
     finally:
         assert proc.stop() == 0, proc.read_output()
-    store = SqliteResponseStore(path)
+    store = ResponseStore(table=SqliteTable(path, "responses"))
     assert store.response(finished.id)["output"][0]["content"][0]["text"] == finished.output_text
     left = store.response(running.id)
     assert left["status"] == "failed" and "stopped" in left["error"]["message"], left

@@ -21,7 +21,7 @@ from runtime.server.protocol import (
 )
 from runtime.server.response_store import ConversationStore
 from runtime.server.responses import JsonResponse
-from runtime.server.responses_input import input_messages, item_page, stored_input_items
+from runtime.server.responses_input import input_messages, item_list, item_page, stored_input_items
 
 
 def new_items(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -52,16 +52,16 @@ def add_routes(app: FastAPI, conversations: ConversationStore, max_request_bytes
 
     @app.get("/v1/conversations/{conversation_id}/items")
     async def list_items(conversation_id: str, limit: int = 20, order: str = "desc", after: str | None = None) -> Response:
-        return JsonResponse(item_page(conversations.items(conversation_id), limit, order, after))
+        return JsonResponse(item_page(conversations.items(conversation_id), limit, order, after,
+                                      of=f"conversation '{conversation_id}'"))
 
     @app.post("/v1/conversations/{conversation_id}/items")
     async def add_items(conversation_id: str, request: Request) -> Response:
         req: ConversationItemsRequest = await read_body(request, ConversationItemsRequest, max_request_bytes)
         conversations.items(conversation_id)  # a 404 before the items are checked
         items = new_items(req.items)
-        conversations.append(conversation_id, items)
-        return JsonResponse({"object": "list", "data": items, "first_id": items[0]["id"], "last_id": items[-1]["id"],
-                             "has_more": False})
+        conversations.append(conversation_id, items, param="items")
+        return JsonResponse(item_list(items))
 
     @app.get("/v1/conversations/{conversation_id}/items/{item_id}")
     async def get_item(conversation_id: str, item_id: str) -> Response:

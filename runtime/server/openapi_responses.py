@@ -182,6 +182,7 @@ CONVERSATION = {"type": "object", "required": ["id", "object", "created_at", "me
                                "created_at": {"type": "integer"}, "metadata": {"type": "object"}}}
 ITEM_LIST = {"type": "object", "required": ["object", "data", "has_more"],
              "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": {"type": "object"}},
+                            "first_id": {"type": ["string", "null"]}, "last_id": {"type": ["string", "null"]},
                             "has_more": {"type": "boolean"}}}
 RESPONSES["/v1/conversations"] = {"*": {"200": {"description": "The new conversation", "content": _json(CONVERSATION)},
                                         **_errors(400, 401, 413)}}

@@ -318,7 +318,7 @@ class ConversationCreateRequest(_Body):
 
 
 class ConversationUpdateRequest(_Body):
-    metadata: dict[str, str]
+    metadata: dict[str, str] | None = None  # null or missing: no metadata
 
 
 class ConversationItemsRequest(_Body):

@@ -168,11 +168,14 @@ class ResponseStore:
         self.table.remove(response_id)
 
 
-class SqliteResponseStore(ResponseStore):
-    """A ``ResponseStore`` in the SQLite file ``path``."""
-
-    def __init__(self, path: str, capacity: int = 1024) -> None:
-        super().__init__(table=SqliteTable(path, "responses", capacity))
+def check_new_ids(items: list[dict[str, Any]], new: list[dict[str, Any]], param: str) -> None:
+    """A 400 naming ``param`` where an id of ``new`` is already in ``items`` or twice in ``new``."""
+    seen = {i.get("id") for i in items}
+    for k, item in enumerate(new):
+        if item["id"] in seen:
+            raise ApiError(400, f"{param}[{k}]: an item with id '{item['id']}' is already in the conversation",
+                           param=param)
+        seen.add(item["id"])
 
 
 class ConversationStore:
@@ -208,8 +211,8 @@ class ConversationStore:
             raise self._missing(conversation_id, "conversation_id")
         return stored[0]
 
-    def update(self, conversation_id: str, metadata: dict[str, Any]) -> dict[str, Any]:
-        return self._change(conversation_id, lambda s: [{**s[0], "metadata": metadata}, s[1]])
+    def update(self, conversation_id: str, metadata: dict[str, Any] | None) -> dict[str, Any]:
+        return self._change(conversation_id, lambda s: [{**s[0], "metadata": metadata or {}}, s[1]])
 
     def delete(self, conversation_id: str) -> None:
         self._get(conversation_id, "conversation_id")
@@ -218,8 +221,13 @@ class ConversationStore:
     def items(self, conversation_id: str, param: str = "conversation_id") -> list[dict[str, Any]]:
         return self._get(conversation_id, param)[1]
 
-    def append(self, conversation_id: str, new: list[dict[str, Any]]) -> None:
-        self._change(conversation_id, lambda s: [s[0], [*s[1], *new]])
+    def append(self, conversation_id: str, new: list[dict[str, Any]], param: str = "items") -> None:
+        """Add ``new`` at the end, at once; a 400 naming ``param`` if an id would be there twice."""
+        def add(stored: list[Any]) -> list[Any]:
+            check_new_ids(stored[1], new, param)
+            return [stored[0], [*stored[1], *new]]
+
+        self._change(conversation_id, add)
 
     def item(self, conversation_id: str, item_id: str) -> dict[str, Any]:
         found = next((i for i in self.items(conversation_id) if i.get("id") == item_id), None)

@@ -6,12 +6,15 @@ streaming events (``response.created`` ... ``response.output_text.delta`` ...
 ``response.completed``). With ``store`` (the default) the response and its conversation are
 kept (``response_store.py``) for ``previous_response_id`` and ``GET /v1/responses/{id}``, which
 can also send a stored response again as events; ``background`` responses run on in
-``responses_background.py``."""
+``responses_background.py``; a response given ``conversation`` continues from that
+conversation's items and, once finished (completed or incomplete; stored or not), adds its
+input and output items to it (``conversations_api.py``)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -23,7 +26,7 @@ from runtime.server.chat_completion import ChatCompletion
 from runtime.server.context import ServerContext
 from runtime.server.openai_handler import OPENAI_NAMES, finish_reason_of
 from runtime.server.protocol import ApiError, ResponsesRequest, reject_unsupported
-from runtime.server.response_store import ConversationStore, ResponseStore
+from runtime.server.response_store import ConversationStore, ResponseStore, check_new_ids
 from runtime.server.responses import JsonResponse, error_of, merged_updates, sse, wait_all
 from runtime.server.responses_input import (
     chat_request,
@@ -34,6 +37,8 @@ from runtime.server.scheduler_client import ReqState
 
 if TYPE_CHECKING:
     from runtime.server.responses_background import BackgroundRuns
+
+logger = logging.getLogger("forkserve")
 
 # Sampling fields as Responses clients call them, for error messages.
 NAMES = {**OPENAI_NAMES, "max_new_tokens": "max_output_tokens", "json_schema": "text"}
@@ -84,7 +89,9 @@ class ResponseCreation(OutputItems, ChatCompletion):
         if self.conversation_id is not None and req.previous_response_id:
             raise ApiError(400, "give 'conversation' or 'previous_response_id', not both", param="conversation")
         if self.conversation_id is not None:
-            history = input_messages(conversations.items(self.conversation_id, "conversation"), field="conversation")
+            items = conversations.items(self.conversation_id, "conversation")
+            history = input_messages(items, field="conversation")
+            check_new_ids(items, stored_input_items(req.input, "check"), "input")
         else:
             history = store.conversation(req.previous_response_id) if req.previous_response_id else []
         chat, self.conversation = chat_request(req, history)
@@ -153,11 +160,15 @@ class ResponseCreation(OutputItems, ChatCompletion):
         }
         body = self.body(output, "incomplete" if finish == "length" else "completed", usage)
         kept = [i for i in output if i["type"] != "function_call" or _is_json(i["arguments"])]
+        if self.conversation_id is not None:  # the request's input and the answer join the conversation
+            try:
+                self.conversations.append(self.conversation_id, [*self.input_items(), *kept], param="input")
+            except ApiError as err:  # deleted (or dropped) while the response ran: the answer still stands
+                logger.warning("response %s: its items were not added to conversation %s: %s", self.id,
+                               self.conversation_id, err.message)
         if self.create.store:  # a call cut off by max_output_tokens is not part of the conversation
             answer = input_messages(kept) or [{"role": "assistant", "content": ""}]
             self.store.put(body, [*self.conversation, *answer], self.input_items())
-        if self.conversation_id is not None:  # the request's input and the answer join the conversation
-            self.conversations.append(self.conversation_id, [*self.input_items(), *kept])
         return body
 
     # ------------------------------------------------------------------ streaming

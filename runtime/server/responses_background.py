@@ -134,11 +134,11 @@ class BackgroundRuns:
                                 "starting_after, to get it replayed", param="starting_after")
 
         async def when_ended() -> AsyncIterator[bytes]:
-            body = stored
-            while body["status"] in RUNNING:  # running on another server that shares the store
+            body: dict[str, Any] | None = stored
+            while body is not None and body["status"] in RUNNING:  # running on another server sharing the store
                 await asyncio.sleep(POLL_S)
-                body = self.store.response(response_id)
-            for chunk in replayed_events(body, starting_after):
+                body = self.store.peek(response_id)  # a plain read: no write lock, not a use
+            for chunk in replayed_events(body, starting_after) if body is not None else ():  # deleted meanwhile
                 yield chunk
 
         return StreamingResponse(when_ended(), media_type="text/event-stream")

@@ -1,5 +1,6 @@
 """What a ``/v1/responses`` request asks, as a chat completion request: ``instructions`` as the
-system message, the stored conversation of ``previous_response_id`` next, then each ``input``
+system message, the stored conversation of ``previous_response_id`` (or the items of the
+``conversation`` named) next, then each ``input``
 item as a chat message (``message`` items with text parts, ``function_call`` items as the
 assistant's tool calls, ``function_call_output`` items as tool messages, ``reasoning`` items as
 the next assistant message's ``reasoning_content``), function tools as
@@ -114,17 +115,25 @@ def stored_input_items(items: str | list[dict[str, Any]], hex_id: str) -> list[d
         item = {"type": "message", **item}
         prefix = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}[item["type"]]
         item.setdefault("id", f"{prefix}_{hex_id}_in{i}")
+        item.setdefault("status", "completed")
         if item["type"] == "message":
             if isinstance(item.get("content"), str):
                 kind = "output_text" if item.get("role") == "assistant" else "input_text"
                 item["content"] = [{"type": kind, "text": item["content"]}]
-            item.setdefault("status", "completed")
+            item["content"] = [{"annotations": [], **p} if p.get("type") == "output_text" else p for p in item["content"]]
         out.append(item)
     return out
 
 
-def item_page(items: list[dict[str, Any]], limit: int, order: str, after: str | None) -> dict[str, Any]:
-    """A page of stored items in OpenAI's list shape (``order`` desc: newest first)."""
+def item_list(data: list[dict[str, Any]], has_more: bool = False) -> dict[str, Any]:
+    """Items in OpenAI's list shape."""
+    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None, "has_more": has_more}
+
+
+def item_page(items: list[dict[str, Any]], limit: int, order: str, after: str | None,
+              of: str = "this response's input") -> dict[str, Any]:
+    """A page of stored items (``order`` desc: newest first) of ``of``."""
     if not 1 <= limit <= 100:
         raise ApiError(400, f"limit must be in [1, 100], got {limit}", param="limit")
     if order not in ("asc", "desc"):
@@ -133,11 +142,9 @@ def item_page(items: list[dict[str, Any]], limit: int, order: str, after: str | 
     if after is not None:
         ids = [item["id"] for item in ordered]
         if after not in ids:
-            raise ApiError(400, f"No item with id '{after}' in this response's input", param="after")
+            raise ApiError(400, f"No item with id '{after}' in {of}", param="after")
         ordered = ordered[ids.index(after) + 1:]
-    data = ordered[:limit]
-    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None, "has_more": len(ordered) > limit}
+    return item_list(ordered[:limit], len(ordered) > limit)
 
 
 def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
@@ -197,7 +204,9 @@ def chat_request(req: ResponsesRequest, history: list[dict[str, Any]]) -> tuple[
         "model": req.model, "messages": messages, "tools": chat_tools(req.tools),
         "tool_choice": chat_tool_choice(req.tool_choice), "parallel_tool_calls": req.parallel_tool_calls,
         "max_tokens": req.max_output_tokens, "temperature": req.temperature, "top_p": req.top_p,
-        "stream": req.stream, "response_format": response_format(req), "logprobs": logprobs,
+        # a background run streams from the scheduler whatever its client asked: its output so
+        # far and its events grow as it goes
+        "stream": req.stream or req.background, "response_format": response_format(req), "logprobs": logprobs,
         "top_logprobs": req.top_logprobs if logprobs else None,
         "reasoning_effort": (req.reasoning or {}).get("effort"),
         **{name: getattr(req, name) for name in SAMPLING_EXTRAS},
