@@ -149,6 +149,30 @@ def test_a_background_response_streams_to_its_end_from_either_replica(dp):
     assert ends[0] == ends[1] and ends[0]["status"] in ("completed", "incomplete") and ends[0]["output"]
 
 
+def test_a_running_background_responses_progress_reaches_the_other_replica(dp):
+    """The replica that runs a background response writes it to the shared store every few
+    seconds: the other one shows its output so far (and that it is alive), and a cancel
+    there says where to send it."""
+    started = openai.OpenAI(base_url=dp.url + "/v1", api_key="none").responses.create(
+        model=MODEL, input="Count from 1 to 400, separated by commas.", max_output_tokens=1500, temperature=0,
+        background=True)
+    clients = [openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0) for url, _ in dp.replicas]
+    deadline = time.monotonic() + 30
+    while not any(loads := [_load(url) for url, _ in dp.replicas]):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    owner, other = clients if loads[0] else clients[::-1]  # the replica running its request
+    with pytest.raises(openai.BadRequestError, match="another server"):
+        other.responses.cancel(started.id)
+    with pytest.raises(openai.BadRequestError, match="still in progress"):
+        other.responses.delete(started.id)
+    while not (seen := other.responses.retrieve(started.id)).output:
+        assert seen.status == "in_progress" and time.monotonic() < deadline, seen
+        time.sleep(0.5)
+    assert owner.responses.cancel(started.id).status == "cancelled"
+    assert other.responses.retrieve(started.id).status == "cancelled"
+
+
 def test_dsl_programs_through_the_gateway_run_without_pins(dp, caplog):
     """The gateway forwards neither /end_program nor program_id: the first program ends with
     one warning, later ones do not ask for pins, and no replica holds any."""

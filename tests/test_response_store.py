@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runtime.server.protocol import ApiError
-from runtime.server.response_store import ResponseStore, SqliteTable
+from runtime.server.response_store import MemoryTable, ResponseStore, SqliteTable
 
 IDS = [f"resp_{i}" for i in range(4)]
 # puts twice as likely as each other operation, so that capacity (2) is exceeded often
@@ -90,7 +90,7 @@ def test_two_sqlite_stores_on_one_file_share_their_responses(tmp_path):
 @pytest.mark.parametrize("backend", ["memory", "sqlite"])
 def test_conversations_keep_their_items_in_order_on_either_table(tmp_path, backend):
     """Two stores on one file stand for two replicas: what one appends the other sees."""
-    from runtime.server.response_store import ConversationStore, MemoryTable
+    from runtime.server.response_store import ConversationStore
 
     def table():
         return MemoryTable() if backend == "memory" else SqliteTable(str(tmp_path / "r.sqlite"), "conversations")
@@ -113,3 +113,28 @@ def test_conversations_keep_their_items_in_order_on_either_table(tmp_path, backe
     b.delete(conv["id"])
     with pytest.raises(ApiError):
         a.get(conv["id"])
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite"])
+def test_a_running_response_not_written_again_reads_as_failed(tmp_path, backend):
+    """A background response's server writes it again every few seconds; one that stopped
+    doing so (killed outright) is read as failed, not in progress for ever."""
+    import time
+
+    table = MemoryTable() if backend == "memory" else SqliteTable(str(tmp_path / "r.sqlite"), "responses")
+    store = ResponseStore(table=table, stale_after=0.3)
+    running = {"id": "resp_1", "status": "in_progress", "output": []}
+    store.put(running, None, [])
+    store.put({"id": "resp_2", "status": "completed", "output": []}, [{"role": "user", "content": "x"}], [])
+    assert store.response("resp_1")["status"] == "in_progress"
+    time.sleep(0.2)
+    store.put(running, None, [])  # the heartbeat
+    time.sleep(0.2)
+    assert store.peek("resp_1")["status"] == "in_progress"
+    time.sleep(0.2)
+    stale = store.response("resp_1")
+    assert stale["status"] == "failed" and "stopped" in stale["error"]["message"]
+    assert store.peek("resp_1")["status"] == "failed"
+    with pytest.raises(ApiError, match="ended failed"):
+        store.conversation("resp_1")
+    assert store.response("resp_2")["status"] == "completed"  # an ended response never goes stale

@@ -126,15 +126,26 @@ def open_tables(path: str | None, capacity: int = 1024) -> tuple[MemoryTable, Me
 
 class ResponseStore:
     """Stored responses. Each is the answer, its conversation as chat messages (None while a
-    background response runs, or where it failed or was cancelled) and its request's input
-    items."""
+    background response runs, or where it failed or was cancelled), its request's input items
+    and when it was last written. A running (background) response is written again by its
+    server every few seconds (``responses_background.py``); one not written for
+    ``stale_after`` seconds is read as failed: its server stopped without saying so (killed
+    outright), and no reader waits on it for ever."""
 
-    def __init__(self, capacity: int = 1024, table: MemoryTable | None = None) -> None:
+    def __init__(self, capacity: int = 1024, table: MemoryTable | None = None, stale_after: float = 30.0) -> None:
         self.table = table or MemoryTable(capacity)
+        self.stale_after = stale_after
 
     def put(self, response: dict[str, Any], conversation: list[dict[str, Any]] | None,
             input_items: list[dict[str, Any]]) -> None:
-        self.table.put(response["id"], [response, conversation, input_items])
+        self.table.put(response["id"], [response, conversation, input_items, time.time()])
+
+    def _seen(self, stored: list[Any]) -> list[Any]:
+        response, conversation, input_items, written_at = stored
+        if response.get("status") in RUNNING and time.time() - written_at > self.stale_after:
+            response = {**response, "status": "failed", "error": {
+                "code": "server_error", "message": "the server running this response stopped before it was finished"}}
+        return [response, conversation, input_items]
 
     def _get(self, response_id: str, param: str) -> list[Any]:
         stored = self.table.get(response_id)
@@ -142,7 +153,7 @@ class ResponseStore:
             raise ApiError(400 if param == "previous_response_id" else 404,
                            f"No stored response with id '{response_id}' (the last {self.table.capacity} responses "
                            f"created with store=true are kept; {self.table.where})", param=param)
-        return stored
+        return self._seen(stored)
 
     def response(self, response_id: str) -> dict[str, Any]:
         return self._get(response_id, "response_id")[0]
@@ -150,7 +161,7 @@ class ResponseStore:
     def peek(self, response_id: str) -> dict[str, Any] | None:
         """The response, or None, without counting as a use (for polling)."""
         stored = self.table.get(response_id, touch=False)
-        return None if stored is None else stored[0]
+        return None if stored is None else self._seen(stored)[0]
 
     def conversation(self, response_id: str) -> list[dict[str, Any]]:
         response, conversation, _ = self._get(response_id, "previous_response_id")

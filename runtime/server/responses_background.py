@@ -7,11 +7,12 @@ start replays the stored response, and ``starting_after`` is a 400), ``POST
 /v1/responses/{id}/cancel`` stops it (status ``cancelled``). A server that stops stores its
 unfinished runs as ``failed``.
 
-The store holds the response from the start (``in_progress``, nothing to continue yet) and
-then as it ended, so servers sharing a ``--response-store`` (the replicas of ``--dp-size``)
-see its status; its output so far, its live events and cancelling it are the running
-server's own: elsewhere, a stream waits for the stored end and replays it, and a cancel is
-a 400 that says so."""
+The store holds the response from the start (``in_progress``, nothing to continue yet),
+written again every few seconds with its output so far, then as it ended; so servers
+sharing a ``--response-store`` (the replicas of ``--dp-size``) see its status and progress,
+and one killed outright leaves it to be read as failed, not running for ever. Its live
+events and cancelling it are the running server's own: elsewhere, a stream waits for the
+stored end and replays it, and a cancel is a 400 that says so."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ logger = logging.getLogger("forkserve")
 
 KEEP_FINISHED = 64  # finished runs whose events are kept for streams that resume
 POLL_S = 0.5  # how often a stream of another server's run looks at the store
+HEARTBEAT_S = 5.0  # how often a running response is written again (ResponseStore.stale_after: 30 s)
 
 
 class BackgroundRun:
@@ -105,11 +107,24 @@ class BackgroundRuns:
     def __init__(self, store: ResponseStore) -> None:
         self.store = store
         self.runs: OrderedDict[str, BackgroundRun] = OrderedDict()
+        self._heartbeat: asyncio.Task[None] | None = None
+
+    async def _beat(self) -> None:
+        """While runs are running, write each again every ``HEARTBEAT_S`` with its output so
+        far: other servers sharing the store see how far it got, and that its server lives
+        (``ResponseStore.stale_after``)."""
+        while any(not r.done for r in self.runs.values()):
+            await asyncio.sleep(HEARTBEAT_S)
+            for run in list(self.runs.values()):
+                if not run.done:  # (a run that ends stores its end itself)
+                    self.store.put(run.snapshot(), None, run.creation.input_items())
 
     def start(self, creation: ResponseCreation, states: list[ReqState]) -> Response:
         c = creation
         self.store.put(c.body([], "in_progress", None), None, c.input_items())
         run = self.runs[c.id] = BackgroundRun(c, states)
+        if self._heartbeat is None or self._heartbeat.done():
+            self._heartbeat = asyncio.get_running_loop().create_task(self._beat())
         finished = [rid for rid, r in self.runs.items() if r.done]
         for rid in finished[:max(0, len(finished) - KEEP_FINISHED)]:
             del self.runs[rid]
@@ -164,8 +179,10 @@ class BackgroundRuns:
         return self.store.response(response_id)
 
     def forget(self, response_id: str) -> None:
-        """Before ``DELETE``: a running response is a 400; a finished one's events go."""
+        """Before ``DELETE``: a running response (here or on another server sharing the store)
+        is a 400; a finished one's events go."""
         run = self.runs.get(response_id)
-        if run is not None and not run.done:
+        stored = self.store.peek(response_id)
+        if run is not None and not run.done or run is None and stored is not None and stored["status"] in RUNNING:
             raise ApiError(400, f"response '{response_id}' is still in progress: cancel it first", param="response_id")
         self.runs.pop(response_id, None)
