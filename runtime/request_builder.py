@@ -87,8 +87,12 @@ def _nth_sample(params: SamplingParams, k: int) -> SamplingParams:
 def check_prompt(ids: list[int], limits: RequestLimits, field: str) -> None:
     if not ids:
         raise InvalidField(field, "the prompt is empty: at least one token is needed")
-    if any(t < 0 or t >= limits.vocab_size for t in ids):
-        raise InvalidField(field, f"{field}: token ids must be in [0, {limits.vocab_size}) (the vocabulary)")
+    check_token_ids(ids, limits.vocab_size, field)
+
+
+def check_token_ids(ids: list[int], vocab_size: int, field: str) -> None:
+    if any(t < 0 or t >= vocab_size for t in ids):
+        raise InvalidField(field, f"{field}: token ids must be in [0, {vocab_size}) (the vocabulary)")
 
 
 def check_lengths(prompt_len: int, max_new: int, limits: RequestLimits, *, within_context: bool) -> None:

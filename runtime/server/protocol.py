@@ -120,36 +120,44 @@ class ResponseFormat(_Body):
     json_schema: JsonSchemaFormat | None = None
 
 
-class _OpenAISampling(_Body):
-    """Fields shared by completions and chat: OpenAI's, then the extras of vLLM and SGLang."""
+class SharedSampling(_Body):
+    """Sampling fields that completions, chat and the Responses API all take under these
+    names: OpenAI's own on the first two, SGLang's extras on the third (``responses_input.py``
+    passes them to the chat request as they are)."""
+
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    # requests with different keys never share cached prefixes (SGLang)
+    extra_key: str | None = None
+    cache_salt: str | None = None
+
+
+class _OpenAISampling(SharedSampling):
+    """Fields shared by completions and chat: OpenAI's, then the extras of vLLM and SGLang
+    (besides ``SharedSampling``'s)."""
 
     model: str
     n: int = 1
     temperature: float | None = None
     top_p: float | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
     # accepted and ignored: they change nothing here
     user: str | None = None
     # extras (vLLM / SGLang names)
-    top_k: int | None = None
-    min_p: float | None = None
     ignore_eos: bool = False
     min_tokens: int = 0
-    repetition_penalty: float | None = None
     stop_token_ids: list[int] | None = None
     stop_regex: str | list[str] | None = None
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     no_stop_trim: bool = False
     include_stop_str_in_output: bool = False  # vLLM's name for no_stop_trim
-    # requests with different keys never share cached prefixes (SGLang)
-    extra_key: str | None = None
-    cache_salt: str | None = None
     # constrained output: OpenAI's response_format, vLLM / SGLang's regex and ebnf, vLLM's guided_*
     response_format: ResponseFormat | None = None
     regex: str | None = None
@@ -363,7 +371,7 @@ class ResponseText(_Body):
     verbosity: str | None = None  # accepted and ignored
 
 
-class ResponsesRequest(_Body):
+class ResponsesRequest(SharedSampling):
     """``POST /v1/responses``. ``input`` items and ``tools`` stay plain dicts here: each is
     checked as it is turned into a chat message or tool (``responses_api.py``), with a 400
     that names the item."""
@@ -384,16 +392,6 @@ class ResponsesRequest(_Body):
     store: bool = True
     include: list[str] | None = None
     truncation: Literal["disabled"] | None = None  # "auto" would drop items; this server never does
-    # SGLang's extras, as on the chat route
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    repetition_penalty: float | None = None
-    extra_key: str | None = None
-    cache_salt: str | None = None
     request_id: str | None = None  # accepted and ignored
     # accepted and ignored: they change nothing here
     metadata: dict[str, Any] | None = None

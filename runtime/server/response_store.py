@@ -77,6 +77,10 @@ class SqliteTable(MemoryTable):
     def close(self) -> None:
         self._db.close()
 
+    def _value(self, key: str) -> Any:
+        row = self._db.execute(f"SELECT value FROM {self.name} WHERE id = ?", (key,)).fetchone()
+        return None if row is None else json.loads(row[0])
+
     def _touch(self, key: str) -> None:
         self._db.execute(f"UPDATE {self.name} SET used = (SELECT COALESCE(MAX(used), 0) + 1 FROM {self.name}) "
                          "WHERE id = ?", (key,))
@@ -95,22 +99,21 @@ class SqliteTable(MemoryTable):
     def update(self, key: str, change: Callable[[Any], Any]) -> Any:
         with self._db:  # read and write in one transaction: another server's change cannot fall between
             self._db.execute("BEGIN IMMEDIATE")
-            row = self._db.execute(f"SELECT value FROM {self.name} WHERE id = ?", (key,)).fetchone()
-            if row is None:
+            value = self._value(key)
+            if value is None:
                 return None
-            self._insert(key, new := change(json.loads(row[0])))
+            self._insert(key, new := change(value))
         return new
 
     def get(self, key: str, touch: bool = True) -> Any:
         if not touch:  # a plain read: no write lock
-            row = self._db.execute(f"SELECT value FROM {self.name} WHERE id = ?", (key,)).fetchone()
-            return None if row is None else json.loads(row[0])
+            return self._value(key)
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
-            row = self._db.execute(f"SELECT value FROM {self.name} WHERE id = ?", (key,)).fetchone()
-            if row is not None:
+            value = self._value(key)
+            if value is not None:
                 self._touch(key)
-        return None if row is None else json.loads(row[0])
+        return value
 
     def remove(self, key: str) -> None:
         with self._db:

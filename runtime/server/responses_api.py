@@ -91,14 +91,17 @@ class ResponseCreation(OutputItems, ChatCompletion):
         if self.conversation_id is not None:
             items = conversations.items(self.conversation_id, "conversation")
             history = input_messages(items, field="conversation")
-            check_new_ids(items, stored_input_items(req.input, "check"), "input")
         else:
             history = store.conversation(req.previous_response_id) if req.previous_response_id else []
-        chat, self.conversation = chat_request(req, history)
+        chat, self.conversation = chat_request(req, history)  # checks the input items
         super().__init__(ctx, chat, request)
         self.create, self.store, self.conversations = req, store, conversations
-        self.hex = uuid.uuid4().hex
+        self.hex = uuid.uuid4().hex  # (after the chat handler's own id)
         self.id = f"resp_{self.hex}"
+        # the input as the store and a conversation keep it (GET .../input_items)
+        self.input_items = stored_input_items(req.input, self.hex)
+        if self.conversation_id is not None:
+            check_new_ids(items, self.input_items, "input")
 
     async def run(self, background: BackgroundRuns) -> Response:
         if self.create.background and not self.create.store:
@@ -130,10 +133,6 @@ class ResponseCreation(OutputItems, ChatCompletion):
         whole = self.logprobs(state, 0, len(state.output_token_logprobs), 0)
         return whole["content"] if whole else None
 
-    def input_items(self) -> list[dict[str, Any]]:
-        """The request's input as the store keeps it (``GET .../input_items``)."""
-        return stored_input_items(self.create.input, self.hex)
-
     def body(self, output: list[dict[str, Any]], status: str, usage: dict[str, Any] | None) -> dict[str, Any]:
         r = self.create
         fmt = r.text.format.model_dump(by_alias=True, exclude_none=True) if r.text and r.text.format else {"type": "text"}
@@ -162,13 +161,13 @@ class ResponseCreation(OutputItems, ChatCompletion):
         kept = [i for i in output if i["type"] != "function_call" or _is_json(i["arguments"])]
         if self.conversation_id is not None:  # the request's input and the answer join the conversation
             try:
-                self.conversations.append(self.conversation_id, [*self.input_items(), *kept], param="input")
+                self.conversations.append(self.conversation_id, [*self.input_items, *kept], param="input")
             except ApiError as err:  # deleted (or dropped) while the response ran: the answer still stands
                 logger.warning("response %s: its items were not added to conversation %s: %s", self.id,
                                self.conversation_id, err.message)
         if self.create.store:  # a call cut off by max_output_tokens is not part of the conversation
             answer = input_messages(kept) or [{"role": "assistant", "content": ""}]
-            self.store.put(body, [*self.conversation, *answer], self.input_items())
+            self.store.put(body, [*self.conversation, *answer], self.input_items)
         return body
 
     # ------------------------------------------------------------------ streaming

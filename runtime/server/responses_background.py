@@ -78,7 +78,7 @@ class BackgroundRun:
             self.done = True
             try:
                 if ended is not None:
-                    self.creation.store.put(ended, None, self.creation.input_items())
+                    self.creation.store.put(ended, None, self.creation.input_items)
             finally:
                 self._notify()
 
@@ -117,11 +117,11 @@ class BackgroundRuns:
             await asyncio.sleep(HEARTBEAT_S)
             for run in list(self.runs.values()):
                 if not run.done:  # (a run that ends stores its end itself)
-                    self.store.put(run.snapshot(), None, run.creation.input_items())
+                    self.store.put(run.snapshot(), None, run.creation.input_items)
 
     def start(self, creation: ResponseCreation, states: list[ReqState]) -> Response:
         c = creation
-        self.store.put(c.body([], "in_progress", None), None, c.input_items())
+        self.store.put(c.body([], "in_progress", None), None, c.input_items)
         run = self.runs[c.id] = BackgroundRun(c, states)
         if self._heartbeat is None or self._heartbeat.done():
             self._heartbeat = asyncio.get_running_loop().create_task(self._beat())

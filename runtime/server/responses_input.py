@@ -15,13 +15,17 @@ from typing import Any
 from pydantic import ValidationError
 
 from runtime.server.context import validation_400
-from runtime.server.protocol import ApiError, ChatCompletionRequest, ResponsesRequest
+from runtime.server.protocol import (
+    ApiError,
+    ChatCompletionRequest,
+    ResponsesRequest,
+    SharedSampling,
+)
 
 TEXT_PARTS = ("input_text", "output_text", "text")
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 # Fields that pass to the chat request under the same name (SGLang's extras).
-SAMPLING_EXTRAS = ("seed", "stop", "top_k", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty",
-                   "extra_key", "cache_salt")
+SAMPLING_EXTRAS = tuple(SharedSampling.model_fields)
 
 
 def _text_of(content: Any, where: str) -> str:

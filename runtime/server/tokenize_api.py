@@ -12,8 +12,9 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from runtime.request_builder import check_token_ids
 from runtime.server.chat_completion import ChatCompletion
-from runtime.server.context import ServerContext, read_body
+from runtime.server.context import ServerContext, bad_input_as_400, read_body
 from runtime.server.protocol import (
     ApiError,
     ChatCompletionRequest,
@@ -53,11 +54,9 @@ def detokenize(ctx: ServerContext, req: DetokenizeRequest) -> dict[str, Any]:
         ctx.check_model(req.model)
     one = not (req.tokens and isinstance(req.tokens[0], list))
     lists: list[list[int]] = [req.tokens] if one else req.tokens  # type: ignore[list-item,assignment]
-    vocab = ctx.tokenizer.vocab_size
-    for ids in lists:
-        bad = next((t for t in ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise ApiError(400, f"token id {bad} is outside this model's vocabulary [0, {vocab})", param="tokens")
+    with bad_input_as_400("tokens"):
+        for ids in lists:
+            check_token_ids(ids, ctx.limits.vocab_size, "tokens")
     texts = [ctx.tokenizer.decode(ids, req.skip_special_tokens) for ids in lists]
     text: str | list[str] = texts[0] if one else texts
     return {"text": text, "prompt": text}
