@@ -32,6 +32,14 @@ def test_tokens_must_agree_before_the_first_near_tie():
     assert not ok and "first difference at 1" in where
 
 
+def test_near_ties_of_the_float32_reference_count_too():
+    bf16 = _output([1, 2, 3], gaps=[0.5, 3.0, 3.0])  # rounding widened the first gap to 0.5
+    exact = _output([1, 2, 3], gaps=[0.34, 3.0, 3.0])
+    flipped = _output([2, 2, 3])
+    assert not agreed_prefix(bf16, flipped)[0]
+    assert agreed_prefix(bf16, flipped, exact=exact)[0]
+
+
 def test_prompt_logprob_distance_is_judged_against_bf16_noise():
     ref, other = _output([1], prompt_lps=(None, -10.0, -20.0)), _output([1], prompt_lps=(None, -10.5, -20.1))
     assert prompt_logprob_diffs(ref, other) == pytest.approx((0.5, 0.3))

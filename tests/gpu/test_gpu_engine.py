@@ -22,6 +22,7 @@ TEXTS = [
     "def fibonacci(n):",
     "List three prime numbers greater than 100 and explain why each is prime.",
 ]
+SHARED = 300  # tokens of prefix the last two prompts share
 
 
 def _prompts(tokenizer) -> list[list[int]]:
@@ -29,7 +30,7 @@ def _prompts(tokenizer) -> list[list[int]]:
     (the second reuses the first's cache: an extend with a prefix)."""
     ids = [tokenizer.encode(t) for t in TEXTS]
     rng = random.Random(0)
-    shared = [rng.randrange(1000, 40000) for _ in range(300)]
+    shared = [rng.randrange(1000, 40000) for _ in range(SHARED)]
     ids.append([rng.randrange(1000, 40000) for _ in range(1500)])
     ids.append(shared + [rng.randrange(1000, 40000) for _ in range(20)])
     ids.append(shared + [rng.randrange(1000, 40000) for _ in range(45)])
@@ -43,18 +44,20 @@ def _generate(model_dir, backend: str, prompts: list[list[int]], dtype: str = "b
         str(model_dir), device="cuda", dtype=dtype, attention_backend=backend, max_total_tokens=65536
     )
     try:
-        # One batch, then the last prompt alone so it finds the shared prefix cached.
+        # One batch, then the last prompt alone so it finds the shared prefix cached. A
+        # request's prefix match stops where its prompt logprobs start (cached tokens have
+        # no logits), so the last prompt's logprobs start just after the shared prefix.
         outs = engine.generate(
             input_ids=prompts[:-1], sampling_params=SAMPLING, return_logprob=True, logprob_start_len=0,
             top_logprobs_num=2,
         )
         outs.append(
             engine.generate(
-                input_ids=prompts[-1], sampling_params=SAMPLING, return_logprob=True, logprob_start_len=0,
-                top_logprobs_num=2,
+                input_ids=prompts[-1], sampling_params=SAMPLING, return_logprob=True,
+                logprob_start_len=SHARED + 1, top_logprobs_num=2,
             )
         )
-        assert outs[-1]["meta_info"]["cached_tokens"] >= 300
+        assert outs[-1]["meta_info"]["cached_tokens"] == SHARED
         engine.scheduler.check_invariants()
         return outs
     finally:
@@ -81,7 +84,7 @@ def test_greedy_output_matches_torch_native(backend, reference, gpu_model_dir):
     got = _generate(gpu_model_dir, backend, prompts)
     failures = []
     for i, (ref_exact, ref_bf16, out) in enumerate(zip(exact, bf16, got, strict=True)):
-        ok, where = agreed_prefix(ref_bf16, out)
+        ok, where = agreed_prefix(ref_bf16, out, exact=ref_exact)
         baseline, distance = prompt_logprob_diffs(ref_exact, ref_bf16), prompt_logprob_diffs(ref_exact, out)
         print(
             f"{backend} prompt {i}: {where}; prompt logprobs vs float32: max {distance[0]:.4f} mean {distance[1]:.5f}"
