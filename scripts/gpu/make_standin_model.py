@@ -27,17 +27,20 @@ def build_standin(shape_dir: Path, out_dir: Path, seed: int = 0) -> Path:
     from transformers import AutoConfig, LlamaForCausalLM
 
     config = AutoConfig.from_pretrained(shape_dir)
-    torch.manual_seed(seed)
-    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+    # Drawn on the CPU from one seeded generator, in parameter order, whatever the machine
+    # has: CUDA's generator gives other numbers, and transformers' own init varies by version.
+    with torch.device("cpu"):
         model = LlamaForCausalLM(config)
+    gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=gen, dtype=param.dtype)
             if name.endswith("norm.weight"):
-                param.copy_(1.0 + 0.1 * torch.randn_like(param))
+                param.copy_(1.0 + 0.1 * noise)
             elif "embed_tokens" in name or name == "lm_head.weight":
-                param.normal_(0.0, 1.0)
+                param.copy_(noise)
             else:
-                param.normal_(0.0, param.shape[-1] ** -0.5)
+                param.copy_(noise * param.shape[-1] ** -0.5)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.to(torch.bfloat16).save_pretrained(out_dir, safe_serialization=True)
     for name in SHAPE_FILES:
