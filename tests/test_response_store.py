@@ -138,3 +138,40 @@ def test_a_running_response_not_written_again_reads_as_failed(tmp_path, backend)
     with pytest.raises(ApiError, match="ended failed"):
         store.conversation("resp_1")
     assert store.response("resp_2")["status"] == "completed"  # an ended response never goes stale
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite"])
+def test_one_response_at_a_time_holds_a_conversation(tmp_path, backend):
+    """Two stores on one file stand for two replicas: a hold taken on one is seen on the
+    other; only its owner renews or releases it; changes to the items keep it; one not
+    renewed lapses."""
+    import time
+
+    from runtime.server.response_store import ConversationStore
+
+    def table():
+        return MemoryTable() if backend == "memory" else SqliteTable(str(tmp_path / "r.sqlite"), "conversations")
+
+    first = table()
+    a = ConversationStore(table=first, lease=0.4)
+    b = ConversationStore(table=first if backend == "memory" else table(), lease=0.4)
+    conv = a.create([{"id": "m0"}], None)["id"]
+    assert [i["id"] for i in a.hold(conv, "resp_a")] == ["m0"]
+    with pytest.raises(ApiError) as err:
+        b.hold(conv, "resp_b")
+    assert (err.value.status, err.value.param, err.value.body()["error"]["code"]) == (
+        400, "conversation", "conversation_locked")
+    b.release(conv, "resp_b")  # not its hold: nothing changes
+    b.append(conv, [{"id": "m1"}])  # items may still be added, and keep the hold
+    b.update(conv, {"k": "v"})
+    with pytest.raises(ApiError, match="resp_a"):
+        b.hold(conv, "resp_b")
+    assert [i["id"] for i in a.hold(conv, "resp_a")] == ["m0", "m1"]  # renewed by its owner
+    a.release(conv, "resp_a")
+    assert [i["id"] for i in b.hold(conv, "resp_b")] == ["m0", "m1"]
+    time.sleep(0.5)  # resp_b's server stopped renewing it
+    a.hold(conv, "resp_c")
+    with pytest.raises(ApiError) as err:
+        a.hold("conv_x", "resp_d")
+    assert err.value.status == 400 and err.value.param == "conversation"
+    a.release("conv_x", "resp_d")  # a missing conversation: nothing

@@ -120,3 +120,25 @@ def test_the_agents_sdk_keeps_an_agents_memory_in_a_conversation(server):
     assert [i["role"] for i in before] == ["user", "assistant"]
     assert len(after) == 4 and after[2]["role"] == "user" and isinstance(final_output, str) and final_output
     assert popped is not None and popped == after[-1]  # the last item: the agent's answer
+
+
+def test_a_conversation_runs_one_response_at_a_time(client):
+    """While a response runs on a conversation (streamed, or in the background) another one
+    on it is a 400 ``conversation_locked``, as OpenAI answers; once it has ended, the next
+    one continues from its items."""
+    conv = client.conversations.create(items=[{"type": "message", "role": "user", "content": "Count to fifty."}])
+    kw = dict(model=MODEL, conversation=conv.id, temperature=0)
+    with client.responses.create(input="Go.", max_output_tokens=64, stream=True, **kw) as stream:
+        first = next(iter(stream))
+        assert first.type == "response.created"
+        with pytest.raises(openai.BadRequestError) as err:
+            client.responses.create(input="Stop.", max_output_tokens=4, **kw)
+        assert err.value.code == "conversation_locked" and err.value.param == "conversation"
+        answer = [e for e in stream if e.type in ("response.completed", "response.incomplete")][0].response
+    after = client.responses.create(input="Stop.", max_output_tokens=4, **kw)
+    assert after.usage.input_tokens > answer.usage.input_tokens + answer.usage.output_tokens
+    running = client.responses.create(input="Again.", max_output_tokens=256, background=True, **kw)
+    with pytest.raises(openai.BadRequestError, match=running.id):
+        client.responses.create(input="Stop.", max_output_tokens=4, **kw)
+    assert client.responses.cancel(running.id).status == "cancelled"
+    assert client.responses.create(input="Stop.", max_output_tokens=4, **kw).status in ("completed", "incomplete")

@@ -13,7 +13,9 @@ ERROR = {
         "type": "object",
         "required": ["message", "type", "code"],
         "properties": {"message": {"type": "string"}, "type": {"type": "string"},
-                       "param": {"type": ["string", "null"]}, "code": {"type": "integer"}},
+                       "param": {"type": ["string", "null"]}, "code": {"type": ["integer", "string"],
+                                                                 "description": "the HTTP status, or OpenAI's "
+                                                                 "error code where it has one"}},
     }},
 }
 _OBJECT = {"type": "object"}

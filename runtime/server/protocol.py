@@ -18,15 +18,17 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 class ApiError(Exception):
     """An error answered in OpenAI's shape: ``{"error": {message, type, param, code}}``."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, headers: dict[str, str] | None = None) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None, headers: dict[str, str] | None = None,
+                 code: str | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.headers = status, message, param, headers
+        self.code = code  # OpenAI's error code where it has one for this error, else the status
         self.type = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error"}.get(
             status, "server_error" if status >= 500 else "invalid_request_error"
         )
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.status}}
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code or self.status}}
 
 
 class _Body(BaseModel):

@@ -193,11 +193,13 @@ def check_new_ids(items: list[dict[str, Any]], new: list[dict[str, Any]], param:
 
 
 class ConversationStore:
-    """Conversations (``/v1/conversations``): each is its object (id, created_at, metadata)
-    and its items, as the Responses API writes items (each with an id)."""
+    """Conversations (``/v1/conversations``): each is its object (id, created_at, metadata),
+    its items, as the Responses API writes items (each with an id), and which response holds
+    it while running, until when (``hold``)."""
 
-    def __init__(self, capacity: int = 1024, table: MemoryTable | None = None) -> None:
+    def __init__(self, capacity: int = 1024, table: MemoryTable | None = None, lease: float = 30.0) -> None:
         self.table = table or MemoryTable(capacity)
+        self.lease = lease
 
     def create(self, items: list[dict[str, Any]], metadata: dict[str, Any] | None) -> dict[str, Any]:
         conversation = {"id": f"conv_{uuid.uuid4().hex}", "object": "conversation", "created_at": int(time.time()),
@@ -226,7 +228,7 @@ class ConversationStore:
         return stored[0]
 
     def update(self, conversation_id: str, metadata: dict[str, Any] | None) -> dict[str, Any]:
-        return self._change(conversation_id, lambda s: [{**s[0], "metadata": metadata or {}}, s[1]])
+        return self._change(conversation_id, lambda s: [{**s[0], "metadata": metadata or {}}, *s[1:]])
 
     def delete(self, conversation_id: str) -> None:
         self._get(conversation_id, "conversation_id")
@@ -239,7 +241,7 @@ class ConversationStore:
         """Add ``new`` at the end, at once; a 400 naming ``param`` if an id would be there twice."""
         def add(stored: list[Any]) -> list[Any]:
             check_new_ids(stored[1], new, param)
-            return [stored[0], [*stored[1], *new]]
+            return [stored[0], [*stored[1], *new], *stored[2:]]
 
         self._change(conversation_id, add)
 
@@ -251,4 +253,25 @@ class ConversationStore:
 
     def remove_item(self, conversation_id: str, item_id: str) -> dict[str, Any]:
         self.item(conversation_id, item_id)  # a 404 where there is none
-        return self._change(conversation_id, lambda s: [s[0], [i for i in s[1] if i.get("id") != item_id]])
+        return self._change(conversation_id, lambda s: [s[0], [i for i in s[1] if i.get("id") != item_id], *s[2:]])
+
+    def hold(self, conversation_id: str, owner: str) -> list[dict[str, Any]]:
+        """Hold the conversation for response ``owner`` for ``lease`` seconds from now (taken,
+        or renewed) and return its items, at once: a 400 ``conversation_locked`` (OpenAI's
+        answer) while another response holds it. A hold not renewed lapses: its server
+        stopped without releasing it."""
+        def take(stored: list[Any]) -> list[Any]:
+            holder, until = stored[2] if len(stored) > 2 else (None, 0.0)
+            if holder not in (None, owner) and until > time.time():
+                raise ApiError(400, f"Another response ({holder}) is running on conversation '{conversation_id}'; "
+                                    "retry once it has finished", param="conversation", code="conversation_locked")
+            return [stored[0], stored[1], [owner, time.time() + self.lease]]
+
+        stored = self.table.update(conversation_id, take)
+        if stored is None:
+            raise self._missing(conversation_id, "conversation")
+        return stored[1]
+
+    def release(self, conversation_id: str, owner: str) -> None:
+        """End ``owner``'s hold, if it still has it (a conversation deleted meanwhile: nothing)."""
+        self.table.update(conversation_id, lambda s: [s[0], s[1]] if len(s) > 2 and s[2][0] == owner else s)

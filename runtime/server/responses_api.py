@@ -24,6 +24,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from runtime.server.chat_completion import ChatCompletion
 from runtime.server.context import ServerContext
+from runtime.server.conversation_hold import ConversationHold
 from runtime.server.openai_handler import OPENAI_NAMES, finish_reason_of
 from runtime.server.protocol import ApiError, ResponsesRequest, reject_unsupported
 from runtime.server.response_store import ConversationStore, ResponseStore, check_new_ids
@@ -88,29 +89,49 @@ class ResponseCreation(OutputItems, ChatCompletion):
         self.conversation_id = conversation_id(req.conversation)
         if self.conversation_id is not None and req.previous_response_id:
             raise ApiError(400, "give 'conversation' or 'previous_response_id', not both", param="conversation")
-        if self.conversation_id is not None:
-            items = conversations.items(self.conversation_id, "conversation")
-            history = input_messages(items, field="conversation")
-        else:
-            history = store.conversation(req.previous_response_id) if req.previous_response_id else []
-        chat, self.conversation = chat_request(req, history)  # checks the input items
-        super().__init__(ctx, chat, request)
-        self.create, self.store, self.conversations = req, store, conversations
-        self.hex = uuid.uuid4().hex  # (after the chat handler's own id)
-        self.id = f"resp_{self.hex}"
-        # the input as the store and a conversation keep it (GET .../input_items)
-        self.input_items = stored_input_items(req.input, self.hex)
-        if self.conversation_id is not None:
-            check_new_ids(items, self.input_items, "input")
+        hex_id = uuid.uuid4().hex
+        self.hold: ConversationHold | None = None
+        if self.conversation_id is not None:  # held from here until its items are added (or it fails)
+            self.hold = ConversationHold(conversations, self.conversation_id, f"resp_{hex_id}")
+        try:
+            history = (input_messages(self.hold.items, field="conversation") if self.hold else
+                       store.conversation(req.previous_response_id) if req.previous_response_id else [])
+            chat, self.conversation = chat_request(req, history)  # checks the input items
+            super().__init__(ctx, chat, request)
+            self.create, self.store, self.conversations = req, store, conversations
+            self.hex, self.id = hex_id, f"resp_{hex_id}"  # (in place of the chat handler's own id)
+            # the input as the store and a conversation keep it (GET .../input_items)
+            self.input_items = stored_input_items(req.input, self.hex)
+            if self.hold:
+                check_new_ids(self.hold.items, self.input_items, "input")
+        except BaseException:
+            self.release_hold()
+            raise
+
+    def release_hold(self) -> None:
+        if self.hold is not None:
+            self.hold.release()
 
     async def run(self, background: BackgroundRuns) -> Response:
-        if self.create.background and not self.create.store:
-            raise ApiError(400, "a background response is stored: 'background' needs 'store' true", param="background")
-        states = await self.start()
-        if self.create.background:
-            return background.start(self, states)
-        if self.req.stream:
-            return StreamingResponse(self.events(states), media_type="text/event-stream")
+        handed_off = False  # to events(), which releases the conversation's hold when it ends
+        try:
+            if self.create.background and not self.create.store:
+                raise ApiError(400, "a background response is stored: 'background' needs 'store' true",
+                               param="background")
+            states = await self.start()
+            if self.hold:
+                self.hold.watch(states)
+            handed_off = bool(self.create.background or self.req.stream)
+            if self.create.background:
+                return background.start(self, states)
+            if self.req.stream:
+                return StreamingResponse(self.events(states), media_type="text/event-stream")
+            return await self.answer_whole(states)
+        finally:
+            if not handed_off:
+                self.release_hold()
+
+    async def answer_whole(self, states: list[ReqState]) -> Response:
         await wait_all(self.ctx.client, states, self.request)
         state = states[0]
         err = error_of(state, NAMES)
@@ -204,6 +225,8 @@ class ResponseCreation(OutputItems, ChatCompletion):
         except Exception as err:  # the stream ends with a terminal event, whatever happened
             yield out.failed(500, f"{type(err).__name__}: {err}")
             raise
+        finally:
+            self.release_hold()
         yield out.event("response.completed" if body["status"] == "completed" else "response.incomplete", response=body)
 
 
