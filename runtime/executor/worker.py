@@ -124,6 +124,9 @@ class ModelWorker:
         self.device_table = DeviceReqToToken(self.req_to_token.table, self.device) if self._on_cuda else None
         self.graph_runner = self._build_graph_runner(cfg.hidden_size)
         self.default_generator = torch.Generator().manual_seed(args.random_seed)
+        # Off the CPU, a step whose requests all sample plainly greedily picks its tokens on
+        # the device and copies back only their ids (not [batch, vocab] float32 logits).
+        self.greedy_on_device = torch.device(self.device).type != "cpu"
 
     def _context_len(self) -> int:
         """``--max-context-len``, at most (and by default) the model's position limit."""
@@ -202,22 +205,28 @@ class ModelWorker:
     @torch.inference_mode()
     def run(self, inp: ModelInput) -> BatchResult:
         """One step: the forward, then sampling and logprobs where ``inp`` asks for them."""
+        if self.greedy_on_device and plain_greedy(inp):
+            return self._greedy_ids(inp, self.argmax(self.device_logits(inp)).tolist())
         return self._postprocess(inp, self.forward(inp))
 
     @torch.inference_mode()
     def forward(self, inp: ModelInput) -> torch.Tensor:
-        """Float32 logits at each request's logit range, concatenated in batch order."""
+        """Float32 logits at each request's logit range, concatenated in batch order, on the host."""
+        return self.device_logits(inp).cpu()
+
+    def device_logits(self, inp: ModelInput) -> torch.Tensor:
+        """The same, where the model computed them."""
         fwd = inp.forward
         if self.peers is not None:
             self.peers.send_step(fwd, self.req_to_token.table)
         hidden = self.run_model(fwd)
         if fwd.is_decode:  # every token is the last of its request
-            return self.model.compute_logits(hidden).cpu()
+            return self.model.compute_logits(hidden)
         picks, offset = [], 0
         for prefix, ext, start in zip(fwd.prefix_lens, fwd.extend_lens, inp.logit_starts, strict=True):
             picks.append(torch.arange(offset + start - prefix, offset + ext))
             offset += ext
-        return self.model.compute_logits(hidden[torch.cat(picks).to(self.device)]).cpu()
+        return self.model.compute_logits(hidden[torch.cat(picks).to(self.device)])
 
     def run_model(self, fwd: ForwardInput) -> torch.Tensor:
         """The model's hidden states for one step (every TP rank runs this)."""
@@ -246,6 +255,14 @@ class ModelWorker:
             self.peers.stop()
             self.peers = None
 
+    @staticmethod
+    def _greedy_ids(inp: ModelInput, ids: list[int]) -> BatchResult:
+        """The result of a ``plain_greedy`` step whose sampling requests picked ``ids``."""
+        bs = inp.batch_size
+        picked = iter(ids)
+        next_ids = [None if row is None else next(picked) for row in inp.sampling]
+        return BatchResult(next_ids, [None] * bs, [None] * bs, [[] for _ in range(bs)], [[] for _ in range(bs)])
+
     def _postprocess(self, inp: ModelInput, logits: torch.Tensor) -> BatchResult:
         bs = inp.batch_size
         sample_rows, rows_of = [], []
@@ -273,6 +290,22 @@ class ModelWorker:
                     result.output_top_logprobs[i] = out.top_logprobs[j]
                     j += 1
         return result
+
+
+def plain_greedy(inp: ModelInput) -> bool:
+    """Whether each request of the step either samples greedily from one logit row with
+    nothing that needs the whole row on the host (logprobs, penalties, banned ids, a
+    grammar), or needs no logits at all."""
+    fwd = inp.forward
+    for prefix, ext, start, row, span in zip(fwd.prefix_lens, fwd.extend_lens, inp.logit_starts, inp.sampling,
+                                             inp.prompt_logprobs, strict=True):
+        rows = prefix + ext - start
+        if span is not None or rows != (row is not None):
+            return False
+        if row is not None and not (row.params.is_greedy and not row.params.has_penalties and not row.banned_ids
+                                    and row.allowed is None and not row.options.return_logprob):
+            return False
+    return True
 
 
 def _prompt_logprobs(
