@@ -95,3 +95,23 @@ def test_greedy_output_matches_torch_native(backend, reference, gpu_model_dir):
         if not within_bf16_noise(distance, baseline):
             failures.append(f"prompt {i}: prompt logprobs {distance} from float32, torch_native bf16 {baseline}")
     assert not failures, "\n".join(failures)
+
+
+def test_greedy_on_the_device_equals_the_host_sampler(gpu_model_dir):
+    """Plain greedy steps take the argmax on the GPU (``Worker.greedy_on_device``): the same
+    tokens as copying the logits to the host sampler (same engine, cache off so both runs
+    compute the same batches)."""
+    from runtime.engine import Engine
+    from runtime.tokenizer import Tokenizer
+
+    prompts = _prompts(Tokenizer(gpu_model_dir))
+    engine = Engine(str(gpu_model_dir), device="cuda", dtype="bfloat16", attention_backend="triton",
+                    max_total_tokens=65536, disable_radix_cache=True)
+    try:
+        outs = {}
+        for on_device in (False, True):
+            engine.worker.greedy_on_device = on_device
+            outs[on_device] = [o["output_ids"] for o in engine.generate(input_ids=prompts, sampling_params=SAMPLING)]
+        assert outs[True] == outs[False]
+    finally:
+        engine.shutdown()
