@@ -19,15 +19,33 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from runtime.server.protocol import ApiError
 
 RUNNING = ("queued", "in_progress")
 
 
+class Table(Protocol):
+    """JSON values by id, the last ``capacity`` used kept; ``where`` says where, for errors."""
+
+    capacity: int
+    where: str
+
+    def put(self, key: str, value: Any) -> None: ...
+
+    def get(self, key: str, touch: bool = True) -> Any:
+        """The value (now the most recently used, unless ``touch`` is false), or None."""
+
+    def remove(self, key: str) -> None: ...
+
+    def update(self, key: str, change: Callable[[Any], Any]) -> Any:
+        """Replace the value by ``change(value)`` at once (nothing in between), and return it;
+        None where there is no value."""
+
+
 class MemoryTable:
-    """The last ``capacity`` values used, by id, in memory."""
+    """The last ``capacity`` values used, by id, in memory (the reference ``Table``)."""
 
     def __init__(self, capacity: int = 1024) -> None:
         self.capacity = capacity
@@ -41,7 +59,6 @@ class MemoryTable:
             self._values.popitem(last=False)
 
     def get(self, key: str, touch: bool = True) -> Any:
-        """The value (now the most recently used, unless ``touch`` is false), or None."""
         if key not in self._values:
             return None
         if touch:
@@ -52,8 +69,6 @@ class MemoryTable:
         self._values.pop(key, None)
 
     def update(self, key: str, change: Callable[[Any], Any]) -> Any:
-        """Replace the value by ``change(value)`` at once (nothing in between), and return it;
-        None where there is no value."""
         value = self.get(key)
         if value is None:
             return None
@@ -61,13 +76,12 @@ class MemoryTable:
         return new
 
 
-class SqliteTable(MemoryTable):
-    """The same in table ``name`` of a SQLite file that every server given ``path`` reads and
-    writes (WAL mode; each call one short transaction; recency a counter kept in the file)."""
+class SqliteTable:
+    """A ``Table`` in table ``name`` of a SQLite file that every server given ``path`` reads
+    and writes (WAL mode; each call one short transaction; recency a counter kept in the file)."""
 
     def __init__(self, path: str, name: str, capacity: int = 1024) -> None:
-        super().__init__(capacity)
-        self.where, self.name = f"they live in {path}", name
+        self.capacity, self.where, self.name = capacity, f"they live in {path}", name
         self._db = sqlite3.connect(path, timeout=10, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(f"CREATE TABLE IF NOT EXISTS {name} (id TEXT PRIMARY KEY, used INTEGER NOT NULL, "
@@ -120,7 +134,7 @@ class SqliteTable(MemoryTable):
             self._db.execute(f"DELETE FROM {self.name} WHERE id = ?", (key,))
 
 
-def open_tables(path: str | None, capacity: int = 1024) -> tuple[MemoryTable, MemoryTable]:
+def open_tables(path: str | None, capacity: int = 1024) -> tuple[Table, Table]:
     """The tables of responses and of conversations: in memory, or in the SQLite file ``path``."""
     if path is None:
         return MemoryTable(capacity), MemoryTable(capacity)
@@ -135,7 +149,7 @@ class ResponseStore:
     ``stale_after`` seconds is read as failed: its server stopped without saying so (killed
     outright), and no reader waits on it for ever."""
 
-    def __init__(self, capacity: int = 1024, table: MemoryTable | None = None, stale_after: float = 30.0) -> None:
+    def __init__(self, capacity: int = 1024, table: Table | None = None, stale_after: float = 30.0) -> None:
         self.table = table or MemoryTable(capacity)
         self.stale_after = stale_after
 
@@ -197,7 +211,7 @@ class ConversationStore:
     its items, as the Responses API writes items (each with an id), and which response holds
     it while running, until when (``hold``)."""
 
-    def __init__(self, capacity: int = 1024, table: MemoryTable | None = None, lease: float = 30.0) -> None:
+    def __init__(self, capacity: int = 1024, table: Table | None = None, lease: float = 30.0) -> None:
         self.table = table or MemoryTable(capacity)
         self.lease = lease
 
