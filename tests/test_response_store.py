@@ -175,3 +175,28 @@ def test_one_response_at_a_time_holds_a_conversation(tmp_path, backend):
         a.hold("conv_x", "resp_d")
     assert err.value.status == 400 and err.value.param == "conversation"
     a.release("conv_x", "resp_d")  # a missing conversation: nothing
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite"])
+def test_a_cancel_asked_elsewhere_survives_the_heartbeat_until_the_run_ends(tmp_path, backend):
+    """Two stores on one file stand for two replicas: one marks a response running on the
+    other for cancelling; the runner's heartbeat keeps the mark and reports it; an ended
+    response takes no mark."""
+    def table():
+        return MemoryTable() if backend == "memory" else SqliteTable(str(tmp_path / "r.sqlite"), "responses")
+
+    first = table()
+    runner, other = ResponseStore(table=first), ResponseStore(table=first if backend == "memory" else table())
+    running = {"id": "resp_1", "status": "in_progress", "output": []}
+    runner.put(running, None, [{"id": "msg_1"}])
+    assert not runner.beat(running, [{"id": "msg_1"}]) and not runner.cancel_asked("resp_1")
+    other.ask_cancel("resp_1")
+    assert runner.cancel_asked("resp_1")
+    assert runner.beat({**running, "output": [{"id": "m"}]}, [{"id": "msg_1"}])  # written, and the mark kept
+    assert runner.cancel_asked("resp_1") and other.response("resp_1")["output"] == [{"id": "m"}]
+    runner.put({**running, "status": "cancelled"}, None, [{"id": "msg_1"}])  # the run ends: no mark
+    assert not other.cancel_asked("resp_1") and other.response("resp_1")["status"] == "cancelled"
+    runner.put({"id": "resp_2", "status": "completed", "output": []}, [], [])
+    other.ask_cancel("resp_2")
+    assert not runner.cancel_asked("resp_2")
+    other.ask_cancel("resp_missing")  # nothing

@@ -143,11 +143,13 @@ def open_tables(path: str | None, capacity: int = 1024) -> tuple[Table, Table]:
 
 class ResponseStore:
     """Stored responses. Each is the answer, its conversation as chat messages (None while a
-    background response runs, or where it failed or was cancelled), its request's input items
-    and when it was last written. A running (background) response is written again by its
-    server every few seconds (``responses_background.py``); one not written for
-    ``stale_after`` seconds is read as failed: its server stopped without saying so (killed
-    outright), and no reader waits on it for ever."""
+    background response runs, or where it failed or was cancelled), its request's input items,
+    when it was last written and, for a running one, whether a cancel was asked for. A running
+    (background) response is written again by its server every few seconds
+    (``responses_background.py``: ``beat``); one not written for ``stale_after`` seconds is
+    read as failed: its server stopped without saying so (killed outright), and no reader
+    waits on it for ever. A server sharing the store that is asked to cancel a response
+    running elsewhere marks it (``ask_cancel``); the running server looks for the mark."""
 
     def __init__(self, capacity: int = 1024, table: Table | None = None, stale_after: float = 30.0) -> None:
         self.table = table or MemoryTable(capacity)
@@ -157,8 +159,29 @@ class ResponseStore:
             input_items: list[dict[str, Any]]) -> None:
         self.table.put(response["id"], [response, conversation, input_items, time.time()])
 
+    def beat(self, response: dict[str, Any], input_items: list[dict[str, Any]]) -> bool:
+        """Write running ``response`` again, at once keeping a cancel mark; whether it has one."""
+        asked = False
+
+        def write(stored: list[Any]) -> list[Any]:
+            nonlocal asked
+            asked = bool(stored[4:])
+            return [response, None, input_items, time.time(), *stored[4:]]
+
+        if self.table.update(response["id"], write) is None:  # dropped from the store meanwhile
+            self.put(response, None, input_items)
+        return asked
+
+    def ask_cancel(self, response_id: str) -> None:
+        """Mark a running response for its server to cancel (nothing if it has ended)."""
+        self.table.update(response_id, lambda s: [*s[:4], True] if s[0].get("status") in RUNNING else s)
+
+    def cancel_asked(self, response_id: str) -> bool:
+        stored = self.table.get(response_id, touch=False)
+        return stored is not None and bool(stored[4:])
+
     def _seen(self, stored: list[Any]) -> list[Any]:
-        response, conversation, input_items, written_at = stored
+        response, conversation, input_items, written_at = stored[:4]
         if response.get("status") in RUNNING and time.time() - written_at > self.stale_after:
             response = {**response, "status": "failed", "error": {
                 "code": "server_error", "message": "the server running this response stopped before it was finished"}}

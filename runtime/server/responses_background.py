@@ -11,14 +11,16 @@ The store holds the response from the start (``in_progress``, nothing to continu
 written again every few seconds with its output so far, then as it ended; so servers
 sharing a ``--response-store`` (the replicas of ``--dp-size``) see its status and progress,
 and one killed outright leaves it to be read as failed, not running for ever. Its live
-events and cancelling it are the running server's own: elsewhere, a stream waits for the
-stored end and replays it, and a cancel is a 400 that says so."""
+events are the running server's own: elsewhere, a stream waits for the stored end and
+replays it. A cancel sent elsewhere marks it in the store; the running server looks for
+marks every ``POLL_S`` and cancels it, and the cancel is answered once it is stored so."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Any
@@ -112,12 +114,20 @@ class BackgroundRuns:
     async def _beat(self) -> None:
         """While runs are running, write each again every ``HEARTBEAT_S`` with its output so
         far: other servers sharing the store see how far it got, and that its server lives
-        (``ResponseStore.stale_after``)."""
+        (``ResponseStore.stale_after``). Every ``POLL_S``, cancel those another server was
+        asked to cancel."""
+        last_beat = time.monotonic()
         while any(not r.done for r in self.runs.values()):
-            await asyncio.sleep(HEARTBEAT_S)
-            for run in list(self.runs.values()):
-                if not run.done:  # (a run that ends stores its end itself)
-                    self.store.put(run.snapshot(), None, run.creation.input_items)
+            await asyncio.sleep(POLL_S)
+            beat, running = time.monotonic() - last_beat >= HEARTBEAT_S, [r for r in self.runs.values() if not r.done]
+            for run in running:  # (a run that ends stores its end itself)
+                rid = run.creation.id
+                if self.store.beat(run.snapshot(), run.creation.input_items) if beat else self.store.cancel_asked(rid):
+                    logger.info("background response %s: cancelled through another server", rid)
+                    run.cancel_asked = True
+                    run.task.cancel()
+            if beat:
+                last_beat = time.monotonic()
 
     def start(self, creation: ResponseCreation, states: list[ReqState]) -> Response:
         c = creation
@@ -165,9 +175,14 @@ class BackgroundRuns:
             if not body.get("background"):
                 raise ApiError(400, f"response '{response_id}' was not created with background true: only background "
                                     "responses can be cancelled", param="response_id")
-            if body["status"] in RUNNING:
-                raise ApiError(400, f"response '{response_id}' runs on another server sharing this response store; "
-                                    "cancel it there", param="response_id")
+            if body["status"] in RUNNING:  # on another server sharing the store: it looks for the mark
+                self.store.ask_cancel(response_id)
+                while body is not None and body["status"] in RUNNING:  # (stale, i.e. failed, within 30 s)
+                    await asyncio.sleep(POLL_S / 5)
+                    body = self.store.peek(response_id)
+                if body is None:
+                    raise ApiError(404, f"response '{response_id}' was deleted while being cancelled",
+                                   param="response_id")
             if body["status"] != "cancelled":
                 raise ApiError(400, f"response '{response_id}' has already ended ({body['status']}): it cannot be "
                                     "cancelled", param="response_id")
