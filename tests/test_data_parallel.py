@@ -176,6 +176,33 @@ def test_a_running_background_responses_progress_reaches_the_other_replica(dp):
         time.sleep(0.1)
 
 
+def test_a_background_response_streamed_from_the_other_replica_shows_its_progress(dp):
+    """Streamed from the replica that does not run it, a running background response's
+    text arrives as the running replica writes it to the store, not only at its end."""
+    started = openai.OpenAI(base_url=dp.url + "/v1", api_key="none").responses.create(
+        model=MODEL, input="Count from 1 to 400, separated by commas.", max_output_tokens=1500, temperature=0,
+        background=True)
+    clients = [openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0) for url, _ in dp.replicas]
+    deadline = time.monotonic() + 30
+    while not any(loads := [_load(url) for url, _ in dp.replicas]):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    owner, other = clients if loads[0] else clients[::-1]
+    text = ""
+    with other.responses.retrieve(started.id, stream=True) as stream:
+        for event in stream:
+            if event.type == "response.output_text.delta":
+                text += event.delta
+                if len(text) > 20:
+                    break
+        assert owner.responses.retrieve(started.id).status == "in_progress"
+        assert owner.responses.cancel(started.id).status == "cancelled"
+        rest = list(stream)
+    text += "".join(e.delta for e in rest if e.type == "response.output_text.delta")
+    assert text == owner.responses.retrieve(started.id).output[0].content[0].text
+    assert rest[-1].type == "response.output_item.done" and rest[-1].item.status == "incomplete"
+
+
 def test_dsl_programs_through_the_gateway_run_without_pins(dp, caplog):
     """The gateway forwards neither /end_program nor program_id: the first program ends with
     one warning, later ones do not ask for pins, and no replica holds any."""

@@ -342,25 +342,63 @@ class StoredResponse(OutputItems):
         return {**self.stored, "output": output, "status": status, "usage": usage, "incomplete_details": None}
 
 
+class SnapshotEvents:
+    """The events of a stored response, from successive snapshots of it, each holding at
+    least the output of the one before: all at once for one that has ended
+    (``replayed_events``), or step by step as a background response running on another
+    server grows (its server writes it again every few seconds). Each item is opened, its
+    text or arguments sent as they grow, and closed with its stored status."""
+
+    def __init__(self, first: dict[str, Any]) -> None:
+        self.source = StoredResponse(first)
+        self.out = StreamedOutput(self.source)
+        self.keys: list[str] = []  # each opened item's key in ``out.open``, in output order
+
+    def start(self) -> list[bytes]:
+        body = self.source.body([], "in_progress", None)
+        return [self.out.event(kind, response=body) for kind in ("response.created", "response.in_progress")]
+
+    def update(self, body: dict[str, Any]) -> list[bytes]:
+        """Events for what ``body`` holds beyond what was sent."""
+        self.source.stored = body
+        chunks: list[bytes] = []
+        for index, item in enumerate(body["output"]):
+            if index == len(self.keys):  # a new item (a text one has its first text by now)
+                calls = sum(k.startswith("call ") for k in self.keys)
+                self.keys.append(item["type"] if item["type"] in TEXT_ITEMS else f"call {calls}")
+                if item["type"] not in TEXT_ITEMS:
+                    chunks += self.out.calls([{"index": calls, "id": item["call_id"],
+                                               "function": {"name": item["name"], "arguments": ""}}])
+            key = self.keys[index]
+            if key not in self.out.open and index < len(self.out.items):
+                continue  # closed already
+            sent = self.out.items[index] if index < len(self.out.items) else None
+            if key in TEXT_ITEMS:
+                part = item["content"][0]
+                sent_part = sent["content"][0] if sent else {"text": "", "logprobs": []}
+                lps = part.get("logprobs")
+                chunks += self.out.text(key, part["text"][len(sent_part["text"]):],
+                                        lps[len(sent_part.get("logprobs") or []):] if lps else None)
+            else:
+                chunks += self.out.calls([{"index": int(key.split()[1]),
+                                           "function": {"arguments": item["arguments"][len(sent["arguments"]):]}}])
+            if item["status"] != "in_progress" and key in self.out.open:
+                full = item["content"][0].get("logprobs") if key == "message" else None
+                chunks += self.out.close_item(key, item["status"], full)
+        return chunks
+
+    def end(self, body: dict[str, Any]) -> list[bytes]:
+        """The last events: what is left of ``body``'s output, then its end (a cancelled
+        stream has no event of its end)."""
+        chunks = self.update(body)
+        if body["status"] != "cancelled":
+            chunks.append(self.out.event(f"response.{body['status']}", response=body))
+        return chunks
+
+
 def replayed_events(stored: dict[str, Any], starting_after: int | None = None) -> list[bytes]:
     """``GET /v1/responses/{id}?stream=true``: a stored response as the events of a stream
     (each item's text or arguments in one delta), those numbered after ``starting_after``."""
-    source = StoredResponse(stored)
-    out = StreamedOutput(source)
-    chunks = [out.event(kind, response=source.body([], "in_progress", None))
-              for kind in ("response.created", "response.in_progress")]
-    calls = 0
-    for item in stored["output"]:  # each item opened, filled and closed with its stored status
-        if item["type"] in TEXT_ITEMS:
-            key, part = item["type"], item["content"][0]
-            chunks += out.text(key, part["text"], part.get("logprobs"))
-        else:
-            key = f"call {calls}"
-            chunks += out.calls([{"index": calls, "id": item["call_id"],
-                                  "function": {"name": item["name"], "arguments": item["arguments"]}}])
-            calls += 1
-        if key in out.open:
-            chunks += out.close_item(key, item["status"], item["content"][0].get("logprobs") if key == "message" else None)
-    if stored["status"] != "cancelled":  # a cancelled stream has no event of its end
-        chunks.append(out.event(f"response.{stored['status']}", response=stored))
+    events = SnapshotEvents(stored)
+    chunks = [*events.start(), *events.end(stored)]
     return chunks[0 if starting_after is None else starting_after + 1:]

@@ -11,8 +11,8 @@ The store holds the response from the start (``in_progress``, nothing to continu
 written again every few seconds with its output so far, then as it ended; so servers
 sharing a ``--response-store`` (the replicas of ``--dp-size``) see its status and progress,
 and one killed outright leaves it to be read as failed, not running for ever. Its live
-events are the running server's own: elsewhere, a stream waits for the stored end and
-replays it. A cancel sent elsewhere marks it in the store; the running server looks for
+events are the running server's own: elsewhere, a stream follows what the running server
+writes to the store every few seconds. A cancel sent elsewhere marks it in the store; the running server looks for
 marks every ``POLL_S`` and cancels it, and the cancel is answered once it is stored so."""
 
 from __future__ import annotations
@@ -30,7 +30,12 @@ from fastapi.responses import Response, StreamingResponse
 from runtime.server.protocol import ApiError
 from runtime.server.response_store import RUNNING, ResponseStore
 from runtime.server.responses import JsonResponse
-from runtime.server.responses_api import ResponseCreation, StreamedOutput, replayed_events
+from runtime.server.responses_api import (
+    ResponseCreation,
+    SnapshotEvents,
+    StreamedOutput,
+    replayed_events,
+)
 from runtime.server.scheduler_client import ReqState
 
 logger = logging.getLogger("forkserve")
@@ -158,15 +163,24 @@ class BackgroundRuns:
                                 f"keeps those of its last {KEEP_FINISHED} runs): stream it from the start, without "
                                 "starting_after, to get it replayed", param="starting_after")
 
-        async def when_ended() -> AsyncIterator[bytes]:
-            body: dict[str, Any] | None = stored
-            while body is not None and body["status"] in RUNNING:  # running on another server sharing the store
+        if starting_after is not None:  # (an ended response: a running one here is a background one)
+            return StreamingResponse(iter(replayed_events(stored, starting_after)), media_type="text/event-stream")
+
+        async def from_store() -> AsyncIterator[bytes]:
+            """Ended: the stored response replayed. Running on another server sharing the
+            store: what it has written so far, then what each of its writes adds."""
+            events, body = SnapshotEvents(stored), stored
+            for chunk in events.start():
+                yield chunk
+            while body is not None and body["status"] in RUNNING:
+                for chunk in events.update(body):
+                    yield chunk
                 await asyncio.sleep(POLL_S)
                 body = self.store.peek(response_id)  # a plain read: no write lock, not a use
-            for chunk in replayed_events(body, starting_after) if body is not None else ():  # deleted meanwhile
+            for chunk in events.end(body) if body is not None else ():  # (None: deleted meanwhile)
                 yield chunk
 
-        return StreamingResponse(when_ended(), media_type="text/event-stream")
+        return StreamingResponse(from_store(), media_type="text/event-stream")
 
     async def cancel(self, response_id: str) -> dict[str, Any]:
         run = self.runs.get(response_id)
