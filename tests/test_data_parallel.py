@@ -149,10 +149,9 @@ def test_a_background_response_streams_to_its_end_from_either_replica(dp):
     assert ends[0] == ends[1] and ends[0]["status"] in ("completed", "incomplete") and ends[0]["output"]
 
 
-def test_a_running_background_responses_progress_reaches_the_other_replica(dp):
-    """The replica that runs a background response writes it to the shared store every few
-    seconds: the other one shows its output so far (and that it is alive), refuses to delete
-    it, and cancels it through the store (the running replica sees the mark)."""
+def _long_background_response(dp):
+    """A background response that runs for a minute or more, and clients of the replica
+    running it and of the other one."""
     started = openai.OpenAI(base_url=dp.url + "/v1", api_key="none").responses.create(
         model=MODEL, input="Count from 1 to 400, separated by commas.", max_output_tokens=1500, temperature=0,
         background=True)
@@ -162,6 +161,15 @@ def test_a_running_background_responses_progress_reaches_the_other_replica(dp):
         assert time.monotonic() < deadline
         time.sleep(0.05)
     owner, other = clients if loads[0] else clients[::-1]  # the replica running its request
+    return started, owner, other
+
+
+def test_a_running_background_responses_progress_reaches_the_other_replica(dp):
+    """The replica that runs a background response writes it to the shared store every few
+    seconds: the other one shows its output so far (and that it is alive), refuses to delete
+    it, and cancels it through the store (the running replica sees the mark)."""
+    started, owner, other = _long_background_response(dp)
+    deadline = time.monotonic() + 30
     with pytest.raises(openai.BadRequestError, match="still in progress"):
         other.responses.delete(started.id)
     while not (seen := other.responses.retrieve(started.id)).output:
@@ -179,15 +187,7 @@ def test_a_running_background_responses_progress_reaches_the_other_replica(dp):
 def test_a_background_response_streamed_from_the_other_replica_shows_its_progress(dp):
     """Streamed from the replica that does not run it, a running background response's
     text arrives as the running replica writes it to the store, not only at its end."""
-    started = openai.OpenAI(base_url=dp.url + "/v1", api_key="none").responses.create(
-        model=MODEL, input="Count from 1 to 400, separated by commas.", max_output_tokens=1500, temperature=0,
-        background=True)
-    clients = [openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0) for url, _ in dp.replicas]
-    deadline = time.monotonic() + 30
-    while not any(loads := [_load(url) for url, _ in dp.replicas]):
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    owner, other = clients if loads[0] else clients[::-1]
+    started, owner, other = _long_background_response(dp)
     text = ""
     with other.responses.retrieve(started.id, stream=True) as stream:
         for event in stream:
