@@ -37,9 +37,13 @@ class ChatCompletion(OpenAIHandler):
         """Check the request, build its prompt and submit its ``n`` requests."""
         r = self.req
         self.check_request()
-        prompts = await self.ctx.encode([self.prompt().text])
+        prompts = [await self.prompt_ids()]
         max_tokens = r.max_completion_tokens if r.max_completion_tokens is not None else r.max_tokens
         return self.submit(prompts, max_tokens, (r.top_logprobs or 0) if r.logprobs else None)
+
+    async def prompt_ids(self) -> list[int]:
+        """The prompt's token ids."""
+        return (await self.ctx.encode([self.prompt().text]))[0]
 
     def render(self) -> Response:
         """``/v1/chat/completions/render``: what ``run`` would send to the engine, without

@@ -393,7 +393,7 @@ class ResponsesRequest(SharedSampling):
     text: ResponseText | None = None
     store: bool = True
     include: list[str] | None = None
-    truncation: Literal["disabled"] | None = None  # "auto" would drop items; this server never does
+    truncation: Literal["auto", "disabled"] | None = None  # auto: drop turns from the start to fit
     request_id: str | None = None  # accepted and ignored
     # accepted and ignored: they change nothing here
     metadata: dict[str, Any] | None = None

@@ -108,6 +108,35 @@ class ResponseCreation(OutputItems, ChatCompletion):
             self.release_hold()
             raise
 
+    async def prompt_ids(self) -> list[int]:
+        """With ``truncation: auto``, a prompt too long for the context with room for the
+        answer (``max_output_tokens``, else one token) drops whole turns from the start of
+        the conversation, the fewest that make it fit (the instructions stay); if not even
+        the last turn fits, the usual 400 follows."""
+        ids = await super().prompt_ids()
+        room = min(self.ctx.max_context_len, self.ctx.max_total_tokens) - (self.create.max_output_tokens or 1)
+        if self.create.truncation != "auto" or len(ids) <= room:
+            return ids
+        messages = self.req.messages
+        kept = 1 if self.create.instructions else 0
+        turns = [i for i in range(kept + 1, len(messages)) if messages[i].role == "user"]  # where a turn starts
+        lo, hi, best = 0, len(turns) - 1, ids
+        while lo <= hi:  # the first turn to keep: the earliest that fits (fewer messages, fewer tokens)
+            mid = (lo + hi) // 2
+            self.req.messages = [*messages[:kept], *messages[turns[mid]:]]
+            shorter = await super().prompt_ids()
+            if len(shorter) <= room:
+                best, hi = shorter, mid - 1
+            else:
+                lo = mid + 1
+        if lo < len(turns):
+            self.req.messages = [*messages[:kept], *messages[turns[lo]:]]
+            logger.info("response %s: truncation dropped %d of %d messages to fit the context", self.id,
+                        turns[lo] - kept, len(messages) - kept)
+        else:
+            self.req.messages = messages
+        return best
+
     def release_hold(self) -> None:
         if self.hold is not None:
             self.hold.release()
@@ -164,7 +193,7 @@ class ResponseCreation(OutputItems, ChatCompletion):
             "output": output, "parallel_tool_calls": r.parallel_tool_calls is not False,
             "previous_response_id": r.previous_response_id, "reasoning": {"effort": (r.reasoning or {}).get("effort"), "summary": None},
             "store": r.store, "temperature": r.temperature, "text": {"format": fmt}, "tool_choice": r.tool_choice or "auto",
-            "tools": r.tools or [], "top_p": r.top_p, "truncation": "disabled", "usage": usage,
+            "tools": r.tools or [], "top_p": r.top_p, "truncation": r.truncation or "disabled", "usage": usage,
             "metadata": r.metadata or {}, "user": r.user, "background": r.background,
             "conversation": {"id": self.conversation_id} if self.conversation_id else None,
         }
