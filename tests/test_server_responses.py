@@ -266,14 +266,16 @@ def test_cancelling_a_background_response_stops_it(server, client):
 
 
 def test_truncation_auto_drops_the_earliest_turns_that_do_not_fit(server):
-    """On a server with a 160-token context, a conversation that does not fit is a 400
+    """On a server with an 80-token context, a conversation that does not fit is a 400
     unless ``truncation`` is ``auto``; then the answer is the one to the fewest trailing
-    turns that fit (with the instructions), sent whole: same greedy text and input tokens."""
+    turns that fit (with the instructions and a leading system message), sent whole: same
+    greedy text and input tokens."""
     from bench_agent.local_server import ServerProcess
 
     turns = [("What is the capital of France?", "Paris is the capital of France, and its largest city."),
              ("And of Italy?", "Rome is the capital of Italy; it lies on the Tiber."),
              ("And of Spain?", "Madrid is the capital of Spain, in the centre of the country.")]
+    system = [{"role": "system", "content": "Capitals."}]
     history = [m for q, a in turns for m in ({"role": "user", "content": q}, {"role": "assistant", "content": a})]
     kw = dict(model=MODEL, instructions="Answer in one short sentence.", max_output_tokens=8, temperature=0)
     proc = ServerProcess("--max-context-len", "80", "--max-total-tokens", "4000").wait_ready()
@@ -281,13 +283,12 @@ def test_truncation_auto_drops_the_earliest_turns_that_do_not_fit(server):
         c = openai.OpenAI(base_url=proc.url + "/v1", api_key="x", max_retries=0)
         question = [{"role": "user", "content": "And of Portugal?"}]
         with pytest.raises(openai.BadRequestError, match="maximum context length is 80"):
-            c.responses.create(input=[*history, *question], **kw)
-        cut = c.responses.create(input=[*history, *question], truncation="auto", **kw)
+            c.responses.create(input=[*system, *history, *question], **kw)
+        cut = c.responses.create(input=[*system, *history, *question], truncation="auto", **kw)
         assert cut.truncation == "auto" and cut.usage.input_tokens + 8 <= 80
-        fitting = [k for k in range(0, len(history) + 1, 2)
-                   if _fits(c, [*history[k:], *question], kw)]
+        fitting = [k for k in range(0, len(history) + 1, 2) if _fits(c, [*system, *history[k:], *question], kw)]
         assert fitting and fitting[0] > 0  # some turns had to go
-        whole = c.responses.create(input=[*history[fitting[0]:], *question], **kw)
+        whole = c.responses.create(input=[*system, *history[fitting[0]:], *question], **kw)
         assert (cut.output_text, cut.usage.input_tokens) == (whole.output_text, whole.usage.input_tokens)
         with pytest.raises(openai.BadRequestError, match="maximum context length"):  # one turn that cannot fit
             c.responses.create(input="word " * 200, truncation="auto", **kw)
@@ -297,7 +298,7 @@ def test_truncation_auto_drops_the_earliest_turns_that_do_not_fit(server):
 
 def _fits(client, messages, kw) -> bool:
     try:
-        client.responses.create(input=messages, **{**kw, "max_output_tokens": 1})
+        client.responses.create(input=messages, **kw)  # (with room for the same max_output_tokens)
     except openai.BadRequestError:
         return False
     return True

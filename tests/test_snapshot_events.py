@@ -66,6 +66,22 @@ def test_snapshots_tell_what_the_final_response_replayed_tells():
     assert per_snapshot[0] == 0 and all(n > 0 for n in per_snapshot[1:])  # each write's news went out at once
 
 
+def test_a_second_item_of_one_kind_grows_across_writes():
+    """Text after a call opens a second message item; while it grows, the first (closed)
+    one must neither be written to again nor close it."""
+    first, call = _message("Hi.", "completed"), _call("{}", "completed")
+    snapshots = [_body("in_progress", [first, call, _message("Th", "in_progress", k=1)]),
+                 _body("in_progress", [first, call, _message("There", "in_progress", k=1)]),
+                 _body("completed", [first, call, _message("There, done.", "completed", k=1)])]
+    follower = SnapshotEvents(snapshots[0])
+    chunks = [*follower.start(), *follower.update(snapshots[0]), *follower.update(snapshots[1])]
+    chunks += follower.end(snapshots[2])
+    _, deltas, done, last = _summary(chunks)
+    assert deltas == {0: "Hi.", 1: "{}", 2: "There, done."} == _summary(replayed_events(snapshots[2]))[1]
+    assert done == [(0, "completed"), (1, "completed"), (2, "completed")]
+    assert last["type"] == "response.completed"
+
+
 def test_a_cancelled_response_closes_its_items_and_has_no_end_event():
     follower = SnapshotEvents(SNAPSHOTS[0])
     chunks = [*follower.start(), *follower.update(SNAPSHOTS[2])]

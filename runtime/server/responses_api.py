@@ -111,14 +111,16 @@ class ResponseCreation(OutputItems, ChatCompletion):
     async def prompt_ids(self) -> list[int]:
         """With ``truncation: auto``, a prompt too long for the context with room for the
         answer (``max_output_tokens``, else one token) drops whole turns from the start of
-        the conversation, the fewest that make it fit (the instructions stay); if not even
-        the last turn fits, the usual 400 follows."""
+        the conversation, the fewest that make it fit (the instructions and leading system
+        messages stay); if not even the last turn fits, the usual 400 follows."""
         ids = await super().prompt_ids()
         room = min(self.ctx.max_context_len, self.ctx.max_total_tokens) - (self.create.max_output_tokens or 1)
         if self.create.truncation != "auto" or len(ids) <= room:
             return ids
         messages = self.req.messages
-        kept = 1 if self.create.instructions else 0
+        kept = 0  # the instructions and the conversation's leading system / developer messages stay
+        while kept < len(messages) - 1 and messages[kept].role in ("system", "developer"):
+            kept += 1
         turns = [i for i in range(kept + 1, len(messages)) if messages[i].role == "user"]  # where a turn starts
         lo, hi, best = 0, len(turns) - 1, ids
         while lo <= hi:  # the first turn to keep: the earliest that fits (fewer messages, fewer tokens)
@@ -152,7 +154,11 @@ class ResponseCreation(OutputItems, ChatCompletion):
                 self.hold.watch(states)
             handed_off = bool(self.create.background or self.req.stream)
             if self.create.background:
-                return background.start(self, states)
+                try:
+                    return background.start(self, states)
+                except BaseException:  # (its events never began: they would have released it)
+                    self.release_hold()
+                    raise
             if self.req.stream:
                 return StreamingResponse(self.events(states), media_type="text/event-stream")
             return await self.answer_whole(states)
@@ -223,11 +229,13 @@ class ResponseCreation(OutputItems, ChatCompletion):
     # ------------------------------------------------------------------ streaming
     async def events(self, states: list[ReqState], out: StreamedOutput | None = None) -> AsyncIterator[bytes]:
         out = out or StreamedOutput(self)
-        yield out.event("response.created", response=self.body([], "in_progress", None))
-        yield out.event("response.in_progress", response=self.body([], "in_progress", None))
+        if self.hold:  # renewed from now until released below, however slowly the client reads
+            self.hold.following = True
         sent_text = sent_tokens = 0
         finish = None
         try:
+            yield out.event("response.created", response=self.body([], "in_progress", None))
+            yield out.event("response.in_progress", response=self.body([], "in_progress", None))
             async with contextlib.aclosing(merged_updates(self.ctx.client, states)) as updates:
                 async for _, s in updates:
                     err = error_of(s, NAMES)
@@ -398,8 +406,8 @@ class SnapshotEvents:
                 if item["type"] not in TEXT_ITEMS:
                     chunks += self.out.calls([{"index": calls, "id": item["call_id"],
                                                "function": {"name": item["name"], "arguments": ""}}])
-            key = self.keys[index]
-            if key not in self.out.open and index < len(self.out.items):
+            key = self.keys[index]  # (several items can share a key: one open at a time)
+            if index < len(self.out.items) and self.out.open.get(key) != index:
                 continue  # closed already
             sent = self.out.items[index] if index < len(self.out.items) else None
             if key in TEXT_ITEMS:
@@ -411,7 +419,7 @@ class SnapshotEvents:
             else:
                 chunks += self.out.calls([{"index": int(key.split()[1]),
                                            "function": {"arguments": item["arguments"][len(sent["arguments"]):]}}])
-            if item["status"] != "in_progress" and key in self.out.open:
+            if item["status"] != "in_progress" and self.out.open.get(key) == index:
                 full = item["content"][0].get("logprobs") if key == "message" else None
                 chunks += self.out.close_item(key, item["status"], full)
         return chunks

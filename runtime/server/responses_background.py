@@ -127,7 +127,13 @@ class BackgroundRuns:
             beat, running = time.monotonic() - last_beat >= HEARTBEAT_S, [r for r in self.runs.values() if not r.done]
             for run in running:  # (a run that ends stores its end itself)
                 rid = run.creation.id
-                if self.store.beat(run.snapshot(), run.creation.input_items) if beat else self.store.cancel_asked(rid):
+                try:
+                    asked = self.store.beat(run.snapshot(), run.creation.input_items) if beat else \
+                        self.store.cancel_asked(rid)
+                except Exception:  # e.g. the store busy beyond its timeout: the next round tries again
+                    logger.exception("background response %s: writing it to the store failed", rid)
+                    continue
+                if asked:
                     logger.info("background response %s: cancelled through another server", rid)
                     run.cancel_asked = True
                     run.task.cancel()
