@@ -1,6 +1,7 @@
 """A real agent framework from PyPI, the OpenAI Agents SDK, runs an agent with a function
 tool to completion against ``forkserve serve``, through its chat-completions model class and
-through its default one, on the Responses API (``/v1/responses``), streamed."""
+through its default one, on the Responses API (``/v1/responses``), streamed, with
+``truncation="auto"`` as agents that run long set it."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ def test_an_agents_sdk_agent_runs_on_the_responses_api_streamed(server):
 
     async def run() -> tuple[object, set[str]]:
         model = OpenAIResponsesModel(model=MODEL, openai_client=AsyncOpenAI(base_url=server.url + "/v1", api_key="x"))
-        agent = _weather_agent(model, cities, max_tokens=100, parallel_tool_calls=False)
+        agent = _weather_agent(model, cities, max_tokens=100, parallel_tool_calls=False, truncation="auto")
         result = Runner.run_streamed(agent, "What is the weather in Rome?", max_turns=4)
         kinds = {event.type async for event in result.stream_events()}
         return result.final_output, kinds
