@@ -258,14 +258,17 @@ class ConversationStore:
     def get(self, conversation_id: str) -> dict[str, Any]:
         return self._get(conversation_id, "conversation_id")[0]
 
-    def _change(self, conversation_id: str, change: Callable[[list[Any]], list[Any]]) -> dict[str, Any]:
+    def _change(self, conversation_id: str, change: Callable[[list[Any]], list[Any]],
+                param: str = "conversation_id") -> list[Any]:
+        """The stored conversation after ``change`` (one atomic update); a missing one is an
+        error naming ``param``."""
         stored = self.table.update(conversation_id, change)
         if stored is None:
-            raise self._missing(conversation_id, "conversation_id")
-        return stored[0]
+            raise self._missing(conversation_id, param)
+        return stored
 
     def update(self, conversation_id: str, metadata: dict[str, Any] | None) -> dict[str, Any]:
-        return self._change(conversation_id, lambda s: [{**s[0], "metadata": metadata or {}}, *s[1:]])
+        return self._change(conversation_id, lambda s: [{**s[0], "metadata": metadata or {}}, *s[1:]])[0]
 
     def delete(self, conversation_id: str) -> None:
         self._get(conversation_id, "conversation_id")
@@ -290,7 +293,7 @@ class ConversationStore:
 
     def remove_item(self, conversation_id: str, item_id: str) -> dict[str, Any]:
         self.item(conversation_id, item_id)  # a 404 where there is none
-        return self._change(conversation_id, lambda s: [s[0], [i for i in s[1] if i.get("id") != item_id], *s[2:]])
+        return self._change(conversation_id, lambda s: [s[0], [i for i in s[1] if i.get("id") != item_id], *s[2:]])[0]
 
     def hold(self, conversation_id: str, owner: str) -> list[dict[str, Any]]:
         """Hold the conversation for response ``owner`` for ``lease`` seconds from now (taken,
@@ -304,10 +307,7 @@ class ConversationStore:
                                     "retry once it has finished", param="conversation", code="conversation_locked")
             return [stored[0], stored[1], [owner, time.time() + self.lease]]
 
-        stored = self.table.update(conversation_id, take)
-        if stored is None:
-            raise self._missing(conversation_id, "conversation")
-        return stored[1]
+        return self._change(conversation_id, take, "conversation")[1]
 
     def release(self, conversation_id: str, owner: str) -> None:
         """End ``owner``'s hold, if it still has it (a conversation deleted meanwhile: nothing)."""

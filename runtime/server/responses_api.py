@@ -152,16 +152,14 @@ class ResponseCreation(OutputItems, ChatCompletion):
             states = await self.start()
             if self.hold:
                 self.hold.watch(states)
-            handed_off = bool(self.create.background or self.req.stream)
             if self.create.background:
-                try:
-                    return background.start(self, states)
-                except BaseException:  # (its events never began: they would have released it)
-                    self.release_hold()
-                    raise
-            if self.req.stream:
-                return StreamingResponse(self.events(states), media_type="text/event-stream")
-            return await self.answer_whole(states)
+                response = background.start(self, states)
+            elif self.req.stream:
+                response = StreamingResponse(self.events(states), media_type="text/event-stream")
+            else:
+                return await self.answer_whole(states)
+            handed_off = True
+            return response
         finally:
             if not handed_off:
                 self.release_hold()

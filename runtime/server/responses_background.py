@@ -13,8 +13,9 @@ sharing a ``--response-store`` (the replicas of ``--dp-size``) see its status an
 and one killed outright leaves it to be read as failed, not running for ever. Its live
 events are the running server's own: elsewhere, a stream follows what the running server
 writes to the store every few seconds (its events numbered as they come there, so a
-``starting_after`` is good only on the server that sent those numbers). A cancel sent elsewhere marks it in the store; the running server looks for
-marks every ``POLL_S`` and cancels it, and the cancel is answered once it is stored so."""
+``starting_after`` is good only on the server that sent those numbers). A cancel sent
+elsewhere marks it in the store; the running server looks for marks every ``POLL_S`` and
+cancels it, and the cancel is answered once it is stored so."""
 
 from __future__ import annotations
 
