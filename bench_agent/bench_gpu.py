@@ -8,7 +8,13 @@ Figures:
   - prefill tokens/s: ``PREFILL_BATCH`` prompts of ``PREFILL_LEN`` tokens, one new token;
   - the fraction of the GPU's memory bandwidth that batch-1 decode reaches: bytes a step
     must read (all weights once, the tied embedding as the LM head, plus the K/V of the
-    sequence) times steps per second, over ``--peak-bandwidth`` (H200: about 4.3 TB/s).
+    sequence) times steps per second, over ``--peak-bandwidth`` (H200: about 4.3 TB/s);
+  - the first backend once more with graphs and the argmax taken on the host (the whole
+    ``[batch, vocab]`` logits copied back each step), beside the device argmax that plain
+    greedy steps use;
+  - where a batch-1 graph decode step goes: ``decode_profile.txt`` holds the device time of
+    its kernels (torch.profiler) against the wall time, and the host functions that take
+    the most time (cProfile).
 
 The prefix cache is off and every run draws fresh prompts, so nothing is reused between
 runs. Writes ``bench_gpu.json`` and ``bench_gpu.md`` into ``--out``.
@@ -62,7 +68,7 @@ def _decode_rate(generate: Callable[[list[list[int]], int], Any], prompts: Promp
     return {"tokens_per_s": batch * DECODE_TOKENS / decode_s, "step_ms": 1000 * decode_s / DECODE_TOKENS}
 
 
-def bench_engine(model_dir: Path, backend: str, graphs: bool, prompts: Prompts) -> dict[str, Any]:
+def _engine(model_dir: Path, backend: str, graphs: bool) -> tuple[Any, Callable[[list[list[int]], int], Any]]:
     from runtime.engine import Engine
 
     engine = Engine(
@@ -75,9 +81,20 @@ def bench_engine(model_dir: Path, backend: str, graphs: bool, prompts: Prompts) 
         params = {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}
         return engine.generate(input_ids=ids, sampling_params=params)
 
+    return engine, generate
+
+
+def bench_engine(
+    model_dir: Path, backend: str, graphs: bool, prompts: Prompts, device_argmax: bool = True
+) -> dict[str, Any]:
+    engine, generate = _engine(model_dir, backend, graphs)
+    engine.worker.greedy_on_device = device_argmax
     try:
         generate(prompts(4, 32), 8)  # warm-up: allocator, kernels, plans
-        result: dict[str, Any] = {"backend": backend, "cuda_graphs": graphs and engine.worker.graph_runner is not None}
+        result: dict[str, Any] = {
+            "backend": backend, "cuda_graphs": graphs and engine.worker.graph_runner is not None,
+            "device_argmax": device_argmax,
+        }
         for batch in DECODE_BATCHES:
             result[f"decode_bs{batch}"] = _decode_rate(generate, prompts, batch)
         seconds = _timed(lambda: generate(prompts(PREFILL_BATCH, PREFILL_LEN), 1))
@@ -85,6 +102,46 @@ def bench_engine(model_dir: Path, backend: str, graphs: bool, prompts: Prompts) 
         return result
     finally:
         engine.shutdown()
+
+
+def profile_decode(model_dir: Path, backend: str, prompts: Prompts, out: Path) -> None:
+    """Writes ``decode_profile.txt``: one batch-1 greedy generation of 1 + DECODE_TOKENS
+    tokens with graphs on, first under torch.profiler (device time of the kernels against
+    the wall time), then under cProfile (host functions by their own time)."""
+    import cProfile
+    import io
+    import pstats
+
+    from torch.profiler import ProfilerActivity, profile
+
+    engine, generate = _engine(model_dir, backend, graphs=True)
+    lines = [f"batch-1 greedy decode, {backend}, graphs on, {PROMPT_LEN}-token prompt, 1 + {DECODE_TOKENS} tokens", ""]
+    try:
+        generate(prompts(4, 32), 8)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            wall = _timed(lambda: generate(prompts(1, PROMPT_LEN), 1 + DECODE_TOKENS))
+        averages = prof.key_averages()
+        device_us = sum(getattr(e, "self_device_time_total", 0) for e in averages)
+        lines += [
+            f"wall {wall * 1e3:.1f} ms; device time of all kernels {device_us / 1e3:.1f} ms "
+            f"({100 * device_us / 1e3 / (wall * 1e3):.0f}% of the wall time)",
+            "",
+            averages.table(sort_by="self_device_time_total", row_limit=20),
+            "",
+            averages.table(sort_by="self_cpu_time_total", row_limit=20),
+        ]
+        profiler = cProfile.Profile()
+        profiler.enable()
+        generate(prompts(1, PROMPT_LEN), 1 + DECODE_TOKENS)
+        profiler.disable()
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
+        lines += ["cProfile, by own time:", text.getvalue()]
+    except Exception as exc:  # noqa: BLE001 - the profile is a diagnostic; the figures stand without it
+        lines.append(f"profile failed: {type(exc).__name__}: {exc}")
+    finally:
+        engine.shutdown()
+        (out / "decode_profile.txt").write_text("\n".join(lines) + "\n")
 
 
 def bench_transformers(model_dir: Path, prompts: Prompts) -> dict[str, Any]:
@@ -129,15 +186,19 @@ def to_markdown(report: dict[str, Any]) -> str:
         f"flashinfer {report['flashinfer']}",
         f"model: {report['model']}",
         "",
-        "| engine | CUDA graphs | decode bs=1 tok/s (ms/step) | bs=32 tok/s (ms/step) | bs=128 tok/s (ms/step) | prefill tok/s |",
-        "|---|---|---|---|---|---|",
+        "| engine | CUDA graphs | greedy argmax | decode bs=1 tok/s (ms/step) | bs=32 tok/s (ms/step) "
+        "| bs=128 tok/s (ms/step) | prefill tok/s |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in report["runs"]:
+        argmax = "device" if r.get("device_argmax", True) and r["backend"] != "transformers" else "host"
         if "error" in r:
-            lines.append(f"| {r['backend']} | {r['cuda_graphs']} | failed: {r['error']} | | | |")
+            lines.append(f"| {r['backend']} | {r['cuda_graphs']} | {argmax} | failed: {r['error']} | | | |")
             continue
         cells = [f"{r[f'decode_bs{b}']['tokens_per_s']:.0f} ({r[f'decode_bs{b}']['step_ms']:.2f})" for b in DECODE_BATCHES]
-        lines.append(f"| {r['backend']} | {r['cuda_graphs']} | {' | '.join(cells)} | {r['prefill_tokens_per_s']:.0f} |")
+        lines.append(
+            f"| {r['backend']} | {r['cuda_graphs']} | {argmax} | {' | '.join(cells)} | {r['prefill_tokens_per_s']:.0f} |"
+        )
     bw = report.get("bandwidth")
     if bw:
         lines += [
@@ -167,14 +228,20 @@ def main() -> None:
         "settings": {"prompt_len": PROMPT_LEN, "decode_tokens": DECODE_TOKENS, "prefill": [PREFILL_BATCH, PREFILL_LEN]},
         "runs": [],
     }
-    plan = [(b, g) for b in args.backends for g in (True, False)] + [("torch_native", False)]
-    for backend, graphs in plan:
-        print(f"benchmarking {backend} graphs={graphs}", flush=True)
+    plan = [(b, g, True) for b in args.backends for g in (True, False)]
+    plan += [(args.backends[0], True, False), ("torch_native", False, True)]
+    for backend, graphs, device_argmax in plan:
+        print(f"benchmarking {backend} graphs={graphs} device_argmax={device_argmax}", flush=True)
         try:
-            report["runs"].append(bench_engine(args.model_dir, backend, graphs, prompts))
+            report["runs"].append(bench_engine(args.model_dir, backend, graphs, prompts, device_argmax))
         except Exception as exc:  # noqa: BLE001 - one failed backend must not hide the others
-            report["runs"].append({"backend": backend, "cuda_graphs": graphs, "error": f"{type(exc).__name__}: {exc}"})
+            report["runs"].append({
+                "backend": backend, "cuda_graphs": graphs, "device_argmax": device_argmax,
+                "error": f"{type(exc).__name__}: {exc}",
+            })
         _write(args.out, report)
+    print(f"profiling batch-1 decode on {args.backends[0]}", flush=True)
+    profile_decode(args.model_dir, args.backends[0], prompts, args.out)
     print("benchmarking transformers", flush=True)
     try:
         report["runs"].append(bench_transformers(args.model_dir, prompts))
