@@ -9,9 +9,10 @@ Figures:
   - the fraction of the GPU's memory bandwidth that batch-1 decode reaches: bytes a step
     must read (all weights once, the tied embedding as the LM head, plus the K/V of the
     sequence) times steps per second, over ``--peak-bandwidth`` (H200: about 4.3 TB/s);
-  - the first backend once more with graphs and the argmax taken on the host (the whole
-    ``[batch, vocab]`` logits copied back each step), beside the device argmax that plain
-    greedy steps use;
+  - the first backend twice more with graphs: with the argmax taken on the host (the whole
+    ``[batch, vocab]`` logits copied back each step) instead of the device argmax that plain
+    greedy steps use, and with RMSNorm, rotary and SiLU-and-mul as PyTorch ops instead of
+    the fused Triton kernels (``--disable-fused-elementwise``);
   - where a batch-1 graph decode step goes: ``decode_profile.txt`` holds the device time of
     its kernels (torch.profiler) against the wall time, and the host functions that take
     the most time (cProfile).
@@ -68,13 +69,15 @@ def _decode_rate(generate: Callable[[list[list[int]], int], Any], prompts: Promp
     return {"tokens_per_s": batch * DECODE_TOKENS / decode_s, "step_ms": 1000 * decode_s / DECODE_TOKENS}
 
 
-def _engine(model_dir: Path, backend: str, graphs: bool) -> tuple[Any, Callable[[list[list[int]], int], Any]]:
+def _engine(
+    model_dir: Path, backend: str, graphs: bool, fused: bool = True
+) -> tuple[Any, Callable[[list[list[int]], int], Any]]:
     from runtime.engine import Engine
 
     engine = Engine(
         str(model_dir), device="cuda", dtype="bfloat16", attention_backend=backend, disable_cuda_graph=not graphs,
         disable_radix_cache=True, max_running_requests=max(DECODE_BATCHES), cuda_graph_max_bs=max(DECODE_BATCHES),
-        chunked_prefill_size=8192, max_total_tokens=65536,
+        chunked_prefill_size=8192, max_total_tokens=65536, disable_fused_elementwise=not fused,
     )
 
     def generate(ids: list[list[int]], new_tokens: int) -> Any:
@@ -85,15 +88,15 @@ def _engine(model_dir: Path, backend: str, graphs: bool) -> tuple[Any, Callable[
 
 
 def bench_engine(
-    model_dir: Path, backend: str, graphs: bool, prompts: Prompts, device_argmax: bool = True
+    model_dir: Path, backend: str, graphs: bool, prompts: Prompts, device_argmax: bool = True, fused: bool = True
 ) -> dict[str, Any]:
-    engine, generate = _engine(model_dir, backend, graphs)
+    engine, generate = _engine(model_dir, backend, graphs, fused)
     engine.worker.greedy_on_device = device_argmax
     try:
         generate(prompts(4, 32), 8)  # warm-up: allocator, kernels, plans
         result: dict[str, Any] = {
             "backend": backend, "cuda_graphs": graphs and engine.worker.graph_runner is not None,
-            "device_argmax": device_argmax,
+            "device_argmax": device_argmax, "fused_elementwise": fused,
         }
         for batch in DECODE_BATCHES:
             result[f"decode_bs{batch}"] = _decode_rate(generate, prompts, batch)
@@ -186,19 +189,20 @@ def to_markdown(report: dict[str, Any]) -> str:
         f"flashinfer {report['flashinfer']}",
         f"model: {report['model']}",
         "",
-        "| engine | CUDA graphs | greedy argmax | decode bs=1 tok/s (ms/step) | bs=32 tok/s (ms/step) "
-        "| bs=128 tok/s (ms/step) | prefill tok/s |",
-        "|---|---|---|---|---|---|---|",
+        "| engine | CUDA graphs | greedy argmax | norms, rotary, SiLU | decode bs=1 tok/s (ms/step) "
+        "| bs=32 tok/s (ms/step) | bs=128 tok/s (ms/step) | prefill tok/s |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in report["runs"]:
-        argmax = "device" if r.get("device_argmax", True) and r["backend"] != "transformers" else "host"
+        ours = r["backend"] != "transformers"
+        argmax = "device" if ours and r.get("device_argmax", True) else "host"
+        fused = "fused Triton" if ours and r.get("fused_elementwise", True) else "PyTorch ops"
+        head = f"| {r['backend']} | {r['cuda_graphs']} | {argmax} | {fused} |"
         if "error" in r:
-            lines.append(f"| {r['backend']} | {r['cuda_graphs']} | {argmax} | failed: {r['error']} | | | |")
+            lines.append(f"{head} failed: {r['error']} | | | |")
             continue
         cells = [f"{r[f'decode_bs{b}']['tokens_per_s']:.0f} ({r[f'decode_bs{b}']['step_ms']:.2f})" for b in DECODE_BATCHES]
-        lines.append(
-            f"| {r['backend']} | {r['cuda_graphs']} | {argmax} | {' | '.join(cells)} | {r['prefill_tokens_per_s']:.0f} |"
-        )
+        lines.append(f"{head} {' | '.join(cells)} | {r['prefill_tokens_per_s']:.0f} |")
     bw = report.get("bandwidth")
     if bw:
         lines += [
@@ -228,16 +232,18 @@ def main() -> None:
         "settings": {"prompt_len": PROMPT_LEN, "decode_tokens": DECODE_TOKENS, "prefill": [PREFILL_BATCH, PREFILL_LEN]},
         "runs": [],
     }
-    plan = [(b, g, True) for b in args.backends for g in (True, False)]
-    plan += [(args.backends[0], True, False), ("torch_native", False, True)]
-    for backend, graphs, device_argmax in plan:
-        print(f"benchmarking {backend} graphs={graphs} device_argmax={device_argmax}", flush=True)
+    # (backend, CUDA graphs, device argmax, fused elementwise kernels)
+    plan = [(b, g, True, True) for b in args.backends for g in (True, False)]
+    first = args.backends[0]
+    plan += [(first, True, False, True), (first, True, True, False), ("torch_native", False, True, True)]
+    for backend, graphs, device_argmax, fused in plan:
+        print(f"benchmarking {backend} graphs={graphs} device_argmax={device_argmax} fused={fused}", flush=True)
         try:
-            report["runs"].append(bench_engine(args.model_dir, backend, graphs, prompts, device_argmax))
+            report["runs"].append(bench_engine(args.model_dir, backend, graphs, prompts, device_argmax, fused))
         except Exception as exc:  # noqa: BLE001 - one failed backend must not hide the others
             report["runs"].append({
                 "backend": backend, "cuda_graphs": graphs, "device_argmax": device_argmax,
-                "error": f"{type(exc).__name__}: {exc}",
+                "fused_elementwise": fused, "error": f"{type(exc).__name__}: {exc}",
             })
         _write(args.out, report)
     print(f"profiling batch-1 decode on {args.backends[0]}", flush=True)

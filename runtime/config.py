@@ -106,6 +106,11 @@ class ServerArgs:
         "Run every decode step eagerly instead of replaying CUDA graphs captured per batch size. "
         "Graphs are used only on CUDA, at --tp-size 1, with the triton or flashinfer backend.",
     )
+    disable_fused_elementwise: bool = _arg(
+        False,
+        "On CUDA, run RMSNorm, rotary embedding and SiLU-and-mul as chains of PyTorch ops instead of "
+        "one fused Triton kernel each (slower; for comparison). CPU backends are unaffected.",
+    )
     cuda_graph_max_bs: int | None = _arg(
         None,
         "Largest decode batch replayed from a CUDA graph (sizes 1, 2, 4, 8, then steps of 8 and 16 "

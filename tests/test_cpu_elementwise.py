@@ -1,6 +1,6 @@
 """The fused CPU elementwise kernels (``kernels/cpu/elementwise.cpp``) against the PyTorch
-layers they replace, which are themselves checked against transformers elsewhere; then a
-real-model greedy run with and without them."""
+layers they replace (``tests/elementwise_agreement.py``); then a real-model greedy run with
+and without them."""
 
 from __future__ import annotations
 
@@ -8,27 +8,20 @@ import pytest
 import torch
 
 from kernels.cpu import build
-from runtime.layers import enable_cpu_kernels
+from runtime.layers import enable_fused_elementwise
 from runtime.layers.norm import RMSNorm
 from runtime.layers.rotary import RotaryEmbedding
+from tests.elementwise_agreement import (
+    check_rms_norm,
+    check_rotary_on_views_of_a_fused_projection,
+    check_silu_and_mul,
+)
 
 if build.find_compiler() is None:
     pytest.skip("no C++ compiler on PATH: the CPU kernels cannot be built", allow_module_level=True)
 
+from kernels.cpu import elementwise  # noqa: E402
 from kernels.cpu.elementwise import argmax_rows, rms_norm, rotary_, silu_and_mul  # noqa: E402
-
-
-def _agree(got: torch.Tensor, want: torch.Tensor) -> None:
-    """float32: to rounding; bfloat16: nearly all elements bit-equal, the rest one step apart
-    (where float32 intermediates differ in their last bits, a rounding can flip)."""
-    assert got.dtype == want.dtype and got.shape == want.shape
-    if got.dtype == torch.float32:
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-        return
-    equal = (got == want).float().mean().item()
-    assert equal > 0.98, f"only {equal:.3f} of the elements are bit-equal"
-    torch.testing.assert_close(got.float(), want.float(), atol=1e-2, rtol=1.6e-2)
-
 
 DTYPES = [torch.float32, torch.bfloat16]
 
@@ -37,47 +30,19 @@ DTYPES = [torch.float32, torch.bfloat16]
 @pytest.mark.parametrize("rows", [1, 3, 64])
 @pytest.mark.parametrize("hidden", [576, 100])  # 100: the bf16 kernel's masked last 4 values
 def test_rms_norm_matches_the_layer(rows, hidden, dtype):
-    gen = torch.Generator().manual_seed(rows)
-    norm = RMSNorm(hidden, 1e-5)
-    norm.weight.data = (1 + 0.1 * torch.randn(hidden, generator=gen)).to(dtype)
-    x = (3 * torch.randn(rows, hidden, generator=gen)).to(dtype)
-    _agree(rms_norm(x, norm.weight, norm.eps), norm(x))
-    # with a skip connection: the sum in place (rounded as the layer's add) and its norm
-    residual = torch.randn(x.shape, generator=gen).to(dtype)
-    want, want_residual = norm(x, residual)
-    ours_residual = residual.clone()
-    _agree(rms_norm(x, norm.weight, norm.eps, ours_residual), want)
-    assert torch.equal(ours_residual, want_residual)
+    check_rms_norm(elementwise, rows, hidden, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("tokens,heads,kv_heads,dim", [(1, 9, 3, 64), (37, 4, 4, 128), (300, 8, 2, 64)])
 def test_rotary_matches_the_layer_on_views_of_a_fused_projection(tokens, heads, kv_heads, dim, dtype):
-    gen = torch.Generator().manual_seed(tokens)
-    rope = RotaryEmbedding(dim, 4096, 10000.0)
-    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=gen).to(dtype)
-    positions = torch.randint(0, 4096, (tokens,), generator=gen)
-
-    def views(t):
-        q, k, _ = t.split((heads * dim, kv_heads * dim, kv_heads * dim), dim=-1)
-        return q.view(tokens, heads, dim), k.view(tokens, kv_heads, dim)
-
-    want_q, want_k = rope(positions, *views(qkv))
-    fused = qkv.clone()
-    q, k = views(fused)
-    rotary_(q, k, positions, rope.cos, rope.sin)
-    _agree(q, want_q)
-    _agree(k, want_k)
-    torch.testing.assert_close(fused[:, (heads + kv_heads) * dim :], qkv[:, (heads + kv_heads) * dim :])  # v untouched
+    check_rotary_on_views_of_a_fused_projection(elementwise, tokens, heads, kv_heads, dim, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows", [1, 5, 40])
 def test_silu_and_mul_matches_the_layer(rows, dtype):
-    gen = torch.Generator().manual_seed(rows)
-    gate_up = (4 * torch.randn(rows, 2 * 1536, generator=gen)).to(dtype)
-    gate, up = gate_up.split(1536, dim=-1)
-    _agree(silu_and_mul(gate_up), torch.nn.functional.silu(gate) * up)
+    check_silu_and_mul(elementwise, rows, dtype)
 
 
 @pytest.mark.parametrize("cols", [1, 2, 63, 64, 65, 1000, 49152])
@@ -128,6 +93,6 @@ def test_enable_switches_the_layers_that_have_kernels():
                                    num_hidden_layers=2, vocab_size=50, max_position_embeddings=32, rms_norm_eps=1e-5))
     model = LlamaForCausalLM(cfg)
     # per layer two norms and one MLP, the final norm, and the one shared rotary module
-    assert enable_cpu_kernels(model) == 2 * 3 + 1 + 1
-    assert model.norm.use_cpu_kernels and model.layers[1].mlp.use_cpu_kernels
-    assert not RMSNorm(4, 1e-5).use_cpu_kernels  # a class default, never switched globally
+    assert enable_fused_elementwise(model, elementwise) == 2 * 3 + 1 + 1
+    assert model.norm.fused_ops is elementwise and model.layers[1].mlp.fused_ops is elementwise
+    assert RMSNorm(4, 1e-5).fused_ops is None  # a class default, never switched globally

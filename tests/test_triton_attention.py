@@ -1,40 +1,26 @@
-"""The Triton backend, run in Triton's CPU interpreter, against the brute-force reference and
-against ``torch_native``; then a whole greedy generation through the engine.
+"""The Triton backend against the brute-force reference and against ``torch_native``; then a
+whole greedy generation through the engine.
 
-``TRITON_INTERPRET=1`` must be set before the kernels are decorated (at import), so this
-module sets it before importing anything from ``kernels.triton``. Shapes stay small: the
-interpreter runs every program in Python. It computes ``tl.dot`` wrongly in bfloat16, so
-these tests are float32; bfloat16 is checked on a GPU by ``tests/gpu``.
+Runs in Triton's CPU interpreter (``tests/triton_interpreter.py``), which computes
+``tl.dot`` wrongly in bfloat16, so these tests are float32; bfloat16 is checked on a GPU by
+``tests/gpu``.
 """
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-if torch.cuda.is_available():
-    # The interpreter would also take over kernels meant for the GPU in this process.
-    pytest.skip("on a CUDA machine the Triton kernels are tested compiled, by tests/gpu", allow_module_level=True)
-os.environ.setdefault("TRITON_INTERPRET", "1")
+from tests.triton_interpreter import enter_interpreter, require_interpreted
 
-triton = pytest.importorskip("triton", reason="triton is not installed (pip install triton)")
-if tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 9):
-    # 3.6's interpreter fails on loop bounds loaded from memory (numpy 2 scalars); 3.9 works.
-    pytest.skip(f"Triton's CPU interpreter needs triton>=3.9 here, found {triton.__version__}", allow_module_level=True)
+enter_interpreter()
 
-from kernels.triton import interpreter_requested  # noqa: E402
 from kernels.triton.kv_indices import build_kv_indices  # noqa: E402
 from kernels.triton.store_kv import _store_kv_kernel, store_kv  # noqa: E402
 from tests.test_attention_backends import _run  # noqa: E402
 from tests.tiny_models import greedy_tokens_by_backend  # noqa: E402
 
-if not interpreter_requested() or type(_store_kv_kernel).__name__ != "InterpretedFunction":
-    pytest.skip(
-        "the Triton kernels were loaded without TRITON_INTERPRET=1 (set it before importing triton)",
-        allow_module_level=True,
-    )
+require_interpreted(_store_kv_kernel)
 
 # (query heads, KV heads, head dim): GQA ratios 1, 3, 4 and 8, head dims 64 and 128
 GEOMETRIES = [(4, 4, 64), (9, 3, 64), (8, 2, 128), (8, 1, 64)]

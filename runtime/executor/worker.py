@@ -23,6 +23,7 @@ from kernels.cpu.paged_attention import (
     AMX_SHARED_MIN_ROWS,
     use_amx_grouping_thresholds,
 )
+from kernels.triton import triton_installed
 from radix_cache import ReqToTokenTable
 from runtime.config import MIN_KV_TOKENS, ServerArgs
 from runtime.distributed import NO_TP, TPInfo, split_range
@@ -30,7 +31,7 @@ from runtime.executor.cuda_graph_runner import CudaGraphRunner
 from runtime.executor.device_req_to_token import DeviceReqToToken
 from runtime.executor.kv_pool import KVPool
 from runtime.executor.model_input import ForwardInput, ModelInput, PromptLogprobs
-from runtime.layers import enable_cpu_kernels, pack_linear_weights, packed_weights
+from runtime.layers import enable_fused_elementwise, pack_linear_weights, packed_weights
 from runtime.model_loader.load_model import load_model
 from runtime.models.cpu_decoder_layers import CpuDecoderLayers
 from runtime.sampling.sampler import sample, torch_argmax
@@ -106,6 +107,7 @@ class ModelWorker:
         shape = AttentionShape(local_kv_heads * (cfg.num_heads // cfg.num_kv_heads), local_kv_heads, cfg.head_dim)
         self.attn_backend = create_attention_backend(backend, self.device, shape)
         self.argmax, self.gemm = self._cpu_kernels() if backend == "cpu" else (torch_argmax, "F.linear")
+        self.elementwise = self._cuda_elementwise() if self._on_cuda else ""
         # The bf16 extend attention's multiply-adds, measured on this machine (words for the log).
         widened = backend == "cpu" and self.dtype == torch.bfloat16 and attention_choice.choose_for(
             shape.num_heads, shape.num_kv_heads, shape.head_dim)
@@ -152,12 +154,27 @@ class ModelWorker:
     def _cpu_kernels(self) -> tuple[Callable[[torch.Tensor], torch.Tensor], str]:
         """The ``cpu`` backend's compiled elementwise kernels and packed linear weights (the
         same library); returns the argmax to sample greedy rows with, and the GEMM in words."""
-        enable_cpu_kernels(self.model)
+        from kernels.cpu import elementwise
+
+        enable_fused_elementwise(self.model, elementwise)
         try:
             pack_linear_weights(self.model, self.dtype)
         except PackedLinearUnavailable as err:
             logger.warning("linear layers use plain F.linear (slower): %s", err)
         return argmax_rows, self._choose_gemm()
+
+    def _cuda_elementwise(self) -> str:
+        """On CUDA, RMSNorm, rotary and SiLU-and-mul as one Triton kernel each (a small
+        model's decode step is otherwise a thousand tiny launches); says which, in words."""
+        if self.args.disable_fused_elementwise:
+            return "norms, rotary and SiLU as PyTorch ops (--disable-fused-elementwise)"
+        if not triton_installed():
+            logger.warning("triton is not installed: norms, rotary and SiLU run as chains of PyTorch ops (slower)")
+            return "norms, rotary and SiLU as PyTorch ops (no triton)"
+        from kernels.triton import elementwise
+
+        enable_fused_elementwise(self.model, elementwise)
+        return "fused Triton norms, rotary and SiLU"
 
     def _choose_gemm(self) -> str:
         """Which kernel multiplies the packed weights, in words; for bf16 weights on our GEMM,

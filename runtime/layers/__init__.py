@@ -2,19 +2,38 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 from torch import nn
 
 from kernels.cpu.packed_linear import PackedWeight, check_packing_available
 
 
-def enable_cpu_kernels(model: nn.Module) -> int:
-    """Switch every module that has a compiled CPU kernel (``kernels/cpu``: RMSNorm, rotary,
-    the MLP's SiLU-and-mul) from its PyTorch ops to that kernel. Returns how many switched."""
+class FusedElementwise(Protocol):
+    """The fused kernels a layer can call instead of its chain of PyTorch ops; the modules
+    ``kernels.cpu.elementwise`` (compiled C++, CPU tensors) and ``kernels.triton.elementwise``
+    (CUDA tensors) both provide them, with the same signatures and rounding."""
+
+    def rms_norm(
+        self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+    ) -> torch.Tensor: ...
+
+    def rotary_(
+        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> None: ...
+
+    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor: ...
+
+
+def enable_fused_elementwise(model: nn.Module, ops: FusedElementwise | None) -> int:
+    """Switch every module that has a fused path (RMSNorm, rotary, the MLP's SiLU-and-mul)
+    from its PyTorch ops to ``ops`` (None: back to the PyTorch ops). Returns how many
+    switched."""
     switched = 0
     for module in model.modules():
-        if hasattr(type(module), "use_cpu_kernels"):
-            module.use_cpu_kernels = True
+        if hasattr(type(module), "fused_ops"):
+            module.fused_ops = ops
             switched += 1
     return switched
 

@@ -1,11 +1,12 @@
 from __future__ import annotations
 
-from typing import overload
+from typing import TYPE_CHECKING, overload
 
 import torch
 from torch import nn
 
-from kernels.cpu.elementwise import rms_norm
+if TYPE_CHECKING:
+    from runtime.layers import FusedElementwise
 
 
 class RMSNorm(nn.Module):
@@ -13,15 +14,15 @@ class RMSNorm(nn.Module):
 
     Called with a ``residual``, it first adds ``x`` to it (the decoder layer's skip
     connection, rounded to the model dtype as HF's add is) and normalises the sum; it returns
-    ``(normed, new residual)``. The compiled kernel updates ``residual`` in place; the
-    PyTorch path returns a new tensor."""
+    ``(normed, new residual)``. The fused kernel updates ``residual`` in place; the PyTorch
+    path returns a new tensor."""
 
     def __init__(self, hidden_size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
 
-    use_cpu_kernels = False  # set by runtime.layers.enable_cpu_kernels
+    fused_ops: FusedElementwise | None = None  # set by runtime.layers.enable_fused_elementwise
 
     @overload
     def forward(self, x: torch.Tensor) -> torch.Tensor: ...
@@ -31,11 +32,11 @@ class RMSNorm(nn.Module):
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        if self.use_cpu_kernels:
+        if self.fused_ops is not None:
             if residual is None:
-                return rms_norm(x, self.weight, self.eps)
+                return self.fused_ops.rms_norm(x, self.weight, self.eps)
             residual = residual.contiguous()
-            return rms_norm(x, self.weight, self.eps, residual), residual
+            return self.fused_ops.rms_norm(x, self.weight, self.eps, residual), residual
         if residual is None:
             return self._norm(x)
         residual = residual + x

@@ -4,12 +4,13 @@ config's ``rope_theta`` and the ``linear`` and ``llama3`` scalings."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from kernels.cpu.elementwise import rotary_
+if TYPE_CHECKING:
+    from runtime.layers import FusedElementwise
 
 
 def _inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
@@ -54,15 +55,15 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", emb.cos().to(device), persistent=False)
         self.register_buffer("sin", emb.sin().to(device), persistent=False)
 
-    use_cpu_kernels = False  # set by runtime.layers.enable_cpu_kernels
+    fused_ops: FusedElementwise | None = None  # set by runtime.layers.enable_fused_elementwise
 
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``q``: [tokens, heads, dim], ``k``: [tokens, kv_heads, dim]. The compiled kernel
+        """``q``: [tokens, heads, dim], ``k``: [tokens, kv_heads, dim]. The fused kernel
         rotates them in place (they are fresh projections); the PyTorch path returns copies."""
-        if self.use_cpu_kernels:
-            rotary_(q, k, positions, self.cos, self.sin)
+        if self.fused_ops is not None:
+            self.fused_ops.rotary_(q, k, positions, self.cos, self.sin)
             return q, k
         cos = self.cos[positions].unsqueeze(1)
         sin = self.sin[positions].unsqueeze(1)

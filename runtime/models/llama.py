@@ -7,13 +7,12 @@ which token belongs to which request lives in the forward context.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.cpu.elementwise import silu_and_mul
 from kernels.cpu.packed_linear import PackedWeight, pack_weight, packed_linear
 from runtime.distributed import NO_TP, TPInfo, check_tp_size, split_range
 from runtime.layers.attention import RadixAttention
@@ -21,6 +20,9 @@ from runtime.layers.linear import Linear, MergedLinear, RowParallelLinear
 from runtime.layers.norm import RMSNorm
 from runtime.layers.rotary import RotaryEmbedding
 from runtime.models.config import ModelConfig
+
+if TYPE_CHECKING:
+    from runtime.layers import FusedElementwise
 
 
 class LlamaAttention(nn.Module):
@@ -59,11 +61,11 @@ class LlamaMLP(nn.Module):
         self.down_proj = RowParallelLinear(full, cfg.hidden_size, part, tp)
         self.width = part[1]
 
-    use_cpu_kernels = False  # set by runtime.layers.enable_cpu_kernels
+    fused_ops: FusedElementwise | None = None  # set by runtime.layers.enable_fused_elementwise
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.use_cpu_kernels:
-            return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        if self.fused_ops is not None:
+            return self.down_proj(self.fused_ops.silu_and_mul(self.gate_up_proj(x)))
         gate, up = self.gate_up_proj(x).split(self.width, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 

@@ -148,6 +148,7 @@ def run_scheduler_process(args: ServerArgs, model_dir: str, recv_from: str, send
         "attention_kernel": worker.attention,
         "num_threads": torch.get_num_threads() if args.resolved_device == "cpu" else None,
         "gemm": worker.gemm,
+        "elementwise": worker.elementwise,
     }
     ipc.send(send_sock, ReadyOut(info=info))
     SchedulerServer(core, recv_sock, send_sock).loop()

@@ -62,11 +62,13 @@ def bind_port(host: str, port: int) -> socket.socket:
 
 def describe_engine(info: dict[str, Any]) -> str:
     """What runs, in one line: dtype, device, attention backend, compute threads, KV pool
-    size in tokens and the GEMM kernels (from the scheduler's ready message)."""
+    size in tokens, the GEMM kernels and, on CUDA, the elementwise ones (from the
+    scheduler's ready message)."""
     threads = f", {info['num_threads']} compute threads" if info.get("num_threads") else ""
     kernel = f" ({info['attention_kernel']})" if info.get("attention_kernel") else ""
+    elementwise = f", {info['elementwise']}" if info.get("elementwise") else ""
     return (f"{info['dtype']} on {info['device']}, attention backend {info['attention_backend']}{kernel}{threads}, "
-            f"KV pool {info['max_total_tokens']:,} tokens, {info['gemm']}")
+            f"KV pool {info['max_total_tokens']:,} tokens, {info['gemm']}{elementwise}")
 
 
 def default_model_name(model_path: str | None, model_dir: Path) -> str:

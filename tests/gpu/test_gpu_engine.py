@@ -1,5 +1,6 @@
 """End to end on a GPU: the same prompts through engines with each attention backend
-(bfloat16, CUDA graphs on where supported) give the same greedy tokens as torch_native, up
+(bfloat16, CUDA graphs on where supported, fused Triton elementwise kernels) give the same
+greedy tokens as torch_native with plain PyTorch layers, up
 to the reference's first near-tie, and prompt logprobs as close to torch_native in float32
 as torch_native in bfloat16 is (see greedy_compare)."""
 
@@ -37,11 +38,11 @@ def _prompts(tokenizer) -> list[list[int]]:
     return ids
 
 
-def _generate(model_dir, backend: str, prompts: list[list[int]], dtype: str = "bfloat16") -> list[dict]:
+def _generate(model_dir, backend: str, prompts: list[list[int]], dtype: str = "bfloat16", **options) -> list[dict]:
     from runtime.engine import Engine
 
     engine = Engine(
-        str(model_dir), device="cuda", dtype=dtype, attention_backend=backend, max_total_tokens=65536
+        str(model_dir), device="cuda", dtype=dtype, attention_backend=backend, max_total_tokens=65536, **options
     )
     try:
         # One batch, then the last prompt alone so it finds the shared prefix cached. A
@@ -67,12 +68,14 @@ def _generate(model_dir, backend: str, prompts: list[list[int]], dtype: str = "b
 @pytest.fixture(scope="module")
 def reference(gpu_model_dir):
     """The prompts, torch_native's outputs in float32 (the numeric reference) and in
-    bfloat16 (the token reference, and the size of bfloat16's own error)."""
+    bfloat16 (the token reference, and the size of bfloat16's own error). The references run
+    every layer as plain PyTorch ops, the fused Triton norms, rotary and SiLU included."""
     from runtime.tokenizer import Tokenizer
 
     prompts = _prompts(Tokenizer(gpu_model_dir))
-    exact = _generate(gpu_model_dir, "torch_native", prompts, dtype="float32")
-    bf16 = _generate(gpu_model_dir, "torch_native", prompts)
+    plain = {"disable_fused_elementwise": True}
+    exact = _generate(gpu_model_dir, "torch_native", prompts, dtype="float32", **plain)
+    bf16 = _generate(gpu_model_dir, "torch_native", prompts, **plain)
     return prompts, exact, bf16
 
 
