@@ -4,6 +4,7 @@ token ids, prefill-only, logprobs, SSE), introspection endpoints and client disc
 from __future__ import annotations
 
 import re
+import socket
 import time
 
 import httpx
@@ -192,6 +193,30 @@ def test_stream_disconnect_frees_slots(server):
     sched = wait_idle(server)
     assert sched["kv_held_by_requests"] == 0 and sched["kv_protected"] == 0
     assert sched["kv_invariant_holds"] is True
+    assert _metric(server, "forkserve:requests_aborted_total") == aborted + 1
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/generate", {"text": "A long story, please.", "stream": True,
+                   "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}),
+    ("/v1/chat/completions", {"model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "A long story, please."}], "stream": True,
+                              "max_tokens": 3000, "ignore_eos": True}),
+    ("/v1/responses", {"model": "SmolLM2-135M-Instruct", "input": "A long story, please.", "stream": True, "max_output_tokens": 3000,
+                       "ignore_eos": True, "store": False}),
+])
+def test_stream_whose_client_left_before_it_began_is_aborted(server, path, body):
+    """The client sends a streamed request and closes the connection before reading a byte:
+    its request is aborted, not run to max_new_tokens holding its KV slots. (Starlette starts
+    the events generator even then and cancels it at its first wait, so the generator's own
+    cleanup aborts the request.)"""
+    aborted = _metric(server, "forkserve:requests_aborted_total")
+    payload = orjson.dumps(body)
+    url = httpx.URL(server.url)
+    with socket.create_connection((url.host, url.port)) as sock:
+        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: {url.host}\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+    sched = wait_idle(server)
+    assert sched["kv_held_by_requests"] == 0 and sched["kv_invariant_holds"] is True
     assert _metric(server, "forkserve:requests_aborted_total") == aborted + 1
 
 

@@ -7,8 +7,9 @@ The hold is taken together with reading the conversation's items (``Conversation
 one atomic update, also across servers sharing a ``--response-store``), renewed every
 ``RENEW_S`` seconds while the response's requests run and, once its events have begun, until
 it is released (a slow reader may be far behind the engine), which happens once its items
-have been added. One that is never released (its server killed, a stream whose client left
-before it began) lapses ``ConversationStore.lease`` seconds after its last renewal."""
+have been added, or once its stream ends early (the client gone, even before the stream
+began). One that is never released (its server killed) lapses ``ConversationStore.lease``
+seconds after its last renewal."""
 
 from __future__ import annotations
 
