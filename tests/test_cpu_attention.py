@@ -40,8 +40,10 @@ GEOMETRIES = [(4, 4, 64), (9, 3, 64), (8, 2, 128), (8, 1, 64)]
 # Builds other than this CPU's own (x86 only): without AVX-512 decode tokens run plain loops
 # instead of the 16-key blocks and extends the AVX2 row kernel; with AVX-512 but not its bf16
 # dot products, bf16 decode rows take the plain loop for scores and the blocked sums for
-# values, and extends the AVX2 row kernel.
-OTHER_BUILDS = {"no_avx512": "-mno-avx512f", "no_avx512_bf16": "-mno-avx512bf16"}
+# values, and extends the AVX2 row kernel. Each is (flag, the /proc/cpuinfo feature it takes
+# away): on a CPU without that feature the build is this CPU's own plain build, which
+# "native" tests (in the emulated runs' parent run), so it is skipped there.
+OTHER_BUILDS = {"no_avx512": ("-mno-avx512f", "avx512f"), "no_avx512_bf16": ("-mno-avx512bf16", "avx512_bf16")}
 
 
 # This CPU's build as (AMX threshold, extend tasks widened, forks' shared keys on tiles, bf16
@@ -77,10 +79,13 @@ def kernel_build(request, other_kernel_builds):
         return
     if platform.machine().lower() not in ("x86_64", "amd64"):
         pytest.skip("the AVX-512 paths exist on x86 only")
+    flag, feature = OTHER_BUILDS[request.param]
+    if feature not in build._cpu_flags().split():
+        pytest.skip(f"this CPU lacks {feature}: a build without it is the plain native build, tested as 'native'")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("FORKSERVE_KERNEL_CACHE", str(other_kernel_builds))
         mp.delenv("FORKSERVE_AVX512_EMULATE", raising=False)  # these builds are without AVX-512 (bf16)
-        mp.setattr(build, "FLAGS", (*build.FLAGS, OTHER_BUILDS[request.param]))
+        mp.setattr(build, "FLAGS", (*build.FLAGS, flag))
         lib = build.load_kernels.__wrapped__()
         mp.setattr(entry_checks, "load_kernels", lambda: lib)  # where the kernels are looked up
         yield request.param
