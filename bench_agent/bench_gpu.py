@@ -18,9 +18,11 @@ Figures:
     the most time (cProfile).
 
 The prefix cache is off and every run draws fresh prompts, so nothing is reused between
-runs. Writes ``bench_gpu.json`` and ``bench_gpu.md`` into ``--out``.
+runs. Writes ``bench_gpu.json`` and ``bench_gpu.md`` into ``--out``. ``--quick`` measures
+only each backend with graphs (no variants, profile, transformers or bandwidth): enough to
+compare the attention backends on another model shape.
 
-Usage: python -m bench_agent.bench_gpu --model-dir DIR --out DIR [--backends flashinfer triton]
+Usage: python -m bench_agent.bench_gpu --model-dir DIR --out DIR [--backends flashinfer triton] [--quick]
 """
 
 from __future__ import annotations
@@ -219,6 +221,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--backends", nargs="+", default=["flashinfer", "triton"])
     parser.add_argument("--peak-bandwidth", type=float, default=4.3, help="TB/s (H200: about 4.3)")
+    parser.add_argument("--quick", action="store_true", help="only each backend with CUDA graphs")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     prompts = Prompts()
@@ -233,9 +236,12 @@ def main() -> None:
         "runs": [],
     }
     # (backend, CUDA graphs, device argmax, fused elementwise kernels)
-    plan = [(b, g, True, True) for b in args.backends for g in (True, False)]
     first = args.backends[0]
-    plan += [(first, True, False, True), (first, True, True, False), ("torch_native", False, True, True)]
+    if args.quick:
+        plan = [(b, True, True, True) for b in args.backends]
+    else:
+        plan = [(b, g, True, True) for b in args.backends for g in (True, False)]
+        plan += [(first, True, False, True), (first, True, True, False), ("torch_native", False, True, True)]
     for backend, graphs, device_argmax, fused in plan:
         print(f"benchmarking {backend} graphs={graphs} device_argmax={device_argmax} fused={fused}", flush=True)
         try:
@@ -246,8 +252,11 @@ def main() -> None:
                 "fused_elementwise": fused, "error": f"{type(exc).__name__}: {exc}",
             })
         _write(args.out, report)
-    print(f"profiling batch-1 decode on {args.backends[0]}", flush=True)
-    profile_decode(args.model_dir, args.backends[0], prompts, args.out)
+    if args.quick:
+        print(to_markdown(report))
+        return
+    print(f"profiling batch-1 decode on {first}", flush=True)
+    profile_decode(args.model_dir, first, prompts, args.out)
     print("benchmarking transformers", flush=True)
     try:
         report["runs"].append(bench_transformers(args.model_dir, prompts))
