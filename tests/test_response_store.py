@@ -200,3 +200,40 @@ def test_a_cancel_asked_elsewhere_survives_the_heartbeat_until_the_run_ends(tmp_
     other.ask_cancel("resp_2")
     assert not runner.cancel_asked("resp_2")
     other.ask_cancel("resp_missing")  # nothing
+
+
+def test_files_written_before_the_records_had_names_read_the_same(tmp_path):
+    """The JSON layout of a ``--response-store`` file: a response is
+    ``[response, conversation, input_items, written_at]`` plus ``true`` once a cancel is
+    asked; a conversation ``[object, items]`` plus ``[holder, until]`` while held. Written
+    here by hand, as an older server wrote them, and read and changed through the stores."""
+    import json
+    import sqlite3
+    import time
+
+    from runtime.server.response_store import ConversationStore
+
+    path = str(tmp_path / "store.db")
+    responses = ResponseStore(table=SqliteTable(path, "responses"))
+    conversations = ConversationStore(table=SqliteTable(path, "conversations"))
+    now = time.time()
+    running = {"id": "resp_a", "status": "in_progress"}
+    conv = {"id": "conv_a", "object": "conversation", "created_at": 1, "metadata": {}}
+    items = [{"id": "msg_1", "type": "message"}]
+    with sqlite3.connect(path) as db:
+        for table, key, value in (("responses", "resp_a", [running, None, [{"x": 1}], now, True]),
+                                  ("conversations", "conv_a", [conv, items, ["resp_a", now + 60]])):
+            db.execute(f"INSERT OR REPLACE INTO {table} VALUES (?, 0, ?)", (key, json.dumps(value)))
+    assert responses.cancel_asked("resp_a") and responses.input_items("resp_a") == [{"x": 1}]
+    assert conversations.items("conv_a") == items and conversations.get("conv_a") == conv
+    with pytest.raises(ApiError, match="resp_a"):
+        conversations.hold("conv_a", "resp_b")
+    conversations.release("conv_a", "resp_a")
+    responses.beat({**running, "output": []}, [{"x": 2}])
+    with sqlite3.connect(path) as db:
+        stored = {key: json.loads(value) for key, value in db.execute(
+            "SELECT id, value FROM responses UNION ALL SELECT id, value FROM conversations")}
+    assert stored["conv_a"] == [conv, items]  # the hold gone, nothing else changed
+    response, conversation, input_items, written_at, asked = stored["resp_a"]
+    assert (response["output"], conversation, input_items, asked) == ([], None, [{"x": 2}], True)
+    assert written_at >= now

@@ -19,6 +19,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from runtime.server.protocol import ApiError
@@ -141,15 +142,36 @@ def open_tables(path: str | None, capacity: int = 1024) -> tuple[Table, Table]:
     return SqliteTable(path, "responses", capacity), SqliteTable(path, "conversations", capacity)
 
 
+@dataclass
+class StoredResponse:
+    """One stored response: the answer, its conversation as chat messages (None while a
+    background response runs, or where it failed or was cancelled), its request's input
+    items, when it was last written and whether a cancel was asked for. Stored as the JSON
+    list ``[response, conversation, input_items, written_at]``, with ``true`` appended once a
+    cancel is asked (the layout ``--response-store`` files already hold)."""
+
+    response: dict[str, Any]
+    conversation: list[dict[str, Any]] | None
+    input_items: list[dict[str, Any]]
+    written_at: float
+    cancel_asked: bool = False
+
+    @classmethod
+    def load(cls, stored: list[Any]) -> StoredResponse:
+        return cls(*stored[:4], cancel_asked=bool(stored[4:]))
+
+    def dump(self) -> list[Any]:
+        fields = [self.response, self.conversation, self.input_items, self.written_at]
+        return [*fields, True] if self.cancel_asked else fields
+
+
 class ResponseStore:
-    """Stored responses. Each is the answer, its conversation as chat messages (None while a
-    background response runs, or where it failed or was cancelled), its request's input items,
-    when it was last written and, for a running one, whether a cancel was asked for. A running
-    (background) response is written again by its server every few seconds
-    (``responses_background.py``: ``beat``); one not written for ``stale_after`` seconds is
-    read as failed: its server stopped without saying so (killed outright), and no reader
-    waits on it for ever. A server sharing the store that is asked to cancel a response
-    running elsewhere marks it (``ask_cancel``); the running server looks for the mark."""
+    """Stored responses (``StoredResponse``). A running (background) response is written
+    again by its server every few seconds (``responses_background.py``: ``beat``); one not
+    written for ``stale_after`` seconds is read as failed: its server stopped without saying
+    so (killed outright), and no reader waits on it for ever. A server sharing the store that
+    is asked to cancel a response running elsewhere marks it (``ask_cancel``); the running
+    server looks for the mark."""
 
     def __init__(self, capacity: int = 1024, table: Table | None = None, stale_after: float = 30.0) -> None:
         self.table = table or MemoryTable(capacity)
@@ -157,7 +179,7 @@ class ResponseStore:
 
     def put(self, response: dict[str, Any], conversation: list[dict[str, Any]] | None,
             input_items: list[dict[str, Any]]) -> None:
-        self.table.put(response["id"], [response, conversation, input_items, time.time()])
+        self.table.put(response["id"], StoredResponse(response, conversation, input_items, time.time()).dump())
 
     def beat(self, response: dict[str, Any], input_items: list[dict[str, Any]]) -> bool:
         """Write running ``response`` again, at once keeping a cancel mark; whether it has one."""
@@ -165,8 +187,8 @@ class ResponseStore:
 
         def write(stored: list[Any]) -> list[Any]:
             nonlocal asked
-            asked = bool(stored[4:])
-            return [response, None, input_items, time.time(), *stored[4:]]
+            asked = StoredResponse.load(stored).cancel_asked
+            return StoredResponse(response, None, input_items, time.time(), asked).dump()
 
         if self.table.update(response["id"], write) is None:  # dropped from the store meanwhile
             self.put(response, None, input_items)
@@ -174,20 +196,24 @@ class ResponseStore:
 
     def ask_cancel(self, response_id: str) -> None:
         """Mark a running response for its server to cancel (nothing if it has ended)."""
-        self.table.update(response_id, lambda s: [*s[:4], True] if s[0].get("status") in RUNNING else s)
+        def mark(stored: list[Any]) -> list[Any]:
+            record = StoredResponse.load(stored)
+            return replace(record, cancel_asked=True).dump() if record.response.get("status") in RUNNING else stored
+
+        self.table.update(response_id, mark)
 
     def cancel_asked(self, response_id: str) -> bool:
         stored = self.table.get(response_id, touch=False)
-        return stored is not None and bool(stored[4:])
+        return stored is not None and StoredResponse.load(stored).cancel_asked
 
-    def _seen(self, stored: list[Any]) -> list[Any]:
-        response, conversation, input_items, written_at = stored[:4]
-        if response.get("status") in RUNNING and time.time() - written_at > self.stale_after:
-            response = {**response, "status": "failed", "error": {
+    def _seen(self, stored: list[Any]) -> StoredResponse:
+        record = StoredResponse.load(stored)
+        if record.response.get("status") in RUNNING and time.time() - record.written_at > self.stale_after:
+            record.response = {**record.response, "status": "failed", "error": {
                 "code": "server_error", "message": "the server running this response stopped before it was finished"}}
-        return [response, conversation, input_items]
+        return record
 
-    def _get(self, response_id: str, param: str) -> list[Any]:
+    def _get(self, response_id: str, param: str) -> StoredResponse:
         stored = self.table.get(response_id)
         if stored is None:  # a 400 when the id is a field of a new request, as OpenAI answers
             raise ApiError(400 if param == "previous_response_id" else 404,
@@ -196,23 +222,24 @@ class ResponseStore:
         return self._seen(stored)
 
     def response(self, response_id: str) -> dict[str, Any]:
-        return self._get(response_id, "response_id")[0]
+        return self._get(response_id, "response_id").response
 
     def peek(self, response_id: str) -> dict[str, Any] | None:
         """The response, or None, without counting as a use (for polling)."""
         stored = self.table.get(response_id, touch=False)
-        return None if stored is None else self._seen(stored)[0]
+        return None if stored is None else self._seen(stored).response
 
     def conversation(self, response_id: str) -> list[dict[str, Any]]:
-        response, conversation, _ = self._get(response_id, "previous_response_id")
-        if conversation is None:
-            ended = "is still in progress" if response["status"] in RUNNING else f"ended {response['status']}"
+        record = self._get(response_id, "previous_response_id")
+        if record.conversation is None:
+            status = record.response["status"]
+            ended = "is still in progress" if status in RUNNING else f"ended {status}"
             raise ApiError(400, f"response '{response_id}' {ended}: there is no answer to continue from",
                            param="previous_response_id")
-        return conversation
+        return record.conversation
 
     def input_items(self, response_id: str) -> list[dict[str, Any]]:
-        return self._get(response_id, "response_id")[2]
+        return self._get(response_id, "response_id").input_items
 
     def delete(self, response_id: str) -> None:
         self._get(response_id, "response_id")
@@ -229,10 +256,30 @@ def check_new_ids(items: list[dict[str, Any]], new: list[dict[str, Any]], param:
         seen.add(item["id"])
 
 
+@dataclass
+class StoredConversation:
+    """One conversation: its object (id, created_at, metadata), its items, as the Responses
+    API writes items (each with an id), and which response holds it while running, until
+    when. Stored as the JSON list ``[conversation, items]``, with ``[holder, until]``
+    appended while held."""
+
+    conversation: dict[str, Any]
+    items: list[dict[str, Any]]
+    holder: str | None = None
+    held_until: float = 0.0
+
+    @classmethod
+    def load(cls, stored: list[Any]) -> StoredConversation:
+        return cls(stored[0], stored[1], *(stored[2] if len(stored) > 2 else ()))
+
+    def dump(self) -> list[Any]:
+        fields = [self.conversation, self.items]
+        return [*fields, [self.holder, self.held_until]] if self.holder is not None else fields
+
+
 class ConversationStore:
-    """Conversations (``/v1/conversations``): each is its object (id, created_at, metadata),
-    its items, as the Responses API writes items (each with an id), and which response holds
-    it while running, until when (``hold``)."""
+    """Conversations (``/v1/conversations``, ``StoredConversation``), and the hold a running
+    response has on one (``hold``)."""
 
     def __init__(self, capacity: int = 1024, table: Table | None = None, lease: float = 30.0) -> None:
         self.table = table or MemoryTable(capacity)
@@ -241,7 +288,7 @@ class ConversationStore:
     def create(self, items: list[dict[str, Any]], metadata: dict[str, Any] | None) -> dict[str, Any]:
         conversation = {"id": f"conv_{uuid.uuid4().hex}", "object": "conversation", "created_at": int(time.time()),
                         "metadata": metadata or {}}
-        self.table.put(conversation["id"], [conversation, items])
+        self.table.put(conversation["id"], StoredConversation(conversation, items).dump())
         return conversation
 
     def _missing(self, conversation_id: str, param: str) -> ApiError:
@@ -249,39 +296,42 @@ class ConversationStore:
                         f"No conversation with id '{conversation_id}' (the last {self.table.capacity} used are "
                         f"kept; {self.table.where})", param=param)
 
-    def _get(self, conversation_id: str, param: str) -> list[Any]:
+    def _get(self, conversation_id: str, param: str) -> StoredConversation:
         stored = self.table.get(conversation_id)
         if stored is None:
             raise self._missing(conversation_id, param)
-        return stored
+        return StoredConversation.load(stored)
 
     def get(self, conversation_id: str) -> dict[str, Any]:
-        return self._get(conversation_id, "conversation_id")[0]
+        return self._get(conversation_id, "conversation_id").conversation
 
-    def _change(self, conversation_id: str, change: Callable[[list[Any]], list[Any]],
-                param: str = "conversation_id") -> list[Any]:
+    def _change(self, conversation_id: str, change: Callable[[StoredConversation], StoredConversation],
+                param: str = "conversation_id") -> StoredConversation:
         """The stored conversation after ``change`` (one atomic update); a missing one is an
         error naming ``param``."""
-        stored = self.table.update(conversation_id, change)
+        stored = self.table.update(conversation_id, lambda s: change(StoredConversation.load(s)).dump())
         if stored is None:
             raise self._missing(conversation_id, param)
-        return stored
+        return StoredConversation.load(stored)
 
     def update(self, conversation_id: str, metadata: dict[str, Any] | None) -> dict[str, Any]:
-        return self._change(conversation_id, lambda s: [{**s[0], "metadata": metadata or {}}, *s[1:]])[0]
+        def set_metadata(c: StoredConversation) -> StoredConversation:
+            return replace(c, conversation={**c.conversation, "metadata": metadata or {}})
+
+        return self._change(conversation_id, set_metadata).conversation
 
     def delete(self, conversation_id: str) -> None:
         self._get(conversation_id, "conversation_id")
         self.table.remove(conversation_id)
 
     def items(self, conversation_id: str, param: str = "conversation_id") -> list[dict[str, Any]]:
-        return self._get(conversation_id, param)[1]
+        return self._get(conversation_id, param).items
 
     def append(self, conversation_id: str, new: list[dict[str, Any]], param: str = "items") -> None:
         """Add ``new`` at the end, at once; a 400 naming ``param`` if an id would be there twice."""
-        def add(stored: list[Any]) -> list[Any]:
-            check_new_ids(stored[1], new, param)
-            return [stored[0], [*stored[1], *new], *stored[2:]]
+        def add(c: StoredConversation) -> StoredConversation:
+            check_new_ids(c.items, new, param)
+            return replace(c, items=[*c.items, *new])
 
         self._change(conversation_id, add)
 
@@ -293,22 +343,29 @@ class ConversationStore:
 
     def remove_item(self, conversation_id: str, item_id: str) -> dict[str, Any]:
         self.item(conversation_id, item_id)  # a 404 where there is none
-        return self._change(conversation_id, lambda s: [s[0], [i for i in s[1] if i.get("id") != item_id], *s[2:]])[0]
+
+        def drop(c: StoredConversation) -> StoredConversation:
+            return replace(c, items=[i for i in c.items if i.get("id") != item_id])
+
+        return self._change(conversation_id, drop).conversation
 
     def hold(self, conversation_id: str, owner: str) -> list[dict[str, Any]]:
         """Hold the conversation for response ``owner`` for ``lease`` seconds from now (taken,
         or renewed) and return its items, at once: a 400 ``conversation_locked`` (OpenAI's
         answer) while another response holds it. A hold not renewed lapses: its server
         stopped without releasing it."""
-        def take(stored: list[Any]) -> list[Any]:
-            holder, until = stored[2] if len(stored) > 2 else (None, 0.0)
-            if holder not in (None, owner) and until > time.time():
-                raise ApiError(400, f"Another response ({holder}) is running on conversation '{conversation_id}'; "
+        def take(c: StoredConversation) -> StoredConversation:
+            if c.holder not in (None, owner) and c.held_until > time.time():
+                raise ApiError(400, f"Another response ({c.holder}) is running on conversation '{conversation_id}'; "
                                     "retry once it has finished", param="conversation", code="conversation_locked")
-            return [stored[0], stored[1], [owner, time.time() + self.lease]]
+            return replace(c, holder=owner, held_until=time.time() + self.lease)
 
-        return self._change(conversation_id, take, "conversation")[1]
+        return self._change(conversation_id, take, "conversation").items
 
     def release(self, conversation_id: str, owner: str) -> None:
         """End ``owner``'s hold, if it still has it (a conversation deleted meanwhile: nothing)."""
-        self.table.update(conversation_id, lambda s: [s[0], s[1]] if len(s) > 2 and s[2][0] == owner else s)
+        def let_go(stored: list[Any]) -> list[Any]:
+            c = StoredConversation.load(stored)
+            return replace(c, holder=None, held_until=0.0).dump() if c.holder == owner else stored
+
+        self.table.update(conversation_id, let_go)
