@@ -119,9 +119,10 @@ def profile_decode(model_dir: Path, backend: str, prompts: Prompts, out: Path) -
 
     from torch.profiler import ProfilerActivity, profile
 
-    engine, generate = _engine(model_dir, backend, graphs=True)
     lines = [f"batch-1 greedy decode, {backend}, graphs on, {PROMPT_LEN}-token prompt, 1 + {DECODE_TOKENS} tokens", ""]
+    engine = None
     try:
+        engine, generate = _engine(model_dir, backend, graphs=True)
         generate(prompts(4, 32), 8)
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             wall = _timed(lambda: generate(prompts(1, PROMPT_LEN), 1 + DECODE_TOKENS))
@@ -145,7 +146,8 @@ def profile_decode(model_dir: Path, backend: str, prompts: Prompts, out: Path) -
     except Exception as exc:  # noqa: BLE001 - the profile is a diagnostic; the figures stand without it
         lines.append(f"profile failed: {type(exc).__name__}: {exc}")
     finally:
-        engine.shutdown()
+        if engine is not None:
+            engine.shutdown()
         (out / "decode_profile.txt").write_text("\n".join(lines) + "\n")
 
 

@@ -65,7 +65,7 @@ def check_rotary_on_views_of_a_fused_projection(
         return q.view(tokens, heads, dim), k.view(tokens, kv_heads, dim)
 
     want_q, want_k = rope(positions, *views(qkv))
-    fused = qkv.to(device)
+    fused = qkv.clone().to(device)  # a copy on the CPU too: v is compared with the original
     q, k = views(fused)
     ops.rotary_(q, k, positions.to(device), rope.cos.to(device), rope.sin.to(device))
     agree(q, want_q, min_equal)

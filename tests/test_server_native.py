@@ -215,6 +215,10 @@ def test_stream_whose_client_left_before_it_began_is_aborted(server, path, body)
     with socket.create_connection((url.host, url.port)) as sock:
         sock.sendall(f"POST {path} HTTP/1.1\r\nHost: {url.host}\r\nContent-Type: application/json\r\n"
                      f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+    deadline = time.monotonic() + 15  # the abort comes once the server has read and submitted the request
+    while _metric(server, "forkserve:requests_aborted_total") == aborted:
+        assert time.monotonic() < deadline, "the request was never aborted"
+        time.sleep(0.1)
     sched = wait_idle(server)
     assert sched["kv_held_by_requests"] == 0 and sched["kv_invariant_holds"] is True
     assert _metric(server, "forkserve:requests_aborted_total") == aborted + 1

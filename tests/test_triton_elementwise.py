@@ -35,7 +35,9 @@ def test_rms_norm_matches_the_layer(rows, hidden, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("tokens,heads,kv_heads,dim", [(1, 9, 3, 64), (5, 4, 4, 128), (7, 8, 2, 64)])
+# 80 and 96: head sizes that are not powers of two (the half block is masked)
+@pytest.mark.parametrize("tokens,heads,kv_heads,dim", [(1, 9, 3, 64), (5, 4, 4, 128), (7, 8, 2, 64), (3, 5, 1, 80),
+                                                        (2, 3, 3, 96)])
 def test_rotary_matches_the_layer_on_views_of_a_fused_projection(tokens, heads, kv_heads, dim, dtype):
     check_rotary_on_views_of_a_fused_projection(elementwise, tokens, heads, kv_heads, dim, dtype, min_equal=MIN_EQUAL)
 
@@ -67,6 +69,8 @@ def test_bad_inputs_are_value_errors():
         elementwise.rotary_(q, torch.randn(3, 1, 8), torch.tensor([0, 1]), cos, cos)
     with pytest.raises(ValueError, match="tables"):
         elementwise.rotary_(q, k, torch.tensor([0, 1]), cos.double(), cos)
+    with pytest.raises(ValueError, match="even"):
+        elementwise.rotary_(torch.randn(2, 2, 7), torch.randn(2, 1, 7), torch.tensor([0, 1]), cos[:, :7], cos[:, :7])
     with pytest.raises(ValueError, match="even"):
         elementwise.silu_and_mul(torch.randn(2, 7))
 

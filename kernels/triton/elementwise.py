@@ -72,23 +72,28 @@ def _rotary_kernel(
     q_ptr, k_ptr, positions_ptr, cos_ptr, sin_ptr,
     stride_q_token, stride_q_head, stride_k_token, stride_k_head, stride_table,
     Q_HEADS: tl.constexpr, K_HEADS: tl.constexpr, HALF: tl.constexpr,
-    BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_HALF: tl.constexpr,
 ):  # fmt: skip
     token = tl.program_id(0).to(tl.int64)
     position = tl.load(positions_ptr + token).to(tl.int64)
-    col = tl.arange(0, HALF)
+    col = tl.arange(0, BLOCK_HALF)
+    in_half = col < HALF  # head sizes such as 80 or 96: the block is the next power of two
     # The tables repeat their first half (cat(freqs, freqs)): one half serves both.
-    cos = tl.load(cos_ptr + position * stride_table + col)[None, :]
-    sin = tl.load(sin_ptr + position * stride_table + col)[None, :]
-    _rotate_heads(q_ptr + token * stride_q_token, stride_q_head, Q_HEADS, HALF, BLOCK_Q, cos, sin)
-    _rotate_heads(k_ptr + token * stride_k_token, stride_k_head, K_HEADS, HALF, BLOCK_K, cos, sin)
+    cos = tl.load(cos_ptr + position * stride_table + col, mask=in_half, other=0.0)[None, :]
+    sin = tl.load(sin_ptr + position * stride_table + col, mask=in_half, other=0.0)[None, :]
+    _rotate_heads(q_ptr + token * stride_q_token, stride_q_head, Q_HEADS, HALF, BLOCK_Q, BLOCK_HALF, cos, sin)
+    _rotate_heads(k_ptr + token * stride_k_token, stride_k_head, K_HEADS, HALF, BLOCK_K, BLOCK_HALF, cos, sin)
 
 
 @triton.jit
-def _rotate_heads(base, stride_head, HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr, cos, sin):
+def _rotate_heads(
+    base, stride_head, HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    cos, sin,
+):  # fmt: skip
     head = tl.arange(0, BLOCK)[:, None]
-    first = base + head * stride_head + tl.arange(0, HALF)[None, :]
-    mask = head < HEADS
+    col = tl.arange(0, BLOCK_HALF)[None, :]
+    first = base + head * stride_head + col
+    mask = (head < HEADS) & (col < HALF)
     x1 = tl.load(first, mask=mask, other=0.0)
     x2 = tl.load(first + HALF, mask=mask, other=0.0)
     dtype = x1.dtype
@@ -107,8 +112,8 @@ def rotary_(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torc
         raise ValueError(f"rotary: q {tuple(q.shape)} and k {tuple(k.shape)} do not fit together")
     if q.stride(2) != 1 or k.stride(2) != 1:
         raise ValueError("rotary: each head's values must be contiguous")
-    if dim % 2 or dim & (dim - 1):
-        raise ValueError(f"rotary: head dim {dim} must be a power of two")
+    if dim % 2:
+        raise ValueError(f"rotary: head dim {dim} is not even")
     if positions.shape != (tokens,) or positions.dtype not in (torch.int32, torch.int64):
         raise ValueError("rotary: positions must be an integer [tokens] tensor")
     for table in (cos, sin):
@@ -121,6 +126,7 @@ def rotary_(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torc
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0),
         Q_HEADS=q.shape[1], K_HEADS=k.shape[1], HALF=dim // 2,
         BLOCK_Q=triton.next_power_of_2(q.shape[1]), BLOCK_K=triton.next_power_of_2(k.shape[1]),
+        BLOCK_HALF=triton.next_power_of_2(dim // 2),
     )  # fmt: skip
 
 

@@ -32,7 +32,7 @@ def test_rms_norm_matches_the_layer(elementwise, rows, hidden, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("tokens,heads,kv_heads,dim", [(1, 9, 3, 64), (37, 32, 8, 128), (300, 8, 2, 64)])
+@pytest.mark.parametrize("tokens,heads,kv_heads,dim", [(1, 9, 3, 64), (37, 32, 8, 128), (300, 8, 2, 64), (9, 32, 32, 80)])
 def test_rotary_matches_the_layer_on_views_of_a_fused_projection(elementwise, tokens, heads, kv_heads, dim, dtype):
     check_rotary_on_views_of_a_fused_projection(elementwise, tokens, heads, kv_heads, dim, dtype, device="cuda")
 
