@@ -154,19 +154,23 @@ def test_a_stream_whose_client_left_first_releases_the_conversation(client, serv
     import httpx
     import orjson
 
+    from tests.server_metrics import ABORTED, metric, wait_for_aborts
+
     conv = client.conversations.create(items=[{"type": "message", "role": "user", "content": "Tell a long story."}])
+    aborted = metric(server, ABORTED)
     payload = orjson.dumps({"model": MODEL, "conversation": conv.id, "input": "Go.", "stream": True,
                             "max_output_tokens": 3000, "ignore_eos": True})
     url = httpx.URL(server.url)
     with socket.create_connection((url.host, url.port)) as sock:
         sock.sendall(f"POST /v1/responses HTTP/1.1\r\nHost: {url.host}\r\nContent-Type: application/json\r\n"
                      f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+    wait_for_aborts(server, aborted)  # it ran, held the conversation, and was aborted
     deadline = time.monotonic() + 10
     while True:
         try:
             after = client.responses.create(model=MODEL, conversation=conv.id, input="Stop.", max_output_tokens=4)
             break
-        except openai.BadRequestError as err:  # the first may still be starting: a moment, not the lapse
+        except openai.BadRequestError as err:  # released a moment after the abort, not after the lapse
             assert err.code == "conversation_locked" and time.monotonic() < deadline, err
             time.sleep(0.2)
     assert after.status in ("completed", "incomplete")

@@ -11,6 +11,8 @@ import httpx
 import orjson
 import pytest
 
+from tests.server_metrics import ABORTED, metric, wait_for_aborts
+
 pytestmark = pytest.mark.slow
 
 GREEDY = {"max_new_tokens": 20, "temperature": 0}
@@ -165,10 +167,10 @@ def test_info_endpoints(server):
 
 
 def test_metrics_count_tokens_and_latency(server):
-    before = _metric(server, "forkserve:generation_tokens_total")
+    before = metric(server, "forkserve:generation_tokens_total")
     post(server, "/generate", {"text": "Metrics test", "sampling_params": {"max_new_tokens": 3, "ignore_eos": True}})
     text = httpx.get(server.url + "/metrics").text
-    assert _metric(server, "forkserve:generation_tokens_total") == before + 3
+    assert metric(server, "forkserve:generation_tokens_total") == before + 3
     for name in ("prompt_tokens_total", "cached_tokens_total", "cache_hit_rate", "num_running_reqs",
                  "num_waiting_reqs", "kv_usage", "time_to_first_token_seconds_bucket",
                  "inter_token_latency_seconds_count", "prefill_steps_total", "prefill_computed_tokens_total",
@@ -176,15 +178,8 @@ def test_metrics_count_tokens_and_latency(server):
         assert f"forkserve:{name}" in text, name
 
 
-def _metric(server, name: str) -> float:
-    for line in httpx.get(server.url + "/metrics").text.splitlines():
-        if line.startswith(name + "{"):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{name} missing")
-
-
 def test_stream_disconnect_frees_slots(server):
-    aborted = _metric(server, "forkserve:requests_aborted_total")
+    aborted = metric(server, ABORTED)
     body = {"text": "Write a very long story.", "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}, "stream": True}
     with httpx.stream("POST", server.url + "/generate", json=body, timeout=120) as resp:
         lines = resp.iter_lines()
@@ -193,7 +188,7 @@ def test_stream_disconnect_frees_slots(server):
     sched = wait_idle(server)
     assert sched["kv_held_by_requests"] == 0 and sched["kv_protected"] == 0
     assert sched["kv_invariant_holds"] is True
-    assert _metric(server, "forkserve:requests_aborted_total") == aborted + 1
+    assert metric(server, ABORTED) == aborted + 1
 
 
 @pytest.mark.parametrize("path,body", [
@@ -209,19 +204,15 @@ def test_stream_whose_client_left_before_it_began_is_aborted(server, path, body)
     its request is aborted, not run to max_new_tokens holding its KV slots. (Starlette starts
     the events generator even then and cancels it at its first wait, so the generator's own
     cleanup aborts the request.)"""
-    aborted = _metric(server, "forkserve:requests_aborted_total")
+    aborted = metric(server, ABORTED)
     payload = orjson.dumps(body)
     url = httpx.URL(server.url)
     with socket.create_connection((url.host, url.port)) as sock:
         sock.sendall(f"POST {path} HTTP/1.1\r\nHost: {url.host}\r\nContent-Type: application/json\r\n"
                      f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
-    deadline = time.monotonic() + 15  # the abort comes once the server has read and submitted the request
-    while _metric(server, "forkserve:requests_aborted_total") == aborted:
-        assert time.monotonic() < deadline, "the request was never aborted"
-        time.sleep(0.1)
+    wait_for_aborts(server, aborted)  # once the server has read and submitted the request
     sched = wait_idle(server)
     assert sched["kv_held_by_requests"] == 0 and sched["kv_invariant_holds"] is True
-    assert _metric(server, "forkserve:requests_aborted_total") == aborted + 1
 
 
 def test_non_stream_disconnect_frees_slots(server):
