@@ -148,22 +148,14 @@ def test_a_stream_whose_client_left_first_releases_the_conversation(client, serv
     """A streamed response on a conversation whose client closes the connection before
     reading a byte: its hold is released at once (not after the 30 s lapse), so the next
     response on the conversation runs."""
-    import socket
     import time
 
-    import httpx
-    import orjson
-
-    from tests.server_metrics import ABORTED, metric, wait_for_aborts
+    from tests.server_probes import ABORTED, metric, post_and_leave, wait_for_aborts
 
     conv = client.conversations.create(items=[{"type": "message", "role": "user", "content": "Tell a long story."}])
     aborted = metric(server, ABORTED)
-    payload = orjson.dumps({"model": MODEL, "conversation": conv.id, "input": "Go.", "stream": True,
-                            "max_output_tokens": 3000, "ignore_eos": True})
-    url = httpx.URL(server.url)
-    with socket.create_connection((url.host, url.port)) as sock:
-        sock.sendall(f"POST /v1/responses HTTP/1.1\r\nHost: {url.host}\r\nContent-Type: application/json\r\n"
-                     f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+    post_and_leave(server, "/v1/responses", {"model": MODEL, "conversation": conv.id, "input": "Go.", "stream": True,
+                                             "max_output_tokens": 3000, "ignore_eos": True})
     wait_for_aborts(server, aborted)  # it ran, held the conversation, and was aborted
     deadline = time.monotonic() + 10
     while True:

@@ -4,14 +4,13 @@ token ids, prefill-only, logprobs, SSE), introspection endpoints and client disc
 from __future__ import annotations
 
 import re
-import socket
 import time
 
 import httpx
 import orjson
 import pytest
 
-from tests.server_metrics import ABORTED, metric, wait_for_aborts
+from tests.server_probes import ABORTED, metric, post_and_leave, wait_for_aborts
 
 pytestmark = pytest.mark.slow
 
@@ -205,11 +204,7 @@ def test_stream_whose_client_left_before_it_began_is_aborted(server, path, body)
     the events generator even then and cancels it at its first wait, so the generator's own
     cleanup aborts the request.)"""
     aborted = metric(server, ABORTED)
-    payload = orjson.dumps(body)
-    url = httpx.URL(server.url)
-    with socket.create_connection((url.host, url.port)) as sock:
-        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: {url.host}\r\nContent-Type: application/json\r\n"
-                     f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+    post_and_leave(server, path, body)
     wait_for_aborts(server, aborted)  # once the server has read and submitted the request
     sched = wait_idle(server)
     assert sched["kv_held_by_requests"] == 0 and sched["kv_invariant_holds"] is True

@@ -1,10 +1,13 @@
-"""Reading a live server's Prometheus counters in tests."""
+"""Probing a live server in tests: its Prometheus counters, and a request whose client
+leaves at once."""
 
 from __future__ import annotations
 
+import socket
 import time
 
 import httpx
+import orjson
 
 ABORTED = "forkserve:requests_aborted_total"
 
@@ -24,3 +27,12 @@ def wait_for_aborts(server, before: float, count: int = 1, timeout: float = 15.0
         assert time.monotonic() < deadline, f"{before + count - now:g} of {count} requests were never aborted"
         time.sleep(0.1)
     assert now == before + count, f"{now - before:g} requests aborted, {count} expected"
+
+
+def post_and_leave(server, path: str, body: dict) -> None:
+    """POST ``body`` as JSON to ``path`` and close the connection before reading a byte."""
+    payload = orjson.dumps(body)
+    url = httpx.URL(server.url)
+    with socket.create_connection((url.host, url.port)) as sock:
+        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: {url.host}\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
