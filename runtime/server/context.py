@@ -60,6 +60,12 @@ class ServerContext:
         return int(self.info["max_total_tokens"])
 
     @property
+    def max_sequence_len(self) -> int:
+        """The most tokens one request can hold, prompt and answer together: the context
+        length, or the KV pool where that is smaller."""
+        return min(self.max_context_len, self.max_total_tokens)
+
+    @property
     def limits(self) -> RequestLimits:
         return RequestLimits(int(self.info["vocab_size"]), self.max_context_len, self.max_total_tokens)
 

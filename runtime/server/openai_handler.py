@@ -110,7 +110,7 @@ class OpenAIHandler:
                                  top_logprobs_num=top_logprobs or 0, namespace=self.req.extra_key or self.req.cache_salt)
         requests = []
         for ids in prompts:
-            room = min(ctx.max_context_len, ctx.max_total_tokens) - len(ids)
+            room = ctx.max_sequence_len - len(ids)
             max_new = max(room, 0) if max_tokens is None else max_tokens
             if max_new < 0:
                 raise ApiError(400, "max_tokens must be >= 0", param="max_tokens")

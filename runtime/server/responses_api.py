@@ -114,7 +114,7 @@ class ResponseCreation(OutputItems, ChatCompletion):
         the conversation, the fewest that make it fit (the instructions and leading system
         messages stay); if not even the last turn fits, the usual 400 follows."""
         ids = await super().prompt_ids()
-        room = min(self.ctx.max_context_len, self.ctx.max_total_tokens) - (self.create.max_output_tokens or 1)
+        room = self.ctx.max_sequence_len - (self.create.max_output_tokens or 1)
         if self.create.truncation != "auto" or len(ids) <= room:
             return ids
         messages = self.req.messages
