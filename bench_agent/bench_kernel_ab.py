@@ -1,10 +1,11 @@
 """The CPU kernels of this checkout against those of another git revision, in one process:
-prefill and decode steps of the default model (bf16, the compiled decoder layers) run
-alternately on the two builds, so the machine's drift (tens of percent over minutes on
-shared 2-core machines) hits both sides alike.
+prefill and decode steps of the default model (the compiled decoder layers, bf16 or
+float32) run alternately on the two builds, so the machine's drift (tens of percent over
+minutes on shared 2-core machines) hits both sides alike.
 
     python -m bench_agent.bench_kernel_ab --base HEAD~1
     python -m bench_agent.bench_kernel_ab --base 613896e --prefill 600 2000 --decode 1 16
+    python -m bench_agent.bench_kernel_ab --base HEAD~1 --dtype float32   # AVX2-only CPUs
 
 The base revision's ``kernels/cpu`` sources are compiled with this checkout's flags into a
 temporary library; only the decoder layers' entry point is swapped, so both sides share
@@ -93,20 +94,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cached", type=int, default=240, help="cached prefix before each prefill (tokens)")
     ap.add_argument("--decode", type=int, nargs="*", default=[1, 16], help="batch sizes of decode runs")
     ap.add_argument("--rounds", type=int, default=8, help="calls per side and case (default: %(default)s)")
+    ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
+                    help="the model's dtype: bfloat16 layers need AVX512-BF16, float32 ones AVX2 and FMA "
+                         "without AVX-512 (default: %(default)s)")
     ns = ap.parse_args(argv)
 
-    import torch  # noqa: F401  (its OpenMP runtime first, as kernels/cpu/build.py needs)
+    import torch  # first: its OpenMP runtime before the kernels', as kernels/cpu/build.py needs
 
     from kernels.cpu import build
+    from kernels.cpu.entry_checks import SUFFIX
     from runtime import Engine
 
-    engine = Engine(dtype="bfloat16")
+    engine = Engine(dtype=ns.dtype)
     runner = engine.worker.model.compiled_layers  # CpuDecoderLayers: all layers as one compiled call
     if runner is None:
-        raise SystemExit("the compiled decoder layers are not in use here (they need bf16 on an AVX512-BF16 CPU)")
+        raise SystemExit(f"the compiled decoder layers are not in use here for {ns.dtype} (bfloat16 needs an "
+                         "AVX512-BF16 CPU, float32 an AVX2 one without AVX-512); try the other --dtype")
+    entry = f"decoder_layers_{SUFFIX[getattr(torch, ns.dtype)]}"
     with tempfile.TemporaryDirectory() as tmp:
         base_lib = build_revision(ns.base, Path(tmp))
-        ours, theirs = build.load_kernels().decoder_layers_bf16, base_lib.decoder_layers_bf16
+        ours, theirs = getattr(build.load_kernels(), entry), getattr(base_lib, entry)
         theirs.argtypes, theirs.restype = ours.argtypes, ours.restype
         copy_measured_settings(build.load_kernels(), base_lib)
         sides = {"this checkout": ours, ns.base: theirs}

@@ -17,9 +17,12 @@
 //
 // The rows go in passes whose inputs fit in 128 KiB (L2), each pass over every panel of the
 // thread's range; the threads split the panels into contiguous ranges and take over the ends
-// of each other's ranges when done (row_passes.h). The first tile of each panel
-// prefetches the next panel, one line per k, so its weights arrive from memory while these
-// are multiplied: without it, 17-row products ran ~1.6x as long (the weights from L3).
+// of each other's ranges when done (row_passes.h). The tiles of a panel prefetch the next
+// panel, each its share of the lines, so its weights arrive from memory while these are
+// multiplied: without a prefetch, 17-row products ran ~1.6x as long (the weights from L3);
+// with the first tile alone prefetching the whole panel, a 600-token prefill took 1.12x and
+// a 32-row decode step 1.09x as long on a Zen 3 (python -m bench_agent.bench_kernel_ab
+// --dtype float32).
 #include <algorithm>
 #include <cstdint>
 #include <vector>
@@ -56,18 +59,31 @@ struct Gemm {
     int64_t out_stride;
 };
 
-// Rows [row0, row0 + ROWS) times panel p; `next` (or null) is prefetched alongside.
+// The share of the next panel (one 64-byte line per k) that one of a panel's `tiles` tiles
+// prefetches: tile `index` takes the index-th contiguous part, a line every `tiles` k.
+struct Prefetch {
+    const float *next;  // the next panel, or null
+    int64_t index, tiles;
+};
+
+// Rows [row0, row0 + ROWS) times panel p, prefetching `pf`'s lines alongside.
 // GCC keeps the accumulator array in registers only with the loops over it unrolled; left
 // to itself it stored all 12 to the stack after every k (~2.5x slower).
 template <int ROWS>
-void tile(const Gemm &g, int64_t row0, int64_t p, const float *next) {
+void tile(const Gemm &g, int64_t row0, int64_t p, Prefetch pf) {
     const float *panel = g.packed + p * g.in_features * kCols;
     const float *x = g.x + row0 * g.x_stride;
     __m256 acc[ROWS][2];
 #pragma GCC unroll 8
     for (int m = 0; m < ROWS; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+    int64_t pf_k = pf.index * g.in_features / pf.tiles, countdown = 1;
+    const int64_t pf_end = pf.next != nullptr ? (pf.index + 1) * g.in_features / pf.tiles : 0;
     for (int64_t k = 0; k < g.in_features; k++) {
-        if (next != nullptr) _mm_prefetch(reinterpret_cast<const char *>(next + k * kCols), _MM_HINT_T0);
+        if (--countdown == 0) {
+            if (pf_k < pf_end) _mm_prefetch(reinterpret_cast<const char *>(pf.next + pf_k * kCols), _MM_HINT_T0);
+            pf_k++;
+            countdown = pf.tiles;
+        }
         const __m256 w0 = _mm256_loadu_ps(panel + k * kCols), w1 = _mm256_loadu_ps(panel + k * kCols + 8);
 #pragma GCC unroll 8
         for (int m = 0; m < ROWS; m++) {
@@ -94,7 +110,7 @@ void tile(const Gemm &g, int64_t row0, int64_t p, const float *next) {
     }
 }
 
-using TileFn = void (*)(const Gemm &, int64_t, int64_t, const float *);
+using TileFn = void (*)(const Gemm &, int64_t, int64_t, Prefetch);
 constexpr TileFn kTiles[kMaxRows + 1] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>};
 
 // Rows [r0, r1) as ceil(n / 6) tiles of near-equal size (13 rows: 5 + 4 + 4, 17: 6 + 6 + 5),
@@ -116,7 +132,10 @@ void gemm(const Gemm &g, int64_t rows, int num_threads) {
 #pragma omp parallel num_threads(num_threads)
     passes.run(omp_get_thread_num(), [&](int64_t p, const RowTile *tiles, int64_t count) {
         const float *next = p + 1 < panels ? g.packed + (p + 1) * g.in_features * kCols : nullptr;
-        for (int64_t i = 0; i < count; i++) kTiles[tiles[i].n](g, tiles[i].start, p, i == 0 ? next : nullptr);
+        // Each tile prefetches its part of the next panel, so the next panel streams in
+        // over all of this panel's tiles rather than during the first alone.
+        for (int64_t i = 0; i < count; i++)
+            kTiles[tiles[i].n](g, tiles[i].start, p, {next, i, count});
     });
 }
 
