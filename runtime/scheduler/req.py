@@ -83,8 +83,11 @@ class Req:
 
     @property
     def wants_input_logprobs(self) -> bool:
+        """Whether this prefill computes prompt logprobs: asked for, and not yet complete (a
+        request with output tokens has had its whole prompt computed; one retracted before
+        that starts its prompt logprobs over)."""
         opts = self.options
-        return opts.return_logprob and 0 <= opts.logprob_start_len < len(self.input_ids) and not self.is_retracted
+        return opts.return_logprob and 0 <= opts.logprob_start_len < len(self.input_ids) and not self.output_ids
 
     @property
     def max_reusable_prefix(self) -> int:

@@ -46,7 +46,7 @@ class Scheduler:
     ) -> None:
         self.args = args
         self.worker = worker
-        self.decode_tail = decode_tail  # token ids -> text, for stop strings
+        self.decode_tail = decode_tail  # token ids -> text with special tokens, for stop strings
         self.encode = encode  # text -> token ids (no special tokens), for jump-forward
         self.jump_forward = args.enable_jump_forward and encode is not None
         self.grammars = GrammarQueue(make_grammar_backend or _no_grammar_backend, args.grammar_compile_timeout)
@@ -207,14 +207,16 @@ class Scheduler:
         if self.chunked is not None:
             req, self.chunked = self.chunked, None
             n = budget.chunk(len(req.fill_ids) - req.kv_len)
-            if not self.cache.grant(req, n):
-                self.chunked = req  # wait for memory
-                return None
-            picked.append((req, n))
-            budget.take(n)
+            if self.cache.grant(req, n):
+                picked.append((req, n))
+                budget.take(n)
+            else:
+                self.chunked = req  # waits for memory; jumped requests may still run
         for req in list(self.jumped):  # forced tokens: one extend each, never split
             n = len(req.fill_ids) - req.kv_len
-            if budget.exhausted or budget.chunk(n) < n:
+            # The first extend of a step may exceed the budget (a chunk size below the
+            # jump's length would otherwise leave it waiting for ever).
+            if picked and (budget.exhausted or budget.chunk(n) < n):
                 break
             self.jumped.remove(req)
             if not self.cache.grant(req, n):
@@ -274,7 +276,7 @@ class Scheduler:
             start, end = req.kv_len, req.kv_len + n
             fill = req.fill_ids
             is_last_chunk = end == len(fill)
-            wants_sample = is_last_chunk and (req.params.max_new_tokens > 0 or req.is_retracted)
+            wants_sample = is_last_chunk and req.params.max_new_tokens > 0
             if not is_last_chunk:
                 # A chunk that is not the last uses the whole budget, so there is only one.
                 assert self.chunked is None, "two chunked requests in one batch"
@@ -308,12 +310,31 @@ class Scheduler:
         if not self.running:
             return None
         self.new_token_ratio = max(_MIN_NEW_TOKEN_RATIO, self.new_token_ratio - _NEW_TOKEN_RATIO_DECAY)
-        while self.cache.free_slots < len(self.running) and len(self.running) > 1:
-            self._retract_one()
+        while self.cache.free_slots < len(self.running) and self._give_up_memory():
+            pass
         batch = self._next_tokens(list(self.running))
         if batch is None:
             raise RuntimeError("KV pool exhausted by a single request; this is a bug: admission checks its size")
         return batch
+
+    def _give_up_memory(self) -> bool:
+        """Make KV slots obtainable for the running requests' next tokens, the cheapest loss
+        first: the oldest program's pins (cached prefixes no request is using), the request
+        part-way through its prefill, the running request with the least progress (one
+        always stays), then a request waiting to compute its forced tokens. False when none
+        is left; admission guarantees that a lone request fits the pool."""
+        if self.pins.release_oldest():
+            return True
+        if self.chunked is not None:
+            req, self.chunked = self.chunked, None
+            self._retract(req)
+        elif len(self.running) > 1:
+            self._retract_one()
+        elif self.jumped:
+            self._retract(self.jumped.pop())
+        else:
+            return False
+        return True
 
     def _next_tokens(self, reqs: list[Req]) -> ScheduledBatch | None:
         """A decode batch of ``reqs``' next tokens, one new slot each; None (nothing changed)
@@ -344,6 +365,9 @@ class Scheduler:
     def _retract(self, req: Req) -> None:
         self.cache.release(req)
         req.is_retracted = True
+        if not req.output_ids:  # part-way through its prompt: its prompt logprobs start over
+            req.input_token_logprobs.clear()
+            req.input_top_logprobs.clear()
         self.waiting.appendleft(req)
         self.num_retractions += 1
         self.new_token_ratio = _INIT_NEW_TOKEN_RATIO
@@ -403,7 +427,8 @@ class Scheduler:
     def _jump(self, req: Req) -> bool:
         if not is_eligible(req):
             return False
-        room = min(req.params.max_new_tokens, self.max_context_len - len(req.input_ids)) - len(req.output_ids)
+        # The extend that computes the forced tokens samples one more: leave it room.
+        room = min(req.params.max_new_tokens, self.max_context_len - len(req.input_ids)) - len(req.output_ids) - 1
         added = jump_forward(req, self.decode_tail, self.encode, room)  # type: ignore[arg-type]
         self.num_jumped_tokens += added
         return added > 0
