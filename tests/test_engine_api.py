@@ -78,6 +78,19 @@ def test_stop_string_cuts_text_before_it(engine, chat_prompt, ref):
     assert stop not in out["text"]
 
 
+def test_stop_string_may_be_a_special_tokens_text(engine, chat_prompt, ref):
+    # Matched against the text with special tokens, as SGLang does, whatever
+    # skip_special_tokens says about the response text.
+    ids = ref["output_ids"]
+    eos_text = engine.tokenizer.decode(ids[-1:], skip_special_tokens=False)
+    assert eos_text == "<|im_end|>"
+    out = engine.generate(chat_prompt, {**GREEDY, "max_new_tokens": len(ids) + 4, "ignore_eos": True,
+                                        "stop": [eos_text]})
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": eos_text}
+    assert out["output_ids"] == ids
+    assert out["text"] == ref["text"]
+
+
 def test_stop_regex_cuts_text_at_the_match(engine, chat_prompt, ref):
     ids, pattern = ref["output_ids"], r"\d"  # the answer holds the number
     k = next(k for k in range(1, len(ids) + 1) if re.search(pattern, _decode(engine, ids[:k])))

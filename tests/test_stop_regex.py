@@ -1,5 +1,6 @@
-"""``stop_regex`` without the model: the scheduler's bounded-tail check finds a match on the
-same token as searching the whole output would (Python's ``re`` as the oracle), the
+"""``stop_regex`` and stop strings without the model: the scheduler's bounded-tail check
+finds a match on the same token as searching the whole output would (Python's ``re`` and
+``in`` as the oracles; characters that take several byte-level tokens included), the
 streamed text never shows a tail that may still become a match, and bad patterns are
 refused naming the field."""
 
@@ -55,6 +56,18 @@ def test_bounded_tail_check_stops_where_a_full_search_would(tokenizer, text, pat
         ),
         None,
     )
+    assert _first_stop_step(tokenizer, params, ids) == expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(text=st.text(alphabet="ab 🦙龘𝄞é\n", min_size=1, max_size=30), data=st.data())
+def test_bounded_tail_check_finds_stop_strings_of_multi_token_characters(tokenizer, text, data):
+    # 🦙, 龘 and 𝄞 take three byte-level tokens each in this tokenizer.
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    start = data.draw(st.integers(0, len(text) - 1))
+    stop = text[start : start + data.draw(st.integers(1, 3))]
+    params = SamplingParams(max_new_tokens=10**6, stop=[stop])
+    expected = next(k for k in range(1, len(ids) + 1) if stop in tokenizer.decode(ids[:k]))
     assert _first_stop_step(tokenizer, params, ids) == expected
 
 

@@ -53,7 +53,13 @@ def tail_tokens(patterns: list[str]) -> int | None:
     widths = [max_width(p) for p in patterns]
     if any(w is None for w in widths):
         return None
-    return _TOKENS_PER_CHAR * max(widths) + 2  # type: ignore[type-var, operator]
+    return tokens_for_chars(max(widths))  # type: ignore[type-var, arg-type]
+
+
+def tokens_for_chars(width: int) -> int:
+    """How many of the newest output tokens a new ``width``-character match (a stop string's
+    or a bounded pattern's) can lie in."""
+    return _TOKENS_PER_CHAR * width + 2
 
 
 def first_match(patterns: list[str] | tuple[str, ...], text: str) -> tuple[str, int] | None:

@@ -50,7 +50,8 @@ class EngineCore:
         self.worker = ModelWorker(args, model_dir, tokenizer.eos_token_ids, peers=peers)
         vocab_size, eos = self.worker.model_config.vocab_size, tokenizer.eos_token_ids
         self.scheduler = Scheduler(
-            args, self.worker, tokenizer.decode,
+            # stop strings are matched against the text with special tokens, as SGLang does
+            args, self.worker, lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
             make_grammar_backend=lambda: XGrammarBackend(tokenizer.hf, vocab_size, eos),
             encode=lambda text: tokenizer.hf.encode(text, add_special_tokens=False),
         )

@@ -22,9 +22,9 @@ def check_stop(
         if token in p.stop_token_ids or (not p.ignore_eos and token in eos_token_ids):
             return {"type": "stop", "matched": token}
         if p.stop:
-            # A stop string can only end in the newest token: decode just enough of the tail.
-            longest = max(len(s) for s in p.stop)
-            tail = decode(req.output_ids[-(longest + 1) :])
+            # A stop string can only end in the newest token: decode just enough of the tail
+            # (a character may take several byte-level tokens).
+            tail = decode(req.output_ids[-stop_regex.tokens_for_chars(max(len(s) for s in p.stop)) :])
             for s in p.stop:
                 if s in tail:
                     return {"type": "stop", "matched": s}
