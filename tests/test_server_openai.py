@@ -65,6 +65,19 @@ def test_chat_equals_offline_engine_stream_and_not(client, engine):
         assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == resp.usage.completion_tokens
 
 
+def test_continuous_usage_stats_put_usage_so_far_in_every_chunk(client):
+    """vLLM's ``stream_options.continuous_usage_stats``: each chunk carries the usage so far;
+    the completion count grows to the final usage chunk's."""
+    chunks = list(client.completions.create(
+        model=MODEL, prompt=PROMPTS[0], max_tokens=12, temperature=0, stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    assert all(c.usage is not None for c in chunks)
+    counts = [c.usage.completion_tokens for c in chunks]
+    assert counts == sorted(counts) and counts[0] >= 1 and counts[-1] == 12
+    assert chunks[-1].choices == [] and counts[-2] == 12
+    assert {c.usage.prompt_tokens for c in chunks} == {chunks[-1].usage.prompt_tokens}
+
+
 def test_usage_reports_cached_tokens(client):
     msgs = [{"role": "system", "content": "You are a terse assistant. " * 20}, {"role": "user", "content": "Hi"}]
     first = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=4, temperature=0)

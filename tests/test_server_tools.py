@@ -90,6 +90,18 @@ def test_streaming_gives_the_same_calls(client):
     assert all(n > 1 for n in fragments.values()), fragments
 
 
+def test_streamed_logprobs_cover_every_token_while_the_parser_holds_text_back(client):
+    """The tool-call parser holds text back (no chunk is sent for it), but the logprobs of
+    those tokens still arrive, in later chunks: the same tokens as the non-streamed answer."""
+    kw = dict(model=MODEL, tools=TOOLS, tool_choice="required", parallel_tool_calls=False, temperature=0, max_tokens=60,
+              messages=[{"role": "user", "content": "Add 17 and 25."}], logprobs=True)
+    whole = client.chat.completions.create(**kw).choices[0].logprobs.content
+    streamed = [entry for chunk in client.chat.completions.create(**kw, stream=True) for choice in chunk.choices
+                for entry in (choice.logprobs.content if choice.logprobs else None) or []]
+    assert len(whole) > 10
+    assert [e.token for e in streamed] == [e.token for e in whole]
+
+
 def test_a_named_tool_choice_is_obeyed(client):
     resp = client.chat.completions.create(
         model=MODEL, tools=TOOLS, temperature=0, max_tokens=60, parallel_tool_calls=False,

@@ -170,11 +170,20 @@ class OpenAIHandler:
         opts = self.req.stream_options
         return bool(opts and opts.include_usage)
 
+    @property
+    def continuous_usage(self) -> bool:
+        """vLLM's ``stream_options.continuous_usage_stats``: usage so far in every chunk."""
+        opts = self.req.stream_options
+        return self.include_usage and bool(opts and opts.continuous_usage_stats)
+
     async def events(self, states: list[ReqState]) -> AsyncIterator[bytes]:
         sent_text = [0] * len(states)
         sent_tokens = [0] * len(states)
+        def so_far() -> dict[str, Any] | None:
+            return self.usage(states) if self.continuous_usage else None
+
         for head in self.stream_start(len(states)):
-            yield self.chunk([head])
+            yield self.chunk([head], so_far())
         async with contextlib.aclosing(merged_updates(self.ctx.client, states)) as updates:
             async for i, s in updates:
                 err = error_of(s, OPENAI_NAMES)
@@ -186,10 +195,11 @@ class OpenAIHandler:
                 if not text and finish is None:
                     continue
                 logprobs = self.logprobs(s, sent_tokens[i], len(s.output_token_logprobs), sent_text[i])
-                sent_text[i], sent_tokens[i] = len(s.text), len(s.output_token_logprobs)
+                sent_text[i] = len(s.text)
                 choice = self.stream_choice(i, s, text, finish, logprobs)
-                if choice is not None:
-                    yield self.chunk([choice])
+                if choice is not None:  # None: text held back; its tokens' logprobs go with the next chunk
+                    sent_tokens[i] = len(s.output_token_logprobs)
+                    yield self.chunk([choice], so_far())
         if self.include_usage:
             yield self.chunk([], self.usage(states))
         yield SSE_DONE
