@@ -82,7 +82,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "serve",
         help="Serve a model over HTTP: the OpenAI API under /v1 and SGLang's native /generate.",
-        description="Start the HTTP server (tokenizer, scheduler and detokenizer processes). "
+        description="Start the HTTP server (which also tokenizes), the scheduler and the detokenizer processes. "
         "Example: forkserve serve --port 30000, then point an OpenAI client at "
         "http://127.0.0.1:30000/v1. Ready when it prints the URL; stop with Ctrl-C or SIGTERM.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,

@@ -1,6 +1,6 @@
 """The scheduler process: receive, schedule, run, send results — one loop around ``EngineCore``.
 
-Requests arrive from the tokenizer process; token ids leave for the detokenizer. A request
+Requests arrive tokenized from the HTTP server process; token ids leave for the detokenizer. A request
 that cannot run (too long, bad parameters) fails alone with an error update; an exception
 inside a step is a bug and ends the process, so the HTTP server reports it and exits.
 """
@@ -34,7 +34,7 @@ from runtime.scheduler.req import Req
 logger = logging.getLogger(__name__)
 
 class SchedulerServer:
-    """The multi-process driver of ``EngineCore``: requests in from the tokenizer process,
+    """The multi-process driver of ``EngineCore``: requests in from the HTTP server process,
     outputs out to the detokenizer, a step whenever there is work."""
 
     def __init__(self, core: EngineCore, recv_sock: zmq.Socket, send_sock: zmq.Socket) -> None:

@@ -367,8 +367,8 @@ class StreamedOutput:
         return chunks
 
 
-class StoredResponse(OutputItems):
-    """A stored response, as the source of its events again."""
+class SnapshotSource(OutputItems):
+    """A stored response (a snapshot of one), as the source of its events again."""
 
     def __init__(self, stored: dict[str, Any]) -> None:
         self.stored, self.hex = stored, stored["id"].removeprefix("resp_")
@@ -385,7 +385,7 @@ class SnapshotEvents:
     text or arguments sent as they grow, and closed with its stored status."""
 
     def __init__(self, first: dict[str, Any]) -> None:
-        self.source = StoredResponse(first)
+        self.source = SnapshotSource(first)
         self.out = StreamedOutput(self.source)
         self.keys: list[str] = []  # each opened item's key in ``out.open``, in output order
 
