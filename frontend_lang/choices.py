@@ -107,10 +107,10 @@ def select_choice(
     backend: Backend, prefix: str, choices: list[str], program_id: str | None = None,
     method: ChoicesMethod = token_length_normalized,
 ) -> tuple[str, dict[str, Any]]:
-    if backend.can_cache_prefix:
+    if backend.can_cache_prefix and prefix:
         n = backend.cache_prefix(prefix, program_id)["meta_info"]["prompt_tokens"]
     else:
-        n = 0  # nothing to reuse: score from the first token
+        n = 0  # nothing to reuse (or no prefix at all): score from the first token
     start = max(n - _LOOKBACK, 0)
     greedy = {"max_new_tokens": 0, "temperature": 0}
     outs = backend.generate(

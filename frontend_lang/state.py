@@ -93,6 +93,7 @@ class ProgramState(ToolTurns):
         self.implicit_system = parent.implicit_system if parent else False
         self.tools_: ToolUse | None = parent.tools_ if parent else None
         self.turn_calls: tuple[str, list[Any], int] | None = parent.turn_calls if parent else None
+        self.set_names: set[str] = set()  # variables set in this state (a branch: since its fork)
         self.ret_value: Any = None
         self._error: BaseException | None = None
         self._pending: collections.deque[tuple[Expr, str]] = collections.deque()
@@ -159,7 +160,7 @@ class ProgramState(ToolTurns):
 
     def set_var(self, name: str, value: Any) -> None:
         self.sync()
-        self.variables[name] = value
+        self._store(name, value)
 
     def __setitem__(self, name: str, value: Any) -> None:
         """``s["name"] = value``: a program stores a computed value as a variable."""
@@ -268,7 +269,7 @@ class ProgramState(ToolTurns):
                                            expr.choices_method)
             self._append(decision, expr.name)
             if expr.name:
-                self.variables[expr.name], self.meta_info[expr.name] = decision, meta
+                self._store(expr.name, decision, meta)
         elif isinstance(expr, RoleBegin):
             self._role_begin(expr.role)
         elif isinstance(expr, RoleEnd):
@@ -301,8 +302,7 @@ class ProgramState(ToolTurns):
             out = backend.generate(self.text_, params, program_id=pid, **opts)  # type: ignore[assignment]
             self._append(out["text"], expr.name)
         if expr.name:
-            self.variables[expr.name] = out["text"]
-            self.meta_info[expr.name] = out["meta_info"]
+            self._store(expr.name, out["text"], out["meta_info"])
 
     def _markers_for(self, role: str) -> list[str]:
         markers = self.program.markers
@@ -376,14 +376,16 @@ class ProgramStateGroup:
         return self
 
     def join(self, mode: str = "gather_variable") -> None:
-        """Wait for every branch; copy each variable the branches set into the parent as a
-        list (one value per branch)."""
+        """Wait for every branch; copy each variable the branches set after the fork into the
+        parent as a list (one value per branch, None where a branch did not set it). The
+        variables they only inherited stay as they are in the parent."""
         if mode != "gather_variable":
             raise ValueError(f"join(): only mode 'gather_variable' is supported, got {mode!r}")
         for s in self.states:
             s.sync()
-        names = {n for s in self.states for n in s.variables}
+        names = set().union(*(s.set_names for s in self.states))
         self.parent.sync()
         for name in sorted(names):
-            self.parent.variables[name] = [s.variables.get(name) for s in self.states]
-            self.parent.meta_info[name] = [s.meta_info.get(name) for s in self.states]
+            gathered = [s.variables.get(name) if name in s.set_names else None for s in self.states]
+            meta = [s.meta_info.get(name) if name in s.set_names else None for s in self.states]
+            self.parent._store(name, gathered, meta)

@@ -25,9 +25,18 @@ class ToolTurns:
     implicit_system: bool
     tools_: ToolUse | None
     turn_calls: tuple[str, list[Any], int] | None
+    set_names: set[str]
 
     def _emit(self, var: str | None, text: str) -> None:
         raise NotImplementedError
+
+    def _store(self, name: str, value: Any, meta: Any = None) -> None:
+        """Set variable ``name`` (and its meta info, where given) in this state; ``join``
+        gathers the names a branch set."""
+        self.variables[name] = value
+        if meta is not None:
+            self.meta_info[name] = meta
+        self.set_names.add(name)
 
     def chat_messages(self) -> list[dict[str, Any]]:
         """The messages as a chat API client sends them (without the template's default system turn)."""
@@ -62,8 +71,7 @@ class ToolTurns:
         self.turn_calls = (out["content"], calls, len(self.text_))
         if expr.name:
             may_call = expr.tools is not None and expr.tools.choice != "none"
-            self.variables[expr.name] = calls if may_call else out["content"]
-            self.meta_info[expr.name] = {**out["meta_info"], "content": out["content"]}
+            self._store(expr.name, calls if may_call else out["content"], {**out["meta_info"], "content": out["content"]})
 
     def _tool_result(self, expr: ToolResult) -> None:
         if self.role is not None:

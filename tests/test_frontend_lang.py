@@ -115,6 +115,81 @@ def test_nested_forks(local):
     assert len(out) == 2 and all(len(g) == 2 and all(isinstance(x, str) for x in g) for g in out)
 
 
+def test_join_gathers_only_what_the_branches_set(local):
+    # As SGLang's gather_variable: the parent's own variables are not turned into lists.
+    @sgl.function
+    def forked(s):
+        s += "Pick a colour:" + sgl.gen("first", max_tokens=2, ignore_eos=True)
+        s["note"] = "kept"
+        branches = s.fork(2)
+        branches += lambda i: f" option {i}:" + sgl.gen("c", max_tokens=2, ignore_eos=True)
+        branches[1]["note"] = "changed in a branch"
+        branches.join()
+        again = s.fork(2)
+        again += sgl.gen("d", max_tokens=1, ignore_eos=True)
+        again.join()
+
+    state = forked.run(temperature=0, backend=local)
+    assert isinstance(state["first"], str) and state["first"]
+    assert [len(state["c"]), len(state["d"])] == [2, 2] and all(isinstance(x, str) for x in state["c"] + state["d"])
+    assert state["note"] == [None, "changed in a branch"]  # set by one branch after the fork
+    assert isinstance(state.get_meta_info("first"), dict)
+    assert isinstance(state["c"][0], str)  # not nested by the second fork
+
+
+def test_select_with_nothing_before_it(local):
+    @sgl.function
+    def first(s):
+        s += sgl.select("word", ["Yes, certainly.", "No, never."])
+
+    assert first.run(backend=local)["word"] in ("Yes, certainly.", "No, never.")
+
+
+def test_an_engine_failure_answers_every_call_then_and_later(tiny_gqa_llama):
+    """A step that raises fails the calls in flight; the program still returns (its pins'
+    release is answered, not left waiting on a stopped driver) and later calls fail at once."""
+    import threading
+
+    backend = sgl.EngineBackend(model_path=str(tiny_gqa_llama), dtype="float32")
+    core = backend.engine.core
+    real_step = core.step
+
+    def failing_step():
+        if any(len(r.output_ids) >= 2 for r in core.scheduler.running):
+            raise RuntimeError("injected step failure")
+        return real_step()
+
+    core.step = failing_step
+
+    @sgl.function
+    def fan(s):
+        s += "Hello there, how are you today?"
+        branches = s.fork(3)
+        branches += sgl.gen("x", max_tokens=20, ignore_eos=True)
+        branches.join()
+
+    outcome: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            fan.run(temperature=0, backend=backend)
+        except BaseException as err:  # noqa: BLE001 - handed to the test thread
+            outcome.append(err)
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    runner.join(60)
+    try:
+        assert not runner.is_alive(), "the program hung after the engine failed"
+        assert len(outcome) == 1 and "injected step failure" in str(outcome[0])
+        with pytest.raises(sgl.BackendError, match="injected step failure"):
+            backend.generate("Hi", {"max_new_tokens": 1})
+        with pytest.raises(sgl.BackendError, match="injected step failure"):
+            backend.end_program("any")
+    finally:
+        backend.shutdown()
+
+
 def test_select_matches_transformers(local, engine, model_dir):
     from transformers import AutoModelForCausalLM
 

@@ -41,6 +41,10 @@ class EngineBackend(Backend):
         self._calls: dict[Req, _Call] = {}
         self._broken: BaseException | None = None
         self._stopped = False
+        # Guards the inbox once the driver has stopped: what is sent after that is refused
+        # at once, and what was queued before it is answered by the driver on its way out.
+        self._gate = threading.Lock()
+        self._closed: BaseException | None = None
         self._thread = threading.Thread(target=self._drive, daemon=True, name="forkserve-engine-driver")
         self._thread.start()
 
@@ -114,7 +118,7 @@ class EngineBackend(Backend):
     def run_in_driver(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` on the driver thread, between steps (the engine is not thread-safe)."""
         fut: Future[Any] = Future()
-        self._inbox.put((fn, fut))
+        self._send((fn, fut))
         return fut.result()
 
     def shutdown(self) -> None:
@@ -133,11 +137,36 @@ class EngineBackend(Backend):
             raise BackendError(str(err)) from err
 
     def _submit(self, call: _Call) -> None:
-        if self._broken is not None:
-            raise BackendError(f"the engine failed earlier: {self._broken}")
-        self._inbox.put(call)
+        self._send(call)
+
+    def _send(self, item: _Call | tuple[Callable[[], Any], Future[Any]]) -> None:
+        """Queue ``item`` for the driver; ``BackendError`` once the driver has stopped."""
+        with self._gate:
+            if self._closed is not None:
+                raise BackendError(str(self._closed))
+            self._inbox.put(item)
 
     def _drive(self) -> None:
+        try:
+            self._drive_until_stopped()
+        finally:  # nothing queued or sent later waits for ever
+            with self._gate:
+                self._closed = (BackendError(f"the engine failed earlier: {self._broken}") if self._broken is not None
+                                else BackendError("the engine backend was shut down"))
+            while True:
+                try:
+                    item = self._inbox.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(item, tuple):
+                    item[1].set_exception(self._closed)
+                elif item is not None:
+                    self._finish(item, self._closed)
+            for call in set(self._calls.values()):
+                self._finish(call, self._closed)
+            self._calls.clear()
+
+    def _drive_until_stopped(self) -> None:
         """The in-process driver of the engine core: take callers' requests between steps,
         step, hand each caller its outputs."""
         core = self.engine.core
@@ -148,8 +177,10 @@ class EngineBackend(Backend):
                     items.append(self._inbox.get_nowait())
                 except queue.Empty:
                     break
-            for item in items:
+            for k, item in enumerate(items):
                 if item is None:
+                    for rest in items[k + 1 :]:  # answered on the way out (``_drive``)
+                        self._inbox.put(rest)
                     return
                 self._accept(item)
             if not core.has_work:
