@@ -7,6 +7,7 @@ agent's memory there and a ``Runner`` runs on it; bad ids are 404s (a 400 in a n
 from __future__ import annotations
 
 import asyncio
+import time
 
 import openai
 import pytest
@@ -144,12 +145,38 @@ def test_a_conversation_runs_one_response_at_a_time(client):
     assert client.responses.create(input="Stop.", max_output_tokens=4, **kw).status in ("completed", "incomplete")
 
 
+def test_a_response_whose_client_left_adds_nothing_to_the_conversation(client, server):
+    """A response (not streamed) on a conversation whose client leaves while it runs: it is
+    aborted, neither its input nor a (cut short) answer joins the conversation, and the hold
+    is released."""
+    from tests.server_probes import ABORTED, metric, post_and_leave, wait_for_aborts
+
+    conv = client.conversations.create(items=[{"type": "message", "role": "user", "content": "Tell a long story."}])
+    aborted = metric(server, ABORTED)
+    post_and_leave(server, "/v1/responses", {"model": MODEL, "conversation": conv.id, "input": "Go on and on.",
+                                             "max_output_tokens": 3000, "ignore_eos": True})
+    wait_for_aborts(server, aborted)
+    _respond_when_released(client, conv.id)
+    texts = [part.text for item in client.conversations.items.list(conv.id, order="asc") if item.type == "message"
+             for part in item.content]
+    assert "Go on and on." not in texts and texts[:2] == ["Tell a long story.", "Stop."]
+
+
+def _respond_when_released(client, conversation: str):
+    """A short response on ``conversation`` once its hold is released (at most 10 s)."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            return client.responses.create(model=MODEL, conversation=conversation, input="Stop.", max_output_tokens=4)
+        except openai.BadRequestError as err:  # released a moment after the abort, not after the lapse
+            assert err.code == "conversation_locked" and time.monotonic() < deadline, err
+            time.sleep(0.2)
+
+
 def test_a_stream_whose_client_left_first_releases_the_conversation(client, server):
     """A streamed response on a conversation whose client closes the connection before
     reading a byte: its hold is released at once (not after the 30 s lapse), so the next
     response on the conversation runs."""
-    import time
-
     from tests.server_probes import ABORTED, metric, post_and_leave, wait_for_aborts
 
     conv = client.conversations.create(items=[{"type": "message", "role": "user", "content": "Tell a long story."}])
@@ -157,12 +184,4 @@ def test_a_stream_whose_client_left_first_releases_the_conversation(client, serv
     post_and_leave(server, "/v1/responses", {"model": MODEL, "conversation": conv.id, "input": "Go.", "stream": True,
                                              "max_output_tokens": 3000, "ignore_eos": True})
     wait_for_aborts(server, aborted)  # it ran, held the conversation, and was aborted
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            after = client.responses.create(model=MODEL, conversation=conv.id, input="Stop.", max_output_tokens=4)
-            break
-        except openai.BadRequestError as err:  # released a moment after the abort, not after the lapse
-            assert err.code == "conversation_locked" and time.monotonic() < deadline, err
-            time.sleep(0.2)
-    assert after.status in ("completed", "incomplete")
+    assert _respond_when_released(client, conv.id).status in ("completed", "incomplete")

@@ -167,6 +167,8 @@ class ResponseCreation(OutputItems, ChatCompletion):
     async def answer_whole(self, states: list[ReqState]) -> Response:
         await wait_all(self.ctx.client, states, self.request)
         state = states[0]
+        if not state.is_finished:  # the client left and the request was aborted: nothing to store
+            return Response(status_code=499)
         err = error_of(state, NAMES)
         if err is not None:
             raise err
