@@ -55,12 +55,14 @@ def test_required_allows_only_calls_and_parallel_allows_several(fmt, parallel):
             assert [(c.name, json.loads(c.arguments)) for c in parsed] == calls
 
 
+@pytest.mark.parametrize("fmt", ["hermes", "llama3_json", "mistral"])
 @pytest.mark.parametrize("parallel", [True, False])
-def test_a_named_function_allows_only_that_one(parallel):
-    grammar = tool_grammar(TOOLS, {"type": "function", "function": {"name": "add"}}, "hermes", parallel)
-    assert accepts(grammar, block("hermes", [ADD]))
-    assert not accepts(grammar, block("hermes", [WEATHER]))
-    assert accepts(grammar, block("hermes", [ADD, ADD])) == parallel
+def test_a_named_function_allows_exactly_one_call_of_it(fmt, parallel):
+    # OpenAI's forced function: "call exactly one specific function", parallel or not.
+    grammar = tool_grammar(TOOLS, {"type": "function", "function": {"name": "add"}}, fmt, parallel)
+    assert accepts(grammar, block(fmt, [ADD]))
+    assert not accepts(grammar, block(fmt, [WEATHER]))
+    assert not accepts(grammar, block(fmt, [ADD, ADD]))
 
 
 @pytest.mark.parametrize("parallel", [True, False])
@@ -140,7 +142,7 @@ def test_the_call_rule_of_each_form():
     assert call_rule(None, None) == CallRule("none", ())
     assert call_rule(None, "auto") == call_rule([], "auto") == CallRule("none", ())  # nothing to call
     assert call_rule(TOOLS, "none") == CallRule("none", names)
-    assert call_rule(TOOLS, {"type": "function", "function": {"name": "add"}}) == CallRule("required", ("add",))
+    assert call_rule(TOOLS, {"type": "function", "function": {"name": "add"}}) == CallRule("required", ("add",), single=True)
     both = [{"type": "function", "function": {"name": n}} for n in ("add", "get_weather")]
     allowed = {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": both}}
     assert call_rule(TOOLS, allowed) == CallRule("auto", names)  # in the request's order

@@ -2,7 +2,8 @@
 not, may, or must hold calls, and which of the request's tools it may call.
 
 - ``"none"`` / ``"auto"`` / ``"required"`` (unset: ``auto`` with tools, ``none`` without);
-- ``{"type": "function", "function": {"name": N}}``: must call N;
+- ``{"type": "function", "function": {"name": N}}``: must call N, exactly once (OpenAI's
+  "forced function");
 - ``{"type": "allowed_tools", "allowed_tools": {"mode": "auto" | "required", "tools": [...]}}``
   with ``tools`` of the form ``{"type": "function", "function": {"name": N}}``: calls only
   of those tools. Every tool stays in the prompt, so a program that narrows its tools from
@@ -27,6 +28,7 @@ _FORMS = ('"none", "auto", "required", {"type": "function", "function": {"name":
 class CallRule:
     mode: Mode
     names: tuple[str, ...]  # the tools the answer may call, in the request's order
+    single: bool = False  # one call at most (a named function), whatever parallel_tool_calls says
 
 
 def _named(entry: Any) -> str | None:
@@ -76,4 +78,4 @@ def call_rule(tools: list[dict[str, Any]] | None, choice: Any) -> CallRule:
     if name not in given:
         raise InvalidField("tool_choice", "tool_choice must name one of the given tools: "
                                           '{"type": "function", "function": {"name": ...}}')
-    return CallRule("required", (name,))
+    return CallRule("required", (name,), single=True)

@@ -1,8 +1,8 @@
 """The grammar that keeps a model's tool calls valid, as EBNF text for the ``ebnf`` sampling
 field (built from xgrammar's structural tags):
 - ``tool_choice`` ``required`` (a named function, ``allowed_tools`` in mode ``required``):
-  nothing but calls of the allowed tools, at least one, each one's arguments matching its
-  tool's JSON schema;
+  nothing but calls of the allowed tools, at least one (a named function: exactly one),
+  each one's arguments matching its tool's JSON schema;
 - ``auto`` (``allowed_tools`` in mode ``auto``): free text in which any call the model starts
   (at the format's trigger) must complete validly, as a call of an allowed tool.
 With ``parallel_tool_calls: false`` the output ends after its first call. With an
@@ -71,6 +71,7 @@ def tool_grammar(tools: list[dict[str, Any]], tool_choice: Any, parser_name: str
     if rule.mode == "none":
         return None
     functions = [(n, p) for n, p in _functions(tools) if n in rule.names]
+    parallel = parallel and not rule.single
 
     def tag(begin: str, end: str, name: str, schema: dict[str, Any]) -> Any:
         args = st.JSONSchemaFormat(json_schema=schema, max_whitespace_cnt=_MAX_WHITESPACE)
