@@ -78,6 +78,25 @@ def test_continuous_usage_stats_put_usage_so_far_in_every_chunk(client):
     assert {c.usage.prompt_tokens for c in chunks} == {chunks[-1].usage.prompt_tokens}
 
 
+def test_echo_with_logprobs_scores_the_prompt(client, engine):
+    """What lm-evaluation-harness sends for log-likelihoods: the prompt's own tokens with
+    their logprobs (the first has none), then the completion's, offsets across both."""
+    prompt = PROMPTS[0]
+    ref = engine.generate(prompt, {"max_new_tokens": 0}, return_logprob=True, logprob_start_len=0, top_logprobs_num=1)
+    want = ref["meta_info"]["input_token_logprobs"]
+    scored = client.completions.create(model=MODEL, prompt=prompt, max_tokens=0, echo=True, logprobs=1, temperature=0)
+    lp = scored.choices[0].logprobs
+    assert scored.choices[0].text == prompt == "".join(lp.tokens)
+    assert lp.tokens == [engine.tokenizer.id_to_text(t) for _, t, _ in want]
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert lp.token_logprobs[1:] == pytest.approx([x for x, _, _ in want[1:]], abs=2e-2)
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:k]) for k in range(len(lp.tokens))]
+    more = client.completions.create(model=MODEL, prompt=prompt, max_tokens=3, echo=True, logprobs=1, temperature=0)
+    lp_more = more.choices[0].logprobs
+    assert lp_more.tokens[: len(want)] == lp.tokens and len(lp_more.tokens) == len(want) + 3
+    assert lp_more.text_offset[len(want)] == len(prompt) and more.choices[0].text.startswith(prompt)
+
+
 def test_usage_reports_cached_tokens(client):
     msgs = [{"role": "system", "content": "You are a terse assistant. " * 20}, {"role": "user", "content": "Hi"}]
     first = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=4, temperature=0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi.responses import Response
@@ -19,8 +20,8 @@ class Completion(OpenAIHandler):
         r = self.req
         self.check_common()
         reject_unsupported(r, ("suffix",))
-        if r.echo and r.logprobs is not None:
-            raise ApiError(400, "'echo' together with 'logprobs' is not supported", param="echo")
+        if r.echo and r.logprobs is not None and r.stream:
+            raise ApiError(400, "'echo' together with 'logprobs' is supported without 'stream' only", param="echo")
         prompt = r.prompt
         texts: list[str] | None = None
         if isinstance(prompt, str) or (prompt and isinstance(prompt[0], str)):
@@ -30,7 +31,8 @@ class Completion(OpenAIHandler):
             prompts = list(prompt) if prompt and isinstance(prompt[0], list) else [list(prompt)]
         if not prompts:
             raise ApiError(400, "'prompt' is an empty list", param="prompt")
-        states = self.submit(prompts, r.max_tokens, r.logprobs)  # checks token ids
+        states = self.submit(prompts, r.max_tokens, r.logprobs,  # checks token ids
+                             prompt_logprobs=r.echo and r.logprobs is not None)
         # Only checked token ids are decoded (for echo).
         self.prompt_texts = texts or ([self.ctx.tokenizer.decode(p, False) for p in prompts] if r.echo else [])
         return await self.respond(states)
@@ -39,12 +41,13 @@ class Completion(OpenAIHandler):
         return self.prompt_texts[index // self.req.n] if self.req.echo else ""
 
     def choice(self, index: int, state: ReqState) -> dict[str, Any]:
-        return {
-            "index": index,
-            "text": self.echo(index) + state.text,
-            "logprobs": self.logprobs(state, 0, len(state.output_token_logprobs), 0),
-            "finish_reason": finish_reason_of(state),
-        }
+        echo = self.echo(index)
+        logprobs = self.logprobs(state, 0, len(state.output_token_logprobs), len(echo))
+        if echo and logprobs is not None:  # the prompt's tokens first (the first one has no logprob)
+            prompt = self.entries([(None, state.first_prompt_token), *state.input_token_logprobs],
+                                  [None, *state.input_top_logprobs], 0)
+            logprobs = {key: prompt[key] + logprobs[key] for key in logprobs}
+        return {"index": index, "text": echo + state.text, "logprobs": logprobs, "finish_reason": finish_reason_of(state)}
 
     def stream_start(self, num_choices: int) -> list[dict[str, Any]]:
         if not self.req.echo:
@@ -57,16 +60,20 @@ class Completion(OpenAIHandler):
     def logprobs(self, state: ReqState, start: int, end: int, text_offset: int) -> Any:
         if self.req.logprobs is None:
             return None
+        return self.entries(state.output_token_logprobs[start:end],
+                            [top or [] for top in state.output_top_logprobs[start:end]], text_offset)
+
+    def entries(self, pairs: Sequence[Any], tops: Sequence[Any], text_offset: int) -> dict[str, list[Any]]:
+        """The legacy completions' logprobs of ``(logprob, token id)`` ``pairs`` with their
+        ``tops`` (lists of such pairs, or None), text offsets counted from ``text_offset``."""
         tok = self.ctx.tokenizer
-        tokens, lps, tops, offsets = [], [], [], []
+        tokens, lps, top_maps, offsets = [], [], [], []
         offset = text_offset
-        for k in range(start, end):
-            lp, tid = state.output_token_logprobs[k]
+        for (lp, tid), top in zip(pairs, tops, strict=True):
             piece = tok.id_to_text(tid)
             tokens.append(piece)
             lps.append(lp)
-            top = state.output_top_logprobs[k] or []
-            tops.append({tok.id_to_text(t): v for v, t in top} if self.req.logprobs else None)
+            top_maps.append({tok.id_to_text(t): v for v, t in top} if self.req.logprobs and top is not None else None)
             offsets.append(offset)
             offset += len(piece)
-        return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+        return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": top_maps, "text_offset": offsets}

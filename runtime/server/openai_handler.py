@@ -102,12 +102,17 @@ class OpenAIHandler:
             raise ApiError(400, "'best_of' is not supported by this server", param="best_of")
         if not 1 <= self.req.n <= MAX_N:
             raise ApiError(400, f"n must be in [1, {MAX_N}], got {self.req.n}", param="n")
+        if self.req.stream_options is not None and not self.req.stream:  # as OpenAI and vLLM answer
+            raise ApiError(400, "'stream_options' is only allowed when 'stream' is true", param="stream_options")
 
-    def submit(self, prompts: list[list[int]], max_tokens: int | None, top_logprobs: int | None) -> list[ReqState]:
-        """``n`` requests per prompt, prompt-major (choice index = prompt * n + k)."""
+    def submit(self, prompts: list[list[int]], max_tokens: int | None, top_logprobs: int | None,
+               prompt_logprobs: bool = False) -> list[ReqState]:
+        """``n`` requests per prompt, prompt-major (choice index = prompt * n + k); with
+        ``prompt_logprobs``, the prompt's tokens' logprobs too (from its first token)."""
         ctx = self.ctx
         options = RequestOptions(stream=self.req.stream, return_logprob=top_logprobs is not None,
-                                 top_logprobs_num=top_logprobs or 0, namespace=self.req.extra_key or self.req.cache_salt)
+                                 top_logprobs_num=top_logprobs or 0, namespace=self.req.extra_key or self.req.cache_salt,
+                                 logprob_start_len=0 if prompt_logprobs else -1)
         requests = []
         for ids in prompts:
             room = ctx.max_sequence_len - len(ids)
