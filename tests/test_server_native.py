@@ -210,6 +210,38 @@ def test_stream_whose_client_left_before_it_began_is_aborted(server, path, body)
     assert sched["kv_held_by_requests"] == 0 and sched["kv_invariant_holds"] is True
 
 
+def test_abort_request_ends_a_request_by_its_rid_or_all_of_them(server):
+    """SGLang's ``POST /abort_request``: the aborted request ends at once for its client,
+    with an ``abort`` finish reason; ``abort_all`` ends every one."""
+    import concurrent.futures
+
+    long = {"max_new_tokens": 3000, "ignore_eos": True}
+
+    def generate(rid: str) -> dict:
+        return post(server, "/generate", {"text": "A long story.", "rid": rid, "sampling_params": long}).json()
+
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        one = pool.submit(generate, "abort-me")
+        wait_for_running(server, 1)
+        assert post(server, "/abort_request", {"rid": "abort-me"}).status_code == 200
+        out = one.result(timeout=30)
+        assert out["meta_info"]["finish_reason"]["type"] == "abort" and out["meta_info"]["id"] == "abort-me"
+        assert post(server, "/abort_request", {"rid": "no-such-request"}).status_code == 200
+        both = [pool.submit(generate, f"all-{i}") for i in range(2)]
+        wait_for_running(server, 2)
+        assert post(server, "/abort_request", {"abort_all": True}).status_code == 200
+        assert [f.result(timeout=30)["meta_info"]["finish_reason"]["type"] for f in both] == ["abort", "abort"]
+    sched = wait_idle(server)
+    assert sched["kv_held_by_requests"] == 0 and sched["kv_invariant_holds"] is True
+
+
+def wait_for_running(server, n: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while server.info()["scheduler"]["num_running_reqs"] < n:
+        assert time.monotonic() < deadline, "the requests never started"
+        time.sleep(0.05)
+
+
 def test_non_stream_disconnect_frees_slots(server):
     body = {"text": "Another long story.", "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}
     with pytest.raises(httpx.ReadTimeout):

@@ -31,7 +31,13 @@ from runtime.server.context import (
     sampling_params,
     unknown_sampling_field_warner,
 )
-from runtime.server.protocol import ApiError, EndProgramReq, GenerateReqInput, reject_unsupported
+from runtime.server.protocol import (
+    AbortRequestReq,
+    ApiError,
+    EndProgramReq,
+    GenerateReqInput,
+    reject_unsupported,
+)
 from runtime.server.responses import (
     SSE_DONE,
     JsonResponse,
@@ -159,6 +165,14 @@ def create_app(ctx: ServerContext) -> FastAPI:
     async def end_program(request: Request) -> dict[str, Any]:
         req: EndProgramReq = await read_body(request, EndProgramReq, ctx.http.max_request_bytes)
         return {"released_nodes": await scheduler_call(ctx, "end_program", req.program_id)}
+
+    @app.post("/abort_request")
+    async def abort_request(request: Request) -> Response:
+        req: AbortRequestReq = await read_body(request, AbortRequestReq, ctx.http.max_request_bytes)
+        states = ctx.client.states
+        for state in list(states.values()) if req.abort_all else [s for s in [states.get(req.rid)] if s is not None]:
+            ctx.client.cancel(state, "aborted by /abort_request")
+        return Response(status_code=200)
 
     @app.get("/metrics")
     async def metrics() -> Response:

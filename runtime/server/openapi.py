@@ -16,6 +16,7 @@ from pydantic import BaseModel
 
 from runtime.server.openapi_responses import RESPONSES
 from runtime.server.protocol import (
+    AbortRequestReq,
     ChatCompletionRequest,
     CompletionRequest,
     ConversationCreateRequest,
@@ -35,6 +36,7 @@ BODIES: dict[str, type[BaseModel]] = {
     "/v1/responses": ResponsesRequest,
     "/generate": GenerateReqInput,
     "/end_program": EndProgramReq,
+    "/abort_request": AbortRequestReq,
     "/v1/conversations": ConversationCreateRequest,
     "/v1/conversations/{conversation_id}": ConversationUpdateRequest,
     "/v1/conversations/{conversation_id}/items": ConversationItemsRequest,

@@ -127,6 +127,8 @@ RESPONSES: dict[str, dict[str, dict[str, Any]]] = {
                                    "content": _json({"type": "object", "required": ["released_nodes"],
                                                      "properties": {"released_nodes": {"type": "integer"}}})},
                            **_errors(*_GUARDED)}},
+    "/abort_request": {"*": {"200": {"description": "Aborted (also when no request has that rid)"},
+                             **_errors(*_GUARDED)}},
     "/metrics": {"*": {"200": {"description": "Prometheus text format",
                                "content": {"text/plain": {"schema": _TEXT}}}, **_errors(401, 503)}},
     "/generate": {"*": {"200": {"description": "One result, a list for a batch, or SSE events when streaming",

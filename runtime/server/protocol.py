@@ -104,6 +104,13 @@ class EndProgramReq(_Body):
     program_id: str
 
 
+class AbortRequestReq(_Body):
+    """SGLang's ``POST /abort_request``: one request by its ``rid``, or all of them."""
+
+    rid: str = ""
+    abort_all: bool = False
+
+
 # ---------------------------------------------------------------- OpenAI API
 class StreamOptions(_Body):
     include_usage: bool = False

@@ -171,6 +171,15 @@ class SchedulerClient:
             self.send_sock.send_multipart(ipc.encode(AbortReq(state.rid)), copy=False)
             self.metrics.on_abort()
 
+    def cancel(self, state: ReqState, message: str) -> None:
+        """Abort ``state`` for a reason other than its client leaving: it ends now, with an
+        ``abort`` finish reason, for whoever waits on it."""
+        if state.is_finished:
+            return
+        self.abort(state)
+        state.finished_reason = {"type": "abort", "message": message}
+        state.changed.set()
+
     async def stream(
         self, state: ReqState, is_disconnected: Callable[[], Awaitable[bool]] | None = None
     ) -> AsyncIterator[ReqState]:
