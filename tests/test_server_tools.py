@@ -77,10 +77,13 @@ def test_streaming_gives_the_same_calls(client):
         for choice in chunk.choices:
             content += choice.delta.content or ""
             finish = choice.finish_reason or finish
+            indexes = [d.index for d in choice.delta.tool_calls or []]
+            assert len(set(indexes)) == len(indexes), indexes  # one entry per call in a chunk, as OpenAI sends
             for d in choice.delta.tool_calls or []:
-                if d.index not in names:  # the first delta of a call
+                if d.index not in names:  # the first delta of a call (its arguments may begin there)
                     assert d.id and d.type == "function" and d.function.name
                     names[d.index] = d.function.name
+                    args[d.index] = d.function.arguments or ""
                 elif d.function and d.function.arguments:
                     args[d.index] = args.get(d.index, "") + d.function.arguments
                     fragments[d.index] = fragments.get(d.index, 0) + 1

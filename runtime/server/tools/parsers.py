@@ -287,5 +287,8 @@ class StreamingToolParser:
     def _send_arguments(self, index: int, arguments: str, out: list[dict]) -> None:
         sent = self.calls[index].arguments
         if len(arguments) > len(sent) and arguments.startswith(sent):
-            out.append({"index": index, "function": {"arguments": arguments[len(sent):]}})
+            if out and out[-1]["index"] == index:  # one entry per call in a chunk, as OpenAI sends
+                out[-1]["function"]["arguments"] += arguments[len(sent):]
+            else:
+                out.append({"index": index, "function": {"arguments": arguments[len(sent):]}})
             self.calls[index].arguments = arguments
