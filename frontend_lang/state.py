@@ -376,9 +376,10 @@ class ProgramStateGroup:
         return self
 
     def join(self, mode: str = "gather_variable") -> None:
-        """Wait for every branch; copy each variable the branches set after the fork into the
-        parent as a list (one value per branch, None where a branch did not set it). The
-        variables they only inherited stay as they are in the parent."""
+        """Wait for every branch; copy each variable a branch set after the fork into the
+        parent as a list of every branch's value (None where a branch has none). Variables
+        the branches only inherited stay as they are in the parent. (SGLang gathers the names
+        its parent lacks; here a branch that sets an inherited name again is gathered too.)"""
         if mode != "gather_variable":
             raise ValueError(f"join(): only mode 'gather_variable' is supported, got {mode!r}")
         for s in self.states:
@@ -386,6 +387,5 @@ class ProgramStateGroup:
         names = set().union(*(s.set_names for s in self.states))
         self.parent.sync()
         for name in sorted(names):
-            gathered = [s.variables.get(name) if name in s.set_names else None for s in self.states]
-            meta = [s.meta_info.get(name) if name in s.set_names else None for s in self.states]
-            self.parent._store(name, gathered, meta)
+            gathered = [s.variables.get(name) for s in self.states]
+            self.parent._store(name, gathered, [s.meta_info.get(name) for s in self.states])

@@ -116,7 +116,7 @@ def test_nested_forks(local):
 
 
 def test_join_gathers_only_what_the_branches_set(local):
-    # As SGLang's gather_variable: the parent's own variables are not turned into lists.
+    # Like SGLang's gather_variable, the parent's own variables are not turned into lists.
     @sgl.function
     def forked(s):
         s += "Pick a colour:" + sgl.gen("first", max_tokens=2, ignore_eos=True)
@@ -132,7 +132,7 @@ def test_join_gathers_only_what_the_branches_set(local):
     state = forked.run(temperature=0, backend=local)
     assert isinstance(state["first"], str) and state["first"]
     assert [len(state["c"]), len(state["d"])] == [2, 2] and all(isinstance(x, str) for x in state["c"] + state["d"])
-    assert state["note"] == [None, "changed in a branch"]  # set by one branch after the fork
+    assert state["note"] == ["kept", "changed in a branch"]  # set again by one branch: every branch's value
     assert isinstance(state.get_meta_info("first"), dict)
     assert isinstance(state["c"][0], str)  # not nested by the second fork
 

@@ -162,6 +162,28 @@ def test_a_response_whose_client_left_adds_nothing_to_the_conversation(client, s
     assert "Go on and on." not in texts and texts[:2] == ["Tell a long story.", "Stop."]
 
 
+def test_a_response_ended_by_abort_request_is_cancelled_and_kept_out_of_the_conversation(client, server):
+    import concurrent.futures
+
+    import httpx
+
+    conv = client.conversations.create(items=[{"type": "message", "role": "user", "content": "Tell a long story."}])
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        running = pool.submit(client.responses.create, model=MODEL, conversation=conv.id, input="Go on and on.",
+                              max_output_tokens=3000, extra_body={"ignore_eos": True})
+        deadline = time.monotonic() + 30
+        while server.info()["scheduler"]["num_running_reqs"] == 0:
+            assert time.monotonic() < deadline, "the response never started"
+            time.sleep(0.05)
+        assert httpx.post(server.url + "/abort_request", json={"abort_all": True}).status_code == 200
+        answer = running.result(timeout=60)
+    assert answer.status == "cancelled"
+    assert client.responses.retrieve(answer.id).status == "cancelled"
+    texts = [part.text for item in client.conversations.items.list(conv.id, order="asc") if item.type == "message"
+             for part in item.content]
+    assert texts == ["Tell a long story."]
+
+
 def _respond_when_released(client, conversation: str):
     """A short response on ``conversation`` once its hold is released (at most 10 s)."""
     deadline = time.monotonic() + 10

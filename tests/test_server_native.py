@@ -231,6 +231,12 @@ def test_abort_request_ends_a_request_by_its_rid_or_all_of_them(server):
         wait_for_running(server, 2)
         assert post(server, "/abort_request", {"abort_all": True}).status_code == 200
         assert [f.result(timeout=30)["meta_info"]["finish_reason"]["type"] for f in both] == ["abort", "abort"]
+        # a batch under one rid runs as rid_0, rid_1: the rid aborts all of it
+        batch = pool.submit(lambda: post(server, "/generate", {"text": ["A long story.", "Another one."], "rid": "batch",
+                                                               "sampling_params": long}).json())
+        wait_for_running(server, 2)
+        assert post(server, "/abort_request", {"rid": "batch"}).status_code == 200
+        assert [o["meta_info"]["finish_reason"]["type"] for o in batch.result(timeout=30)] == ["abort", "abort"]
     sched = wait_idle(server)
     assert sched["kv_held_by_requests"] == 0 and sched["kv_invariant_holds"] is True
 

@@ -95,6 +95,10 @@ def test_echo_with_logprobs_scores_the_prompt(client, engine):
     lp_more = more.choices[0].logprobs
     assert lp_more.tokens[: len(want)] == lp.tokens and len(lp_more.tokens) == len(want) + 3
     assert lp_more.text_offset[len(want)] == len(prompt) and more.choices[0].text.startswith(prompt)
+    # characters of several byte-level tokens: the offsets still only grow, across both parts
+    wide = client.completions.create(model=MODEL, prompt="Café 🦙 and 龘", max_tokens=3, echo=True, logprobs=1,
+                                     temperature=0).choices[0].logprobs
+    assert wide.text_offset == sorted(wide.text_offset) and len(wide.tokens) > 6
 
 
 def test_usage_reports_cached_tokens(client):

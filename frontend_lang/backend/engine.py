@@ -149,6 +149,9 @@ class EngineBackend(Backend):
     def _drive(self) -> None:
         try:
             self._drive_until_stopped()
+        except BaseException as err:  # a bug in the driver itself: callers are told what it was
+            self._broken = self._broken or err
+            raise
         finally:  # nothing queued or sent later waits for ever
             with self._gate:
                 self._closed = (BackendError(f"the engine failed earlier: {self._broken}") if self._broken is not None

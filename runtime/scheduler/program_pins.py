@@ -9,7 +9,8 @@ replaces the pin on its ancestor (the lock covers the whole path). ``end`` relea
 Pins are a priority, never a reason to fail: a pin that would take the pinned tokens
 past ``max_fraction`` of the pool is not taken, and when the scheduler cannot admit work,
 or the running requests need slots for their next tokens, the oldest program's pins are
-dropped (``release_oldest``) before any request is sent back to the queue.
+dropped (``release_oldest``; for the latter, before a running request is sent back to the
+queue).
 """
 
 from __future__ import annotations

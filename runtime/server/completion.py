@@ -41,11 +41,14 @@ class Completion(OpenAIHandler):
         return self.prompt_texts[index // self.req.n] if self.req.echo else ""
 
     def choice(self, index: int, state: ReqState) -> dict[str, Any]:
-        echo = self.echo(index)
-        logprobs = self.logprobs(state, 0, len(state.output_token_logprobs), len(echo))
-        if echo and logprobs is not None:  # the prompt's tokens first (the first one has no logprob)
+        echo, start = self.echo(index), 0
+        prompt = None
+        if echo and self.req.logprobs is not None:  # the prompt's tokens first (the first one has no logprob)
             prompt = self.entries([(None, state.first_prompt_token), *state.input_token_logprobs],
                                   [None, *state.input_top_logprobs], 0)
+            start = sum(len(token) for token in prompt["tokens"])  # offsets run on over the tokens' text
+        logprobs = self.logprobs(state, 0, len(state.output_token_logprobs), start)
+        if prompt is not None and logprobs is not None:
             logprobs = {key: prompt[key] + logprobs[key] for key in logprobs}
         return {"index": index, "text": echo + state.text, "logprobs": logprobs, "finish_reason": finish_reason_of(state)}
 

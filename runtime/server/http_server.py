@@ -169,8 +169,10 @@ def create_app(ctx: ServerContext) -> FastAPI:
     @app.post("/abort_request")
     async def abort_request(request: Request) -> Response:
         req: AbortRequestReq = await read_body(request, AbortRequestReq, ctx.http.max_request_bytes)
-        states = ctx.client.states
-        for state in list(states.values()) if req.abort_all else [s for s in [states.get(req.rid)] if s is not None]:
+        # A batch or n > 1 request under one rid runs as rid_0, rid_1, ... (see _rids)
+        chosen = [s for rid, s in ctx.client.states.items()
+                  if req.abort_all or (req.rid and (rid == req.rid or rid.startswith(req.rid + "_")))]
+        for state in chosen:
             ctx.client.cancel(state, "aborted by /abort_request")
         return Response(status_code=200)
 

@@ -213,6 +213,11 @@ class ResponseCreation(OutputItems, ChatCompletion):
             "output_tokens": chat["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": chat["total_tokens"],
         }
+        if finish == "abort":  # ended by /abort_request: kept as cancelled, part of no conversation
+            body = self.body(output, "cancelled", usage)
+            if self.create.store:
+                self.store.put(body, None, self.input_items)
+            return body
         body = self.body(output, "incomplete" if finish == "length" else "completed", usage)
         kept = [i for i in output if i["type"] != "function_call" or _is_json(i["arguments"])]
         if self.conversation_id is not None:  # the request's input and the answer join the conversation
@@ -264,7 +269,8 @@ class ResponseCreation(OutputItems, ChatCompletion):
             raise
         finally:
             self.release_hold()
-        yield out.event("response.completed" if body["status"] == "completed" else "response.incomplete", response=body)
+        if body["status"] != "cancelled":  # as OpenAI's: a cancelled stream has no event of its end
+            yield out.event(f"response.{body['status']}", response=body)
 
 
 def _is_json(text: str) -> bool:

@@ -178,6 +178,7 @@ class SchedulerClient:
             return
         self.abort(state)
         state.finished_reason = {"type": "abort", "message": message}
+        state.finished_at = time.perf_counter()
         state.changed.set()
 
     async def stream(
