@@ -38,6 +38,20 @@ def test_plain_text_and_broken_markup_stay_content(name):
     assert parser.parse(broken) == (broken, [])
 
 
+@pytest.mark.parametrize(("name", "text"), [
+    ("hermes", "Wrap your calls in <tool_call> tags, like this."),
+    ("llama3_json", '{"city": "Paris", "temperature": 18}'),  # an answer in JSON, not a call
+    ("mistral", "Write [TOOL_CALLS] before the list."),
+])
+def test_streamed_markup_that_never_parses_ends_as_content(name, text):
+    stream = StreamingToolParser(get_parser(name))
+    content, calls = "", []
+    for end in range(1, len(text) + 1):
+        delta, new_calls = stream.feed(text[:end], finished=end == len(text))
+        content, calls = content + delta, calls + new_calls
+    assert (content, calls) == (text, []) == get_parser(name).parse(text)
+
+
 @pytest.mark.parametrize("name", ["hermes", "llama3_json", "mistral"])
 def test_a_last_call_cut_off_is_dropped_and_the_whole_ones_stand(name):
     """max_tokens may end an answer inside its second call: the first is returned, no markup

@@ -79,6 +79,27 @@ def test_rendered_calls_are_what_the_grammar_allows_and_the_parser_reads(name, h
     assert "18 degrees" in text and '"get_weather"' in text and text.index("18 degrees") > text.index(turn)
 
 
+# How Qwen2.5's and Llama 3.1's own templates write a call: arguments | tojson, with no check
+# for a string (the arguments then must be an object, or they are written as a quoted string).
+TOJSON_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content or '' }}"
+    "{% for c in m.tool_calls or [] %}<tool_call>{\"name\": \"{{ c.function.name }}\", "
+    "\"arguments\": {{ c.function.arguments | tojson }}}</tool_call>{% endfor %}<|im_end|>\n{% endfor %}"
+    "{% for t in tools or [] %}{{ t.function.name }}{% endfor %}"
+)
+
+
+@pytest.mark.parametrize("name", [None, *FORMATS])
+def test_call_arguments_are_written_as_json_objects_by_every_template(name, hf):
+    """OpenAI sends a call's arguments as a JSON string: a template that applies tojson to
+    them gets them as an object (as vLLM and SGLang give them); the shipped ones, which write
+    the string as it is, get the model's own text."""
+    template = TOJSON_TEMPLATE if name is None else SHIPPED[name].read_text()
+    text = render_chat(hf, [USER, assistant_with_calls(CALLS)], TOOLS, chat_template=template,
+                       add_generation_prompt=False).text
+    assert '\\"city' not in text and '"city' in text
+
+
 def test_a_model_template_that_cannot_show_tools_gets_its_formats_shipped_one(hf):
     own = hf.chat_template
     assert tool_template(hf) == SHIPPED["chatml_hermes_tools"].read_text()  # the default model: ChatML

@@ -217,7 +217,8 @@ class StreamingToolParser:
     writes them. At the end the whole parse has the last word: a call it has that the
     stream has not shown completely (arguments first, or written as a string) is sent then.
     A last call cut off by max_tokens stays as far as it was streamed (finish_reason
-    ``length``), where the whole answer leaves it out."""
+    ``length``), where the whole answer leaves it out. Markup that never parses as a call
+    is content in the end, as in the whole parse."""
 
     def __init__(self, parser: ToolCallParser) -> None:
         self.parser = parser
@@ -230,6 +231,7 @@ class StreamingToolParser:
         return len(self.calls)
 
     def feed(self, text: str, finished: bool) -> tuple[str, list[dict]]:
+        shown_before = self.shown
         start = self.parser.start
         cut = text.find(start) if start else -1
         if isinstance(self.parser, Llama3JsonParser) and text.lstrip().startswith("{"):
@@ -242,15 +244,18 @@ class StreamingToolParser:
                     break
             content_end = len(text[:content_end].rstrip())  # and whitespace that may precede it
         delta = text[self.shown:content_end] if content_end > self.shown else ""
-        if cut >= 0:  # the whitespace before the markup is not content
+        if cut >= 0:  # the whitespace before the markup is not content (unless the markup never parses)
             delta = delta.rstrip()
-        self.shown = max(self.shown, content_end)
+        self.shown += len(delta)
         calls: list[dict] = []
         if cut >= 0:
             self.in_calls = True
             self._stream_calls(text, cut, calls)
             if finished:
                 self._complete_calls(text, calls)
+                if not self.calls:  # the markup never parsed: what was held back is content after all
+                    content, _ = self.parser.parse(text)
+                    delta, self.shown = content[shown_before:], len(content)
         return delta, calls
 
     def _stream_calls(self, text: str, cut: int, out: list[dict]) -> None:

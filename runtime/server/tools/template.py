@@ -65,10 +65,39 @@ def tool_template(hf_tokenizer: Any, override: str | None = None) -> str:
                      "template (ChatML, Llama 3, Mistral); give one that can with --chat-template FILE")
 
 
+_PROBE_ARGUMENTS = '{"probe_arg_9c1": 1}'
+
+
+@lru_cache(maxsize=8)
+def _quotes_argument_strings(template: str, hf_tokenizer: Any) -> bool:
+    """Whether ``template`` writes a call's arguments given as a JSON string as a quoted
+    string (``arguments | tojson`` with no string check, as Qwen2.5's and Llama 3.1's do):
+    such a template needs the arguments as an object, as vLLM and SGLang give them."""
+    call = {"id": "call_probe", "type": "function", "function": {"name": "probe_tool_7f3a", "arguments": _PROBE_ARGUMENTS}}
+    messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_probe", "content": "y"}]
+    try:
+        text = hf_tokenizer.apply_chat_template(messages, tools=[_PROBE_TOOL], chat_template=template, tokenize=False,
+                                                add_generation_prompt=True)
+    except Exception:
+        return False
+    return json.dumps(_PROBE_ARGUMENTS)[1:-1] in text  # the string's escaped form: {\"probe_arg_9c1\": 1}
+
+
 def render(hf_tokenizer: Any, template: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
            add_generation_prompt: bool = True, **kwargs: Any) -> str:
-    for m in messages:  # templates write arguments as text; OpenAI sends them as a JSON string
+    for m in messages:  # OpenAI sends arguments as a JSON string
         for call in m.get("tool_calls") or []:
             json.loads(call["function"]["arguments"])  # a 400 upstream if not JSON
+    if any(m.get("tool_calls") for m in messages) and _quotes_argument_strings(template, hf_tokenizer):
+        messages = [_with_argument_objects(m) for m in messages]
     return hf_tokenizer.apply_chat_template(messages, tools=tools or None, chat_template=template, tokenize=False,
                                             add_generation_prompt=add_generation_prompt, **kwargs)
+
+
+def _with_argument_objects(message: dict[str, Any]) -> dict[str, Any]:
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    return {**message, "tool_calls": [
+        {**c, "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])}} for c in calls]}
