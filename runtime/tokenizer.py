@@ -105,10 +105,15 @@ class Tokenizer:
         ids = output_ids[:-1] if isinstance(matched, int) else output_ids
         text = self.decode(ids, skip_special_tokens=params.skip_special_tokens)
         if isinstance(matched, str):
+            # With min_new_tokens, a match that ended before the minimum did not stop the request
+            # (and was streamed): cut at the first one that ends after it.
+            ended_before = 0  # characters before the first token that could stop the request
+            if params.min_new_tokens > 1:
+                ended_before = len(self.decode(ids[: params.min_new_tokens - 1], skip_special_tokens=params.skip_special_tokens))
             if matched in params.stop:
-                cut = text.find(matched)
+                cut = text.find(matched, max(ended_before - len(matched) + 1, 0))
             else:  # one of params.stop_regex
-                found = stop_regex.first_match([matched], text)
+                found = stop_regex.first_match([matched], text, ends_after=ended_before if ended_before else -1)
                 cut = found[1] if found else -1
             if cut >= 0:
                 text = text[:cut]

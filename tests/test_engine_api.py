@@ -102,6 +102,19 @@ def test_stop_regex_cuts_text_at_the_match(engine, chat_prompt, ref):
     assert kept["text"] == _decode(engine, ids[:k])
 
 
+def test_a_stop_string_before_min_new_tokens_is_kept_in_the_text(engine):
+    # " 5, 6, 7, ...": the first "," comes before the minimum and does not stop the request,
+    # so the text is cut at the "," that did, not at the first one (streamed text agrees).
+    params = {**GREEDY, "max_new_tokens": 12, "min_new_tokens": 4}
+    plain = engine.generate("1, 2, 3, 4,", {**params, "min_new_tokens": 0, "max_new_tokens": 8})
+    assert plain["text"].startswith(" 5, 6, 7")
+    for key, stop, text in (("stop", [","], " 5, 6"), ("stop_regex", [r"\d,"], " 5, ")):
+        out = engine.generate("1, 2, 3, 4,", {**params, key: stop})
+        assert out["meta_info"]["finish_reason"]["type"] == "stop"
+        assert len(out["output_ids"]) >= 4 and out["text"] == text, (key, out["text"])
+        assert engine.tokenizer.decode(out["output_ids"]).startswith(" 5, 6,")  # stopped at the second
+
+
 def test_stop_token_ids(engine, chat_prompt, ref):
     ids = ref["output_ids"]
     tok = ids[2]

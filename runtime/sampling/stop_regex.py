@@ -62,11 +62,15 @@ def tokens_for_chars(width: int) -> int:
     return _TOKENS_PER_CHAR * width + 2
 
 
-def first_match(patterns: list[str] | tuple[str, ...], text: str) -> tuple[str, int] | None:
-    """The pattern whose match starts first in ``text`` and where it starts, or None."""
+def first_match(patterns: list[str] | tuple[str, ...], text: str, ends_after: int = -1) -> tuple[str, int] | None:
+    """The pattern whose match starts first in ``text`` and where it starts, or None; only
+    matches that end after ``ends_after`` count (older ones did not stop the request)."""
     best: tuple[str, int] | None = None
     for p in patterns:
-        m = compile_pattern(p).search(text)
+        if ends_after < 0:
+            m = compile_pattern(p).search(text)
+        else:
+            m = next((m for m in compile_pattern(p).finditer(text, overlapped=True) if m.end() > ends_after), None)
         if m is not None and (best is None or m.start() < best[1]):
             best = (p, m.start())
     return best

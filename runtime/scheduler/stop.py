@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -24,13 +25,15 @@ def check_stop(
         if p.stop:
             # A stop string can only end in the newest token: decode just enough of the tail
             # (a character may take several byte-level tokens).
-            tail = decode(req.output_ids[-stop_regex.tokens_for_chars(max(len(s) for s in p.stop)) :])
+            tail_ids = req.output_ids[-stop_regex.tokens_for_chars(max(len(s) for s in p.stop)) :]
+            tail, new_from = _tail_text(tail_ids, decode, p.min_new_tokens > 0)
             for s in p.stop:
-                if s in tail:
+                if tail.find(s, max(new_from - len(s) + 1, 0)) >= 0:
                     return {"type": "stop", "matched": s}
         if p.stop_regex:
             n = stop_regex.tail_tokens(p.stop_regex)
-            found = stop_regex.first_match(p.stop_regex, decode(req.output_ids[-n:] if n else req.output_ids))
+            tail, new_from = _tail_text(req.output_ids[-n:] if n else req.output_ids, decode, p.min_new_tokens > 0)
+            found = stop_regex.first_match(p.stop_regex, tail, ends_after=new_from if new_from else -1)
             if found:
                 return {"type": "stop", "matched": found[0]}
     if num_out >= p.max_new_tokens:
@@ -38,6 +41,16 @@ def check_stop(
     if len(req.input_ids) + num_out >= max_context_len:
         return {"type": "length", "length": num_out}
     return None
+
+
+def _tail_text(ids: list[int], decode: Callable[[list[int]], str], only_new: bool) -> tuple[str, int]:
+    """The text of ``ids`` and where a match must end after to be new: with
+    ``min_new_tokens``, matches that ended before the newest token were not stops then and
+    are not now (as vLLM checks only new text); without it there are none, so 0."""
+    text = decode(ids)
+    if not only_new or len(ids) < 2:
+        return text, 0
+    return text, len(os.path.commonprefix([decode(ids[:-1]), text]))
 
 
 def grammar_stop(req: Req, token: int) -> dict[str, Any] | None:
