@@ -105,6 +105,7 @@ class RadixCache:
     # ------------------------------------------------------------------ state
     def reset_tree(self) -> None:
         self._roots: dict[Hashable, TreeNode] = {}
+        self._namespace_of: dict[TreeNode, Hashable] = {}  # root -> its namespace
         self._evictable_leaves: set[TreeNode] = set()
         self._evictable_size = 0
         self._protected_size = 0
@@ -147,7 +148,7 @@ class RadixCache:
         Never: frees or allocates slots, changes lock counts or sizes.
         """
         key = as_token_array(token_ids)
-        root = self._root(namespace)
+        root = self._root(namespace, create=False)
         if self.disable:
             return MatchResult(_EMPTY_SLOTS, root)
         now = next(self._clock)
@@ -294,10 +295,16 @@ class RadixCache:
         )
 
     # ------------------------------------------------------------------ internals
-    def _root(self, namespace: Hashable) -> TreeNode:
+    def _root(self, namespace: Hashable, create: bool = True) -> TreeNode:
+        """The namespace's root; a namespace with nothing cached has none kept (a lookup gets
+        an empty stand-in), so one-off namespaces (a fresh ``cache_salt`` per request) do not
+        pile up."""
         root = self._roots.get(namespace)
         if root is None:
-            root = self._roots[namespace] = TreeNode(None, np.empty(0, np.int64), _EMPTY_SLOTS)
+            root = TreeNode(None, np.empty(0, np.int64), _EMPTY_SLOTS)
+            if create:
+                self._roots[namespace] = root
+                self._namespace_of[root] = namespace
         return root
 
     def _child_key(self, key: np.ndarray, pos: int) -> Hashable:
@@ -340,6 +347,8 @@ class RadixCache:
         self._evictable_size -= len(leaf)
         if not parent.is_root and parent.lock_ref == 0 and not parent.children:
             self._evictable_leaves.add(parent)
+        elif parent.is_root and not parent.children and parent in self._namespace_of:  # an emptied namespace
+            del self._roots[self._namespace_of.pop(parent)]
         return parent
 
     def _iter_nodes(self) -> Iterator[TreeNode]:

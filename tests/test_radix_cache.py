@@ -203,6 +203,23 @@ def test_namespaces_are_isolated(make):
     assert h.cache.total_size == 0
 
 
+def test_namespaces_with_nothing_cached_are_not_kept(make):
+    # A fresh cache_salt per request: lookups add nothing, and an evicted namespace goes.
+    h = make()
+    for i in range(50):
+        assert h.cache.match_prefix([1, 2, 3], namespace=f"salt-{i}").prefix_len == 0
+    h.insert([1, 2, 3], namespace="salt-kept")
+    h.insert([4, 5], namespace="salt-gone")
+    assert h.cache.match_prefix([4, 5], namespace="salt-gone").prefix_len == 2
+    m = h.cache.match_prefix([1, 2, 3], namespace="salt-kept")
+    h.cache.inc_lock_ref(m.last_node)
+    assert h.cache.evict(10) == 2
+    assert set(h.cache._roots) == {"salt-kept"}
+    _, again = h.insert([4, 5], namespace="salt-gone")  # a new root, the same behaviour
+    assert as_list(h.cache.match_prefix([4, 5], namespace="salt-gone").indices) == as_list(again)
+    h.cache.dec_lock_ref(m.last_node)
+
+
 def test_lock_in_one_namespace_does_not_protect_the_other(make):
     h = make()
     h.insert([1, 2], namespace=("lora", 1))
