@@ -100,7 +100,8 @@ class Tokenizer:
 
     def output_text(self, output_ids: list[int], finished_reason: dict[str, Any] | None, params: Any) -> str:
         """The response text: stop token dropped, cut before the stop string or the stop
-        regex's match that ended the request."""
+        regex's match that ended the request. ``params``: the request's ``SamplingParams``
+        or its ``TokenUpdate`` (both carry the fields read here)."""
         matched = finished_reason.get("matched") if finished_reason and not params.no_stop_trim else None
         ids = output_ids[:-1] if isinstance(matched, int) else output_ids
         text = self.decode(ids, skip_special_tokens=params.skip_special_tokens)

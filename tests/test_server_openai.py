@@ -101,6 +101,13 @@ def test_echo_with_logprobs_scores_the_prompt(client, engine):
     assert wide.text_offset == sorted(wide.text_offset) and len(wide.tokens) > 6
 
 
+def test_a_stop_string_before_min_tokens_stays_in_the_text_streamed_or_not(client):
+    kw = dict(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=12, temperature=0, stop=[","], extra_body={"min_tokens": 4})
+    whole = client.completions.create(**kw).choices[0]
+    streamed = "".join(c.choices[0].text for c in client.completions.create(**kw, stream=True) if c.choices)
+    assert whole.finish_reason == "stop" and whole.text == streamed == " 5, 6"
+
+
 def test_usage_reports_cached_tokens(client):
     msgs = [{"role": "system", "content": "You are a terse assistant. " * 20}, {"role": "user", "content": "Hi"}]
     first = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=4, temperature=0)

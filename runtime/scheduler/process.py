@@ -102,6 +102,7 @@ def _update(out: RequestOutput) -> TokenUpdate:
         stop=tuple(p.stop),
         stop_regex=tuple(p.stop_regex),
         no_stop_trim=p.no_stop_trim,
+        min_new_tokens=p.min_new_tokens,
         error=out.error,
         error_param=req.error_param,
     )
