@@ -191,7 +191,7 @@ class RadixCache:
             self.allocator.free(value[:end])
             return 0
         now = next(self._clock)
-        node, pos = self._root(namespace), 0
+        node, pos = self._root(namespace, create=end > 0), 0  # nothing to cache: no root kept
         node.last_access = now
         while pos < end:
             child = node.children.get(self._child_key(key, pos))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -109,8 +110,9 @@ class Tokenizer:
             # With min_new_tokens, a match that ended before the minimum did not stop the request
             # (and was streamed): cut at the first one that ends after it.
             ended_before = 0  # characters before the first token that could stop the request
-            if params.min_new_tokens > 1:
-                ended_before = len(self.decode(ids[: params.min_new_tokens - 1], skip_special_tokens=params.skip_special_tokens))
+            if params.min_new_tokens > 1:  # what that text shares with the whole (a character may be split)
+                before = self.decode(ids[: params.min_new_tokens - 1], skip_special_tokens=params.skip_special_tokens)
+                ended_before = len(os.path.commonprefix([before, text]))
             if matched in params.stop:
                 cut = text.find(matched, max(ended_before - len(matched) + 1, 0))
             else:  # one of params.stop_regex

@@ -220,6 +220,13 @@ def test_namespaces_with_nothing_cached_are_not_kept(make):
     h.cache.dec_lock_ref(m.last_node)
 
 
+def test_an_insert_shorter_than_a_page_keeps_no_root(make):
+    h = make(page_size=4)
+    slots = h.take(3)
+    assert h.cache.insert([1, 2, 3], slots, namespace="salt-short") == 0  # nothing whole to cache
+    assert "salt-short" not in h.cache._roots
+
+
 def test_lock_in_one_namespace_does_not_protect_the_other(make):
     h = make()
     h.insert([1, 2], namespace=("lora", 1))

@@ -71,6 +71,18 @@ def test_bounded_tail_check_finds_stop_strings_of_multi_token_characters(tokeniz
     assert _first_stop_step(tokenizer, params, ids) == expected
 
 
+def test_the_cut_after_min_new_tokens_holds_when_the_minimum_splits_a_character(model_dir):
+    # "x龘y龘": 龘 is three byte-level tokens. The minimum falls inside the second 龘, so the
+    # first one did not stop the request and the second did: the text is cut before it.
+    from runtime.tokenizer import Tokenizer
+
+    tok = Tokenizer(model_dir)
+    ids = tok.hf.encode("x龘y龘", add_special_tokens=False)
+    assert len(ids) == 8
+    params = SamplingParams(max_new_tokens=10, min_new_tokens=7, stop=["龘"])  # ids[:6] ends inside it
+    assert tok.output_text(ids, {"type": "stop", "matched": "龘"}, params) == "x龘y"
+
+
 def test_unbounded_patterns_search_the_whole_output():
     assert tail_tokens([r"\d+"]) is None and tail_tokens([r"ab", r".*z"]) is None
     assert tail_tokens([r"ab", r"x{5}"]) == 4 * 5 + 2

@@ -89,14 +89,23 @@ TOJSON_TEMPLATE = (
 )
 
 
-@pytest.mark.parametrize("name", [None, *FORMATS])
+# Mistral's own templates also refuse a call id that is not 9 characters long.
+NINE_CHAR_IDS_TEMPLATE = TOJSON_TEMPLATE.replace(
+    "{% for c in m.tool_calls or [] %}",
+    "{% for c in m.tool_calls or [] %}{% if c.id|length != 9 %}{{ raise_exception('ids have 9 characters') }}{% endif %}")
+
+
+@pytest.mark.parametrize("name", ["tojson", "tojson, 9-character ids", *FORMATS])
 def test_call_arguments_are_written_as_json_objects_by_every_template(name, hf):
     """OpenAI sends a call's arguments as a JSON string: a template that applies tojson to
     them gets them as an object (as vLLM and SGLang give them); the shipped ones, which write
     the string as it is, get the model's own text."""
-    template = TOJSON_TEMPLATE if name is None else SHIPPED[name].read_text()
-    text = render_chat(hf, [USER, assistant_with_calls(CALLS)], TOOLS, chat_template=template,
-                       add_generation_prompt=False).text
+    own = {"tojson": TOJSON_TEMPLATE, "tojson, 9-character ids": NINE_CHAR_IDS_TEMPLATE}
+    template = own[name] if name in own else SHIPPED[name].read_text()
+    calls = assistant_with_calls(CALLS)
+    for k, call in enumerate(calls["tool_calls"]):
+        call["id"] = f"call{k:05d}"  # 9 characters
+    text = render_chat(hf, [USER, calls], TOOLS, chat_template=template, add_generation_prompt=False).text
     assert '\\"city' not in text and '"city' in text
 
 

@@ -218,7 +218,8 @@ class StreamingToolParser:
     stream has not shown completely (arguments first, or written as a string) is sent then.
     A last call cut off by max_tokens stays as far as it was streamed (finish_reason
     ``length``), where the whole answer leaves it out. Markup that never parses as a call
-    is content in the end, as in the whole parse."""
+    (no call announced) is content in the end, as in the whole parse; a call announced
+    that the whole parse then rejects cannot be taken back."""
 
     def __init__(self, parser: ToolCallParser) -> None:
         self.parser = parser

@@ -73,9 +73,10 @@ def _quotes_argument_strings(template: str, hf_tokenizer: Any) -> bool:
     """Whether ``template`` writes a call's arguments given as a JSON string as a quoted
     string (``arguments | tojson`` with no string check, as Qwen2.5's and Llama 3.1's do):
     such a template needs the arguments as an object, as vLLM and SGLang give them."""
-    call = {"id": "call_probe", "type": "function", "function": {"name": "probe_tool_7f3a", "arguments": _PROBE_ARGUMENTS}}
+    # a 9-character id: Mistral's own templates refuse any other length
+    call = {"id": "a1b2c3d4e", "type": "function", "function": {"name": "probe_tool_7f3a", "arguments": _PROBE_ARGUMENTS}}
     messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [call]},
-                {"role": "tool", "tool_call_id": "call_probe", "content": "y"}]
+                {"role": "tool", "tool_call_id": "a1b2c3d4e", "content": "y"}]
     try:
         text = hf_tokenizer.apply_chat_template(messages, tools=[_PROBE_TOOL], chat_template=template, tokenize=False,
                                                 add_generation_prompt=True)
@@ -99,5 +100,11 @@ def _with_argument_objects(message: dict[str, Any]) -> dict[str, Any]:
     calls = message.get("tool_calls")
     if not calls:
         return message
-    return {**message, "tool_calls": [
-        {**c, "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])}} for c in calls]}
+    return {**message, "tool_calls": [{**c, "function": {**c["function"], "arguments": _as_object(c["function"]["arguments"])}}
+                                      for c in calls]}
+
+
+def _as_object(arguments: str) -> Any:
+    """A JSON object's text as the object; other JSON (a list, a number) stays text."""
+    value = json.loads(arguments)
+    return value if isinstance(value, dict) else arguments
