@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -109,14 +108,13 @@ class Tokenizer:
         if isinstance(matched, str):
             # With min_new_tokens, a match that ended before the minimum did not stop the request
             # (and was streamed): cut at the first one that ends after it.
-            ended_before = 0  # characters before the first token that could stop the request
-            if params.min_new_tokens > 1:  # what that text shares with the whole (a character may be split)
-                before = self.decode(ids[: params.min_new_tokens - 1], skip_special_tokens=params.skip_special_tokens)
-                ended_before = len(os.path.commonprefix([before, text]))
+            ended_before = stop_regex.new_text_start(
+                lambda part: self.decode(part, skip_special_tokens=params.skip_special_tokens),
+                ids, params.min_new_tokens - 1, text)
             if matched in params.stop:
-                cut = text.find(matched, max(ended_before - len(matched) + 1, 0))
+                cut = stop_regex.find_ending_after(text, matched, ended_before)
             else:  # one of params.stop_regex
-                found = stop_regex.first_match([matched], text, ends_after=ended_before if ended_before else -1)
+                found = stop_regex.first_match([matched], text, ends_after=ended_before)
                 cut = found[1] if found else -1
             if cut >= 0:
                 text = text[:cut]

@@ -9,6 +9,8 @@ tell a *partial* match at the end of the text, which streaming needs.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from functools import lru_cache
 
 import regex
@@ -62,12 +64,25 @@ def tokens_for_chars(width: int) -> int:
     return _TOKENS_PER_CHAR * width + 2
 
 
-def first_match(patterns: list[str] | tuple[str, ...], text: str, ends_after: int = -1) -> tuple[str, int] | None:
+def new_text_start(decode: Callable[[list[int]], str], ids: list[int], k: int, text: str) -> int:
+    """Where the text of ``ids[k:]`` begins in ``text``, the text of ``ids``: what the text
+    of ``ids[:k]`` shares with it (a character split at ``k`` counts as new). With
+    ``min_new_tokens``, a match must end after it to be new: older ones did not stop the
+    request then and do not now (as vLLM checks only new text)."""
+    return len(os.path.commonprefix([decode(ids[:k]), text])) if k > 0 else 0
+
+
+def find_ending_after(text: str, stop: str, ends_after: int) -> int:
+    """Where the first ``stop`` in ``text`` that ends after ``ends_after`` starts, or -1."""
+    return text.find(stop, max(ends_after - len(stop) + 1, 0))
+
+
+def first_match(patterns: list[str] | tuple[str, ...], text: str, ends_after: int = 0) -> tuple[str, int] | None:
     """The pattern whose match starts first in ``text`` and where it starts, or None; only
-    matches that end after ``ends_after`` count (older ones did not stop the request)."""
+    matches that end after ``ends_after`` count (every match does at 0: none is empty)."""
     best: tuple[str, int] | None = None
     for p in patterns:
-        if ends_after < 0:
+        if ends_after <= 0:
             m = compile_pattern(p).search(text)
         else:
             m = next((m for m in compile_pattern(p).finditer(text, overlapped=True) if m.end() > ends_after), None)

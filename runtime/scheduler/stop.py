@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -28,12 +27,12 @@ def check_stop(
             tail_ids = req.output_ids[-stop_regex.tokens_for_chars(max(len(s) for s in p.stop)) :]
             tail, new_from = _tail_text(tail_ids, decode, p.min_new_tokens > 0)
             for s in p.stop:
-                if tail.find(s, max(new_from - len(s) + 1, 0)) >= 0:
+                if stop_regex.find_ending_after(tail, s, new_from) >= 0:
                     return {"type": "stop", "matched": s}
         if p.stop_regex:
             n = stop_regex.tail_tokens(p.stop_regex)
             tail, new_from = _tail_text(req.output_ids[-n:] if n else req.output_ids, decode, p.min_new_tokens > 0)
-            found = stop_regex.first_match(p.stop_regex, tail, ends_after=new_from if new_from else -1)
+            found = stop_regex.first_match(p.stop_regex, tail, ends_after=new_from)
             if found:
                 return {"type": "stop", "matched": found[0]}
     if num_out >= p.max_new_tokens:
@@ -44,13 +43,10 @@ def check_stop(
 
 
 def _tail_text(ids: list[int], decode: Callable[[list[int]], str], only_new: bool) -> tuple[str, int]:
-    """The text of ``ids`` and where a match must end after to be new: with
-    ``min_new_tokens``, matches that ended before the newest token were not stops then and
-    are not now (as vLLM checks only new text); without it there are none, so 0."""
+    """The text of ``ids`` and where a match must end after to stop the request: after the
+    newest token's start with ``min_new_tokens`` (``stop_regex.new_text_start``), else 0."""
     text = decode(ids)
-    if not only_new or len(ids) < 2:
-        return text, 0
-    return text, len(os.path.commonprefix([decode(ids[:-1]), text]))
+    return text, stop_regex.new_text_start(decode, ids, len(ids) - 1, text) if only_new else 0
 
 
 def grammar_stop(req: Req, token: int) -> dict[str, Any] | None:
