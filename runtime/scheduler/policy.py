@@ -1,9 +1,12 @@
-"""The order in which waiting requests are considered for prefill."""
+"""The order in which waiting requests are considered for prefill, and which of them wait a
+step for a request picked before them to compute a prefix they share."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 if TYPE_CHECKING:
     from runtime.scheduler.cache_manager import CacheManager
@@ -33,3 +36,25 @@ def order_waiting(waiting: Iterable[Req], policy: str, cache: CacheManager) -> l
 
     prefix = {id(r): match(r) for r in reqs}
     return sorted(reqs, key=lambda r: (not r.is_retracted, r.num_passed_over < MAX_PASSED_OVER, -prefix[id(r)]))
+
+
+# Deferring a request is worth a step of its latency only when it saves real prefill work.
+MIN_SHARED_TO_DEFER = 32
+
+
+def shares_uncached_prefix(req: Req, cached: int, picked: list[tuple[Req, int]]) -> bool:
+    """Whether a request already picked this step will compute at least
+    ``MIN_SHARED_TO_DEFER`` tokens of ``req``'s prompt beyond what the cache holds."""
+    ids = np.asarray(req.fill_ids[: req.max_reusable_prefix], dtype=np.int64)
+    if len(ids) - cached < MIN_SHARED_TO_DEFER:
+        return False
+    for other, n in picked:
+        if other.options.namespace != req.options.namespace:
+            continue
+        theirs = np.asarray(other.fill_ids[: other.kv_len + n], dtype=np.int64)
+        m = min(len(ids), len(theirs))
+        diff = np.flatnonzero(ids[:m] != theirs[:m])
+        common = int(diff[0]) if diff.size else m
+        if common - cached >= MIN_SHARED_TO_DEFER:
+            return True
+    return False

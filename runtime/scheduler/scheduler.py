@@ -11,7 +11,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-import numpy as np
 import torch
 
 from radix_cache import RadixCache, SlotAllocator
@@ -22,7 +21,7 @@ from runtime.scheduler.batch import ScheduledBatch, lower
 from runtime.scheduler.cache_manager import CacheManager
 from runtime.scheduler.grammar_queue import GrammarQueue
 from runtime.scheduler.jump_forward import is_eligible, jump_forward
-from runtime.scheduler.policy import order_waiting
+from runtime.scheduler.policy import order_waiting, shares_uncached_prefix
 from runtime.scheduler.prefill_budget import PrefillBudget
 from runtime.scheduler.program_pins import ProgramPins
 from runtime.scheduler.req import Req
@@ -229,7 +228,7 @@ class Scheduler:
             if budget.exhausted or self.chunked is not None:  # one chunked request at a time
                 break
             cached = self.cache.match_len(req)
-            if _shares_uncached_prefix(req, cached, picked):
+            if shares_uncached_prefix(req, cached, picked):
                 continue  # a request in this batch computes the same prefix; reuse it next step
             need = len(req.fill_ids) - cached
             n = budget.chunk(need)
@@ -440,24 +439,3 @@ class Scheduler:
 def _no_grammar_backend() -> GrammarBackend:
     raise ValueError("constrained decoding needs a grammar backend, and this scheduler has none")
 
-
-# Deferring a request is worth a step of its latency only when it saves real prefill work.
-_MIN_SHARED_TO_DEFER = 32
-
-
-def _shares_uncached_prefix(req: Req, cached: int, picked: list[tuple[Req, int]]) -> bool:
-    """Whether a request already picked this step will compute at least
-    ``_MIN_SHARED_TO_DEFER`` tokens of ``req``'s prompt beyond what the cache holds."""
-    ids = np.asarray(req.fill_ids[: req.max_reusable_prefix], dtype=np.int64)
-    if len(ids) - cached < _MIN_SHARED_TO_DEFER:
-        return False
-    for other, n in picked:
-        if other.options.namespace != req.options.namespace:
-            continue
-        theirs = np.asarray(other.fill_ids[: other.kv_len + n], dtype=np.int64)
-        m = min(len(ids), len(theirs))
-        diff = np.flatnonzero(ids[:m] != theirs[:m])
-        common = int(diff[0]) if diff.size else m
-        if common - cached >= _MIN_SHARED_TO_DEFER:
-            return True
-    return False
