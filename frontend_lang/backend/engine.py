@@ -65,7 +65,7 @@ class EngineBackend(Backend):
             top_logprobs_num=top_logprobs_num, program_id=program_id,
         )
         call = _Call(reqs)
-        self._submit(call)
+        self._send(call)
         call.done.wait()
         if call.error is not None:
             raise BackendError(str(call.error)) from call.error
@@ -81,7 +81,7 @@ class EngineBackend(Backend):
         req = reqs[0]
         updates: queue.Queue[Any] = queue.Queue()
         call = _Call(reqs, updates)
-        self._submit(call)
+        self._send(call)
         tok = self.engine.tokenizer
         text = IncrementalText()
         while (ids := updates.get()) is not None:
@@ -135,9 +135,6 @@ class EngineBackend(Backend):
             return self.engine.build_requests(prompt, sampling_params, **opts)
         except ValueError as err:
             raise BackendError(str(err)) from err
-
-    def _submit(self, call: _Call) -> None:
-        self._send(call)
 
     def _send(self, item: _Call | tuple[Callable[[], Any], Future[Any]]) -> None:
         """Queue ``item`` for the driver; ``BackendError`` once the driver has stopped."""

@@ -169,9 +169,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
     @app.post("/abort_request")
     async def abort_request(request: Request) -> Response:
         req: AbortRequestReq = await read_body(request, AbortRequestReq, ctx.http.max_request_bytes)
-        # A batch or n > 1 request under one rid runs as rid_0, rid_1, ... (see _rids)
-        chosen = [s for rid, s in ctx.client.states.items()
-                  if req.abort_all or (req.rid and (rid == req.rid or rid.startswith(req.rid + "_")))]
+        chosen = [s for rid, s in ctx.client.states.items() if req.abort_all or _runs_under(rid, req.rid)]
         for state in chosen:
             ctx.client.cancel(state, "aborted by /abort_request")
         return Response(status_code=200)
@@ -302,3 +300,9 @@ def _rids(rid: str | list[str] | None, n: int) -> list[str] | None:
             raise ApiError(400, f"got {len(rid)} rids for {n} requests", param="rid")
         return rid
     return [rid] if n == 1 else [f"{rid}_{i}" for i in range(n)]
+
+
+def _runs_under(rid: str, given: str) -> bool:
+    """Whether request ``rid`` is one a client sent as ``given`` (``_rids``: itself, or a
+    batch's or ``n > 1``'s ``given_0``, ``given_1``, ...)."""
+    return bool(given) and (rid == given or rid.startswith(given + "_"))
