@@ -18,7 +18,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from bench_agent.drivers import KVProbe
+from bench_agent.drivers import KVProbe, KVReading
 from bench_agent.recording import CallLog, CallRecord, RecordingBackend
 from bench_agent.workloads import Workload
 from frontend_lang.backend.base import Backend
@@ -37,20 +37,27 @@ class RunResult:
 
 
 class _PeakSampler:
-    """Polls a KV probe in the background and keeps the highest reading."""
+    """Polls a KV probe in the background and keeps the highest reading. Where the server
+    keeps its own high-water mark, a rise of that mark during the run counts too: polling
+    alone misses a run shorter than its interval."""
 
     def __init__(self, probe: KVProbe | None, interval: float = 0.25) -> None:
         self.probe, self.interval, self.peak = probe, interval, None
+        self._first: KVReading | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
-    def _read(self) -> None:
+    def _read(self) -> KVReading | None:
         try:
-            value = self.probe() if self.probe else None
+            reading = self.probe() if self.probe else None
         except Exception:  # a probe failing mid-run loses a sample, not the run
-            return
-        if value is not None:
-            self.peak = value if self.peak is None else max(self.peak, value)
+            return None
+        if reading is not None:
+            self._fold(reading.now)
+        return reading
+
+    def _fold(self, value: float) -> None:
+        self.peak = value if self.peak is None else max(self.peak, value)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
@@ -58,6 +65,7 @@ class _PeakSampler:
 
     def __enter__(self) -> _PeakSampler:
         if self.probe is not None:
+            self._first = self._read()
             self._thread.start()
         return self
 
@@ -65,7 +73,12 @@ class _PeakSampler:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
-            self._read()
+            last = self._read()
+            first = self._first
+            # The mark only rises between flushes, so a rise happened in this run.
+            if first is not None and first.peak is not None and last is not None and last.peak is not None \
+                    and last.peak > first.peak:
+                self._fold(last.peak)
 
 
 def run_workload(

@@ -12,10 +12,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from bench_agent.drivers import KVReading
 from bench_agent.drivers.openai_chat import ROLE_MARKERS, messages_from_text
 from bench_agent.metrics import summarise
 from bench_agent.recording import CallLog, RecordingBackend
-from bench_agent.runner import RunResult, _arrival_offsets
+from bench_agent.runner import RunResult, _arrival_offsets, _PeakSampler
 from bench_agent.synth import rng_for, text
 from bench_agent.workloads import NAMES, get_workload
 from frontend_lang.backend.base import Backend, BackendError
@@ -99,6 +100,24 @@ def test_hit_rate_is_unknown_when_the_server_does_not_say():
     backend.generate("p", {"max_new_tokens": 1})
     log.records[0].cached_tokens = None
     assert summarise(RunResult(log.records, [0.1], 1.0, 1))["cache_hit_rate"] is None
+
+
+def _sampled_peak(readings: list[KVReading | None]) -> float | None:
+    """What the sampler keeps of a run too short for any poll: the readings before and after."""
+    replies = iter(readings)
+    with _PeakSampler(lambda: next(replies), interval=60) as sampler:
+        pass
+    return sampler.peak
+
+
+def test_a_run_shorter_than_the_poll_still_has_the_servers_own_peak():
+    # Nothing in use at either end; the server's mark rose in between, so the run used that much.
+    assert _sampled_peak([KVReading(0.0, 0.0), KVReading(0.0, 0.3)]) == 0.3
+    # A mark that did not rise was set by an earlier run: only the polled readings count.
+    assert _sampled_peak([KVReading(0.0, 0.5), KVReading(0.1, 0.5)]) == 0.1
+    # A server without a mark (another engine's gauge), or a failed first read: polls only.
+    assert _sampled_peak([KVReading(0.0), KVReading(0.2)]) == 0.2
+    assert _sampled_peak([None, KVReading(0.0, 0.4)]) == 0.0
 
 
 def test_poisson_arrivals_are_seeded_with_the_right_mean():

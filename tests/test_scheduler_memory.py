@@ -123,3 +123,21 @@ def test_a_jump_longer_than_the_chunk_size_still_runs(tiny_gqa_llama):
         engine.shutdown()
     assert out["meta_info"]["finish_reason"]["type"] == "stop"
     assert list(json.loads(out["text"])) == ["the_answer_to_the_question_that_was_asked_of_us"]
+
+
+def test_the_peak_of_kv_in_use_is_kept_per_step_until_a_flush(tiny_gqa_llama):
+    # A polled gauge misses a burst shorter than its interval; the scheduler's own mark does
+    # not. At its last step a request holds its prompt and every output but the newest.
+    first, second = random_prompts(6, (40, 25))
+    engine = Engine(str(tiny_gqa_llama), dtype="float32", max_total_tokens=1000)
+    try:
+        _run_all(engine, [Req("a", first, _greedy(6))])
+        assert engine.scheduler.stats()["kv_peak_in_use"] == 40 + 5
+        _run_all(engine, [Req("b", second, _greedy(3))])  # a lower peak leaves the mark alone
+        assert engine.scheduler.stats()["kv_peak_in_use"] == 40 + 5
+        assert engine.scheduler.flush_cache()
+        assert engine.scheduler.stats()["kv_peak_in_use"] == 0
+        _run_all(engine, [Req("c", second, _greedy(3))])
+        assert engine.scheduler.stats()["kv_peak_in_use"] == 25 + 2
+    finally:
+        engine.shutdown()

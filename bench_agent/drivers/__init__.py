@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -19,7 +20,20 @@ from frontend_lang.backend.base import Backend, BackendError
 
 DRIVERS = ("dsl", "openai", "hf")
 
-KVProbe = Callable[[], float | None]
+
+
+@dataclass(frozen=True)
+class KVReading:
+    """One look at a server's KV pool, as fractions of it: what running requests use now,
+    and the server's own high-water mark of that since its cache was last emptied (forkserve
+    keeps one per forward step, so a burst shorter than the polling interval still shows;
+    None where the server keeps none)."""
+
+    now: float
+    peak: float | None = None
+
+
+KVProbe = Callable[[], KVReading | None]
 
 
 # Sampling parameters the DSL always passes; at these values they change nothing.
@@ -36,10 +50,13 @@ def check_sampling_params(params: dict[str, Any], supported: set[str], driver: s
         raise BackendError(f"the {driver} driver does not support {', '.join(bad)}")
 
 
-def kv_usage_from_stats(stats: dict[str, Any]) -> float:
+def kv_usage_from_stats(stats: dict[str, Any]) -> KVReading:
     """Fraction of the KV pool held by running requests (their own slots plus the cached
     prefixes they lock); evictable cache does not count, it is free to reclaim."""
-    return (stats["kv_held_by_requests"] + stats["kv_protected"]) / stats["kv_capacity"]
+    capacity = stats["kv_capacity"]
+    peak = stats.get("kv_peak_in_use")
+    return KVReading((stats["kv_held_by_requests"] + stats["kv_protected"]) / capacity,
+                     None if peak is None else peak / capacity)
 
 
 # Gauges other servers export on /metrics, as fractions of their KV pool.
@@ -52,12 +69,12 @@ def kv_probe_for_url(url: str) -> KVProbe | None:
     root = url.rstrip("/").removesuffix("/v1")
     client = httpx.Client(base_url=root, timeout=10)
 
-    def forkserve() -> float | None:
+    def forkserve() -> KVReading | None:
         return kv_usage_from_stats(client.get("/get_server_info").json()["scheduler"])
 
-    def gauge(name: str) -> float | None:
+    def gauge(name: str) -> KVReading | None:
         match = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.eE+-]+)$", client.get("/metrics").text, re.M)
-        return float(match.group(1)) if match else None
+        return KVReading(float(match.group(1))) if match else None
 
     try:
         forkserve()

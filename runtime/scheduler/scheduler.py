@@ -64,6 +64,7 @@ class Scheduler:
         self.steps = StepStats()
         self.num_jumped_tokens = 0  # output tokens appended by jump-forward, not sampled
         self.prefill_streak = 0  # prefill steps since the last decode step
+        self.kv_peak_in_use = 0  # most slots requests held (own + locked prefixes) in a step since the last flush
         self.pins = ProgramPins(self.tree, self.allocator.capacity)
 
     # ------------------------------------------------------------------ the loop
@@ -131,6 +132,7 @@ class Scheduler:
         forward_start = time.perf_counter()
         result = self.worker.run(lower(batch, self.eos_token_ids, self.vocab_size))
         forward_s = time.perf_counter() - forward_start
+        self.kv_peak_in_use = max(self.kv_peak_in_use, self._kv_in_use())
         done = failed + self._process(batch, result)
         self.steps.record(batch.is_decode, len(batch.input_ids), batch.num_mixed_decodes, forward_s,
                           time.perf_counter() - started)
@@ -173,7 +175,12 @@ class Scheduler:
             return False
         self.pins.release_all()
         self.tree.reset()
+        self.kv_peak_in_use = 0
         return True
+
+    def _kv_in_use(self) -> int:
+        """Slots the admitted requests hold: their own plus the cached prefixes they lock."""
+        return sum(r.num_owned_slots for r in self._admitted()) + self.tree.protected_size
 
     def stats(self) -> dict[str, int | float]:
         """Queue lengths, the KV pool's accounting (the terms of the invariant) and where the
@@ -189,6 +196,7 @@ class Scheduler:
             "kv_evictable": self.tree.evictable_size,
             "kv_protected": self.tree.protected_size,
             "kv_held_by_requests": held,
+            "kv_peak_in_use": self.kv_peak_in_use,
             "num_retractions": self.num_retractions,
             "num_pinned_programs": len(self.pins.pins),
             "num_prefill_tokens": self.num_prefill_tokens,
