@@ -84,14 +84,16 @@ def test_jump_forward_string_is_the_forced_text(backends):
 def test_bitmask_helpers():
     mask = allocate_bitmask(2, 70)
     assert mask.shape == (2, 3) and allowed_tokens(mask[0], 70).all()
-    assert clear_bits(mask[0], [0, 31, 63, 69])
+    assert clear_bits(mask[0], [0, 31, 63, 69], 70)
     assert (~allowed_tokens(mask[0], 70)).nonzero().flatten().tolist() == [0, 31, 63, 69]
     logits = torch.zeros(2, 70)
     apply_bitmask(logits, mask)
     assert torch.isinf(logits[0]).sum() == 4 and not torch.isinf(logits[1]).any()
     only = torch.zeros(3, dtype=torch.int32)
     only[1] = 1  # token 32 alone
-    assert not clear_bits(only, [32]) and allowed_tokens(only, 70).nonzero().flatten().tolist() == [32]
+    assert not clear_bits(only, [32], 70) and allowed_tokens(only, 70).nonzero().flatten().tolist() == [32]
+    only[2] = -1 << 6  # and the last word's bits past the vocabulary (tokens 70..95 do not exist)
+    assert not clear_bits(only, [32], 70) and allowed_tokens(only, 70).nonzero().flatten().tolist() == [32]
 
 
 def test_cache_compiles_once_and_forgets_failures(backends):

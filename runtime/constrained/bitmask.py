@@ -30,9 +30,10 @@ def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
     logits.masked_fill_(~allowed, float("-inf"))
 
 
-def clear_bits(bitmask_row: torch.Tensor, token_ids: list[int]) -> bool:
-    """Disallow ``token_ids`` in one bitmask row, in place, unless that leaves no token
-    allowed; returns whether it did."""
+def clear_bits(bitmask_row: torch.Tensor, token_ids: list[int], vocab_size: int) -> bool:
+    """Disallow ``token_ids`` in one bitmask row, in place, unless that leaves no token of
+    the vocabulary allowed (bits past ``vocab_size`` in the last word do not count);
+    returns whether it did."""
     if not token_ids:
         return False
     trial = bitmask_row.clone()
@@ -41,7 +42,7 @@ def clear_bits(bitmask_row: torch.Tensor, token_ids: list[int]) -> bool:
         word, bit = divmod(t, 32)
         if word < trial.numel():
             trial[word] &= ~(one << bit)
-    if not bool((trial != 0).any()):
+    if not bool(allowed_tokens(trial, vocab_size).any()):
         return False
     bitmask_row.copy_(trial)
     return True

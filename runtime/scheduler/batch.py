@@ -54,7 +54,7 @@ def lower(batch: ScheduledBatch, eos_token_ids: tuple[int, ...], vocab_size: int
                 allowed = masks[constrained.index(i)]  # type: ignore[index]
                 req.grammar.fill_bitmask(masks, constrained.index(i))  # type: ignore[arg-type]
                 # min_new_tokens' bans go into the mask, unless the grammar allows nothing else
-                clear_bits(allowed, banned)
+                clear_bits(allowed, banned, vocab_size)
                 banned = []
             row = SamplingRow(req.params, req.input_ids, req.output_ids, req.generator, req.options, banned, allowed)
         sampling.append(row)
