@@ -100,6 +100,25 @@ def test_values_we_cannot_honour_are_400s_naming_the_field(server, field, value)
     assert resp.json()["error"]["param"] == field
 
 
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"max_tokens": 0}, "max_tokens"), ({"max_completion_tokens": 0}, "max_completion_tokens"),
+        ({"messages": [{"role": "user"}]}, "messages[0].content"),
+        ({"messages": [{"role": "system", "content": None}, *MESSAGES]}, "messages[0].content"),
+        ({"messages": [*MESSAGES, {"role": "assistant", "content": "Mars."}, {"role": "user", "content": None}]},
+         "messages[2].content"),
+    ],
+    ids=["max_tokens", "max_completion_tokens", "user", "system", "late_user"],
+)
+def test_what_openai_requires_of_a_chat_is_a_400(server, body, param):
+    """A chat answer of at least one token (completions' echo may ask for none), and content on
+    every turn but the assistant's."""
+    resp = post(server, "/v1/chat/completions", {"model": MODEL, "messages": MESSAGES, **body})
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["param"] == param
+
+
 def test_images_are_refused_and_types_still_checked(server):
     image = [{"role": "user", "content": [{"type": "text", "text": "What is this?"},
                                           {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}]}]

@@ -106,13 +106,19 @@ def test_streamed_logprobs_cover_every_token_while_the_parser_holds_text_back(cl
 
 
 def test_a_named_tool_choice_is_obeyed(client):
-    resp = client.chat.completions.create(
-        model=MODEL, tools=TOOLS, temperature=0, max_tokens=60, parallel_tool_calls=False,
-        tool_choice={"type": "function", "function": {"name": "calculator"}},
-        messages=[{"role": "user", "content": "What is the weather in Rome?"}])
+    """The named function is called, once; the answer finishes with "stop", as OpenAI's forced
+    function does (and vLLM's), streamed or not."""
+    kw = dict(model=MODEL, tools=TOOLS, temperature=0, max_tokens=60, parallel_tool_calls=False,
+              tool_choice={"type": "function", "function": {"name": "calculator"}},
+              messages=[{"role": "user", "content": "What is the weather in Rome?"}])
+    resp = client.chat.completions.create(**kw)
     calls = resp.choices[0].message.tool_calls
     check_calls(calls)
     assert [c.function.name for c in calls] == ["calculator"]
+    assert resp.choices[0].finish_reason == "stop"
+    chunks = list(client.chat.completions.create(**kw, stream=True))
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]
+    assert any(c.choices[0].delta.tool_calls for c in chunks if c.choices)
 
 
 def test_allowed_tools_keeps_every_tool_in_the_prompt_and_calls_only_the_allowed(server, client):

@@ -13,8 +13,11 @@ from runtime.server.tools.parsers import StreamingToolParser, ToolCallParser
 
 class ChatAnswer:
     def __init__(self, tool_parser: ToolCallParser | None, reasoning: ReasoningParser | None,
-                 stream_reasoning: bool = True) -> None:
+                 stream_reasoning: bool = True, calls_finish: str = "tool_calls") -> None:
         self.tool_parser, self.reasoning, self.stream_reasoning = tool_parser, reasoning, stream_reasoning
+        # an answer that stopped on its own after calls finishes so: "tool_calls", or "stop"
+        # where tool_choice named the function (OpenAI's forced function; vLLM does the same)
+        self.calls_finish = calls_finish
         self.tool_streams: dict[int, StreamingToolParser] = {}
         self.reasoning_streams: dict[int, StreamingReasoning] = {}
 
@@ -24,7 +27,7 @@ class ChatAnswer:
         return self.tool_parser is None and self.reasoning is None
 
     def message(self, text: str, finish: str | None) -> tuple[dict[str, Any], str | None]:
-        """The assistant message for the whole ``text``, and the finish reason (``tool_calls``
+        """The assistant message for the whole ``text``, and the finish reason (``calls_finish``
         when the answer stopped on its own after calls)."""
         message: dict[str, Any] = {"role": "assistant", "content": text}
         if self.reasoning is not None:
@@ -34,7 +37,7 @@ class ChatAnswer:
             content, calls = self.tool_parser.parse(message["content"])
             if calls:
                 message.update(content=content or None, tool_calls=[c.as_openai() for c in calls])
-                finish = "tool_calls" if finish == "stop" else finish
+                finish = self.calls_finish if finish == "stop" else finish
         return message, finish
 
     def delta(self, index: int, text: str, finish: str | None) -> tuple[dict[str, Any] | None, str | None]:
@@ -50,7 +53,7 @@ class ChatAnswer:
             stream = self.tool_streams.setdefault(index, StreamingToolParser(self.tool_parser))
             content, calls = stream.feed(answer, finished)
             if finish == "stop" and stream.sent_calls:
-                finish = "tool_calls"
+                finish = self.calls_finish
         if not (reasoning or content or calls or finished):
             return None, finish
         delta: dict[str, Any] = {"reasoning_content": reasoning} if reasoning else {}

@@ -22,6 +22,7 @@ class ChatCompletion(OpenAIHandler):
     object_name = "chat.completion"
     id_prefix = "chatcmpl"
     tool_ebnf: str | None = None
+    named_function = False  # tool_choice names one function: its call ends with "stop", as OpenAI's does
     FIELD_NAMES: ClassVar[dict[str, str]] = {}  # a chat field -> its name in the request (see ResponseCreation)
 
     def __init__(self, *args: Any) -> None:
@@ -63,7 +64,7 @@ class ChatCompletion(OpenAIHandler):
         self.check_common()
         reject_unsupported(r, r.CHAT_UNSUPPORTED)
         with bad_input_as_400("tool_choice"):
-            call_rule([t.model_dump() for t in r.tools] if r.tools else None, r.tool_choice)
+            self.named_function = call_rule([t.model_dump() for t in r.tools] if r.tools else None, r.tool_choice).single
         if r.web_search_options is not None:  # even {} asks for a search
             raise ApiError(400, "'web_search_options' is not supported by this server", param="web_search_options")
         if r.modalities not in (None, ["text"]):
@@ -72,6 +73,13 @@ class ChatCompletion(OpenAIHandler):
             raise ApiError(400, "'function_call' in messages is the deprecated form; send 'tool_calls'", param="messages")
         if r.max_tokens is not None and r.max_completion_tokens is not None and r.max_tokens != r.max_completion_tokens:
             raise ApiError(400, "give max_tokens or max_completion_tokens, not two different values", param="max_tokens")
+        for name in ("max_tokens", "max_completion_tokens"):  # completions' echo may score with 0; a chat may not
+            value = getattr(r, name)
+            if value is not None and value < 1:
+                raise ApiError(400, f"'{name}' must be at least 1, got {value}", param=name)
+        for i, m in enumerate(r.messages):  # OpenAI's schema: only an assistant turn may go without
+            if m.content is None and m.role in ("system", "developer", "user", "tool"):
+                raise ApiError(400, f"messages[{i}] ({m.role}) has no 'content'", param=f"messages[{i}].content")
         if r.top_logprobs and not r.logprobs:
             raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
 
@@ -94,7 +102,8 @@ class ChatCompletion(OpenAIHandler):
                 reasoning_model=self.ctx.http.reasoning_parser is not None,
             )
         self.tool_ebnf = prompt.tool_ebnf
-        self.answer = ChatAnswer(prompt.tool_parser, self.reasoning, self.req.stream_reasoning)
+        self.answer = ChatAnswer(prompt.tool_parser, self.reasoning, self.req.stream_reasoning,
+                                 calls_finish="stop" if self.named_function else "tool_calls")
         return prompt
 
     def constraint(self) -> dict[str, Any]:
