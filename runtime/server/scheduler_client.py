@@ -43,10 +43,14 @@ class ServerUnavailable(Exception):
 
 @dataclass(eq=False)
 class ReqState:
-    rid: str
+    rid: str  # the client's id (its own ``rid``, or one made here)
     prompt_tokens: int
     return_logprob: bool
     first_prompt_token: int
+    # the id the scheduler and detokenizer know it by: ``rid`` plus a number this client never
+    # gives twice, so a client that aborts a request and sends its rid again at once gets no
+    # update meant for the first one
+    wire_id: str = ""
     output_ids: list[int] = field(default_factory=list)
     text: str = ""
     finished_reason: dict[str, Any] | None = None
@@ -96,7 +100,9 @@ class SchedulerClient:
         self.send_sock = ipc.connect(self.ctx, zmq.PUSH, to_scheduler)
         self.recv_sock = ipc.bind(self.ctx, zmq.PULL, from_detokenizer)
         self.metrics = metrics
-        self.states: dict[str, ReqState] = {}
+        self.states: dict[str, ReqState] = {}  # open requests by client rid
+        self.by_wire_id: dict[str, ReqState] = {}  # the same, by the id the backend knows
+        self._wire_ids = itertools.count()
         self.calls: dict[int, asyncio.Future[Any]] = {}
         self._call_ids = itertools.count()
         self.failure: str | None = None  # set when a backend process died
@@ -159,17 +165,24 @@ class SchedulerClient:
         if rid in self.states:
             raise ValueError(f"request id {rid!r} is already in use")
         options = options or RequestOptions()
-        state = ReqState(rid, len(input_ids), options.return_logprob, input_ids[0])
-        self.states[rid] = state
+        state = ReqState(rid, len(input_ids), options.return_logprob, input_ids[0], f"{rid}#{next(self._wire_ids)}")
+        self.states[rid] = self.by_wire_id[state.wire_id] = state
         self.metrics.on_submit(len(input_ids))
-        msg = TokenizedGenerateReq(rid, np.asarray(input_ids, dtype=np.int32), params, options)
+        msg = TokenizedGenerateReq(state.wire_id, np.asarray(input_ids, dtype=np.int32), params, options)
         self.send_sock.send_multipart(ipc.encode(msg), copy=False)
         return state
 
     def abort(self, state: ReqState) -> None:
-        if self.states.pop(state.rid, None) is not None and self.failure is None:
-            self.send_sock.send_multipart(ipc.encode(AbortReq(state.rid)), copy=False)
+        if self._forget(state) and self.failure is None:
+            self.send_sock.send_multipart(ipc.encode(AbortReq(state.wire_id)), copy=False)
             self.metrics.on_abort()
+
+    def _forget(self, state: ReqState) -> bool:
+        """Stop routing updates to ``state``; whether it was open."""
+        if self.by_wire_id.pop(state.wire_id, None) is None:
+            return False
+        del self.states[state.rid]
+        return True
 
     def cancel(self, state: ReqState, message: str) -> None:
         """Abort ``state`` for a reason other than its client leaving: it ends now, with an
@@ -224,7 +237,7 @@ class SchedulerClient:
             msg = await ipc.recv_async(self.recv_sock)
             if isinstance(msg, BatchStrOut):
                 for u, new_ids in zip(msg.updates, split_ids(msg.ids, msg.updates), strict=True):
-                    state = self.states.get(u.token.rid)
+                    state = self.by_wire_id.get(u.token.rid)
                     if state is None:
                         continue  # aborted by us; the scheduler's last word on it
                     first = state.first_token_at is None
@@ -232,7 +245,7 @@ class SchedulerClient:
                     state.apply(u, new_ids)
                     self.metrics.on_tokens(state, len(new_ids), first, last_at)
                     if state.is_finished:
-                        self.states.pop(state.rid, None)
+                        self._forget(state)
                         self.metrics.on_finish(state)
             elif isinstance(msg, ControlOut):
                 fut = self.calls.get(msg.call_id)
