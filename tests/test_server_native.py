@@ -211,8 +211,9 @@ def test_stream_whose_client_left_before_it_began_is_aborted(server, path, body)
 
 
 def test_abort_request_ends_a_request_by_its_rid_or_all_of_them(server):
-    """SGLang's ``POST /abort_request``: the aborted request ends at once for its client,
-    with an ``abort`` finish reason; ``abort_all`` ends every one."""
+    """SGLang's ``POST /abort_request``: the aborted request ends at the scheduler's next
+    step with an ``abort`` finish reason and what it generated so far, as SGLang answers
+    (a client keeps a partial sample); ``abort_all`` ends every one."""
     import concurrent.futures
 
     long = {"max_new_tokens": 3000, "ignore_eos": True}
@@ -223,9 +224,14 @@ def test_abort_request_ends_a_request_by_its_rid_or_all_of_them(server):
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
         one = pool.submit(generate, "abort-me")
         wait_for_running(server, 1)
+        time.sleep(0.3)  # a few tokens
         assert post(server, "/abort_request", {"rid": "abort-me"}).status_code == 200
         out = one.result(timeout=30)
-        assert out["meta_info"]["finish_reason"]["type"] == "abort" and out["meta_info"]["id"] == "abort-me"
+        meta = out["meta_info"]
+        assert meta["finish_reason"] == {"type": "abort", "message": "aborted by /abort_request"}
+        assert meta["id"] == "abort-me" and meta["completion_tokens"] == len(out["output_ids"]) > 0
+        detokenized = post(server, "/detokenize", {"tokens": out["output_ids"]}).json()
+        assert out["text"] == detokenized["text"] != ""
         assert post(server, "/abort_request", {"rid": "no-such-request"}).status_code == 200
         both = [pool.submit(generate, f"all-{i}") for i in range(2)]
         wait_for_running(server, 2)

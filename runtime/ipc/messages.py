@@ -31,6 +31,7 @@ class TokenizedGenerateReq:
 @dataclass
 class AbortReq:
     rid: str
+    message: str = "aborted by the client"  # the abort finish reason's message
 
 
 @dataclass

@@ -76,9 +76,10 @@ class EngineCore:
         self.num_finished += 1
         return RequestOutput(req, 0, 0, True, error=str(err))
 
-    def abort(self, rid: str) -> list[RequestOutput]:
-        """Drop request ``rid`` (see ``Scheduler.abort``); its final output, if it was here."""
-        req = self.scheduler.abort(rid)
+    def abort(self, rid: str, message: str = "aborted by the client") -> list[RequestOutput]:
+        """Drop request ``rid`` (see ``Scheduler.abort``); its final output (everything not yet
+        reported, with an ``abort`` finish reason saying ``message``), if it was here."""
+        req = self.scheduler.abort(rid, message)
         return self._outputs([req]) if req is not None else []
 
     def step(self) -> list[RequestOutput]:

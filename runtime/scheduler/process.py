@@ -59,7 +59,7 @@ class SchedulerServer:
         if isinstance(msg, TokenizedGenerateReq):
             self.add(msg)
         elif isinstance(msg, AbortReq):
-            self.send_updates(self.core.abort(msg.rid))
+            self.send_updates(self.core.abort(msg.rid, msg.message))
         elif isinstance(msg, ControlReq):
             ipc.send(self.send_sock, ControlOut(msg.call_id, self.control(msg.kind, msg.arg)))
         else:

@@ -185,14 +185,13 @@ class SchedulerClient:
         return True
 
     def cancel(self, state: ReqState, message: str) -> None:
-        """Abort ``state`` for a reason other than its client leaving: it ends now, with an
-        ``abort`` finish reason, for whoever waits on it."""
-        if state.is_finished:
+        """Abort ``state`` for a reason other than its client leaving. The scheduler ends it
+        at its next step and answers as for any finish: the output so far (all of it, for
+        a request that does not stream) with an ``abort`` finish reason saying ``message``,
+        as SGLang answers. One that already finished keeps its own answer."""
+        if state.is_finished or state.wire_id not in self.by_wire_id or self.failure is not None:
             return
-        self.abort(state)
-        state.finished_reason = {"type": "abort", "message": message}
-        state.finished_at = time.perf_counter()
-        state.changed.set()
+        self.send_sock.send_multipart(ipc.encode(AbortReq(state.wire_id, message)), copy=False)
 
     async def stream(
         self, state: ReqState, is_disconnected: Callable[[], Awaitable[bool]] | None = None
