@@ -115,6 +115,24 @@ def test_nested_forks(local):
     assert len(out) == 2 and all(len(g) == 2 and all(isinstance(x, str) for x in g) for g in out)
 
 
+def test_programs_that_fork_from_the_same_text_run_side_by_side(local):
+    """Each program's fork pins the shared text's node: several programs then pin the same
+    node, and each releases only its own pin (the engine crashed on the second release)."""
+    @sgl.function
+    def judge(s, x):
+        s += "You are a strict judge. Consider the question carefully and think in two ways."
+        f = s.fork(2)
+        f += sgl.gen("idea", max_tokens=3, ignore_eos=True)
+        f.join()
+        s += " Answer " + x + ":" + sgl.gen("final", max_tokens=3, ignore_eos=True)
+
+    states = judge.run_batch([{"x": "one"}, {"x": "two"}, {"x": "three"}], temperature=0, backend=local)
+    assert [s.error() for s in states] == [None] * 3
+    assert all(len(s["idea"]) == 2 and s["final"] for s in states)
+    stats = local.run_in_driver(local.engine.scheduler.stats)
+    assert stats["num_pinned_programs"] == 0 and stats["kv_protected"] == 0
+
+
 def test_join_gathers_only_what_the_branches_set(local):
     # Like SGLang's gather_variable, the parent's own variables are not turned into lists.
     @sgl.function

@@ -24,9 +24,10 @@ class ProgramPins:
     def __init__(self, tree: RadixCache, capacity: int, max_fraction: float = 0.5) -> None:
         self.tree = tree
         self.max_locked = int(capacity * max_fraction)
-        self.pins: dict[str, list[TreeNode]] = {}  # oldest program first
-        self.lengths: dict[TreeNode, int] = {}  # pinned node -> tokens on its path
-        self.pinned_tokens = 0  # sum of those (shared prefixes counted once per pin)
+        # program -> its pinned nodes, each with the tokens on its path; oldest program first.
+        # Programs that share a prefix may pin the same node: each holds its own lock on it.
+        self.pins: dict[str, dict[TreeNode, int]] = {}
+        self.pinned_tokens = 0  # sum of those lengths (a node pinned by two programs counts twice)
 
     @property
     def num_pinned_nodes(self) -> int:
@@ -40,32 +41,30 @@ class ProgramPins:
         node, length = match.last_node, match.prefix_len
         if node.is_root:
             return False
-        nodes = self.pins.setdefault(program_id, [])
+        nodes = self.pins.setdefault(program_id, {})
         if node in nodes:
             return True
         ancestors = _ancestors(node)
         replaced = [n for n in nodes if n in ancestors]
         # The cap counts pinned tokens only (not requests' own transient locks).
-        if self.pinned_tokens - sum(self.lengths[n] for n in replaced) + length > self.max_locked:
+        if self.pinned_tokens - sum(nodes[n] for n in replaced) + length > self.max_locked:
             if not nodes:
                 del self.pins[program_id]
             return False
         self.tree.inc_lock_ref(node)
         for old in replaced:
             self.tree.dec_lock_ref(old)
-            nodes.remove(old)
-            self.pinned_tokens -= self.lengths.pop(old)
-        nodes.append(node)
-        self.lengths[node] = length
+            self.pinned_tokens -= nodes.pop(old)
+        nodes[node] = length
         self.pinned_tokens += length
         return True
 
     def end(self, program_id: str) -> int:
         """Release every pin of ``program_id``; returns how many nodes were released."""
-        nodes = self.pins.pop(program_id, [])
-        for node in nodes:
+        nodes = self.pins.pop(program_id, {})
+        for node, length in nodes.items():
             self.tree.dec_lock_ref(node)
-            self.pinned_tokens -= self.lengths.pop(node)
+            self.pinned_tokens -= length
         return len(nodes)
 
     def release_oldest(self) -> bool:

@@ -1,0 +1,111 @@
+"""Stateful property test: program pins over a real RadixCache, against a brute-force model.
+
+Programs pin prefixes that often coincide (a 3-letter alphabet, short sequences), so two
+programs regularly pin the same node, one pins a descendant of another's node, and nodes
+split under pins. The model is each program's set of pinned prefixes; after every step the
+tree's locks must be exactly those pins (protected tokens = the union of pinned paths) and
+the pinned-token count their sum.
+"""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from radix_cache import RadixCache, SlotAllocator
+from runtime.scheduler.program_pins import ProgramPins
+
+PROGRAMS = st.sampled_from(["a", "b", "c"])
+TOKENS = st.lists(st.integers(0, 2), min_size=1, max_size=8)
+
+
+def path(node) -> tuple[int, ...]:
+    out: list[int] = []
+    while not node.is_root:
+        out[:0] = node.key.tolist()
+        node = node.parent
+    return tuple(out)
+
+
+class PinsMachine(RuleBasedStateMachine):
+    CAPACITY = 200
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.allocator = SlotAllocator(self.CAPACITY + 1)
+        self.tree = RadixCache(self.allocator, page_size=1)
+        self.pins = ProgramPins(self.tree, self.CAPACITY, max_fraction=0.25)
+        self.model: dict[str, set[tuple[int, ...]]] = {}  # program -> pinned prefixes
+
+    @rule(tokens=TOKENS)
+    def cache(self, tokens: list[int]) -> None:
+        """A request finishes: its tokens go into the tree (as the scheduler hands them over)."""
+        slots = self.allocator.alloc(len(tokens))
+        if slots is None:
+            self.tree.evict(len(tokens))
+            slots = self.allocator.alloc(len(tokens))
+            if slots is None:
+                return
+        kept = self.tree.insert(tokens, slots)
+        self.allocator.free(slots[:kept])  # the tree already had those tokens' slots
+
+    @rule(program=PROGRAMS, tokens=TOKENS)
+    def pin(self, program: str, tokens: list[int]) -> None:
+        match = self.tree.match_prefix(tokens)
+        prefix = tuple(tokens[: match.prefix_len])
+        before = self.pins.pinned_tokens
+        mine = self.model.get(program, set())
+        replaced = {p for p in mine if len(p) < len(prefix) and prefix[: len(p)] == p}
+        pinned = self.pins.pin(program, tokens)
+        assert pinned == (bool(prefix) and (prefix in mine or
+                                           before - sum(map(len, replaced)) + len(prefix) <= self.pins.max_locked))
+        if pinned and prefix not in mine:
+            self.model[program] = (mine - replaced) | {prefix}
+
+    @rule(program=PROGRAMS)
+    def end(self, program: str) -> None:
+        assert self.pins.end(program) == len(self.model.pop(program, set()))
+
+    @rule()
+    def release_oldest(self) -> None:
+        oldest = next(iter(self.pins.pins), None)
+        assert self.pins.release_oldest() == (oldest is not None)
+        if oldest is not None:
+            self.model.pop(oldest, None)
+
+    @rule(k=st.integers(0, 30))
+    def evict(self, k: int) -> None:
+        self.tree.evict(k)
+
+    @invariant()
+    def pins_are_the_models_and_the_trees_locks(self) -> None:
+        got = {p: {path(n) for n in nodes} for p, nodes in self.pins.pins.items()}
+        assert got == {p: prefixes for p, prefixes in self.model.items() if prefixes}
+        for nodes in self.pins.pins.values():
+            assert all(length == len(path(n)) for n, length in nodes.items())
+        assert self.pins.pinned_tokens == sum(len(p) for prefixes in self.model.values() for p in prefixes)
+        union = {prefix[:j] for prefixes in self.model.values() for prefix in prefixes for j in range(1, len(prefix) + 1)}
+        assert self.tree.protected_size == len(union), "every pinned path locked, nothing else"
+        for prefixes in self.model.values():  # pinned prefixes are still cached
+            for prefix in prefixes:
+                assert self.tree.match_prefix(list(prefix)).prefix_len == len(prefix)
+        self.tree.check_invariants()
+
+
+PinsMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None,
+                                          suppress_health_check=[HealthCheck.too_slow])
+TestProgramPins = PinsMachine.TestCase
+
+
+def test_two_programs_pinning_one_node_each_release_their_own_lock():
+    allocator = SlotAllocator(65)
+    tree = RadixCache(allocator, page_size=1)
+    tree.insert([1, 2, 3], allocator.alloc(3))
+    pins = ProgramPins(tree, 64)
+    assert pins.pin("a", [1, 2, 3]) and pins.pin("b", [1, 2, 3])
+    assert pins.pinned_tokens == 6 and tree.protected_size == 3
+    assert pins.end("a") == 1 and tree.protected_size == 3  # b's lock holds
+    assert pins.end("b") == 1 and tree.protected_size == 0 and pins.pinned_tokens == 0
+    assert torch.equal(tree.match_prefix([1, 2, 3]).indices, tree.match_prefix([1, 2, 3, 4]).indices)
