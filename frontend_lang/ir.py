@@ -139,7 +139,7 @@ def gen(
 
     ``regex`` / ``json_schema`` (a JSON string, a dict or a pydantic model class) constrain
     the output; ``dtype`` (``int``, ``float``, ``bool`` or ``str``) is a shorthand for a
-    regex of that type's literal, ended by a space or newline as in SGLang. The variable
+    regex of that type's literal (a number also ended by a space or newline, as in SGLang). The variable
     holds the text either way. With ``tools`` (OpenAI's function tools, ``tool_choice``,
     ``parallel_tool_calls``) the gen is a whole assistant turn that may call them, and the
     variable holds the calls (``frontend_lang/tools.py``)."""
@@ -154,7 +154,8 @@ def gen(
         if dtype not in DTYPE_REGEX:
             raise ValueError(f"gen(): dtype must be one of int, float, bool, str; got {dtype!r}")
         regex = DTYPE_REGEX[dtype]
-        stop = [*([stop] if isinstance(stop, str) else stop or []), " ", "\n"]
+        if dtype in (int, float):  # a number ends at a space or newline; a quoted str may hold spaces
+            stop = [*([stop] if isinstance(stop, str) else stop or []), " ", "\n"]
     sampling = {
         "max_new_tokens": max_tokens,
         "min_new_tokens": min_tokens,

@@ -344,7 +344,7 @@ def test_constrained_gen_and_computed_variables(which, request):
                                                                      choices_method=sgl.greedy_token_selection))
         s += sgl.user("How heavy is it, in kilograms?") + sgl.assistant(sgl.gen("weight", dtype=float, max_tokens=8))
         s += sgl.user("Is it awake now?") + sgl.assistant(sgl.gen("awake", dtype=bool, max_tokens=4))
-        s += sgl.user("What is its name?") + sgl.assistant(sgl.gen("name", dtype=str, max_tokens=12))
+        s += sgl.user("What is its name?") + sgl.assistant(sgl.gen("name", dtype=str, max_tokens=24))
 
     state = form.run(temperature=0, backend=request.getfixturevalue(which))
     assert isinstance(state["pet_obj"], Pet)
@@ -354,7 +354,22 @@ def test_constrained_gen_and_computed_variables(which, request):
     assert state.get_meta_info("friendly")["choices_method"] == "greedy_token_selection"
     assert re.fullmatch(r"[-+]?[0-9]+(\.[0-9]+)?", state["weight"]), state["weight"]
     assert state["awake"] in ("True", "False")
-    assert re.fullmatch(DTYPE_REGEX[str], state["name"]) or state.get_meta_info("name")["finish_reason"]["type"] == "length"
+    # the whole quoted string, spaces included (only numbers end at a space)
+    assert re.fullmatch(DTYPE_REGEX[str], state["name"]), (state["name"], state.get_meta_info("name")["finish_reason"])
+
+
+def test_a_str_dtype_holds_spaces(local):
+    """Only numbers end at a space (SGLang adds those stops for int and float alone): a
+    quoted string runs to its closing quote, spaces and all."""
+    @sgl.function
+    def quote(s, seed):
+        s += sgl.user("Quote a short sentence.") + sgl.assistant(
+            sgl.gen("q", dtype=str, max_tokens=24, temperature=1.0, seed=seed))
+
+    states = quote.run_batch([{"seed": k} for k in range(4)], backend=local)
+    whole = [s["q"] for s in states if s.get_meta_info("q")["finish_reason"]["type"] != "length"]
+    assert all(re.fullmatch(DTYPE_REGEX[str], q) for q in whole), whole
+    assert any(" " in q for q in whole), whole
 
 
 def test_unconditional_likelihood_normalized_select(local):
