@@ -18,3 +18,9 @@ class RequestOptions:
     top_logprobs_num: int = 0
     namespace: Any = None  # cached prefixes are shared only within one namespace
     program_id: str | None = None  # pins the prompt's prefix in the cache until the program ends
+
+
+def cache_namespace(extra_key: str | None, cache_salt: str | None) -> tuple[str | None, str | None] | None:
+    """The cache namespace of a request's ``extra_key`` and ``cache_salt`` (SGLang's and
+    vLLM's): both count, so a gateway's key does not merge two tenants' salts."""
+    return None if extra_key is None and cache_salt is None else (extra_key, cache_salt)

@@ -80,6 +80,12 @@ def test_cache_keys_do_not_share(server):
     same = post(server, "/generate", {"text": text, "sampling_params": {"max_new_tokens": 1}, "extra_key": "a"})
     assert other.json()["meta_info"]["cached_tokens"] == 0
     assert same.json()["meta_info"]["cached_tokens"] > 0
+    # a gateway's extra_key beside each tenant's cache_salt: both count
+    keys = [{"extra_key": "gw", "cache_salt": "alice"}, {"extra_key": "gw", "cache_salt": "bob"},
+            {"cache_salt": "gw"}, {"extra_key": "gw", "cache_salt": "alice"}]
+    cached = [post(server, "/generate", {"text": text, "sampling_params": {"max_new_tokens": 1}, **k}).json()
+              ["meta_info"]["cached_tokens"] for k in keys]
+    assert cached[:3] == [0, 0, 0] and cached[3] > 0
 
 
 def test_logprobs_equal_offline_engine(server, engine):

@@ -22,7 +22,7 @@ from fastapi.responses import (
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from runtime.request_builder import build_requests, parse_sampling_params
-from runtime.request_options import RequestOptions
+from runtime.request_options import RequestOptions, cache_namespace
 from runtime.server import openai_api, openapi, tokenize_api
 from runtime.server.context import (
     ServerContext,
@@ -251,7 +251,7 @@ async def handle_generate(ctx: ServerContext, req: GenerateReqInput, request: Re
         is_batch = bool(req.input_ids) and isinstance(req.input_ids[0], list)
         prompts = req.input_ids if is_batch else [req.input_ids]  # type: ignore[list-item]
     options = RequestOptions(req.stream, req.return_logprob, req.logprob_start_len, req.top_logprobs_num,
-                             req.extra_key or req.cache_salt, req.program_id)
+                             cache_namespace(req.extra_key, req.cache_salt), req.program_id)
     with bad_input_as_400("sampling_params"):
         params = parse_sampling_params(req.sampling_params, len(prompts), unknown_sampling_field_warner("/generate"))
         requests = build_requests(prompts, params, options, ctx.limits,

@@ -17,7 +17,7 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from runtime.request_builder import build_requests
-from runtime.request_options import RequestOptions
+from runtime.request_options import RequestOptions, cache_namespace
 from runtime.sampling.params import MAX_N, SamplingParams
 from runtime.server.context import ServerContext, bad_input_as_400, sampling_params
 from runtime.server.protocol import ApiError, reject_unsupported
@@ -111,7 +111,7 @@ class OpenAIHandler:
         ``prompt_logprobs``, the prompt's tokens' logprobs too (from its first token)."""
         ctx = self.ctx
         options = RequestOptions(stream=self.req.stream, return_logprob=top_logprobs is not None,
-                                 top_logprobs_num=top_logprobs or 0, namespace=self.req.extra_key or self.req.cache_salt,
+                                 top_logprobs_num=top_logprobs or 0, namespace=cache_namespace(self.req.extra_key, self.req.cache_salt),
                                  logprob_start_len=0 if prompt_logprobs else -1)
         requests = []
         for ids in prompts:
