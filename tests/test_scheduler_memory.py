@@ -6,6 +6,7 @@ Outputs are compared with the same model on a pool large enough for everything."
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -141,3 +142,28 @@ def test_the_peak_of_kv_in_use_is_kept_per_step_until_a_flush(tiny_gqa_llama):
         assert engine.scheduler.stats()["kv_peak_in_use"] == 25 + 2
     finally:
         engine.shutdown()
+
+
+def test_a_jumped_request_does_not_wait_behind_a_chunked_prompt(tiny_gqa_llama):
+    # Each field's forced text is jumped while a 1,500-token prompt is prefilled 32 tokens a
+    # step: the jumps run beside the chunks, so the constrained request finishes first
+    # (it waited for every chunk before), with the output it has alone.
+    pattern = r'\{"name": "[a-z]{1,6}", "age": [0-9]{1,2}, "city": "(Paris|London|Tokyo)"\}'
+    short, long_prompt = random_prompts(7, (10, 1500))
+    params = SamplingParams(temperature=0, max_new_tokens=60, regex=pattern)
+    engine = Engine(str(tiny_gqa_llama), dtype="float32", max_total_tokens=4000, chunked_prefill_size=32)
+    try:
+        alone = Req("alone", short, params)
+        _run_all(engine, [alone])
+        engine.scheduler.flush_cache()
+        sched, constrained = engine.scheduler, Req("constrained", short, params)
+        sched.add_request(constrained)
+        while not constrained.output_ids:
+            sched.step()
+        long_run = Req("long", long_prompt, _greedy(1))
+        _run_all(engine, [long_run], arrive_after={})
+    finally:
+        engine.shutdown()
+    assert engine.scheduler.num_jumped_tokens > 0
+    assert constrained.finished_at < long_run.finished_at
+    assert constrained.output_ids == alone.output_ids and re.fullmatch(pattern, engine.tokenizer.decode(alone.output_ids))

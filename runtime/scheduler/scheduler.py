@@ -211,14 +211,8 @@ class Scheduler:
         budget = PrefillBudget.for_step(self.args.chunked_prefill_size, self.args.max_running_requests,
                                         len(self.running), mix, self._decode_reserve())
         picked: list[tuple[Req, int]] = []
-        if self.chunked is not None:
-            req, self.chunked = self.chunked, None
-            n = budget.chunk(len(req.fill_ids) - req.kv_len)
-            if self.cache.grant(req, n):
-                picked.append((req, n))
-                budget.take(n)
-            else:
-                self.chunked = req  # waits for memory; jumped requests may still run
+        # Jumped requests first: their forced tokens are a few each, and behind a long
+        # prompt's chunks (each taking the whole budget) they would wait for all of them.
         for req in list(self.jumped):  # forced tokens: one extend each, never split
             n = len(req.fill_ids) - req.kv_len
             # The first extend of a step may exceed the budget (a chunk size below the
@@ -231,6 +225,12 @@ class Scheduler:
                 continue
             picked.append((req, n))
             budget.take(n)
+        if self.chunked is not None:  # the prompt part-way through its prefill: the rest of the budget
+            req, n = self.chunked, budget.chunk(len(self.chunked.fill_ids) - self.chunked.kv_len)
+            if n > 0 and self.cache.grant(req, n):  # else it waits (for budget or memory)
+                self.chunked = None
+                picked.append((req, n))
+                budget.take(n)
         candidates = order_waiting(self.waiting, self.args.schedule_policy, self.cache) if self.waiting else []
         for req in candidates:
             if budget.exhausted or self.chunked is not None:  # one chunked request at a time
