@@ -55,24 +55,26 @@ def parse_sampling_params(spec: Any, num_prompts: int,
     return [SamplingParams.from_dict(spec, on_unknown)] * num_prompts
 
 
-def build_requests(prompts: list[list[int]], params: list[SamplingParams], options: RequestOptions,
-                   limits: RequestLimits, *, prompt_field: str, within_context: bool = False) -> list[GenerateRequest]:
-    """Checked requests for ``prompts`` (``params[i]`` for prompt ``i``); raises
-    ``InvalidField`` for the first problem, before anything is queued. ``prompt_field``
-    names the prompt in errors (``prompt``, ``text``, ``input_ids``...)."""
-    if not isinstance(options.return_logprob, bool):
-        raise InvalidField("return_logprob", f"return_logprob must be True or False, got {options.return_logprob!r}")
-    check_logprob_options(options.logprob_start_len, options.top_logprobs_num, limits.vocab_size)
+def build_requests(prompts: list[list[int]], params: list[SamplingParams],
+                   options: RequestOptions | list[RequestOptions], limits: RequestLimits, *, prompt_field: str,
+                   within_context: bool = False) -> list[GenerateRequest]:
+    """Checked requests for ``prompts`` (``params[i]`` and, given a list, ``options[i]`` for
+    prompt ``i``); raises ``InvalidField`` for the first problem, before anything is
+    queued. ``prompt_field`` names the prompt in errors (``prompt``, ``text``, ``input_ids``...)."""
+    per_prompt = options if isinstance(options, list) else [options] * len(prompts)
     requests = []
-    for ids, p in zip(prompts, params, strict=True):
+    for ids, p, opts in zip(prompts, params, per_prompt, strict=True):
+        if not isinstance(opts.return_logprob, bool):
+            raise InvalidField("return_logprob", f"return_logprob must be True or False, got {opts.return_logprob!r}")
+        check_logprob_options(opts.logprob_start_len, opts.top_logprobs_num, limits.vocab_size)
         check_prompt(ids, limits, prompt_field)
-        if options.return_logprob and options.logprob_start_len >= len(ids):
-            raise InvalidField("logprob_start_len", f"logprob_start_len ({options.logprob_start_len}) must be below "
+        if opts.return_logprob and opts.logprob_start_len >= len(ids):
+            raise InvalidField("logprob_start_len", f"logprob_start_len ({opts.logprob_start_len}) must be below "
                                f"the prompt's length ({len(ids)} tokens), or -1 for output tokens only")
         p.check_vocab(limits.vocab_size)
         check_constraint(p)
         check_lengths(len(ids), p.max_new_tokens, limits, within_context=within_context)
-        requests += [GenerateRequest(ids, _nth_sample(p, k), options) for k in range(p.n)]
+        requests += [GenerateRequest(ids, _nth_sample(p, k), opts) for k in range(p.n)]
     return requests
 
 

@@ -160,6 +160,42 @@ def test_n_expands_into_a_batch(server):
     assert isinstance(out, list) and len(out) == 2 and out[0]["text"] == out[1]["text"]
 
 
+def test_rids_per_prompt_expand_for_n_as_sglang_does(server):
+    """A rid list has one id per prompt (SGLang's rule; ``n > 1`` runs each as rid_0, rid_1)
+    or one per request; other lengths are a 400."""
+    body = {"text": ["A", "B"], "sampling_params": {"max_new_tokens": 1, "n": 2}}
+    out = post(server, "/generate", {**body, "rid": ["ra", "rb"]}).json()
+    assert [o["meta_info"]["id"] for o in out] == ["ra_0", "ra_1", "rb_0", "rb_1"]
+    out = post(server, "/generate", {**body, "rid": ["w", "x", "y", "z"]}).json()
+    assert [o["meta_info"]["id"] for o in out] == ["w", "x", "y", "z"]
+    one = post(server, "/generate", {"text": "A", "rid": ["solo"], "sampling_params": {"max_new_tokens": 1, "n": 2}})
+    assert [o["meta_info"]["id"] for o in one.json()] == ["solo_0", "solo_1"]
+    bad = post(server, "/generate", {**body, "rid": ["a", "b", "c"]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "rid"
+
+
+def test_logprob_options_per_prompt(server):
+    """``return_logprob``, ``logprob_start_len`` and ``top_logprobs_num`` as lists of one value
+    per prompt (SGLang's): each prompt's answer is the one it gets asked alone."""
+    texts = ["Paris is the capital of", "One, two, three,"]
+    per_prompt = {"return_logprob": [True, False], "logprob_start_len": [2, -1], "top_logprobs_num": [3, 0]}
+    both = post(server, "/generate", {"text": texts, "sampling_params": GREEDY, **per_prompt}).json()
+    for i, text in enumerate(texts):
+        alone = post(server, "/generate", {"text": text, "sampling_params": GREEDY,
+                                           **{k: v[i] for k, v in per_prompt.items()}}).json()
+        assert both[i]["output_ids"] == alone["output_ids"]
+        for key in ("input_token_logprobs", "output_token_logprobs", "output_top_logprobs"):
+            assert (key in both[i]["meta_info"]) == (key in alone["meta_info"]) == (i == 0)
+            if i == 0:
+                got, want = both[i]["meta_info"][key], alone["meta_info"][key]
+                assert [[e[1:] for e in x] if key == "output_top_logprobs" else x[1:] for x in got] == \
+                       [[e[1:] for e in x] if key == "output_top_logprobs" else x[1:] for x in want]
+    assert len(both[0]["meta_info"]["input_token_logprobs"]) == both[0]["meta_info"]["prompt_tokens"] - 2
+    assert all(len(top) == 3 for top in both[0]["meta_info"]["output_top_logprobs"])
+    wrong = post(server, "/generate", {"text": texts, "sampling_params": GREEDY, "top_logprobs_num": [1]})
+    assert wrong.status_code == 400 and wrong.json()["error"]["param"] == "top_logprobs_num"
+
+
 def test_info_endpoints(server):
     assert httpx.get(server.url + "/health").status_code == 200
     info = httpx.get(server.url + "/get_model_info").json()

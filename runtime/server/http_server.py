@@ -250,17 +250,20 @@ async def handle_generate(ctx: ServerContext, req: GenerateReqInput, request: Re
     else:
         is_batch = bool(req.input_ids) and isinstance(req.input_ids[0], list)
         prompts = req.input_ids if is_batch else [req.input_ids]  # type: ignore[list-item]
-    options = RequestOptions(req.stream, req.return_logprob, req.logprob_start_len, req.top_logprobs_num,
-                             cache_namespace(req.extra_key, req.cache_salt), req.program_id)
+    namespace = cache_namespace(req.extra_key, req.cache_salt)
+    options = [RequestOptions(req.stream, *logprob_options, namespace, req.program_id)  # type: ignore[arg-type]
+               for logprob_options in zip(*(_per_prompt(req, name, len(prompts)) for name in _LOGPROB_FIELDS),
+                                          strict=True)]
     with bad_input_as_400("sampling_params"):
         params = parse_sampling_params(req.sampling_params, len(prompts), unknown_sampling_field_warner("/generate"))
         requests = build_requests(prompts, params, options, ctx.limits,
                                   prompt_field="text" if req.text is not None else "input_ids")
     is_batch = is_batch or len(requests) > 1
-    states = ctx.submit_group(requests, _rids(req.rid, len(requests)))
+    states = ctx.submit_group(requests, _rids(req.rid, [p.n for p in params]))
+    starts = {id(s): r.options.logprob_start_len for s, r in zip(states, requests, strict=True)}
 
     def render(state: Any, logprobs_from: int = 0) -> dict[str, Any]:
-        return native_output(state, ctx.tokenizer, req.return_text_in_logprobs, req.logprob_start_len, logprobs_from)
+        return native_output(state, ctx.tokenizer, req.return_text_in_logprobs, starts[id(state)], logprobs_from)
 
     if not req.stream:
         await wait_all(ctx.client, states, request)
@@ -292,14 +295,34 @@ async def handle_generate(ctx: ServerContext, req: GenerateReqInput, request: Re
     return StreamingResponse(events(), media_type="text/event-stream")
 
 
-def _rids(rid: str | list[str] | None, n: int) -> list[str] | None:
+_LOGPROB_FIELDS = ("return_logprob", "logprob_start_len", "top_logprobs_num")
+
+
+def _per_prompt(req: GenerateReqInput, name: str, num_prompts: int) -> list[Any]:
+    """A field given once for every prompt or as a list of one per prompt, as one per prompt."""
+    value = getattr(req, name)
+    if not isinstance(value, list):
+        return [value] * num_prompts
+    if len(value) != num_prompts:
+        raise ApiError(400, f"got {len(value)} values of {name} for {num_prompts} prompts", param=name)
+    return value
+
+
+def _rids(rid: str | list[str] | None, samples: list[int]) -> list[str] | None:
+    """The request ids of prompts with ``samples[i]`` requests each (their ``n``): a client's
+    one id becomes ``rid_0``, ``rid_1``, ... when there are several; a list has one id per
+    prompt (SGLang's rule: expanded so for ``n > 1``) or one per request."""
     if rid is None:
         return None
-    if isinstance(rid, list):
-        if len(rid) != n:
-            raise ApiError(400, f"got {len(rid)} rids for {n} requests", param="rid")
+    total = sum(samples)
+    if isinstance(rid, str):
+        return [rid] if total == 1 else [f"{rid}_{i}" for i in range(total)]
+    if len(rid) == total:
         return rid
-    return [rid] if n == 1 else [f"{rid}_{i}" for i in range(n)]
+    if len(rid) == len(samples):
+        return [r if n == 1 else f"{r}_{k}" for r, n in zip(rid, samples, strict=True) for k in range(n)]
+    raise ApiError(400, f"got {len(rid)} rids for {len(samples)} prompts ({total} requests): give one per prompt "
+                        "or one per request", param="rid")
 
 
 def _runs_under(rid: str, given: str) -> bool:

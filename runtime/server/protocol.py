@@ -59,10 +59,13 @@ class GenerateReqInput(_Body):
     input_ids: list[int] | list[list[int]] | None = None
     sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
     stream: bool = False
-    return_logprob: bool = False
-    logprob_start_len: int = -1
-    top_logprobs_num: int = 0
+    # one value for every prompt, or a list with one per prompt (SGLang's)
+    return_logprob: bool | list[bool] = False
+    logprob_start_len: int | list[int] = -1
+    top_logprobs_num: int | list[int] = 0
     return_text_in_logprobs: bool = False
+    # one id (a batch or n > 1 runs as rid_0, rid_1, ...), or a list: one per prompt (each
+    # expanded so for n > 1, as SGLang does) or one per request
     rid: str | list[str] | None = None
     # Requests with different keys never share cached prefixes (tenants, salts).
     extra_key: str | None = None
