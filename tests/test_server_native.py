@@ -289,6 +289,27 @@ def test_abort_request_ends_a_request_by_its_rid_or_all_of_them(server):
     assert sched["kv_held_by_requests"] == 0 and sched["kv_invariant_holds"] is True
 
 
+def test_abort_request_finds_openai_requests_by_their_rid(server):
+    """SGLang's ``rid`` on the OpenAI routes names the requests, so ``/abort_request`` ends
+    them: the answer so far, finish reason ``abort``; ``n > 1`` runs as rid_0, rid_1."""
+    import concurrent.futures
+
+    model = "SmolLM2-135M-Instruct"
+    chat = {"model": model, "messages": [{"role": "user", "content": "A long story."}], "max_tokens": 3000,
+            "ignore_eos": True, "rid": "chat-1", "n": 2}
+    completion = {"model": model, "prompt": "Once upon a time", "max_tokens": 3000, "ignore_eos": True, "rid": "cmpl-1"}
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        for path, body, running in (("/v1/chat/completions", chat, 2), ("/v1/completions", completion, 1)):
+            answer = pool.submit(post, server, path, body)
+            wait_for_running(server, running)
+            time.sleep(0.3)
+            assert post(server, "/abort_request", {"rid": body["rid"]}).status_code == 200
+            out = answer.result(timeout=30).json()
+            assert [c["finish_reason"] for c in out["choices"]] == ["abort"] * running
+            assert 0 < out["usage"]["completion_tokens"] < 3000 * running
+    wait_idle(server)
+
+
 def wait_for_running(server, n: int, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while server.info()["scheduler"]["num_running_reqs"] < n:

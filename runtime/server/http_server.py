@@ -38,6 +38,7 @@ from runtime.server.protocol import (
     GenerateReqInput,
     reject_unsupported,
 )
+from runtime.server.request_ids import request_ids, runs_under
 from runtime.server.responses import (
     SSE_DONE,
     JsonResponse,
@@ -169,7 +170,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
     @app.post("/abort_request")
     async def abort_request(request: Request) -> Response:
         req: AbortRequestReq = await read_body(request, AbortRequestReq, ctx.http.max_request_bytes)
-        chosen = [s for rid, s in ctx.client.states.items() if req.abort_all or _runs_under(rid, req.rid)]
+        chosen = [s for rid, s in ctx.client.states.items() if req.abort_all or runs_under(rid, req.rid)]
         for state in chosen:
             ctx.client.cancel(state, "aborted by /abort_request")
         return Response(status_code=200)
@@ -259,7 +260,7 @@ async def handle_generate(ctx: ServerContext, req: GenerateReqInput, request: Re
         requests = build_requests(prompts, params, options, ctx.limits,
                                   prompt_field="text" if req.text is not None else "input_ids")
     is_batch = is_batch or len(requests) > 1
-    states = ctx.submit_group(requests, _rids(req.rid, [p.n for p in params]))
+    states = ctx.submit_group(requests, request_ids(req.rid, [p.n for p in params]))
     starts = {id(s): r.options.logprob_start_len for s, r in zip(states, requests, strict=True)}
 
     def render(state: Any, logprobs_from: int = 0) -> dict[str, Any]:
@@ -306,26 +307,3 @@ def _per_prompt(req: GenerateReqInput, name: str, num_prompts: int) -> list[Any]
     if len(value) != num_prompts:
         raise ApiError(400, f"got {len(value)} values of {name} for {num_prompts} prompts", param=name)
     return value
-
-
-def _rids(rid: str | list[str] | None, samples: list[int]) -> list[str] | None:
-    """The request ids of prompts with ``samples[i]`` requests each (their ``n``): a client's
-    one id becomes ``rid_0``, ``rid_1``, ... when there are several; a list has one id per
-    prompt (SGLang's rule: expanded so for ``n > 1``) or one per request."""
-    if rid is None:
-        return None
-    total = sum(samples)
-    if isinstance(rid, str):
-        return [rid] if total == 1 else [f"{rid}_{i}" for i in range(total)]
-    if len(rid) == total:
-        return rid
-    if len(rid) == len(samples):
-        return [r if n == 1 else f"{r}_{k}" for r, n in zip(rid, samples, strict=True) for k in range(n)]
-    raise ApiError(400, f"got {len(rid)} rids for {len(samples)} prompts ({total} requests): give one per prompt "
-                        "or one per request", param="rid")
-
-
-def _runs_under(rid: str, given: str) -> bool:
-    """Whether request ``rid`` is one a client sent as ``given`` (``_rids``: itself, or a
-    batch's or ``n > 1``'s ``given_0``, ``given_1``, ...)."""
-    return bool(given) and (rid == given or rid.startswith(given + "_"))

@@ -21,6 +21,7 @@ from runtime.request_options import RequestOptions, cache_namespace
 from runtime.sampling.params import MAX_N, SamplingParams
 from runtime.server.context import ServerContext, bad_input_as_400, sampling_params
 from runtime.server.protocol import ApiError, reject_unsupported
+from runtime.server.request_ids import request_ids
 from runtime.server.responses import SSE_DONE, JsonResponse, error_of, merged_updates, sse, wait_all
 from runtime.server.scheduler_client import ReqState
 
@@ -124,7 +125,7 @@ class OpenAIHandler:
                 requests += build_requests([ids], [params], options, ctx.limits, prompt_field="prompt",
                                            within_context=True)
         self.num_prompts = len(prompts)
-        return ctx.submit_group(requests)
+        return ctx.submit_group(requests, request_ids(self.req.rid, [self.req.n] * len(prompts)))
 
     def usage(self, states: list[ReqState]) -> dict[str, Any]:
         n = self.req.n

@@ -178,8 +178,9 @@ class _OpenAISampling(SharedSampling):
     guided_regex: str | None = None
     guided_grammar: str | None = None
     guided_choice: list[str] | None = None
-    # accepted and ignored (SGLang's gateway sends them)
+    # SGLang's: the requests' ids, as on /generate (so /abort_request can end them)
     rid: str | list[str] | None = None
+    # accepted and ignored (SGLang's gateway sends it)
     return_text_in_logprobs: bool = False
     # accepted at their neutral value only
     logit_bias: dict[str, float] | None = None
