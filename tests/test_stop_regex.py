@@ -18,7 +18,7 @@ from runtime.sampling.params import InvalidField, SamplingParams
 from runtime.sampling.stop_regex import held_from, tail_tokens
 from runtime.scheduler.stop import check_stop
 
-PATTERNS = [r"\d{2}", r"ab+c", r"END|STOP", r"x.y", r"[A-Z][a-z]{3}\b", r"\n\n", r"é\w"]
+PATTERNS = [r"\d{2}", r"ab+c", r"END|STOP", r"x.y", r"[A-Z][a-z]{3}\b", r"\n\n", r"é\w", r"\bQuiz", r"(?<=a )\d"]
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +86,28 @@ def test_the_cut_after_min_new_tokens_holds_when_the_minimum_splits_a_character(
 def test_unbounded_patterns_search_the_whole_output():
     assert tail_tokens([r"\d+"]) is None and tail_tokens([r"ab", r".*z"]) is None
     assert tail_tokens([r"ab", r"x{5}"]) == 4 * 5 + 2
+    # what looks left of the match cannot be judged from a tail window's first character
+    for looks_left in (r"\bAnswer:", r"^\d", r"(?m)^x", r"(?<=final answer is )\d", r"(x|(?:\Bq){2})", r"(?>a\b)"):
+        assert tail_tokens([looks_left]) is None, looks_left
+    assert tail_tokens([r"end$"]) == 4 * 3 + 2
+
+
+@pytest.mark.parametrize(("pattern", "text"), [
+    (r"\bAnswer:", "FinalAnswer: " + "the numbers add up to seven, and then we go on counting. " * 3),
+    (r"^\d", "Step 1 computes the sum of the first seven numbers, then step 2 checks it. " * 2),
+])
+def test_an_anchored_pattern_does_not_stop_where_the_whole_output_has_no_match(tokenizer, pattern, text):
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert not re.search(pattern, text)
+    assert _first_stop_step(tokenizer, SamplingParams(max_new_tokens=10**6, stop_regex=[pattern]), ids) is None
+
+
+def test_a_lookbehind_longer_than_the_window_still_stops(tokenizer):
+    text = "So the final answer of the long computation is 7, as shown."
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    params = SamplingParams(max_new_tokens=10**6, stop_regex=[r"(?<=final answer of the long computation is )\d"])
+    step = _first_stop_step(tokenizer, params, ids)
+    assert step is not None and tokenizer.decode(ids[:step]).endswith("is 7")
 
 
 @settings(max_examples=200, deadline=None)

@@ -28,15 +28,38 @@ def compile_pattern(pattern: str) -> regex.Pattern[str]:
 
 @lru_cache(maxsize=256)
 def max_width(pattern: str) -> int | None:
-    """Longest text the pattern can match, or None when unbounded (``\\d+``, ``.*``) or not
-    computable: then the whole output is searched."""
+    """Longest text the pattern can match, or None when the whole output must be searched:
+    unbounded (``\\d+``, ``.*``), not computable, or looking left of its match (``^``,
+    ``\\b``, a lookbehind), which the start of a tail window would fool."""
     try:
         import re._parser as sre_parse  # Python >= 3.11
 
-        width = sre_parse.parse(pattern).getwidth()[1]
+        parsed = sre_parse.parse(pattern)
+        width = parsed.getwidth()[1]
     except Exception:  # syntax only ``regex`` knows, or another Python's parser
         return None
-    return None if width >= sre_parse.MAXREPEAT else int(width)
+    if width >= sre_parse.MAXREPEAT or _looks_left(parsed):
+        return None
+    return int(width)
+
+
+def _looks_left(parsed: object) -> bool:
+    """Whether a parsed pattern has an assertion about text before a position: any anchor
+    but the end ones, or any lookaround (a lookahead is harmless, but rare enough to treat
+    alike)."""
+    import re._constants as c  # Python >= 3.11
+
+    ends = {c.AT_END, c.AT_END_LINE, c.AT_END_STRING}
+    for op, av in parsed:  # type: ignore[attr-defined]
+        if op is c.AT and av not in ends or op in (c.ASSERT, c.ASSERT_NOT):
+            return True
+        children = av if isinstance(av, (list, tuple)) else (av,)
+        for child in children:
+            if hasattr(child, "getwidth") and _looks_left(child):
+                return True
+            if isinstance(child, list) and any(_looks_left(b) for b in child if hasattr(b, "getwidth")):
+                return True
+    return False
 
 
 def check_pattern(pattern: str) -> str | None:
