@@ -106,15 +106,20 @@ class Tokenizer:
         ids = output_ids[:-1] if isinstance(matched, int) else output_ids
         text = self.decode(ids, skip_special_tokens=params.skip_special_tokens)
         if isinstance(matched, str):
-            # With min_new_tokens, a match that ended before the minimum did not stop the request
-            # (and was streamed): cut at the first one that ends after it.
-            ended_before = stop_regex.new_text_start(
-                lambda part: self.decode(part, skip_special_tokens=params.skip_special_tokens),
-                ids, params.min_new_tokens - 1, text)
+            def new_from(k: int) -> int:  # where the text of ids[k:] begins
+                return stop_regex.new_text_start(
+                    lambda part: self.decode(part, skip_special_tokens=params.skip_special_tokens), ids, k, text)
+
             if matched in params.stop:
-                cut = stop_regex.find_ending_after(text, matched, ended_before)
-            else:  # one of params.stop_regex
-                found = stop_regex.first_match([matched], text, ends_after=ended_before)
+                # The stop string that stopped the request ends in its newest token (the
+                # scheduler checks every token). An earlier one did not stop it and was
+                # streamed: one before min_new_tokens, or one this text has and the
+                # scheduler's had not (it reads special tokens, which this text may skip).
+                cut = stop_regex.find_ending_after(text, matched, new_from(len(ids) - 1))
+            else:  # one of params.stop_regex (with a lookahead, its match may end before the newest token)
+                # With min_new_tokens, a match that ended before the minimum did not stop the request
+                # (and was streamed): cut at the first one that ends after it.
+                found = stop_regex.first_match([matched], text, ends_after=new_from(params.min_new_tokens - 1))
                 cut = found[1] if found else -1
             if cut >= 0:
                 text = text[:cut]

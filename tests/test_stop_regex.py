@@ -26,6 +26,14 @@ def tokenizer(model_dir):
     return AutoTokenizer.from_pretrained(str(model_dir))
 
 
+@pytest.fixture(scope="module")
+def tok(model_dir):
+    """The engine's own tokenizer (``output_text``, the detokenizer's decoding)."""
+    from runtime.tokenizer import Tokenizer
+
+    return Tokenizer(model_dir)
+
+
 class _Req:
     """What ``check_stop`` reads of a request."""
 
@@ -153,3 +161,51 @@ def test_bad_stop_regex_is_refused_naming_the_field(value, why):
 def test_stop_regex_string_becomes_a_list():
     assert SamplingParams.from_dict({"stop_regex": r"\d"}).stop_regex == [r"\d"]
     assert SamplingParams.from_dict({"stop_regex": None}).stop_regex == []
+
+
+def _stream(tok, ids: list[int], params: SamplingParams) -> tuple[list[str], dict | None]:
+    """Feed ``ids`` one per step through the scheduler's stop check and the detokenizer, as a
+    streamed request goes: the text each update shows (the last: the finished text)."""
+    import numpy as np
+
+    from runtime.detokenizer import Detokenizer
+    from runtime.ipc.messages import TokenUpdate
+
+    detok, req, shown = Detokenizer(tok), _Req(params, []), []
+    for t in ids:
+        req.output_ids.append(t)
+        finish = check_stop(req, (), 10**9, lambda part: tok.decode(part, skip_special_tokens=False))
+        update = TokenUpdate("r", 1, finish, 1, 0, len(req.output_ids), params.skip_special_tokens, tuple(params.stop),
+                             tuple(params.stop_regex), params.no_stop_trim, params.min_new_tokens)
+        shown.append(detok.text_of(update, np.array([t])))
+        if finish is not None:
+            return shown, finish
+    return shown, None
+
+
+@settings(max_examples=300, deadline=None)
+@given(pieces=st.lists(st.one_of(st.text(alphabet="ab\n", min_size=1, max_size=3), st.sampled_from(["<S>", "<E>"])),
+                       min_size=2, max_size=12), data=st.data())
+def test_the_finished_text_keeps_what_was_streamed_when_special_tokens_hide_a_match(tok, pieces, data):
+    # The scheduler finds stop strings in the text with special tokens; the answer skips them,
+    # so it can hold a match the scheduler never saw ("x<|im_end|>\n<|im_start|>user" shows
+    # "x\nuser"). That text was streamed; the cut must not take it back.
+    special = {"<S>": tok.hf.convert_tokens_to_ids("<|im_start|>"), "<E>": tok.hf.convert_tokens_to_ids("<|im_end|>")}
+    ids = [i for p in pieces for i in ([special[p]] if p in special else tok.hf.encode(p, add_special_tokens=False))]
+    visible = tok.decode(ids)
+    if not visible:
+        return
+    start = data.draw(st.integers(0, len(visible) - 1))
+    stop = visible[start : start + data.draw(st.integers(2, 3))]
+    shown, finish = _stream(tok, ids, SamplingParams(max_new_tokens=10**6, stop=[stop], ignore_eos=True))
+    assert all(shown[-1].startswith(earlier) for earlier in shown[:-1]), (shown, finish)
+
+
+def test_a_stop_string_hidden_by_special_tokens_is_not_where_the_text_is_cut(tok):
+    start, end = tok.hf.convert_tokens_to_ids("<|im_start|>"), tok.hf.convert_tokens_to_ids("<|im_end|>")
+    e = lambda text: tok.hf.encode(text, add_special_tokens=False)  # noqa: E731
+    ids = e("Paris.") + [end] + e("\n") + [start] + e("user\nAnd Spain?") + [end] + e("\nassistant\nMadrid.\nuser")
+    shown, finish = _stream(tok, ids, SamplingParams(max_new_tokens=100, stop=["\nuser"], ignore_eos=True))
+    assert finish == {"type": "stop", "matched": "\nuser"} and len(shown) == len(ids)
+    assert shown[-1] == "Paris.\nuser\nAnd Spain?\nassistant\nMadrid."
+
