@@ -14,7 +14,7 @@ from runtime import ipc
 from runtime.ipc.messages import AbortReq, BatchStrOut, StrUpdate, TokenizedGenerateReq, TokenUpdate
 from runtime.sampling.params import SamplingParams
 from runtime.server.metrics import ServerMetrics
-from runtime.server.scheduler_client import SchedulerClient
+from runtime.server.scheduler_client import ReqState, SchedulerClient
 
 
 def _update(wire_id: str, ids: list[int], finished: dict | None = None) -> BatchStrOut:
@@ -56,3 +56,16 @@ def test_a_rid_sent_again_right_after_its_abort_gets_only_its_own_updates():
             ipc.remove_ipc_files([to_scheduler, from_detokenizer])
 
     asyncio.run(scenario())
+
+
+def test_an_error_set_by_the_server_is_not_wiped_by_a_late_token_update():
+    # At shutdown every open request is answered with an error at once; the scheduler may
+    # still send a token for it before its handler looks, which must not reopen it.
+    state = ReqState("r", 3, False, 1, "r#0")
+    client = SchedulerClient.__new__(SchedulerClient)  # no sockets: only the bookkeeping
+    client.states, client.by_wire_id = {"r": state}, {"r#0": state}
+    client.end_open_requests("The server is shutting down.", 503)
+    token = TokenUpdate("r#0", 1, None, prompt_tokens=3, cached_tokens=0, completion_tokens=1)
+    state.apply(StrUpdate(token, "Hello"), np.asarray([5], dtype=np.int32))
+    assert state.is_finished and (state.error, state.error_status) == ("The server is shutting down.", 503)
+

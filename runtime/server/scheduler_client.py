@@ -83,7 +83,8 @@ class ReqState:
         if t.output_token_logprobs:
             self.output_token_logprobs.extend(t.output_token_logprobs)
             self.output_top_logprobs.extend(t.output_top_logprobs or [])
-        self.error, self.error_param = t.error, t.error_param
+        if self.error is None:  # an error set here (shutting down, a process died) stays
+            self.error, self.error_param = t.error, t.error_param
         self.finished_reason = t.finished_reason
         now = time.perf_counter()
         if len(new_ids):
