@@ -10,6 +10,8 @@ pytestmark = pytest.mark.slow
 
 MODEL = "SmolLM2-135M-Instruct"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+BAD_TOOL = {"type": "function", "function": {"name": "f", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer", "minimum": 5, "maximum": 1}}}}}
 
 
 def call(server, path: str, body=None, content: bytes | None = None, headers=None) -> httpx.Response:
@@ -73,6 +75,12 @@ def assert_error(resp: httpx.Response, status: int, *words: str, param: str | No
         ("/v1/chat/completions", {**CHAT, "temperature": "0.5"}, 400, ["temperature"], "temperature"),
         ("/v1/chat/completions", {**CHAT, "stream": "yes"}, 400, ["stream"], "stream"),
         ("/generate", {"text": "a", "stream": "yes"}, 400, ["stream"], "stream"),
+        # a tool schema the grammar engine refuses: the client's error, not the server's
+        ("/v1/chat/completions", {**CHAT, "tools": [BAD_TOOL]}, 400, ["tool 'f'", "minimum greater than maximum"], "tools"),
+        ("/v1/chat/completions", {**CHAT, "tools": [BAD_TOOL], "stream": True}, 400, ["tool 'f'"], "tools"),
+        ("/v1/responses", {"model": MODEL, "input": "Hi", "tools": [{"type": "function", **BAD_TOOL["function"]}]}, 400,
+         ["tool 'f'"], "tools"),
+        ("/tokenize", {"messages": CHAT["messages"], "tools": [BAD_TOOL]}, 400, ["tool 'f'"], "tools"),
     ],
 )
 def test_bad_input(server, path, body, status, words, param):

@@ -12,9 +12,12 @@ is the structured one."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
+from runtime.constrained.spec import GrammarSpec, check_spec, engine_message
+from runtime.sampling.params import InvalidField
 from runtime.server.tools.choice import call_rule
 
 
@@ -92,4 +95,13 @@ def tool_grammar(tools: list[dict[str, Any]], tool_choice: Any, parser_name: str
             triggers=[markup.trigger], tags=[tag(markup.begin, markup.end, n, p) for n, p in functions],
             stop_after_first=not parallel,
         )
-    return str(xgr.Grammar.from_structural_tag(st.StructuralTag(format=fmt)))
+    try:
+        return str(xgr.Grammar.from_structural_tag(st.StructuralTag(format=fmt)))
+    except Exception as err:  # the engine's RuntimeError: find the schema that caused it
+        for name, schema in functions:
+            try:
+                check_spec(GrammarSpec("json_schema", json.dumps(schema)))
+            except InvalidField as bad:
+                raise InvalidField("tools", f"the parameters of tool '{name}' cannot be compiled: "
+                                            f"{str(bad).split('cannot be compiled: ', 1)[-1]}") from err
+        raise InvalidField("tools", f"the tools' call grammar cannot be compiled: {engine_message(err)}") from err
