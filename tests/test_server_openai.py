@@ -114,6 +114,12 @@ def test_usage_reports_cached_tokens(client):
     again = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=4, temperature=0)
     assert again.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 1
     assert again.usage.prompt_tokens_details.cached_tokens > first.usage.prompt_tokens_details.cached_tokens
+    # n > 1: the samples share one prefill, which is no cache hit of the request's own
+    fresh = [{"role": "system", "content": "You list rivers of Peru. " * 20}, {"role": "user", "content": "Go"}]
+    two = client.chat.completions.create(model=MODEL, messages=fresh, max_tokens=2, n=2, temperature=0)
+    assert two.usage.prompt_tokens_details.cached_tokens < two.usage.prompt_tokens // 2
+    again = client.chat.completions.create(model=MODEL, messages=fresh, max_tokens=2, n=2, temperature=0)
+    assert again.usage.prompt_tokens_details.cached_tokens >= again.usage.prompt_tokens - 1
 
 
 def test_n_choices_and_max_completion_tokens(client):

@@ -131,7 +131,7 @@ class OpenAIHandler:
         n = self.req.n
         groups = [states[i * n : (i + 1) * n] for i in range(len(states) // n)]
         prompt = sum(g[0].prompt_tokens for g in groups)
-        cached = sum(max(s.cached_tokens for s in g) for g in groups)
+        cached = sum(min(s.cached_tokens for s in g) for g in groups)  # siblings reuse the first one's prefill
         completion = sum(len(s.output_ids) for s in states)
         return {
             "prompt_tokens": prompt,
