@@ -62,6 +62,21 @@ def test_streamed_events_add_up_to_the_whole_answer(client):
     assert len(final.output[0].content[0].logprobs) == 0  # not asked for
     assert done.text == deltas and done.item_id == final.output[0].id
     assert final.usage.output_tokens == whole.usage.output_tokens
+    assert whole.status != "completed" or whole.completed_at >= whole.created_at
+    assert final.status != "completed" or final.completed_at >= final.created_at
+
+
+def test_streamed_events_are_named_on_event_lines(server):
+    """As OpenAI sends them: each event's ``event:`` line names its type (clients such as an
+    EventSource dispatch on it)."""
+    body = {"model": MODEL, "input": "Say hi.", "stream": True, "max_output_tokens": 8, "store": False}
+    with httpx.stream("POST", server.url + "/v1/responses", json=body, timeout=60) as resp:
+        frames = [f for f in resp.read().decode().split("\n\n") if f.strip()]
+    assert len(frames) > 3
+    for frame in frames:
+        name, data = frame.split("\n")
+        assert name.startswith("event: ") and data.startswith("data: ")
+        assert json.loads(data[len("data: "):])["type"] == name[len("event: "):]
 
 
 def test_previous_response_id_continues_the_stored_conversation(client):

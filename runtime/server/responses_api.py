@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -63,6 +64,14 @@ class OutputItems:
     def call_item(self, k: int, call_id: str, name: str, arguments: str, status: str = "completed") -> dict[str, Any]:
         return {"type": "function_call", "id": f"fc_{self.hex}_{k}", "call_id": call_id, "name": name,
                 "arguments": arguments, "status": status}
+
+    _completed_at: int | None = None
+
+    def completed_at(self) -> int:
+        """When the response completed (set the first time a completed body is made)."""
+        if self._completed_at is None:
+            self._completed_at = int(time.time())
+        return self._completed_at
 
     def body(self, output: list[dict[str, Any]], status: str, usage: dict[str, Any] | None) -> dict[str, Any]:
         raise NotImplementedError
@@ -194,6 +203,7 @@ class ResponseCreation(OutputItems, ChatCompletion):
         fmt = r.text.format.model_dump(by_alias=True, exclude_none=True) if r.text and r.text.format else {"type": "text"}
         return {
             "id": self.id, "object": "response", "created_at": self.created, "status": status, "error": None,
+            "completed_at": self.completed_at() if status == "completed" else None,
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
             "instructions": r.instructions, "max_output_tokens": r.max_output_tokens, "model": self.ctx.model_name,
             "output": output, "parallel_tool_calls": r.parallel_tool_calls is not False,
@@ -292,8 +302,10 @@ class StreamedOutput:
         self.failed_body: dict[str, Any] | None = None  # the response as failed, once it has
 
     def event(self, kind: str, **fields: Any) -> bytes:
+        """One server-sent event, named by its type on an ``event:`` line as OpenAI sends it
+        (clients that dispatch on event names need it; the SDK reads ``type``)."""
         self.sequence += 1
-        return sse({"type": kind, "sequence_number": self.sequence - 1, **fields})
+        return b"event: " + kind.encode() + b"\n" + sse({"type": kind, "sequence_number": self.sequence - 1, **fields})
 
     def failed(self, status: int, message: str) -> bytes:
         code = "server_error" if status >= 500 else "invalid_prompt"
