@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from runtime.server.chat_answer import ChatAnswer
 from runtime.server.tools.parsers import StreamingToolParser, get_parser, parser_for_template
 
 CASES = {
@@ -63,6 +64,28 @@ def test_a_last_call_cut_off_is_dropped_and_the_whole_ones_stand(name):
     assert content == CONTENT[name]
     first_only = text[: text.index('"get_weather"') + 20]
     assert get_parser(name).parse(first_only) == (first_only, [])
+
+
+@pytest.mark.parametrize("name", ["hermes", "llama3_json", "mistral"])
+def test_an_answer_cut_off_inside_its_first_call_drops_it_streamed_or_not(name):
+    """The grammar lets nothing but a call follow the markup, so markup cut off by max_tokens
+    is an unfinished call, not text: the answer keeps its content before it, whole or
+    streamed (with a finish other than length, markup that never parses stays content)."""
+    text = CASES[name]
+    cut = text[: text.index('"get_weather"') + 8]  # inside the first call's name
+    for end in (cut, text[: text.index('"get_weather"') + 20]):  # ... and inside its arguments
+        message, finish = ChatAnswer(get_parser(name), None).message(end, "length")
+        assert finish == "length" and "tool_calls" not in message
+        assert message["content"] == (CONTENT[name] or None)
+        answer, streamed, calls = ChatAnswer(get_parser(name), None), "", []
+        for k in range(1, len(end) + 1):
+            delta, _ = answer.delta(0, end[:k], "length" if k == len(end) else None)
+            streamed += (delta or {}).get("content", "")
+            calls += (delta or {}).get("tool_calls", [])
+        assert streamed == CONTENT[name]
+        assert all(c["function"]["name"] == "get_weather" for c in calls)  # as far as it was announced
+    json_answer = '{"city": "Paris", "temper'  # JSON content (a response_format answer), not a call
+    assert ChatAnswer(get_parser("llama3_json"), None).message(json_answer, "length")[0]["content"] == json_answer
 
 
 @pytest.mark.parametrize("name", ["hermes", "mistral", "llama3_json"])

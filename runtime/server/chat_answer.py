@@ -38,6 +38,8 @@ class ChatAnswer:
             if calls:
                 message.update(content=content or None, tool_calls=[c.as_openai() for c in calls])
                 finish = self.calls_finish if finish == "stop" else finish
+            elif finish == "length" and (start := self.tool_parser.markup_start(content)) >= 0:
+                message["content"] = content[:start].rstrip() or None  # its only call, cut off: dropped
         return message, finish
 
     def delta(self, index: int, text: str, finish: str | None) -> tuple[dict[str, Any] | None, str | None]:
@@ -51,7 +53,7 @@ class ChatAnswer:
             answer = thinking.content
         if self.tool_parser is not None:
             stream = self.tool_streams.setdefault(index, StreamingToolParser(self.tool_parser))
-            content, calls = stream.feed(answer, finished)
+            content, calls = stream.feed(answer, finished, cut_off=finish == "length")
             if finish == "stop" and stream.sent_calls:
                 finish = self.calls_finish
         if not (reasoning or content or calls or finished):

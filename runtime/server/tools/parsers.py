@@ -99,6 +99,11 @@ class ToolCallParser(ABC):
     def parse(self, text: str) -> tuple[str, list[ParsedCall]]:
         """(content, calls). Markup that does not parse stays in the content."""
 
+    def markup_start(self, text: str) -> int:
+        """Where call markup begins in ``text``, or -1: what an answer cut off by
+        ``max_tokens`` inside its first call drops (the grammar let nothing else follow it)."""
+        return text.find(self.start) if self.start else -1
+
 
 class HermesParser(ToolCallParser):
     name = "hermes"
@@ -131,6 +136,12 @@ class Qwen25Parser(HermesParser):
 class Llama3JsonParser(ToolCallParser):
     name = "llama3_json"
     start = "<|python_tag|>"
+    _call_head = re.compile(r'\s*(<\|python_tag\|>)?\s*\{\s*"name"')  # an object that begins as a call
+
+    def markup_start(self, text: str) -> int:
+        """Calls are bare JSON objects: markup only where an object begins as a call (JSON
+        content, a ``response_format`` answer beside tools, stays)."""
+        return 0 if self._call_head.match(text) else -1
 
     def parse(self, text: str) -> tuple[str, list[ParsedCall]]:
         body = text.strip()
@@ -218,7 +229,8 @@ class StreamingToolParser:
     stream has not shown completely (arguments first, or written as a string) is sent then.
     A last call cut off by max_tokens stays as far as it was streamed (finish_reason
     ``length``), where the whole answer leaves it out. Markup that never parses as a call
-    (no call announced) is content in the end, as in the whole parse; a call announced
+    (no call announced) is content in the end, as in the whole parse, unless max_tokens cut
+    the answer inside it (``markup_start``): then, as in the whole answer, it is dropped. A call announced
     that the whole parse then rejects cannot be taken back."""
 
     def __init__(self, parser: ToolCallParser) -> None:
@@ -231,7 +243,8 @@ class StreamingToolParser:
     def sent_calls(self) -> int:
         return len(self.calls)
 
-    def feed(self, text: str, finished: bool) -> tuple[str, list[dict]]:
+    def feed(self, text: str, finished: bool, cut_off: bool = False) -> tuple[str, list[dict]]:
+        """The deltas for the cumulative ``text``; ``cut_off``: it ended at ``max_tokens``."""
         shown_before = self.shown
         start = self.parser.start
         cut = text.find(start) if start else -1
@@ -254,7 +267,9 @@ class StreamingToolParser:
             self._stream_calls(text, cut, calls)
             if finished:
                 self._complete_calls(text, calls)
-                if not self.calls:  # the markup never parsed: what was held back is content after all
+                if not self.calls and not (cut_off and self.parser.markup_start(text) >= 0):
+                    # the markup never parsed: what was held back is content after all
+                    # (a first call cut off by max_tokens is dropped, as the whole answer drops it)
                     content, _ = self.parser.parse(text)
                     delta, self.shown = content[shown_before:], len(content)
         return delta, calls
