@@ -6,6 +6,9 @@ vLLM's ``guided_*`` and ``include_stop_str_in_output``, cache keys."""
 
 from __future__ import annotations
 
+import json
+import re
+
 import httpx
 import openai
 import pytest
@@ -158,6 +161,37 @@ def test_vllm_guided_fields_and_stop_string_kept(server):
     kept = post(server, "/v1/completions", {"model": MODEL, "prompt": "1, 2, 3,", "max_tokens": 12, "temperature": 0,
                                             "stop": [" 5"], "include_stop_str_in_output": True}).json()["choices"][0]["text"]
     assert kept == plain + " 5"
+
+
+@pytest.mark.parametrize(("extra", "check"), [
+    ({"structured_outputs": {"choice": ["maybe", "never"]}}, lambda t: t in ("maybe", "never")),
+    ({"structured_outputs": {"regex": "[0-9]{3}"}}, lambda t: re.fullmatch("[0-9]{3}", t)),
+    ({"structured_outputs": {"json": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+                                      "additionalProperties": False}}},
+     lambda t: set(json.loads(t)) == {"n"}),
+    ({"structured_outputs": {"json_object": True}}, lambda t: t.startswith("{")),  # an object (40 tokens may cut it)
+    ({"structured_outputs": {"grammar": 'root ::= "yes" | "no"'}}, lambda t: t in ("yes", "no")),
+    ({"json_schema": json.dumps({"type": "array", "items": {"type": "integer"}, "maxItems": 3})},  # SGLang's
+     lambda t: isinstance(json.loads(t), list)),
+], ids=["choice", "regex", "json", "json_object", "grammar", "json_schema"])
+def test_constraints_as_vllm_and_sglang_clients_send_them_are_kept(server, extra, check):
+    """vLLM's ``structured_outputs`` (its clients' successor to ``guided_*``) and SGLang's
+    ``json_schema`` constrain the answer on both routes, not just pass."""
+    chat = post(server, "/v1/chat/completions", {"model": MODEL, "messages": MESSAGES, "max_tokens": 40,
+                                                  "temperature": 0, **extra})
+    completion = post(server, "/v1/completions", {"model": MODEL, "prompt": "Answer:", "max_tokens": 40,
+                                                  "temperature": 0, **extra})
+    assert check(chat.json()["choices"][0]["message"]["content"]), chat.text
+    assert check(completion.json()["choices"][0]["text"]), completion.text
+
+
+def test_structured_outputs_options_we_cannot_honour_are_400s(server):
+    resp = post(server, "/v1/chat/completions", {"model": MODEL, "messages": MESSAGES, "max_tokens": 4,
+                                                  "structured_outputs": {"regex": "a+", "whitespace_pattern": " "}})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "structured_outputs.whitespace_pattern"
+    both = post(server, "/v1/chat/completions", {"model": MODEL, "messages": MESSAGES, "max_tokens": 4,
+                                                  "structured_outputs": {"regex": "a+", "json": {"type": "object"}}})
+    assert both.status_code == 400, both.text
 
 
 def test_a_body_over_the_limit_is_413_before_parsing(server):

@@ -20,7 +20,7 @@ from runtime.request_builder import build_requests
 from runtime.request_options import RequestOptions, cache_namespace
 from runtime.sampling.params import MAX_N, SamplingParams
 from runtime.server.context import ServerContext, bad_input_as_400, sampling_params
-from runtime.server.protocol import ApiError, reject_unsupported
+from runtime.server.protocol import ApiError, StructuredOutputs, reject_unsupported
 from runtime.server.request_ids import request_ids
 from runtime.server.responses import SSE_DONE, JsonResponse, error_of, merged_updates, sse, wait_all
 from runtime.server.scheduler_client import ReqState
@@ -75,12 +75,16 @@ class OpenAIHandler:
         """The request's output constraint as sampling fields: ``response_format`` becomes a
         ``json_schema`` (``json_object``: any object), ``regex`` and ``ebnf`` pass through."""
         r = self.req
-        regex = r.regex or r.guided_regex
-        if r.guided_choice:
-            regex = "|".join(re.escape(c) for c in r.guided_choice)
-        fields: dict[str, Any] = {"regex": regex, "ebnf": r.ebnf or r.guided_grammar}
-        if r.guided_json is not None:
-            fields["json_schema"] = r.guided_json if isinstance(r.guided_json, str) else json.dumps(r.guided_json)
+        so = r.structured_outputs or StructuredOutputs()
+        regex = r.regex or r.guided_regex or so.regex
+        choice = r.guided_choice or so.choice
+        if choice:
+            regex = "|".join(re.escape(c) for c in choice)
+        fields: dict[str, Any] = {"regex": regex, "ebnf": r.ebnf or r.guided_grammar or so.grammar}
+        given_json = next((j for j in (r.guided_json, r.json_schema, so.json_) if j is not None),
+                          {"type": "object"} if so.json_object else None)
+        if given_json is not None:
+            fields["json_schema"] = given_json if isinstance(given_json, str) else json.dumps(given_json)
         schema = self.answer_schema()
         return fields if schema is None else {**fields, "json_schema": json.dumps(schema)}
 
@@ -99,6 +103,12 @@ class OpenAIHandler:
     def check_common(self) -> None:
         self.ctx.check_model(self.req.model)
         reject_unsupported(self.req, self.req.UNSUPPORTED)
+        if self.req.structured_outputs is not None:
+            try:
+                reject_unsupported(self.req.structured_outputs, StructuredOutputs.UNSUPPORTED)
+            except ApiError as err:
+                raise ApiError(400, f"'structured_outputs.{err.param}' is not supported by this server",
+                               param=f"structured_outputs.{err.param}") from err
         if self.req.best_of not in (None, 1):
             raise ApiError(400, "'best_of' is not supported by this server", param="best_of")
         if not 1 <= self.req.n <= MAX_N:

@@ -149,6 +149,26 @@ class SharedSampling(_Body):
     cache_salt: str | None = None
 
 
+class StructuredOutputs(_Body):
+    """vLLM's ``structured_outputs`` (what its clients send now in place of ``guided_*``)."""
+
+    json_: str | dict[str, Any] | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_fallback: bool = False  # accepted and ignored: there is one grammar engine here
+    # accepted at their neutral value only
+    structural_tag: Any = None
+    whitespace_pattern: str | None = None
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = (
+        "structural_tag", "whitespace_pattern", "disable_any_whitespace", "disable_additional_properties",
+    )
+
+
 class _OpenAISampling(SharedSampling):
     """Fields shared by completions and chat: OpenAI's, then the extras of vLLM and SGLang
     (besides ``SharedSampling``'s)."""
@@ -178,6 +198,8 @@ class _OpenAISampling(SharedSampling):
     guided_regex: str | None = None
     guided_grammar: str | None = None
     guided_choice: list[str] | None = None
+    json_schema: str | dict[str, Any] | None = None  # SGLang's name on both routes
+    structured_outputs: StructuredOutputs | None = None
     # SGLang's: the requests' ids, as on /generate (so /abort_request can end them)
     rid: str | list[str] | None = None
     # accepted and ignored (SGLang's gateway sends it)
