@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ from transformers import AutoTokenizer, PretrainedConfig
 
 from runtime.model_loader.weights import load_hf_config
 from runtime.sampling import stop_regex
+from runtime.token_bytes import TokenBytes
 
 
 def load_hf_tokenizer(model_dir: Path) -> Any:
@@ -97,6 +99,11 @@ class Tokenizer:
 
     def id_to_text(self, token_id: int) -> str:
         return self.hf.decode([token_id], skip_special_tokens=False)
+
+    @cached_property
+    def token_bytes(self) -> TokenBytes:
+        """Each token's own bytes and its name in OpenAI's logprobs (``runtime/token_bytes.py``)."""
+        return TokenBytes(self.hf)
 
     def output_text(self, output_ids: list[int], finished_reason: dict[str, Any] | None, params: Any) -> str:
         """The response text: stop token dropped, cut before the stop string or the stop

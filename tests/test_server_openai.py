@@ -4,6 +4,7 @@ outputs must equal the offline ``Engine``'s for the same prompts."""
 from __future__ import annotations
 
 import asyncio
+import re
 
 import openai
 import pytest
@@ -99,6 +100,25 @@ def test_echo_with_logprobs_scores_the_prompt(client, engine):
     wide = client.completions.create(model=MODEL, prompt="Café 🦙 and 龘", max_tokens=3, echo=True, logprobs=1,
                                      temperature=0).choices[0].logprobs
     assert wide.text_offset == sorted(wide.text_offset) and len(wide.tokens) > 6
+    # a token with part of a character is named by its bytes, as OpenAI names it
+    assert [t for t in wide.tokens if t.startswith("bytes:\\x")] and "\ufffd" not in "".join(wide.tokens)
+
+
+def test_logprob_bytes_rebuild_characters_split_across_tokens(client):
+    """OpenAI's ``bytes`` are each token's own: joined they are the answer's UTF-8, even where
+    a character (an emoji, a rare CJK one) spans several tokens. Streamed the same."""
+    want = "🎉🐍 and 龘é"
+    kw = dict(model=MODEL, messages=[{"role": "user", "content": "Emoji, please."}], max_tokens=30, temperature=0,
+              logprobs=True, top_logprobs=2, extra_body={"regex": re.escape(want)})
+    whole = client.chat.completions.create(**kw).choices[0]
+    entries = whole.logprobs.content
+    assert whole.message.content == want
+    assert b"".join(bytes(e.bytes) for e in entries).decode().removesuffix("<|im_end|>") == want  # + the stop token
+    assert all("\ufffd" not in e.token for e in entries) and any(e.token.startswith("bytes:") for e in entries)
+    assert all(len({t.token for t in e.top_logprobs}) == len(e.top_logprobs) for e in entries)
+    streamed = [e for c in client.chat.completions.create(**kw, stream=True) if c.choices and c.choices[0].logprobs
+                for e in c.choices[0].logprobs.content]
+    assert [(e.token, e.bytes) for e in streamed] == [(e.token, e.bytes) for e in entries]
 
 
 def test_a_stop_string_before_min_tokens_stays_in_the_text_streamed_or_not(client):

@@ -143,11 +143,10 @@ class ChatCompletion(OpenAIHandler):
     def logprobs(self, state: ReqState, start: int, end: int, text_offset: int) -> Any:
         if not self.req.logprobs:
             return None
-        tok = self.ctx.tokenizer
+        token_bytes = self.ctx.tokenizer.token_bytes
 
-        def entry(lp: float, tid: int) -> dict[str, Any]:
-            piece = tok.id_to_text(tid)
-            return {"token": piece, "logprob": lp, "bytes": list(piece.encode("utf-8"))}
+        def entry(lp: float, tid: int) -> dict[str, Any]:  # a token with part of a character: its own bytes
+            return {"token": token_bytes.name(tid), "logprob": lp, "bytes": list(token_bytes.of(tid))}
 
         content = []
         for k in range(start, end):

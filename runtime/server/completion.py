@@ -72,11 +72,11 @@ class Completion(OpenAIHandler):
         tok = self.ctx.tokenizer
         tokens, lps, top_maps, offsets = [], [], [], []
         offset = text_offset
+        names = tok.token_bytes.name  # a token with part of a character is named by its bytes, as OpenAI does
         for (lp, tid), top in zip(pairs, tops, strict=True):
-            piece = tok.id_to_text(tid)
-            tokens.append(piece)
+            tokens.append(names(tid))
             lps.append(lp)
-            top_maps.append({tok.id_to_text(t): v for v, t in top} if self.req.logprobs and top is not None else None)
+            top_maps.append({names(t): v for v, t in top} if self.req.logprobs and top is not None else None)
             offsets.append(offset)
-            offset += len(piece)
+            offset += len(tok.id_to_text(tid))
         return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": top_maps, "text_offset": offsets}
