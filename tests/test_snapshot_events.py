@@ -38,7 +38,9 @@ SNAPSHOTS = [  # as a running server writes them: items grow, then close, in out
 
 def _summary(chunks):
     """(type, item id, delta) of each event, the deltas of each item joined, the last event."""
-    events = [json.loads(c.decode().removeprefix("data: ").strip()) for c in chunks]
+    frames = [c.decode().strip().split("\n") for c in chunks]  # each: "event: <type>", "data: <json>"
+    events = [json.loads(data.removeprefix("data: ")) for _, data in frames]
+    assert [name.removeprefix("event: ") for name, _ in frames] == [e["type"] for e in events]
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     deltas: dict[int, str] = {}
     for e in events:
