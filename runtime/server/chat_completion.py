@@ -94,8 +94,7 @@ class ChatCompletion(OpenAIHandler):
                 self.ctx.tokenizer.hf, messages, tools, tool_choice=r.tool_choice,
                 parallel_tool_calls=r.parallel_tool_calls, chat_template=self.ctx.chat_template_override,
                 tool_call_parser=self.ctx.http.tool_call_parser,
-                other_constraint=bool(r.regex or r.ebnf or r.guided_regex or r.guided_grammar or r.guided_choice
-                                      or r.guided_json is not None),
+                other_constraint=any(v is not None for v in self.given_constraint().values()),
                 answer_schema=self.answer_schema(),
                 add_generation_prompt=r.add_generation_prompt, continue_final_message=r.continue_final_message,
                 template_kwargs=r.chat_template_kwargs, reasoning_effort=r.reasoning_effort,

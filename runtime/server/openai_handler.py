@@ -73,7 +73,19 @@ class OpenAIHandler:
 
     def constraint(self) -> dict[str, Any]:
         """The request's output constraint as sampling fields: ``response_format`` becomes a
-        ``json_schema`` (``json_object``: any object), ``regex`` and ``ebnf`` pass through."""
+        ``json_schema`` (``json_object``: any object), the rest as ``given_constraint``."""
+        fields = self.given_constraint()
+        schema = self.answer_schema()
+        if schema is None:
+            return fields
+        if fields.get("json_schema") is not None:
+            raise ApiError(400, "give response_format or a JSON schema field (json_schema, guided_json, "
+                                "structured_outputs.json), not both", param="response_format")
+        return {**fields, "json_schema": json.dumps(schema)}
+
+    def given_constraint(self) -> dict[str, Any]:
+        """The constraint fields besides ``response_format``: SGLang's ``regex`` / ``ebnf`` /
+        ``json_schema``, vLLM's ``guided_*`` and ``structured_outputs``."""
         r = self.req
         so = r.structured_outputs or StructuredOutputs()
         regex = r.regex or r.guided_regex or so.regex
@@ -85,8 +97,7 @@ class OpenAIHandler:
                           {"type": "object"} if so.json_object else None)
         if given_json is not None:
             fields["json_schema"] = given_json if isinstance(given_json, str) else json.dumps(given_json)
-        schema = self.answer_schema()
-        return fields if schema is None else {**fields, "json_schema": json.dumps(schema)}
+        return fields
 
     def answer_schema(self) -> dict[str, Any] | None:
         """The JSON schema ``response_format`` asks the answer to follow (``json_object``: any

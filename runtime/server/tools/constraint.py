@@ -98,10 +98,13 @@ def tool_grammar(tools: list[dict[str, Any]], tool_choice: Any, parser_name: str
     try:
         return str(xgr.Grammar.from_structural_tag(st.StructuralTag(format=fmt)))
     except Exception as err:  # the engine's RuntimeError: find the schema that caused it
-        for name, schema in functions:
+        named = [("tools", f"the parameters of tool '{name}'", schema) for name, schema in functions]
+        if answer_schema is not None:
+            named.append(("response_format", "the response_format schema", answer_schema))
+        for field, what, schema in named:
             try:
                 check_spec(GrammarSpec("json_schema", json.dumps(schema)))
             except InvalidField as bad:
-                raise InvalidField("tools", f"the parameters of tool '{name}' cannot be compiled: "
-                                            f"{str(bad).split('cannot be compiled: ', 1)[-1]}") from err
+                raise InvalidField(field, f"{what} cannot be compiled: "
+                                          f"{str(bad).split('cannot be compiled: ', 1)[-1]}") from err
         raise InvalidField("tools", f"the tools' call grammar cannot be compiled: {engine_message(err)}") from err
