@@ -10,6 +10,7 @@ pytestmark = pytest.mark.slow
 
 MODEL = "SmolLM2-135M-Instruct"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+GOOD_TOOL = {"type": "function", "function": {"name": "g", "parameters": {"type": "object"}}}
 BAD_TOOL = {"type": "function", "function": {"name": "f", "parameters": {
     "type": "object", "properties": {"a": {"type": "integer", "minimum": 5, "maximum": 1}}}}}
 
@@ -81,6 +82,16 @@ def assert_error(resp: httpx.Response, status: int, *words: str, param: str | No
         ("/v1/responses", {"model": MODEL, "input": "Hi", "tools": [{"type": "function", **BAD_TOOL["function"]}]}, 400,
          ["tool 'f'"], "tools"),
         ("/tokenize", {"messages": CHAT["messages"], "tools": [BAD_TOOL]}, 400, ["tool 'f'"], "tools"),
+        # tools beside another constraint, however it is named; two JSON schemas
+        ("/v1/chat/completions", {**CHAT, "tools": [GOOD_TOOL], "json_schema": {"type": "object"}}, 400,
+         ["cannot be combined"], "tools"),
+        ("/v1/chat/completions", {**CHAT, "tools": [GOOD_TOOL], "structured_outputs": {"json": {"type": "object"}}},
+         400, ["cannot be combined"], "tools"),
+        ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_object"}, "guided_json": {"type": "object"}},
+         400, ["not both"], "response_format"),
+        ("/v1/chat/completions", {**CHAT, "tools": [GOOD_TOOL], "response_format": {"type": "json_schema", "json_schema": {
+            "name": "x", "schema": {"type": "integer", "minimum": 5, "maximum": 1}}}}, 400, ["response_format schema"],
+         "response_format"),
     ],
 )
 def test_bad_input(server, path, body, status, words, param):
