@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -113,21 +114,15 @@ class Tokenizer:
         ids = output_ids[:-1] if isinstance(matched, int) else output_ids
         text = self.decode(ids, skip_special_tokens=params.skip_special_tokens)
         if isinstance(matched, str):
-            def new_from(k: int) -> int:  # where the text of ids[k:] begins
-                return stop_regex.new_text_start(
-                    lambda part: self.decode(part, skip_special_tokens=params.skip_special_tokens), ids, k, text)
-
-            if matched in params.stop:
-                # The stop string that stopped the request ends in its newest token (the
-                # scheduler checks every token). An earlier one did not stop it and was
-                # streamed: one before min_new_tokens, or one this text has and the
-                # scheduler's had not (it reads special tokens, which this text may skip).
-                cut = stop_regex.find_ending_after(text, matched, new_from(len(ids) - 1))
-            else:  # one of params.stop_regex (with a lookahead, its match may end before the newest token)
-                # With min_new_tokens, a match that ended before the minimum did not stop the request
-                # (and was streamed): cut at the first one that ends after it.
-                found = stop_regex.first_match([matched], text, ends_after=new_from(params.min_new_tokens - 1))
-                cut = found[1] if found else -1
+            # Cut at the match that stopped the request, which the text one token earlier
+            # lacks. An earlier one did not stop it and was streamed: one before
+            # min_new_tokens, or one this text has and the scheduler's had not (it reads
+            # special tokens, which this text may skip).
+            before = self.decode(ids[:-1], skip_special_tokens=params.skip_special_tokens)
+            if matched in params.stop:  # it ends in the newest token's text (a split character counts as new)
+                cut = stop_regex.find_ending_after(text, matched, len(os.path.commonprefix([before, text])))
+            else:  # one of params.stop_regex: with a lookahead, its match may end before the newest token
+                cut = stop_regex.first_new_match(matched, text, before)
             if cut >= 0:
                 text = text[:cut]
         return text

@@ -183,10 +183,11 @@ def _stream(tok, ids: list[int], params: SamplingParams) -> tuple[list[str], dic
     return shown, None
 
 
+@pytest.mark.parametrize("kind", ["stop", "stop_regex"])
 @settings(max_examples=300, deadline=None)
 @given(pieces=st.lists(st.one_of(st.text(alphabet="ab\n", min_size=1, max_size=3), st.sampled_from(["<S>", "<E>"])),
                        min_size=2, max_size=12), data=st.data())
-def test_the_finished_text_keeps_what_was_streamed_when_special_tokens_hide_a_match(tok, pieces, data):
+def test_the_finished_text_keeps_what_was_streamed_when_special_tokens_hide_a_match(tok, kind, pieces, data):
     # The scheduler finds stop strings in the text with special tokens; the answer skips them,
     # so it can hold a match the scheduler never saw ("x<|im_end|>\n<|im_start|>user" shows
     # "x\nuser"). That text was streamed; the cut must not take it back.
@@ -197,15 +198,17 @@ def test_the_finished_text_keeps_what_was_streamed_when_special_tokens_hide_a_ma
         return
     start = data.draw(st.integers(0, len(visible) - 1))
     stop = visible[start : start + data.draw(st.integers(2, 3))]
-    shown, finish = _stream(tok, ids, SamplingParams(max_new_tokens=10**6, stop=[stop], ignore_eos=True))
+    rule = {"stop": [stop]} if kind == "stop" else {"stop_regex": [re.escape(stop)]}
+    shown, finish = _stream(tok, ids, SamplingParams(max_new_tokens=10**6, ignore_eos=True, **rule))
     assert all(shown[-1].startswith(earlier) for earlier in shown[:-1]), (shown, finish)
 
 
-def test_a_stop_string_hidden_by_special_tokens_is_not_where_the_text_is_cut(tok):
+@pytest.mark.parametrize("rule", [{"stop": ["\nuser"]}, {"stop_regex": [r"\nuser"]}, {"stop_regex": [r"\nuse(?=r)"]}])
+def test_a_stop_string_hidden_by_special_tokens_is_not_where_the_text_is_cut(tok, rule):
     start, end = tok.hf.convert_tokens_to_ids("<|im_start|>"), tok.hf.convert_tokens_to_ids("<|im_end|>")
     e = lambda text: tok.hf.encode(text, add_special_tokens=False)  # noqa: E731
     ids = e("Paris.") + [end] + e("\n") + [start] + e("user\nAnd Spain?") + [end] + e("\nassistant\nMadrid.\nuser")
-    shown, finish = _stream(tok, ids, SamplingParams(max_new_tokens=100, stop=["\nuser"], ignore_eos=True))
-    assert finish == {"type": "stop", "matched": "\nuser"} and len(shown) == len(ids)
+    shown, finish = _stream(tok, ids, SamplingParams(max_new_tokens=100, ignore_eos=True, **rule))
+    assert finish == {"type": "stop", "matched": next(iter(rule.values()))[0]} and len(shown) == len(ids)
     assert shown[-1] == "Paris.\nuser\nAnd Spain?\nassistant\nMadrid."
 

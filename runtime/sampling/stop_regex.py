@@ -114,6 +114,15 @@ def first_match(patterns: list[str] | tuple[str, ...], text: str, ends_after: in
     return best
 
 
+def first_new_match(pattern: str, text: str, before: str) -> int:
+    """Where the first match of ``pattern`` in ``text`` that ``before`` (the text one token
+    earlier) did not have starts, or -1: the match that stopped the request. (A match with
+    a lookahead can end before the newest token; an older one did not stop it.)"""
+    compiled = compile_pattern(pattern)
+    old = {m.span() for m in compiled.finditer(before, overlapped=True)}
+    return next((m.start() for m in compiled.finditer(text, overlapped=True) if m.span() not in old), -1)
+
+
 def held_from(patterns: tuple[str, ...], text: str) -> int:
     """Where streamed text must stop for now: the start of the earliest full or partial
     match (a tail that more output could turn into a match), else ``len(text)``."""
