@@ -23,4 +23,5 @@ class RequestOptions:
 def cache_namespace(extra_key: str | None, cache_salt: str | None) -> tuple[str | None, str | None] | None:
     """The cache namespace of a request's ``extra_key`` and ``cache_salt`` (SGLang's and
     vLLM's): both count, so a gateway's key does not merge two tenants' salts."""
+    extra_key, cache_salt = extra_key or None, cache_salt or None  # "" is no key, as before
     return None if extra_key is None and cache_salt is None else (extra_key, cache_salt)

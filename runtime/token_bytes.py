@@ -59,7 +59,9 @@ class TokenBytes:
             return bytes(table[c] for c in token)
         if m := _BYTE_TOKEN.fullmatch(token):
             return bytes([int(m.group(1), 16)])
-        return text.encode() if "\ufffd" not in text else token.replace("▁", " ").encode()
+        if "▁" in token:  # SentencePiece writes a space as "▁"; decoding the piece alone may drop it
+            return token.replace("▁", " ").encode()
+        return text.encode()
 
     def name(self, token_id: int) -> str:
         text = self.hf.decode([token_id], skip_special_tokens=False)
