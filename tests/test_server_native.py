@@ -266,7 +266,7 @@ def test_abort_request_ends_a_request_by_its_rid_or_all_of_them(server):
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
         one = pool.submit(generate, "abort-me")
         wait_for_running(server, 1)
-        time.sleep(0.3)  # a few tokens
+        wait_for_steps(server, 3)  # a few tokens
         assert post(server, "/abort_request", {"rid": "abort-me"}).status_code == 200
         out = one.result(timeout=30)
         meta = out["meta_info"]
@@ -302,12 +302,21 @@ def test_abort_request_finds_openai_requests_by_their_rid(server):
         for path, body, running in (("/v1/chat/completions", chat, 2), ("/v1/completions", completion, 1)):
             answer = pool.submit(post, server, path, body)
             wait_for_running(server, running)
-            time.sleep(0.3)
+            wait_for_steps(server, 3)
             assert post(server, "/abort_request", {"rid": body["rid"]}).status_code == 200
             out = answer.result(timeout=30).json()
             assert [c["finish_reason"] for c in out["choices"]] == ["abort"] * running
             assert 0 < out["usage"]["completion_tokens"] < 3000 * running
     wait_idle(server)
+
+
+def wait_for_steps(server, n: int, timeout: float = 30.0) -> None:
+    """Until the engine has run ``n`` more forward steps (the running requests have tokens)."""
+    start = server.info()["scheduler"]["num_forward_steps"]
+    deadline = time.monotonic() + timeout
+    while server.info()["scheduler"]["num_forward_steps"] < start + n:
+        assert time.monotonic() < deadline, "the engine made no steps"
+        time.sleep(0.02)
 
 
 def wait_for_running(server, n: int, timeout: float = 30.0) -> None:

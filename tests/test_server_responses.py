@@ -372,7 +372,9 @@ def test_logprobs_are_the_chat_routes(client):
         list(stream)
         streamed = stream.get_final_response() if r.status == "completed" else None
     if streamed is not None:
-        assert [lp.token for lp in streamed.output[0].content[0].logprobs] == [g[0] for g in got]
+        streamed_logprobs = streamed.output[0].content[0].logprobs
+        assert [lp.token for lp in streamed_logprobs] == [g[0] for g in got]
+        assert [lp.logprob for lp in streamed_logprobs] == pytest.approx([g[1] for g in got], abs=1e-3)
 
 
 def test_a_call_cut_off_by_max_output_tokens_is_left_out_of_the_stored_conversation(client):
