@@ -10,8 +10,9 @@
    ``greedy_token_selection`` compares the choices token by token, keeping those with the
    best logprob at each position (a shorter choice counts its own mean past its end);
    ``unconditional_likelihood_normalized`` subtracts each choice's mean logprob without the
-   prefix (one more batched request), favouring what the context makes likely rather than
-   what is likely anyway. Ties go to the first choice.
+   prefix (one more batched request; the choice's first token, which has no logprob alone,
+   counts as 0 there, as SGLang counts it), favouring what the context makes likely rather
+   than what is likely anyway. Ties go to the first choice.
 """
 
 from __future__ import annotations
@@ -99,8 +100,10 @@ greedy_token_selection = GreedyTokenSelection()
 unconditional_likelihood_normalized = UnconditionalLikelihoodNormalized()
 
 
-def _prompt_logprobs(outs: Any) -> list[list[float]]:
-    return [[t[0] for t in o["meta_info"]["input_token_logprobs"] if t[0] is not None] for o in outs]
+def _unconditional_logprobs(outs: Any) -> list[list[float]]:
+    """Each choice's token logprobs scored alone; the first, which has none, as 0 (SGLang's
+    convention), so that a choice's conditional and unconditional lists cover the same tokens."""
+    return [[0.0 if t[0] is None else t[0] for t in o["meta_info"]["input_token_logprobs"]] for o in outs]
 
 
 def select_choice(
@@ -122,10 +125,14 @@ def select_choice(
         choice_token_logprobs(prefix, c, o["meta_info"]["input_token_logprobs"], start, n)
         for c, o in zip(choices, outs, strict=True)
     ]
+    unscored = next((c for c, lps in zip(choices, per_choice, strict=True) if c and not lps), None)
+    if unscored is not None:  # only where nothing precedes the select: a first token has no logprob
+        raise ValueError(f"select(): with no text before it, choice {unscored!r} (one token) cannot be scored; "
+                         "put text before the select")
     uncond = None
     if method.needs_unconditional:
         alone = backend.generate(list(choices), greedy, return_logprob=True, logprob_start_len=0, program_id=program_id)
-        uncond = _prompt_logprobs(alone)
+        uncond = _unconditional_logprobs(alone)
     best, scores = method.decide(per_choice, uncond)
     meta = {
         "normalized_prompt_logprobs": [_mean(lps) for lps in per_choice],

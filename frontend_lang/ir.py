@@ -128,7 +128,7 @@ def gen(
     choices: list[str] | None = None,
     regex: str | None = None,
     json_schema: str | dict[str, Any] | type | None = None,
-    dtype: type | None = None,
+    dtype: type | str | None = None,
     seed: int | None = None,
     choices_method: ChoicesMethod | None = None,
     tools: list[dict[str, Any]] | None = None,
@@ -151,6 +151,7 @@ def gen(
     if dtype is not None:
         if regex is not None or json_schema is not None:
             raise ValueError("gen(): give one of regex, json_schema and dtype")
+        dtype = _DTYPE_NAMES.get(dtype, dtype) if isinstance(dtype, str) else dtype  # SGLang takes "int" too
         if dtype not in DTYPE_REGEX:
             raise ValueError(f"gen(): dtype must be one of int, float, bool, str; got {dtype!r}")
         regex = DTYPE_REGEX[dtype]
@@ -199,6 +200,8 @@ def select(
         raise ValueError(f"select(): choices_method must be one of the frontend_lang choices methods, got {method!r}")
     return Select(name, list(choices), temperature, method)
 
+
+_DTYPE_NAMES: dict[str, type] = {"int": int, "float": float, "bool": bool, "str": str}
 
 # gen(dtype=...): a literal of the type, optionally followed by the space or newline that ends it
 DTYPE_REGEX: dict[type, str] = {

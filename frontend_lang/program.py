@@ -38,7 +38,11 @@ def _as_backend(backend: Any) -> Backend:
     if isinstance(backend, Engine):
         from frontend_lang.backend.engine import EngineBackend
 
-        return EngineBackend(backend)
+        # One driver per engine, however often it is passed: two would step it at once.
+        wrapped = getattr(backend, "_dsl_backend", None)
+        if wrapped is None or wrapped.is_stopped:
+            wrapped = backend._dsl_backend = EngineBackend(backend)  # type: ignore[attr-defined]
+        return wrapped
     raise TypeError(f"not a backend: {type(backend).__name__}; use RuntimeEndpoint(url) or EngineBackend()")
 
 
@@ -126,7 +130,8 @@ class SglFunction:
                         st.mark_finished()
 
         if stream:
-            threading.Thread(target=body, daemon=True, name=f"program-{self.__name__}").start()
+            program.body_thread = threading.Thread(target=body, daemon=True, name=f"program-{self.__name__}")
+            program.body_thread.start()
             return state
         body()
         state.sync()
@@ -134,16 +139,17 @@ class SglFunction:
 
     def run_batch(
         self,
-        batch_kwargs: list[dict[str, Any]],
+        batch_kwargs: list[dict[str, Any]] | list[tuple[Any, ...]],
         *,
         num_threads: int | str = "auto",
         progress_bar: bool = False,
         backend: Any = None,
         **defaults: Any,
     ) -> list[ProgramState]:
-        """Run the program once per kwargs dict, ``num_threads`` at a time (``auto``: all of
-        them up to 256, so their requests batch together). A program that fails does not
-        stop the others: its state's ``error()`` says why and reading it raises."""
+        """Run the program once per kwargs dict (or tuple of its arguments in order, as SGLang
+        takes them), ``num_threads`` at a time (``auto``: all of them up to 256, so their
+        requests batch together). A program that fails does not stop the others: its state's
+        ``error()`` says why and reading it raises."""
         if num_threads == "auto":
             workers = max(1, min(len(batch_kwargs), 256))
         elif isinstance(num_threads, int) and num_threads >= 1:
@@ -151,9 +157,11 @@ class SglFunction:
         else:
             raise ValueError(f"num_threads must be 'auto' or a positive integer, got {num_threads!r}")
 
-        def one(kw: dict[str, Any]) -> ProgramState:
+        def one(args: dict[str, Any] | tuple[Any, ...]) -> ProgramState:
             try:
-                return self.run(backend=backend, **defaults, **kw)
+                if isinstance(args, tuple):
+                    return self.run(*args, backend=backend, **defaults)
+                return self.run(backend=backend, **defaults, **args)
             except Exception as err:  # kept in the state; the caller inspects error()
                 return _failed_state(err, backend)
 

@@ -50,6 +50,11 @@ class Program:
         self.states: list[ProgramState] = []
         self.lock = threading.Lock()
         self._markers: dict[str, Any] | None = None
+        self.body_thread: threading.Thread | None = None  # run(stream=True): the program body's thread
+
+    def read_waits_for_the_end(self) -> bool:
+        """A streamed run read from outside its body: reading waits until the program ends."""
+        return self.body_thread is not None and threading.current_thread() is not self.body_thread
 
     @property
     def markers(self) -> dict[str, Any]:
@@ -124,19 +129,26 @@ class ProgramState(ToolTurns):
         yield
         self.submit(RoleEnd(role), where)
 
-    def system(self) -> contextlib.AbstractContextManager[None]:
-        return self._role_scope("system")
+    def system(self, expr: Any = None) -> contextlib.AbstractContextManager[None] | None:
+        """``with s.system(): ...`` opens the turn; ``s.system(expr)`` appends a whole one."""
+        return self._role("system", expr)
 
-    def user(self) -> contextlib.AbstractContextManager[None]:
-        return self._role_scope("user")
+    def user(self, expr: Any = None) -> contextlib.AbstractContextManager[None] | None:
+        return self._role("user", expr)
 
-    def assistant(self) -> contextlib.AbstractContextManager[None]:
-        return self._role_scope("assistant")
+    def assistant(self, expr: Any = None) -> contextlib.AbstractContextManager[None] | None:
+        return self._role("assistant", expr)
+
+    def _role(self, role: str, expr: Any) -> contextlib.AbstractContextManager[None] | None:
+        if expr is None:
+            return self._role_scope(role)
+        self.submit(ExprList([RoleBegin(role), as_expr(expr), RoleEnd(role)]), _caller_line())
+        return None
 
     # ------------------------------------------------------------------ reading
     def sync(self, raise_error: bool = True) -> None:
         with self._cond:
-            while self._running:
+            while self._running or (not self._finished and self.program.read_waits_for_the_end()):
                 self._cond.wait()
         if raise_error and self._error is not None:
             raise self._error
@@ -198,9 +210,10 @@ class ProgramState(ToolTurns):
     # ------------------------------------------------------------------ streaming
     def text_iter(self, var_name: str | None = None) -> Iterator[str]:
         """Text as it is produced (only ``var_name``'s if given), until the program ends.
-        Needs ``run(..., stream=True)``."""
+        Without ``run(..., stream=True)``: all of it at once (as SGLang gives it)."""
         if not self.program.stream:
-            raise ValueError("text_iter() needs run(..., stream=True)")
+            yield self.text() if var_name is None else self[var_name]
+            return
         i = 0
         while True:
             with self._cond:
@@ -353,6 +366,11 @@ class ProgramStateGroup:
 
     def __getitem__(self, i: int) -> ProgramState:
         return self.states[i]
+
+    def __setitem__(self, i: int, state: ProgramState) -> None:
+        """What ``forks[i] += expr`` stores back: the branch itself (appended to in place)."""
+        if state is not self.states[i]:
+            raise ValueError("a fork's branches cannot be replaced; append to them with +=")
 
     def __len__(self) -> int:
         return len(self.states)

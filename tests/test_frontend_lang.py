@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import threading
 from typing import Literal
 
 import httpx
@@ -161,6 +162,66 @@ def test_select_with_nothing_before_it(local):
         s += sgl.select("word", ["Yes, certainly.", "No, never."])
 
     assert first.run(backend=local)["word"] in ("Yes, certainly.", "No, never.")
+
+    @sgl.function
+    def one_token_choices(s):  # with nothing before them, single tokens have no logprob to compare
+        s += sgl.select("word", ["zzqx", "The", "Hello"])
+
+    with pytest.raises(sgl.ProgramError, match="cannot be scored"):
+        one_token_choices.run(backend=local)
+
+
+def test_sglang_program_idioms(local):
+    """What ported SGLang programs write: ``forks[i] += ...``, ``s.user(expr)``, dtype by
+    name, ``run_batch`` with argument tuples, ``text_iter`` on a run that did not stream."""
+    @sgl.function
+    def judged(s, topic):
+        s.system("You are terse.")
+        s.user(f"Two words about {topic}.")
+        forks = s.fork(2)
+        for i in range(2):
+            forks[i] += sgl.assistant(sgl.gen("idea", max_tokens=3, ignore_eos=True))
+        forks.join()
+        s += sgl.user("How many?") + sgl.assistant(sgl.gen("n", dtype="int", max_tokens=4))
+
+    states = judged.run_batch([("rain",), ("snow",)], temperature=0, backend=local)
+    assert [st.error() for st in states] == [None, None]
+    for st in states:
+        assert len(st["idea"]) == 2 and re.fullmatch(r"[-+]?[0-9]+[ \n]?", st["n"])
+        assert [m["role"] for m in st.messages()][:3] == ["system", "user", "user"]
+        assert list(st.text_iter()) == [st.text()] and list(st.text_iter("n")) == [st["n"]]
+
+
+def test_a_raw_engine_given_on_every_run_gets_one_driver(tiny_gqa_llama):
+    """``run(backend=engine)`` wraps the engine once: a driver per run stepped it from
+    several threads at once and broke it."""
+    from runtime.engine import Engine
+
+    @sgl.function
+    def short(s, word):
+        s += word + sgl.gen("x", max_tokens=3, ignore_eos=True)
+
+    def drivers() -> int:
+        return sum(t.name == "forkserve-engine-driver" for t in threading.enumerate())
+
+    engine, before = Engine(str(tiny_gqa_llama), dtype="float32"), drivers()
+    try:
+        for _ in range(2):
+            states = short.run_batch([("a",), ("b",), ("c",), ("d",)], temperature=0, backend=engine)
+            assert [st.error() for st in states] == [None] * 4
+        assert drivers() == before + 1
+    finally:
+        sgl.program._as_backend(engine).shutdown()
+        engine.shutdown()
+
+
+def test_a_streamed_runs_variables_wait_for_the_program(local):
+    @sgl.function
+    def two(s):
+        s += "Count:" + sgl.gen("a", max_tokens=4, ignore_eos=True) + sgl.gen("b", max_tokens=4, ignore_eos=True)
+
+    state = two.run(stream=True, temperature=0, backend=local)
+    assert state["a"] and state["b"] and state.text().startswith("Count:")  # no KeyError while it runs
 
 
 def test_an_engine_failure_answers_every_call_then_and_later(tiny_gqa_llama):

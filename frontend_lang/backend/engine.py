@@ -121,6 +121,10 @@ class EngineBackend(Backend):
         self._send((fn, fut))
         return fut.result()
 
+    @property
+    def is_stopped(self) -> bool:
+        return self._stopped
+
     def shutdown(self) -> None:
         if not self._stopped:
             self._stopped = True
