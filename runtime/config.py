@@ -160,6 +160,8 @@ class ServerArgs:
             raise ValueError(f"max_total_tokens must be at least {MIN_KV_TOKENS}")
         if self.kv_cache_memory <= 0:
             raise ValueError("kv_cache_memory must be positive")
+        if self.grammar_compile_timeout <= 0:
+            raise ValueError(f"grammar_compile_timeout must be positive, got {self.grammar_compile_timeout}")
         if self.max_context_len is not None and self.max_context_len < 2:
             raise ValueError("max_context_len must be at least 2")
         if self.schedule_policy not in ("lpm", "fcfs"):

@@ -278,6 +278,13 @@ def test_a_compile_past_the_timeout_fails_its_request_naming_the_field(engine, m
         assert late.finished_reason["type"] == "abort" and late.error_param == "json_schema"
         assert "did not compile within 0.3 s" in late.error and "--grammar-compile-timeout" in late.error
         assert len(plain.output_ids) == 3
+        # alone, with nothing else to run: the failure is still reported, or its client waits for ever
+        alone = Req("alone", ids, SamplingParams(temperature=0, max_new_tokens=8, json_schema='{"type": "array"}'))
+        engine.core.add_request(alone)
+        reported = []
+        while engine.core.has_work:
+            reported += [out.req for out in engine.core.step() if out.finished]
+        assert reported == [alone] and alone.error_param == "json_schema"
     finally:
         grammars._cache.shutdown()
         grammars._cache = fast_cache

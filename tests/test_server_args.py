@@ -56,6 +56,7 @@ def _forkserve(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
         (["generate", "--model-path", "/nonexistent/model", "hi"], 1, "/nonexistent/model"),
         (["generate", "--kv-cache-memory", "1e-9", "hi"], 1, "kv_cache_memory"),
         (["serve", "--startup-timeout", "0"], 2, "startup_timeout must be positive"),
+        (["serve", "--grammar-compile-timeout", "-1"], 2, "grammar_compile_timeout must be positive"),
         (["serve", "--response-store", "/nonexistent/dir/r.sqlite"], 1, "--response-store /nonexistent/dir"),
         (["bench", "--concurrency", "0"], 2, "must be at least 1"),
     ],
