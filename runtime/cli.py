@@ -11,13 +11,23 @@ import time
 from runtime.config import DataParallelArgs, HttpArgs, ServerArgs, add_cli_args, args_from_namespace
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Each flag's default said once: not added where the help names it already, nor as
+    "None" (the help says what an unset flag means)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or "default" in (action.help or "").lower():
+            return action.help
+        return super()._get_help_string(action)
+
+
 def _generate_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "generate",
         help="Complete one or more prompts with the offline engine and print the results.",
         description="Complete prompts in-process (no server). Example: "
         'forkserve generate --chat "Name three planets."',
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument("prompts", nargs="+", help="Prompt text(s); several prompts run as one batch.")
     p.add_argument("--chat", action="store_true", help="Wrap each prompt as a user message with the model's chat template.")
@@ -85,7 +95,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         description="Start the HTTP server (which also tokenizes), the scheduler and the detokenizer processes. "
         "Example: forkserve serve --port 30000, then point an OpenAI client at "
         "http://127.0.0.1:30000/v1. Ready when it prints the URL; stop with Ctrl-C or SIGTERM.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     add_cli_args(p.add_argument_group("HTTP server arguments"), HttpArgs)
     add_cli_args(p.add_argument_group("engine arguments"), ServerArgs)
