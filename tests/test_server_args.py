@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from typing import Any
 
 import pytest
 
@@ -100,3 +101,28 @@ def test_sglang_and_vllm_flag_names_are_aliases():
                                     "--tensor-parallel-size", "2", "--data-parallel-size", "2"])
     assert (ns.model_path, ns.max_context_len, ns.max_running_requests, ns.tp_size, ns.dp_size) == ("/m", 64, 3, 2, 2)
     assert build_parser().parse_args(["serve", "--max-model-len", "128"]).max_context_len == 128
+
+
+def _report_sigint_ignored(out: Any) -> None:
+    out.put(signal.getsignal(signal.SIGINT) == signal.SIG_IGN)
+
+
+def test_the_servers_children_ignore_ctrl_c_from_their_start():
+    """A terminal's Ctrl-C reaches the whole process group: a child still importing torch
+    printed a KeyboardInterrupt traceback. Started inside ``children_ignore_sigint``, it
+    ignores SIGINT from its first instruction; the parent's own handler comes back."""
+    import multiprocessing
+
+    from runtime import ipc
+
+    before = signal.getsignal(signal.SIGINT)
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    with ipc.children_ignore_sigint():
+        child = ctx.Process(target=_report_sigint_ignored, args=(out,))
+        child.start()
+    try:
+        assert out.get(timeout=120) is True
+    finally:
+        child.join(30)
+    assert signal.getsignal(signal.SIGINT) is before

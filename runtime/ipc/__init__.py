@@ -9,9 +9,12 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import signal
 import socket
 import tempfile
+import threading
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import zmq
@@ -98,3 +101,20 @@ def exit_with_parent(parent_pid: int, period_s: float = 0.5) -> None:
         os._exit(1)
 
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
+@contextlib.contextmanager
+def children_ignore_sigint() -> Iterator[None]:
+    """Processes started inside ignore SIGINT from their first instruction (the disposition
+    survives exec), so a terminal's Ctrl-C, which reaches the whole process group, does not
+    print a traceback from a child still importing; the parent stops them. Main thread only
+    (elsewhere a no-op)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+

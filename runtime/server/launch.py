@@ -131,8 +131,9 @@ class Launcher:
             args=(str(model_dir), to_detokenizer, self.ipc_names[2], pid),
             name="forkserve-detokenizer",
         )
-        for proc in self.children.values():
-            proc.start()
+        with ipc.children_ignore_sigint():
+            for proc in self.children.values():
+                proc.start()
 
     def dead_child(self) -> str | None:
         for name, proc in self.children.items():
