@@ -30,6 +30,9 @@ def get_default_backend() -> Backend | None:
     return _default_backend
 
 
+_WRAP_LOCK = threading.Lock()
+
+
 def _as_backend(backend: Any) -> Backend:
     if isinstance(backend, Backend):
         return backend
@@ -38,10 +41,12 @@ def _as_backend(backend: Any) -> Backend:
     if isinstance(backend, Engine):
         from frontend_lang.backend.engine import EngineBackend
 
-        # One driver per engine, however often it is passed: two would step it at once.
-        wrapped = getattr(backend, "_dsl_backend", None)
-        if wrapped is None or wrapped.is_stopped:
-            wrapped = backend._dsl_backend = EngineBackend(backend)  # type: ignore[attr-defined]
+        # One driver per engine, however often (and from however many threads: run_batch)
+        # it is passed: two would step it at once.
+        with _WRAP_LOCK:
+            wrapped = getattr(backend, "_dsl_backend", None)
+            if wrapped is None or wrapped.is_stopped:
+                wrapped = backend._dsl_backend = EngineBackend(backend)  # type: ignore[attr-defined]
         return wrapped
     raise TypeError(f"not a backend: {type(backend).__name__}; use RuntimeEndpoint(url) or EngineBackend()")
 
