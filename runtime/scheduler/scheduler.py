@@ -139,8 +139,7 @@ class Scheduler:
         return done
 
     def check_invariants(self) -> None:
-        held = sum(r.num_owned_slots for r in self._admitted())
-        self.tree.check_invariants(num_held_outside=held)
+        self.tree.check_invariants(num_held_outside=self._held_slots())
 
     def abort(self, rid: str, message: str = "aborted by the client") -> Req | None:
         """Drop request ``rid`` wherever it is and free what it holds; its computed KV stays
@@ -178,14 +177,18 @@ class Scheduler:
         self.kv_peak_in_use = 0
         return True
 
+    def _held_slots(self) -> int:
+        """Slots the admitted requests own (outside the tree)."""
+        return sum(r.num_owned_slots for r in self._admitted())
+
     def _kv_in_use(self) -> int:
         """Slots the admitted requests hold: their own plus the cached prefixes they lock."""
-        return sum(r.num_owned_slots for r in self._admitted()) + self.tree.protected_size
+        return self._held_slots() + self.tree.protected_size
 
     def stats(self) -> dict[str, int | float]:
         """Queue lengths, the KV pool's accounting (the terms of the invariant) and where the
         steps' time went (``step_*``, see ``step_stats.py``)."""
-        held = sum(r.num_owned_slots for r in self._admitted())
+        held = self._held_slots()
         return {
             "num_running_reqs": len(self._admitted()),
             "num_waiting_reqs": len(self.waiting) + len(self.grammars),
