@@ -41,8 +41,8 @@ def _as_backend(backend: Any) -> Backend:
     if isinstance(backend, Engine):
         from frontend_lang.backend.engine import EngineBackend
 
-        # One driver per engine, however often (and from however many threads: run_batch)
-        # it is passed: two would step it at once.
+        # One backend per engine, however often (and from however many threads: run_batch)
+        # it is passed; backends on one engine share its one driver anyway.
         with _WRAP_LOCK:
             wrapped = getattr(backend, "_dsl_backend", None)
             if wrapped is None or wrapped.is_stopped:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import threading
 from typing import Literal
 
 import httpx
@@ -192,29 +191,6 @@ def test_sglang_program_idioms(local):
         assert list(st.text_iter()) == [st.text()] and list(st.text_iter("n")) == [st["n"]]
 
 
-def test_a_raw_engine_given_on_every_run_gets_one_driver(tiny_gqa_llama):
-    """``run(backend=engine)`` wraps the engine once: a driver per run stepped it from
-    several threads at once and broke it."""
-    from runtime.engine import Engine
-
-    @sgl.function
-    def short(s, word):
-        s += word + sgl.gen("x", max_tokens=3, ignore_eos=True)
-
-    def drivers() -> int:
-        return sum(t.name == "forkserve-engine-driver" for t in threading.enumerate())
-
-    engine, before = Engine(str(tiny_gqa_llama), dtype="float32"), drivers()
-    try:
-        for _ in range(2):
-            states = short.run_batch([("a",), ("b",), ("c",), ("d",)], temperature=0, backend=engine)
-            assert [st.error() for st in states] == [None] * 4
-        assert drivers() == before + 1
-    finally:
-        sgl.program._as_backend(engine).shutdown()
-        engine.shutdown()
-
-
 def test_a_streamed_runs_variables_wait_for_the_program(local):
     @sgl.function
     def two(s):
@@ -222,51 +198,6 @@ def test_a_streamed_runs_variables_wait_for_the_program(local):
 
     state = two.run(stream=True, temperature=0, backend=local)
     assert state["a"] and state["b"] and state.text().startswith("Count:")  # no KeyError while it runs
-
-
-def test_an_engine_failure_answers_every_call_then_and_later(tiny_gqa_llama):
-    """A step that raises fails the calls in flight; the program still returns (its pins'
-    release is answered, not left waiting on a stopped driver) and later calls fail at once."""
-    import threading
-
-    backend = sgl.EngineBackend(model_path=str(tiny_gqa_llama), dtype="float32")
-    core = backend.engine.core
-    real_step = core.step
-
-    def failing_step():
-        if any(len(r.output_ids) >= 2 for r in core.scheduler.running):
-            raise RuntimeError("injected step failure")
-        return real_step()
-
-    core.step = failing_step
-
-    @sgl.function
-    def fan(s):
-        s += "Hello there, how are you today?"
-        branches = s.fork(3)
-        branches += sgl.gen("x", max_tokens=20, ignore_eos=True)
-        branches.join()
-
-    outcome: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            fan.run(temperature=0, backend=backend)
-        except BaseException as err:  # noqa: BLE001 - handed to the test thread
-            outcome.append(err)
-
-    runner = threading.Thread(target=run, daemon=True)
-    runner.start()
-    runner.join(60)
-    try:
-        assert not runner.is_alive(), "the program hung after the engine failed"
-        assert len(outcome) == 1 and "injected step failure" in str(outcome[0])
-        with pytest.raises(sgl.BackendError, match="injected step failure"):
-            backend.generate("Hi", {"max_new_tokens": 1})
-        with pytest.raises(sgl.BackendError, match="injected step failure"):
-            backend.end_program("any")
-    finally:
-        backend.shutdown()
 
 
 def test_select_matches_transformers(local, engine, model_dir):

@@ -1,34 +1,23 @@
-"""The in-process backend: a ``runtime.Engine`` driven by one background thread.
+"""The in-process backend: a ``runtime.Engine`` driven by its one background thread.
 
-Programs call from many threads at once (each state has its own executor); the driver
-thread owns the engine, adds their requests to the scheduler between steps and hands each
-caller its results, so concurrent branches share batches exactly as over HTTP. Do not call
-the wrapped engine directly while the backend is in use.
+Programs call from many threads at once (each state has its own executor); the engine's
+driver (``engine_driver.EngineDriver``, one per engine, shared by every backend on it) adds
+their requests to the scheduler between steps and hands each caller its results, so
+concurrent branches share batches exactly as over HTTP. Do not call the wrapped engine
+directly while a backend on it is in use.
 """
 
 from __future__ import annotations
 
 import queue
-import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
 from typing import Any
 
 from frontend_lang.backend.base import Backend, BackendError
+from frontend_lang.backend.engine_driver import EngineCall, EngineDriver
 from frontend_lang.tools import RenderedChat, ToolUse
 from runtime.detokenizer import IncrementalText, visible_text
-from runtime.scheduler.core import RequestOutput
 from runtime.scheduler.req import Req
-
-
-class _Call:
-    """Requests of one caller, and how the driver reports back."""
-
-    def __init__(self, reqs: list[Req], updates: queue.Queue[Any] | None = None) -> None:
-        self.reqs = reqs
-        self.done = threading.Event()
-        self.error: BaseException | None = None
-        self.updates = updates  # streaming: a snapshot of output ids after each step, then None
 
 
 class EngineBackend(Backend):
@@ -37,16 +26,8 @@ class EngineBackend(Backend):
 
         self.owns_engine = engine is None  # shut down only an engine we started
         self.engine = engine if engine is not None else Engine(**server_args)
-        self._inbox: queue.Queue[Any] = queue.Queue()
-        self._calls: dict[Req, _Call] = {}
-        self._broken: BaseException | None = None
+        self._driver = EngineDriver.attach(self.engine)
         self._stopped = False
-        # Guards the inbox once the driver has stopped: what is sent after that is refused
-        # at once, and what was queued before it is answered by the driver on its way out.
-        self._gate = threading.Lock()
-        self._closed: BaseException | None = None
-        self._thread = threading.Thread(target=self._drive, daemon=True, name="forkserve-engine-driver")
-        self._thread.start()
 
     # ------------------------------------------------------------------ Backend
     def generate(
@@ -64,8 +45,8 @@ class EngineBackend(Backend):
             prompt, sampling_params, return_logprob=return_logprob, logprob_start_len=logprob_start_len,
             top_logprobs_num=top_logprobs_num, program_id=program_id,
         )
-        call = _Call(reqs)
-        self._send(call)
+        call = EngineCall(reqs)
+        self._live_driver().send(call)
         call.done.wait()
         if call.error is not None:
             raise BackendError(str(call.error)) from call.error
@@ -80,8 +61,8 @@ class EngineBackend(Backend):
             raise BackendError("streaming takes one prompt and n = 1")
         req = reqs[0]
         updates: queue.Queue[Any] = queue.Queue()
-        call = _Call(reqs, updates)
-        self._send(call)
+        call = EngineCall(reqs, updates)
+        self._live_driver().send(call)
         tok = self.engine.tokenizer
         text = IncrementalText()
         while (ids := updates.get()) is not None:
@@ -117,9 +98,7 @@ class EngineBackend(Backend):
 
     def run_in_driver(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` on the driver thread, between steps (the engine is not thread-safe)."""
-        fut: Future[Any] = Future()
-        self._send((fn, fut))
-        return fut.result()
+        return self._live_driver().run(fn)
 
     @property
     def is_stopped(self) -> bool:
@@ -128,114 +107,18 @@ class EngineBackend(Backend):
     def shutdown(self) -> None:
         if not self._stopped:
             self._stopped = True
-            self._inbox.put(None)
-            self._thread.join(30)
+            self._driver.detach()
             if self.owns_engine:
                 self.engine.shutdown()
 
-    # ------------------------------------------------------------------ driver
+    # ------------------------------------------------------------------ requests
+    def _live_driver(self) -> EngineDriver:
+        if self._stopped:  # the driver may live on for other backends; this one is done
+            raise BackendError("the engine backend was shut down")
+        return self._driver
+
     def _build(self, prompt: str | list[str], sampling_params: dict[str, Any], **opts: Any) -> tuple[list[Req], bool]:
         try:
             return self.engine.build_requests(prompt, sampling_params, **opts)
         except ValueError as err:
             raise BackendError(str(err)) from err
-
-    def _send(self, item: _Call | tuple[Callable[[], Any], Future[Any]]) -> None:
-        """Queue ``item`` for the driver; ``BackendError`` once the driver has stopped."""
-        with self._gate:
-            if self._closed is not None:
-                raise BackendError(str(self._closed))
-            self._inbox.put(item)
-
-    def _drive(self) -> None:
-        try:
-            self._drive_until_stopped()
-        except BaseException as err:  # a bug in the driver itself: callers are told what it was
-            self._broken = self._broken or err
-            raise
-        finally:  # nothing queued or sent later waits for ever
-            with self._gate:
-                self._closed = (BackendError(f"the engine failed earlier: {self._broken}") if self._broken is not None
-                                else BackendError("the engine backend was shut down"))
-            while True:
-                try:
-                    item = self._inbox.get_nowait()
-                except queue.Empty:
-                    break
-                if isinstance(item, tuple):
-                    item[1].set_exception(self._closed)
-                elif item is not None:
-                    self._finish(item, self._closed)
-            for call in set(self._calls.values()):
-                self._finish(call, self._closed)
-            self._calls.clear()
-
-    def _drive_until_stopped(self) -> None:
-        """The in-process driver of the engine core: take callers' requests between steps,
-        step, hand each caller its outputs."""
-        core = self.engine.core
-        while True:
-            items = [self._inbox.get()] if not core.has_work else []
-            while True:
-                try:
-                    items.append(self._inbox.get_nowait())
-                except queue.Empty:
-                    break
-            for k, item in enumerate(items):
-                if item is None:
-                    for rest in items[k + 1 :]:  # answered on the way out (``_drive``)
-                        self._inbox.put(rest)
-                    return
-                self._accept(item)
-            if not core.has_work:
-                continue
-            try:
-                outputs = core.step()
-            except Exception as err:  # the engine is in an unknown state: fail everyone
-                self._broken = err
-                for call in set(self._calls.values()):
-                    self._finish(call, err)
-                self._calls.clear()
-                return
-            self._report(outputs)
-
-    def _accept(self, item: Any) -> None:
-        if isinstance(item, tuple):
-            fn, fut = item
-            try:
-                fut.set_result(fn())
-            except Exception as err:
-                fut.set_exception(err)
-            return
-        call: _Call = item
-        try:
-            for req in call.reqs:
-                self.engine.core.add_request(req)
-        except ValueError as err:
-            for req in call.reqs:  # added ones run to the end unobserved; drop their records
-                self._calls.pop(req, None)
-            self._finish(call, err)
-            return
-        for req in call.reqs:
-            self._calls[req] = call
-
-    def _report(self, outputs: list[RequestOutput]) -> None:
-        for out in outputs:
-            req = out.req
-            call = self._calls.get(req)
-            if call is None:
-                continue
-            if call.updates is not None and not req.is_finished:
-                call.updates.put(list(req.output_ids))
-            if req.is_finished:
-                del self._calls[req]
-                if all(r.is_finished for r in call.reqs):
-                    failed = next((r.error for r in call.reqs if r.error is not None), None)
-                    self._finish(call, ValueError(failed) if failed else None)
-
-    @staticmethod
-    def _finish(call: _Call, error: BaseException | None) -> None:
-        call.error = error
-        if call.updates is not None:
-            call.updates.put(None)
-        call.done.set()
