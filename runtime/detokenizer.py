@@ -1,8 +1,8 @@
 """The detokenizer process: token ids in, text out, off the scheduler's hot path.
 
-Streaming text is decoded incrementally (only the last few tokens are re-decoded per
-update) and held back while it is incomplete: a partial UTF-8 character, or a tail that
-could be the start of a stop string. The finished text is decoded once in full with the
+Streaming text is decoded incrementally (``IncrementalText``: only the last few tokens are
+re-decoded per update) and held back while it is incomplete: a partial UTF-8 character, or
+a tail that could be the start of a stop string. The finished text is decoded once in full with the
 same rule the offline engine uses (``Tokenizer.output_text``), so the two always agree.
 """
 
@@ -10,40 +10,16 @@ from __future__ import annotations
 
 import logging
 import signal
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import zmq
 
 from runtime import ipc
+from runtime.incremental_text import IncrementalText
 from runtime.ipc.messages import BatchStrOut, BatchTokenOut, StrUpdate, TokenUpdate, split_ids
 from runtime.sampling import stop_regex
 from runtime.tokenizer import Tokenizer
-
-# Tokens re-decoded before the newest ones, so merges across the boundary come out right.
-_INITIAL_OFFSET = 5
-
-
-@dataclass
-class IncrementalText:
-    """One request's decode state (the prefix/read offset scheme)."""
-
-    ids: list[int] = field(default_factory=list)
-    prefix_offset: int = 0
-    read_offset: int = 0
-    text: str = ""
-
-    def feed(self, tokenizer: Tokenizer, new_ids: list[int], skip_special_tokens: bool) -> None:
-        if not self.ids:
-            self.prefix_offset = self.read_offset = 0
-        self.ids.extend(new_ids)
-        before = tokenizer.decode(self.ids[self.prefix_offset : self.read_offset], skip_special_tokens)
-        after = tokenizer.decode(self.ids[self.prefix_offset :], skip_special_tokens)
-        if len(after) > len(before) and not after.endswith("\ufffd"):
-            self.text += after[len(before) :]
-            self.prefix_offset = max(self.read_offset, len(self.ids) - _INITIAL_OFFSET)
-            self.read_offset = len(self.ids)
 
 
 def visible_text(text: str, stop: tuple[str, ...], regexes: tuple[str, ...] = ()) -> str:
@@ -81,7 +57,7 @@ class Detokenizer:
             return self.tokenizer.output_text(ids, u.finished_reason, u)
         if state is None:
             state = self.states[u.rid] = IncrementalText()
-        state.feed(self.tokenizer, new_ids.tolist(), u.skip_special_tokens)
+        state.feed(lambda ids: self.tokenizer.decode(ids, u.skip_special_tokens), new_ids.tolist())
         return visible_text(state.text, u.stop, u.stop_regex) if not u.no_stop_trim else state.text
 
 

@@ -6,9 +6,11 @@ refused naming the field."""
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
+import regex
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
@@ -35,15 +37,20 @@ def tok(model_dir):
 
 
 class _Req:
-    """What ``check_stop`` reads of a request."""
+    """What ``check_stop`` reads of a request (and keeps on it from step to step)."""
 
     def __init__(self, params: SamplingParams, output_ids: list[int]) -> None:
         self.params, self.output_ids, self.input_ids = params, output_ids, [0]
+        self.stop_text = None
 
 
 def _first_stop_step(tokenizer, params: SamplingParams, ids: list[int]) -> int | None:
+    """The step at which ``check_stop`` stops a request that generates ``ids``, one token
+    per step as the scheduler calls it."""
+    req = _Req(params, [])
     for k in range(1, len(ids) + 1):
-        if check_stop(_Req(params, ids[:k]), (), 10**9, tokenizer.decode):
+        req.output_ids.append(ids[k - 1])
+        if check_stop(req, (), 10**9, tokenizer.decode):
             return k
     return None
 
@@ -89,6 +96,47 @@ def test_the_cut_after_min_new_tokens_holds_when_the_minimum_splits_a_character(
     assert len(ids) == 8
     params = SamplingParams(max_new_tokens=10, min_new_tokens=7, stop=["龘"])  # ids[:6] ends inside it
     assert tok.output_text(ids, {"type": "stop", "matched": "龘"}, params) == "x龘y"
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    text=st.text(alphabet="ab 🦙龘\n", min_size=1, max_size=40),
+    patterns=st.lists(st.sampled_from([r"a.+b", r"龘\s*🦙", r"\b🦙", r"b+\n", r"(?<=a)[^ab]{2}", r"^b"]),
+                      min_size=1, max_size=3, unique=True),
+    min_new=st.integers(0, 6),
+)
+def test_the_whole_output_check_stops_where_a_full_decode_would(tokenizer, text, patterns, min_new):
+    """Unbounded or left-looking patterns keep the output's text from step to step
+    (``req.stop_text``); they stop on the same token as decoding and searching the whole
+    output each step, partial characters (three tokens each) and ``min_new_tokens`` (a
+    match must end past the text the output had one token earlier) included."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    params = SamplingParams(max_new_tokens=10**6, stop_regex=patterns, min_new_tokens=min_new)
+
+    def stops(k: int) -> bool:
+        now = tokenizer.decode(ids[:k])
+        new_from = len(os.path.commonprefix([tokenizer.decode(ids[: k - 1]), now])) if min_new else 0
+        return k >= min_new and any(m.end() > new_from for p in patterns for m in regex.finditer(p, now, overlapped=True))
+
+    expected = next((k for k in range(1, len(ids) + 1) if stops(k)), None)
+    assert _first_stop_step(tokenizer, params, ids) == expected
+
+
+def test_the_whole_output_check_decodes_a_few_tokens_a_step(tokenizer):
+    """It decoded the whole output at every step (quadratic in the output's length); now
+    a step decodes a bounded number of tokens however long the output is."""
+    ids = tokenizer.encode("The sum of the first numbers is computed step by step. " * 40, add_special_tokens=False)
+    decoded: list[int] = []
+
+    def decode(part: list[int]) -> str:
+        decoded.append(len(part))
+        return tokenizer.decode(part)
+
+    req = _Req(SamplingParams(max_new_tokens=10**6, stop_regex=[r"\bQ\d+"]), [])
+    for t in ids:
+        req.output_ids.append(t)
+        assert check_stop(req, (), 10**9, decode) is None
+    assert len(ids) > 400 and max(decoded) <= 16
 
 
 def test_unbounded_patterns_search_the_whole_output():

@@ -16,7 +16,8 @@ from typing import Any
 from frontend_lang.backend.base import Backend, BackendError
 from frontend_lang.backend.engine_driver import EngineCall, EngineDriver
 from frontend_lang.tools import RenderedChat, ToolUse
-from runtime.detokenizer import IncrementalText, visible_text
+from runtime.detokenizer import visible_text
+from runtime.incremental_text import IncrementalText
 from runtime.scheduler.req import Req
 
 
@@ -66,7 +67,7 @@ class EngineBackend(Backend):
         tok = self.engine.tokenizer
         text = IncrementalText()
         while (ids := updates.get()) is not None:
-            text.feed(tok, ids[len(text.ids) :], req.params.skip_special_tokens)
+            text.feed(lambda part: tok.decode(part, req.params.skip_special_tokens), ids[len(text.ids) :])
             yield {"text": visible_text(text.text, tuple(req.params.stop)), "output_ids": list(ids), "meta_info": {"id": req.rid}}
         if call.error is not None:
             raise BackendError(str(call.error)) from call.error

@@ -47,4 +47,5 @@ def jump_forward(req: Req, decode: Callable[[list[int]], str], encode: Callable[
             matcher.accept_token(newest)
             return 0
     req.output_ids[-1:] = ids
+    req.stop_text = None  # its last token was replaced: decode the output afresh
     return len(ids) - 1

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from runtime.incremental_text import IncrementalText
 from runtime.request_options import RequestOptions
 from runtime.sampling.params import SamplingParams
 
@@ -36,6 +37,7 @@ class Req:
 
     output_ids: list[int] = field(default_factory=list)
     finished_reason: dict[str, Any] | None = None
+    stop_text: IncrementalText | None = None  # the output's text for unbounded stop regexes (stop.py)
     generator: torch.Generator | None = None
     error: str | None = None  # the request failed alone (e.g. its grammar did not compile)
     error_param: str | None = None  # the request field the error is about, when there is one

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
+from runtime.incremental_text import IncrementalText
 from runtime.sampling import stop_regex
 from runtime.scheduler.req import Req
 
@@ -31,7 +33,11 @@ def check_stop(
                     return {"type": "stop", "matched": s}
         if p.stop_regex:
             n = stop_regex.tail_tokens(p.stop_regex)
-            tail, new_from = _tail_text(req.output_ids[-n:] if n else req.output_ids, decode, p.min_new_tokens > 0)
+            if n is None:  # the whole output, decoded a few tokens a step (not all of it again)
+                tail, new_from = _output_text(req, decode)
+                new_from = new_from if p.min_new_tokens > 0 else 0
+            else:
+                tail, new_from = _tail_text(req.output_ids[-n:], decode, p.min_new_tokens > 0)
             found = stop_regex.first_match(p.stop_regex, tail, ends_after=new_from)
             if found:
                 return {"type": "stop", "matched": found[0]}
@@ -47,6 +53,20 @@ def _tail_text(ids: list[int], decode: Callable[[list[int]], str], only_new: boo
     newest token's start with ``min_new_tokens`` (``stop_regex.new_text_start``), else 0."""
     text = decode(ids)
     return text, stop_regex.new_text_start(decode, ids, len(ids) - 1, text) if only_new else 0
+
+
+def _output_text(req: Req, decode: Callable[[list[int]], str]) -> tuple[str, int]:
+    """The text of the whole output and where the newest token's text starts in it (as
+    ``stop_regex.new_text_start`` has it for a full decode); ``req.stop_text`` keeps the
+    decoded text from step to step, so each step decodes only the newest few tokens."""
+    state = req.stop_text
+    if state is None:  # first check (``min_new_tokens`` reached), or the output was rewritten
+        state = req.stop_text = IncrementalText()
+        state.feed(decode, req.output_ids[:-1])
+    kept, old_pending = len(state.text), state.pending  # the text only grows past ``kept``
+    state.feed(decode, req.output_ids[len(state.ids) :])
+    text = state.text + state.pending
+    return text, kept + len(os.path.commonprefix([old_pending, text[kept:]]))
 
 
 def grammar_stop(req: Req, token: int) -> dict[str, Any] | None:
