@@ -104,7 +104,8 @@ class ProgramState(ToolTurns):
         self._pending: collections.deque[tuple[Expr, str]] = collections.deque()
         self._running = False
         self._cond = threading.Condition()
-        self._chunks: list[tuple[str | None, str]] = []  # streaming: (variable or None, text)
+        # streaming: (variable or None, text); text None: that variable is complete
+        self._chunks: list[tuple[str | None, str | None]] = []
         self._finished = False
         with program.lock:
             program.states.append(self)
@@ -209,8 +210,9 @@ class ProgramState(ToolTurns):
 
     # ------------------------------------------------------------------ streaming
     def text_iter(self, var_name: str | None = None) -> Iterator[str]:
-        """Text as it is produced (only ``var_name``'s if given), until the program ends.
-        Without ``run(..., stream=True)``: all of it at once (as SGLang gives it)."""
+        """Text as it is produced until the program ends, or only ``var_name``'s until that
+        variable is complete (as SGLang's). Without ``run(..., stream=True)``: all of it at
+        once (as SGLang gives it)."""
         if not self.program.stream:
             yield self.text() if var_name is None else self[var_name]
             return
@@ -222,7 +224,9 @@ class ProgramState(ToolTurns):
                 chunks, done = self._chunks[i:], self._finished
             i += len(chunks)
             for var, text in chunks:
-                if var_name is None or var == var_name:
+                if var_name is not None and var == var_name and text is None:
+                    return
+                if text and (var_name is None or var == var_name):
                     yield text
             if done and i >= len(self._chunks):
                 if self._error is not None:
@@ -240,8 +244,8 @@ class ProgramState(ToolTurns):
                 return
             yield chunk  # type: ignore[misc]
 
-    def _emit(self, var: str | None, text: str) -> None:
-        if self.program.stream and text:
+    def _emit(self, var: str | None, text: str | None) -> None:
+        if self.program.stream and (text or text is None and var is not None):
             with self._cond:
                 self._chunks.append((var, text))
                 self._cond.notify_all()

@@ -27,7 +27,8 @@ class ToolTurns:
     turn_calls: tuple[str, list[Any], int] | None
     set_names: set[str]
 
-    def _emit(self, var: str | None, text: str) -> None:
+    def _emit(self, var: str | None, text: str | None) -> None:
+        """Stream ``text`` as part of ``var``; text None: ``var`` is complete."""
         raise NotImplementedError
 
     def _store(self, name: str, value: Any, meta: Any = None) -> None:
@@ -37,6 +38,7 @@ class ToolTurns:
         if meta is not None:
             self.meta_info[name] = meta
         self.set_names.add(name)
+        self._emit(name, None)
 
     def chat_messages(self) -> list[dict[str, Any]]:
         """The messages as a chat API client sends them (without the template's default system turn)."""

@@ -409,6 +409,30 @@ def test_streaming_text_iter(which, request):
     assert "".join(asyncio.run(collect())) == state2["story"]
 
 
+def test_a_variables_text_iter_ends_with_the_variable(local):
+    """``text_iter("a")`` ends when ``a`` is complete, as SGLang's does, while the program
+    goes on (it waited for the whole program)."""
+    import threading
+
+    go_on = threading.Event()
+
+    @sgl.function
+    def two(s):
+        s += "Count:" + sgl.gen("a", max_tokens=4, ignore_eos=True)
+        go_on.wait(60)
+        s += sgl.gen("b", max_tokens=2, ignore_eos=True)
+
+    state = two.run(stream=True, temperature=0, backend=local)
+    pieces: list[str] = []
+    reader = threading.Thread(target=lambda: pieces.extend(state.text_iter("a")), daemon=True)
+    reader.start()
+    reader.join(30)
+    finished_first = not reader.is_alive()
+    go_on.set()
+    assert finished_first, "text_iter('a') waited for the rest of the program"
+    assert "".join(pieces) == state["a"] and "".join(state.text_iter("b")) == state["b"]
+
+
 def test_program_pins_survive_memory_pressure(model_dir):
     """With pinning, a program's prefix survives other traffic filling the cache."""
     # ~380 context tokens, then three ~850-token documents: more than the pool holds beside
