@@ -18,17 +18,7 @@ from bench_agent.drivers import DRIVERS
 from bench_agent.measure import finish, measure, open_driver, selected_workloads
 from bench_agent.workloads import ALIASES, NAMES, SIZES
 from frontend_lang.backend.base import BackendError
-
-
-def _positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+from runtime.cli_types import positive_int
 
 
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:
@@ -62,10 +52,13 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", help="Bearer token for --url.")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="hf: model dtype "
                    "(auto picks what forkserve picks on this CPU)" + d)
-    p.add_argument("--size", choices=SIZES, default="quick", help="Workload size preset" + d)
-    p.add_argument("--num-programs", type=_positive_int, help="Programs per workload (default: the workload's number "
+    p.add_argument("--size", choices=SIZES, default="quick", help="Workload size preset: tiny (a few programs of tens of tokens, to check that "
+                   "everything runs; seconds), quick (agent-sized prompts of about a thousand tokens, short "
+                   "answers; minutes on 2 cores) or full (longer prompts and answers, more rounds "
+                   "and programs). Each workload's sizes are in bench_agent/workloads/" + d)
+    p.add_argument("--num-programs", type=positive_int, help="Programs per workload (default: the workload's number "
                    "for --size).")
-    p.add_argument("--concurrency", type=_positive_int, help="Programs in flight at once (default: 8; 1 for hf, "
+    p.add_argument("--concurrency", type=positive_int, help="Programs in flight at once (default: 8; 1 for hf, "
                    "which runs one request at a time anyway).")
     p.add_argument("--request-rate", type=float, help="Programs per second, arriving as a Poisson process; "
                    "--concurrency then caps programs in flight.")

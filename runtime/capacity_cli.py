@@ -3,8 +3,6 @@ KV pool, printed (or as JSON). Reads the model's config only; loads no weights.
 
     forkserve capacity --context-tokens 8000 --shared-prefix-tokens 1500 --concurrent-programs 200
     forkserve capacity --model-path DIR --dtype bfloat16 --device-memory 80 --kv-cache-memory 60
-
-Registered as a subcommand through the ``forkserve.commands`` entry point (pyproject.toml).
 """
 
 from __future__ import annotations
@@ -15,6 +13,7 @@ import sys
 from typing import Any
 
 from runtime.capacity import Plan, kv_bytes_per_token, largest_pool, num_parameters, pool_tokens
+from runtime.cli_types import fraction, nonnegative_int, positive_float, positive_int
 
 _GIB = 2**30
 
@@ -30,18 +29,18 @@ def add_capacity_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model-path", help="Model folder or .gguf file, as for serve (default: the default model).")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
                    help="KV and weight dtype; auto resolves as serve does on this machine" + d)
-    p.add_argument("--max-total-tokens", type=int, help="KV pool in tokens, as for serve.")
-    p.add_argument("--kv-cache-memory", type=float, default=1.0,
+    p.add_argument("--max-total-tokens", type=positive_int, help="KV pool in tokens, as for serve.")
+    p.add_argument("--kv-cache-memory", type=positive_float, default=1.0,
                    help="GiB of KV pool when --max-total-tokens is not given, as for serve" + d)
-    p.add_argument("--context-tokens", type=int, default=4096,
+    p.add_argument("--context-tokens", type=positive_int, default=4096,
                    help="Tokens of one agent program's context at its longest (prompt and outputs)" + d)
-    p.add_argument("--shared-prefix-tokens", type=int, default=0,
+    p.add_argument("--shared-prefix-tokens", type=nonnegative_int, default=0,
                    help="Tokens at the start of every program's context that all programs share (a system "
                    "prompt); stored once per replica" + d)
-    p.add_argument("--concurrent-programs", type=int, help="Programs to run at once: how many replicas they need.")
-    p.add_argument("--device-memory", type=float, help="GiB of memory of one replica's device, to show the largest "
+    p.add_argument("--concurrent-programs", type=positive_int, help="Programs to run at once: how many replicas they need.")
+    p.add_argument("--device-memory", type=positive_float, help="GiB of memory of one replica's device, to show the largest "
                    "pool that fits beside the weights (default: this machine's GPU, else its RAM).")
-    p.add_argument("--usable-fraction", type=float, default=0.9,
+    p.add_argument("--usable-fraction", type=fraction, default=0.9,
                    help="Share of --device-memory that weights and KV may take; the rest is for activations "
                    "and the runtime" + d)
     p.add_argument("--json", action="store_true", help="Print the figures as one JSON object.")
@@ -62,15 +61,19 @@ def run_capacity(ns: argparse.Namespace) -> int:
 
 
 def capacity_report(ns: argparse.Namespace) -> dict[str, Any]:
-    from runtime.config import ServerArgs
+    from runtime.config import ServerArgs, fields_as_flags
     from runtime.model_loader import resolve_model_path
     from runtime.model_loader.weights import load_hf_config
     from runtime.models.config import ModelConfig
 
-    if ns.context_tokens <= ns.shared_prefix_tokens or ns.shared_prefix_tokens < 0:
-        raise ValueError("--context-tokens must exceed --shared-prefix-tokens, which must be >= 0")
-    args = ServerArgs(model_path=ns.model_path, dtype=ns.dtype, max_total_tokens=ns.max_total_tokens,
-                      kv_cache_memory=ns.kv_cache_memory)
+    if ns.context_tokens <= ns.shared_prefix_tokens:
+        raise ValueError("--context-tokens must exceed --shared-prefix-tokens")
+    given = {"model_path": ns.model_path, "dtype": ns.dtype, "max_total_tokens": ns.max_total_tokens,
+             "kv_cache_memory": ns.kv_cache_memory}
+    try:
+        args = ServerArgs(**given)
+    except ValueError as err:
+        raise ValueError(fields_as_flags(str(err), list(given))) from err
     folder = resolve_model_path(ns.model_path)
     cfg = ModelConfig.from_hf(load_hf_config(folder))
     dtype = args.resolved_dtype
@@ -78,7 +81,7 @@ def capacity_report(ns: argparse.Namespace) -> dict[str, Any]:
     params = num_parameters(cfg)
     plan = Plan(kv, params * {"float32": 4, "bfloat16": 2}[dtype], pool_tokens(kv, ns.max_total_tokens,
                 ns.kv_cache_memory), ns.context_tokens, ns.shared_prefix_tokens)
-    device = ns.device_memory * _GIB if ns.device_memory else _device_bytes(args.resolved_device)
+    device = ns.device_memory * _GIB if ns.device_memory is not None else _device_bytes(args.resolved_device)
     return {
         "model": str(folder), "dtype": dtype, "layers": cfg.num_layers, "kv_heads": cfg.num_kv_heads,
         "head_dim": cfg.head_dim, "parameters": params, "weight_bytes": plan.weight_bytes,
@@ -86,7 +89,7 @@ def capacity_report(ns: argparse.Namespace) -> dict[str, Any]:
         "context_tokens": ns.context_tokens, "shared_prefix_tokens": ns.shared_prefix_tokens,
         "programs_per_replica": plan.programs_per_replica,
         "concurrent_programs": ns.concurrent_programs,
-        "replicas_needed": plan.replicas_for(ns.concurrent_programs) if ns.concurrent_programs else None,
+        "replicas_needed": plan.replicas_for(ns.concurrent_programs) if ns.concurrent_programs is not None else None,
         "device_bytes": device, "usable_fraction": ns.usable_fraction,
         "largest_pool_tokens": largest_pool(kv, plan.weight_bytes, device, ns.usable_fraction),
     }

@@ -8,7 +8,14 @@ import json
 import sys
 import time
 
-from runtime.config import DataParallelArgs, HttpArgs, ServerArgs, add_cli_args, args_from_namespace
+from runtime.config import (
+    DataParallelArgs,
+    HttpArgs,
+    ServerArgs,
+    add_cli_args,
+    args_from_namespace,
+    fields_as_flags,
+)
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -43,23 +50,8 @@ def _generate_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_generate(ns: argparse.Namespace) -> int:
-    try:
-        args: ServerArgs = args_from_namespace(ns, ServerArgs)
-    except ValueError as err:
-        print(f"forkserve: {err}", file=sys.stderr)
-        return 2
-    from runtime.engine import Engine  # after the flags are checked: it imports torch
+    from runtime.sampling.params import SamplingParams
 
-    started = time.perf_counter()
-    try:
-        engine = Engine(**{k: v for k, v in vars(args).items()})
-    except (ValueError, OSError) as err:  # a bad model path or a flag the model cannot take
-        print(f"forkserve: {err}", file=sys.stderr)
-        return 1
-    print(f"[forkserve] model loaded in {time.perf_counter() - started:.1f}s", file=sys.stderr)
-    prompts = ns.prompts
-    if ns.chat:
-        prompts = [engine.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
     params = {
         "max_new_tokens": ns.max_new_tokens,
         "temperature": ns.temperature,
@@ -68,6 +60,24 @@ def _run_generate(ns: argparse.Namespace) -> int:
         "seed": ns.seed,
         "stop": ns.stop,
     }
+    try:
+        args: ServerArgs = args_from_namespace(ns, ServerArgs)
+        SamplingParams.from_dict(params)  # before the model loads: a bad flag fails at once
+    except ValueError as err:
+        print(f"forkserve: {fields_as_flags(str(err), list(params))}", file=sys.stderr)
+        return 2
+    from runtime.engine import Engine  # after the flags are checked: it imports torch
+
+    started = time.perf_counter()
+    try:
+        engine = Engine(**{k: v for k, v in vars(args).items()})
+    except (ValueError, OSError) as err:  # a bad model path or a flag the model cannot take
+        print(f"forkserve: {fields_as_flags(str(err))}", file=sys.stderr)
+        return 1
+    print(f"[forkserve] model loaded in {time.perf_counter() - started:.1f}s", file=sys.stderr)
+    prompts = ns.prompts
+    if ns.chat:
+        prompts = [engine.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
     try:
         outs = engine.generate(prompts, params, progress=len(prompts) > 1)
     except ValueError as err:
@@ -130,11 +140,21 @@ def build_parser() -> argparse.ArgumentParser:
         prog="forkserve",
         description="forkserve: an LLM engine for agent programs, with a token-level radix KV cache.",
     )
+    parser.add_argument("--version", action="version", version=f"forkserve {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _generate_parser(sub)
     _serve_parser(sub)
     _add_registered_commands(sub)
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("forkserve")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "(not installed)"
 
 
 # Other subcommands register under this entry-point group: a function that adds its

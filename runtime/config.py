@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -381,7 +382,22 @@ def _cli_type(annotation: Any) -> type:
 
 
 def args_from_namespace(ns: argparse.Namespace, cls: type = ServerArgs) -> Any:
-    return cls(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)})
+    """``cls`` from parsed flags; a ``ValueError`` names the flags (``--kv-cache-memory``),
+    not the fields (``kv_cache_memory``) as ``cls`` itself does."""
+    try:
+        return cls(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)})
+    except ValueError as err:
+        raise ValueError(fields_as_flags(str(err), [f.name for f in dataclasses.fields(cls)])) from err
+
+
+def fields_as_flags(message: str, names: list[str] | None = None) -> str:
+    """``message`` with each of ``names`` (default: every flag's field) written as its flag,
+    for errors the command line prints."""
+    if names is None:
+        names = [f.name for cls in (ServerArgs, HttpArgs, DataParallelArgs) for f in dataclasses.fields(cls)]
+    for name in sorted(names, key=len, reverse=True):
+        message = re.sub(rf"(?<![\w-]){name}(?!\w)", "--" + name.replace("_", "-"), message)
+    return message
 
 
 def cli_flags(args: Any) -> list[str]:

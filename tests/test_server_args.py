@@ -52,12 +52,21 @@ def _forkserve(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize(
     ("argv", "code", "words"),
     [
-        (["generate", "--page-size", "0", "hi"], 2, "page_size must be at least 1"),
-        (["generate", "--num-threads", "-3", "hi"], 2, "num_threads must be at least 1"),
+        (["generate", "--page-size", "0", "hi"], 2, "--page-size must be at least 1"),
+        (["generate", "--num-threads", "-3", "hi"], 2, "--num-threads must be at least 1"),
         (["generate", "--model-path", "/nonexistent/model", "hi"], 1, "/nonexistent/model"),
-        (["generate", "--kv-cache-memory", "1e-9", "hi"], 1, "kv_cache_memory"),
-        (["serve", "--startup-timeout", "0"], 2, "startup_timeout must be positive"),
-        (["serve", "--grammar-compile-timeout", "-1"], 2, "grammar_compile_timeout must be positive"),
+        (["generate", "--kv-cache-memory", "1e-9", "hi"], 1, "--kv-cache-memory 1e-09 GiB holds 0 tokens"),
+        (["generate", "--temperature", "-1", "hi"], 2, "--temperature must be a number"),
+        (["serve", "--startup-timeout", "0"], 2, "--startup-timeout must be positive"),
+        (["serve", "--grammar-compile-timeout", "-1"], 2, "--grammar-compile-timeout must be positive"),
+        (["serve", "--kv-cache-memory", "1e-9"], 1, "--kv-cache-memory 1e-09 GiB holds 0 tokens"),
+        (["capacity", "--usable-fraction", "3"], 2, "argument --usable-fraction: must be in (0, 1]"),
+        (["capacity", "--concurrent-programs", "0"], 2, "argument --concurrent-programs: must be at least 1"),
+        (["capacity", "--device-memory", "0"], 2, "argument --device-memory: must be a positive number"),
+        (["capacity", "--shared-prefix-tokens", "-1"], 2, "argument --shared-prefix-tokens: must be at least 0"),
+        (["capacity", "--context-tokens", "100", "--shared-prefix-tokens", "100"], 2,
+         "--context-tokens must exceed --shared-prefix-tokens"),
+        (["capacity", "--max-total-tokens", "3"], 2, "--max-total-tokens must be at least 16"),
         (["serve", "--response-store", "/nonexistent/dir/r.sqlite"], 1, "--response-store /nonexistent/dir"),
         (["bench", "--concurrency", "0"], 2, "must be at least 1"),
     ],
@@ -66,6 +75,15 @@ def test_bad_flags_are_one_line_errors(argv, code, words):
     done = _forkserve(*argv)
     assert done.returncode == code, done.stderr
     assert words in done.stderr and "Traceback" not in done.stderr, done.stderr
+    if code == 2:  # refused before loading anything
+        assert "model loaded" not in done.stderr
+
+
+def test_version():
+    from importlib.metadata import version
+
+    done = _forkserve("--version")
+    assert done.returncode == 0 and done.stdout.strip() == f"forkserve {version('forkserve')}"
 
 
 def test_a_child_exits_when_its_parent_dies_even_while_blocked():

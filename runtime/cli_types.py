@@ -1,0 +1,46 @@
+"""argparse ``type=`` checks shared by the subcommands, so a nonsense value is refused by
+the parser, naming its flag, before anything loads."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+
+def _number(kind: Callable[[str], float], text: str) -> float:
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1."""
+    value = int(_number(int, text))
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def nonnegative_int(text: str) -> int:
+    """An integer >= 0."""
+    value = int(_number(int, text))
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0."""
+    value = _number(float, text)
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def fraction(text: str) -> float:
+    """A number in (0, 1]."""
+    value = _number(float, text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
