@@ -391,12 +391,15 @@ def args_from_namespace(ns: argparse.Namespace, cls: type = ServerArgs) -> Any:
 
 
 def fields_as_flags(message: str, names: list[str] | None = None) -> str:
-    """``message`` with each of ``names`` (default: every flag's field) written as its flag,
-    for errors the command line prints."""
+    """``message`` with the fields it names (of ``names``; default: every flag's field)
+    written as flags, for errors the command line prints. A one-word name (``device``,
+    ``port``) counts only as the message's first word, where the checks name their field,
+    so a sentence or a path that holds the word stays as it is."""
     if names is None:
         names = [f.name for cls in (ServerArgs, HttpArgs, DataParallelArgs) for f in dataclasses.fields(cls)]
     for name in sorted(names, key=len, reverse=True):
-        message = re.sub(rf"(?<![\w-]){name}(?!\w)", "--" + name.replace("_", "-"), message)
+        where = rf"(?<![\w/.-]){name}(?![\w/-])" if "_" in name else rf"^{name}(?![\w/-])"
+        message = re.sub(where, "--" + name.replace("_", "-"), message)
     return message
 
 

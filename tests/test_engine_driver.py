@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -68,6 +69,63 @@ def test_backends_built_by_hand_on_one_engine_share_its_driver(tiny_gqa_llama):
         engine.shutdown()
 
 
+def test_a_new_backend_waits_for_the_stopping_driver(tiny_gqa_llama):
+    """The last backend's shutdown stops its driver while a step runs; a backend attached
+    meanwhile gets a new driver only once the old one is gone (before, both stepped the
+    engine at once), and the old driver's unanswered request leaves the engine."""
+    engine = Engine(str(tiny_gqa_llama), dtype="float32")
+    core, real_step = engine.core, engine.core.step
+    inside, overlapped, stepping = [0], [], threading.Event()
+
+    def slow_step():
+        inside[0] += 1
+        overlapped.append(inside[0] > 1)
+        stepping.set()
+        time.sleep(0.2)
+        try:
+            return real_step()
+        finally:
+            inside[0] -= 1
+
+    core.step = slow_step
+    first, outcome = sgl.EngineBackend(engine), []
+
+    def long_call() -> None:
+        try:
+            first.generate("Hi", {"max_new_tokens": 40, "ignore_eos": True})
+        except sgl.BackendError as err:
+            outcome.append(err)
+
+    caller = threading.Thread(target=long_call)
+    caller.start()
+    try:
+        assert stepping.wait(30)
+        stopper = threading.Thread(target=first.shutdown)
+        stopper.start()
+        time.sleep(0.05)  # the old driver is stopping, inside its step
+        second = sgl.EngineBackend(engine)
+        out = second.generate("Hello", {"max_new_tokens": 3, "ignore_eos": True})
+        stopper.join(30)
+        caller.join(30)
+        assert out["meta_info"]["completion_tokens"] == 3
+        assert not any(overlapped), "two drivers stepped the engine at once"
+        assert len(outcome) == 1 and "shut down" in str(outcome[0])
+        sched = engine.core.scheduler
+        assert second.run_in_driver(lambda: len(sched.running) + len(sched.waiting)) == 0
+        second.shutdown()
+    finally:
+        engine.shutdown()
+
+
+def test_the_backend_that_started_the_engine_stops_it_for_all(tiny_gqa_llama):
+    owner = sgl.EngineBackend(model_path=str(tiny_gqa_llama), dtype="float32")
+    guest = sgl.EngineBackend(owner.engine)
+    owner.shutdown()
+    with pytest.raises(sgl.BackendError, match="shut down"):
+        guest.generate("Hi", {"max_new_tokens": 1})
+    guest.shutdown()
+
+
 def test_an_engine_failure_answers_every_call_then_and_later(tiny_gqa_llama):
     """A step that raises fails the calls in flight; the program still returns (its pins'
     release is answered, not left waiting on a stopped driver) and later calls fail at once."""
@@ -107,5 +165,7 @@ def test_an_engine_failure_answers_every_call_then_and_later(tiny_gqa_llama):
             backend.generate("Hi", {"max_new_tokens": 1})
         with pytest.raises(sgl.BackendError, match="injected step failure"):
             backend.end_program("any")
+        with pytest.raises(sgl.BackendError, match="injected step failure"):  # no new driver on it
+            sgl.EngineBackend(backend.engine)
     finally:
         backend.shutdown()

@@ -79,6 +79,17 @@ def test_bad_flags_are_one_line_errors(argv, code, words):
         assert "model loaded" not in done.stderr
 
 
+def test_errors_name_flags_not_words_or_paths():
+    from runtime.config import fields_as_flags
+
+    assert fields_as_flags("kv_cache_memory 1 GiB holds 0 tokens; raise max_total_tokens.") == (
+        "--kv-cache-memory 1 GiB holds 0 tokens; raise --max-total-tokens.")
+    assert fields_as_flags("device 'cuda' was asked for, but torch finds no CUDA device") == (
+        "--device 'cuda' was asked for, but torch finds no CUDA device")
+    path = "model path '/srv/port/device/max_total_tokens.d' is neither a folder nor a file"
+    assert fields_as_flags(path) == path
+
+
 def test_version():
     from importlib.metadata import version
 

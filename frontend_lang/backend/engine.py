@@ -10,6 +10,7 @@ directly while a backend on it is in use.
 from __future__ import annotations
 
 import queue
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -29,6 +30,7 @@ class EngineBackend(Backend):
         self.engine = engine if engine is not None else Engine(**server_args)
         self._driver = EngineDriver.attach(self.engine)
         self._stopped = False
+        self._stop_lock = threading.Lock()
 
     # ------------------------------------------------------------------ Backend
     def generate(
@@ -106,11 +108,17 @@ class EngineBackend(Backend):
         return self._stopped
 
     def shutdown(self) -> None:
-        if not self._stopped:
+        """Detach from the engine's driver; a backend that started its engine also stops the
+        driver for every other backend on it and shuts the engine down."""
+        with self._stop_lock:
+            if self._stopped:
+                return
             self._stopped = True
+        if self.owns_engine:
+            self._driver.stop()
+            self.engine.shutdown()
+        else:
             self._driver.detach()
-            if self.owns_engine:
-                self.engine.shutdown()
 
     # ------------------------------------------------------------------ requests
     def _live_driver(self) -> EngineDriver:

@@ -35,13 +35,20 @@ class EngineDriver:
 
     @classmethod
     def attach(cls, engine: Any) -> EngineDriver:
-        """The engine's driver (started on first use); ``detach`` once per ``attach``."""
-        with cls._ATTACH_LOCK:
-            driver: EngineDriver | None = getattr(engine, "_dsl_driver", None)
-            if driver is None or driver._stopping or driver.closed is not None:
-                driver = engine._dsl_driver = cls(engine)
-            driver._users += 1
-            return driver
+        """The engine's driver (started on first use); ``detach`` once per ``attach``. A
+        driver that is stopping finishes first: two must never step one engine. After an
+        engine failure, ``BackendError``."""
+        while True:
+            with cls._ATTACH_LOCK:
+                driver: EngineDriver | None = getattr(engine, "_dsl_driver", None)
+                if driver is not None and driver._broken is not None:
+                    raise BackendError(f"the engine failed earlier: {driver._broken}")
+                if driver is None or not driver._thread.is_alive():
+                    driver = engine._dsl_driver = cls(engine)
+                if not driver._stopping:
+                    driver._users += 1
+                    return driver
+            driver._thread.join()
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
@@ -58,15 +65,22 @@ class EngineDriver:
         self._thread.start()
 
     def detach(self) -> None:
-        """One user fewer; the last one stops the driver (its queued work is answered)."""
+        """One user fewer; the last one stops the driver."""
         with EngineDriver._ATTACH_LOCK:
             self._users -= 1
-            last = self._users == 0 and not self._stopping
-            if last:
-                self._stopping = True
+            last = self._users == 0
         if last:
+            self.stop()
+
+    def stop(self) -> None:
+        """Stop now, whoever else uses it (the engine is going away): what is queued or in
+        flight is answered with an error and its requests leave the engine."""
+        with EngineDriver._ATTACH_LOCK:
+            first = not self._stopping
+            self._stopping = True
+        if first:
             self._inbox.put(None)
-            self._thread.join(30)
+        self._thread.join(30)
 
     # ------------------------------------------------------------------ callers
     def send(self, item: EngineCall | tuple[Callable[[], Any], Future[Any]]) -> None:
@@ -102,6 +116,10 @@ class EngineDriver:
                     item[1].set_exception(self.closed)
                 elif item is not None:
                     self._finish(item, self.closed)
+            if self._broken is None:  # a later driver must not step requests no one reads
+                for req in self._calls:
+                    if not req.is_finished:
+                        self.engine.core.abort(req.rid, "the engine backend was shut down")
             self._fail_all(self.closed)
 
     def _drive_until_stopped(self) -> None:
