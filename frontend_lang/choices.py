@@ -134,8 +134,10 @@ def select_choice(
         alone = backend.generate(list(choices), greedy, return_logprob=True, logprob_start_len=0, program_id=program_id)
         uncond = _unconditional_logprobs(alone)
     best, scores = method.decide(per_choice, uncond)
-    meta = {
+    meta = {  # SGLang's keys (the first three), then ours
         "normalized_prompt_logprobs": [_mean(lps) for lps in per_choice],
+        "input_token_logprobs": [o["meta_info"]["input_token_logprobs"] for o in outs],
+        "output_token_logprobs": [o["meta_info"]["output_token_logprobs"] for o in outs],
         "scores": scores,
         "choices_method": method.name,
         "choice_token_logprobs": per_choice,

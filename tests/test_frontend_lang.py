@@ -228,6 +228,10 @@ def test_select_matches_transformers(local, engine, model_dir):
         expected.append(sum(scores) / len(scores))
     assert meta["normalized_prompt_logprobs"] == pytest.approx(expected, abs=1e-3)
     assert state["answer"] == choices[max(range(len(choices)), key=lambda i: expected[i])]
+    # SGLang's raw lists too: each choice's prompt logprobs as /generate returns them
+    assert [len(x) for x in meta["output_token_logprobs"]] == [0, 0, 0]
+    for lps, per in zip(meta["input_token_logprobs"], meta["choice_token_logprobs"], strict=True):
+        assert [t[0] for t in lps[-len(per):]] == per and all(len(t) == 3 for t in lps)
 
 
 def test_errors_name_the_operation_and_line(local, server):
