@@ -61,6 +61,18 @@ class Select(Expr):
 
 
 @dataclass
+class VarScope(Expr):
+    """``with s.var_scope(name):`` begins (``begin``) or ends: the text appended between
+    becomes variable ``name``."""
+
+    name: str
+    begin: bool
+
+    def describe(self) -> str:
+        return f"var_scope({self.name!r}) {'begin' if self.begin else 'end'}"
+
+
+@dataclass
 class ToolResult(Expr):
     """A tool call's result, given back as a ``tool`` message."""
 

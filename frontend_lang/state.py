@@ -28,6 +28,7 @@ from frontend_lang.ir import (
     RoleEnd,
     Select,
     ToolResult,
+    VarScope,
     as_expr,
 )
 from frontend_lang.tool_turns import ToolTurns
@@ -98,6 +99,7 @@ class ProgramState(ToolTurns):
         self.implicit_system = parent.implicit_system if parent else False
         self.tools_: ToolUse | None = parent.tools_ if parent else None
         self.turn_calls: tuple[str, list[Any], int] | None = parent.turn_calls if parent else None
+        self.scope_starts: dict[str, int] = dict(parent.scope_starts) if parent else {}  # open var_scopes
         self.set_names: set[str] = set()  # variables set in this state (a branch: since its fork)
         self.ret_value: Any = None
         self._error: BaseException | None = None
@@ -129,6 +131,15 @@ class ProgramState(ToolTurns):
         self.submit(RoleBegin(role), where)
         yield
         self.submit(RoleEnd(role), where)
+
+    @contextlib.contextmanager
+    def var_scope(self, name: str) -> Iterator[None]:
+        """``with s.var_scope("answer"): s += ...``: the text appended inside becomes
+        variable ``name`` (as SGLang's)."""
+        where = _caller_line()
+        self.submit(VarScope(name, begin=True), where)
+        yield
+        self.submit(VarScope(name, begin=False), where)
 
     def system(self, expr: Any = None) -> contextlib.AbstractContextManager[None] | None:
         """``with s.system(): ...`` opens the turn; ``s.system(expr)`` appends a whole one."""
@@ -293,6 +304,11 @@ class ProgramState(ToolTurns):
             self._role_end(expr.role)
         elif isinstance(expr, ToolResult):
             self._tool_result(expr)
+        elif isinstance(expr, VarScope):
+            if expr.begin:
+                self.scope_starts[expr.name] = len(self.text_)
+            else:
+                self._store(expr.name, self.text_[self.scope_starts.pop(expr.name) :])
         else:
             raise TypeError(f"unknown expression {expr!r}")
 

@@ -191,6 +191,19 @@ def test_sglang_program_idioms(local):
         assert list(st.text_iter()) == [st.text()] and list(st.text_iter("n")) == [st["n"]]
 
 
+def test_var_scope_captures_the_text_appended_inside(local):
+    @sgl.function
+    def scoped(s):
+        s += "Q: Name a colour.\n"
+        with s.var_scope("answer"):
+            s += "A:" + sgl.gen("word", max_tokens=3, ignore_eos=True)
+        s += "\nDone."
+
+    state = scoped.run(temperature=0, backend=local)
+    assert state["answer"] == "A:" + state["word"]
+    assert state.text() == "Q: Name a colour.\n" + state["answer"] + "\nDone."
+
+
 def test_a_streamed_runs_variables_wait_for_the_program(local):
     @sgl.function
     def two(s):
