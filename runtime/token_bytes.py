@@ -8,8 +8,10 @@ tokens of one top-logprobs list apart.
 
 from __future__ import annotations
 
+import codecs
 import json
 import re
+from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
@@ -71,3 +73,16 @@ class TokenBytes:
             return self.of(token_id).decode()
         except UnicodeDecodeError:
             return "bytes:" + "".join(f"\\x{b:02x}" for b in self.of(token_id))
+
+    def char_offsets(self, ids: Sequence[int], before: Sequence[int] = (), base: int = 0) -> list[int]:
+        """Where the text of each of ``ids`` begins, in characters, when the text before them
+        (of tokens ending in ``before``) has ``base`` whole characters. A token that
+        continues a character (byte-level tokens split them) begins where that one does."""
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        for tid in before[-4:]:  # a character has at most 4 bytes: what is left of one is in here
+            decoder.decode(self.of(tid))
+        offsets, chars = [], base
+        for tid in ids:
+            offsets.append(chars)
+            chars += len(decoder.decode(self.of(tid)))
+        return offsets

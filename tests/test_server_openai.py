@@ -97,9 +97,17 @@ def test_echo_with_logprobs_scores_the_prompt(client, engine):
     assert lp_more.tokens[: len(want)] == lp.tokens and len(lp_more.tokens) == len(want) + 3
     assert lp_more.text_offset[len(want)] == len(prompt) and more.choices[0].text.startswith(prompt)
     # characters of several byte-level tokens: the offsets still only grow, across both parts
-    wide = client.completions.create(model=MODEL, prompt="Café 🦙 and 龘", max_tokens=3, echo=True, logprobs=1,
-                                     temperature=0).choices[0].logprobs
+    wide_choice = client.completions.create(model=MODEL, prompt="Café 🦙 and 龘", max_tokens=3, echo=True, logprobs=1,
+                                            temperature=0).choices[0]
+    wide = wide_choice.logprobs
     assert wide.text_offset == sorted(wide.text_offset) and len(wide.tokens) > 6
+    # each token starts at the character of the text its first byte belongs to (oracle: the
+    # decoded text of the tokens before it, a partial last character left out)
+    ids = engine.tokenizer.encode(wide_choice.text)
+    assert len(ids) == len(wide.tokens)
+    decode = engine.tokenizer.hf.decode
+    assert wide.text_offset == [len(decode(ids[:k]).rstrip("\ufffd")) for k in range(len(ids))]
+    assert wide.text_offset[-3] == len("Café 🦙 and 龘")
     # a token with part of a character is named by its bytes, as OpenAI names it
     assert [t for t in wide.tokens if t.startswith("bytes:\\x")] and "\ufffd" not in "".join(wide.tokens)
 
@@ -199,7 +207,20 @@ def test_completion_logprobs_shape(client):
     lp = resp.choices[0].logprobs
     assert "".join(lp.tokens) == resp.choices[0].text
     assert len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 6
-    assert all(len(t) == 2 for t in lp.top_logprobs)
+    assert all(len(t) == 2 for t in lp.top_logprobs)  # greedy: the chosen token is among the top 2
+
+
+def test_completion_top_logprobs_hold_the_chosen_token(client):
+    """OpenAI: "the API will always return the logprob of the sampled token, so there may be
+    up to logprobs+1 elements"; with ``logprobs: 0`` only that one."""
+    resp = client.completions.create(model=MODEL, prompt="The sky is", max_tokens=6, temperature=2, seed=3,
+                                     logprobs=1, echo=True)
+    lp = resp.choices[0].logprobs
+    for token, value, top in zip(lp.tokens[1:], lp.token_logprobs[1:], lp.top_logprobs[1:], strict=True):
+        assert top[token] == pytest.approx(value) and 1 <= len(top) <= 2
+    zero = client.completions.create(model=MODEL, prompt="The sky is", max_tokens=3, temperature=0, logprobs=0)
+    lp = zero.choices[0].logprobs
+    assert lp.top_logprobs == [{t: v} for t, v in zip(lp.tokens, lp.token_logprobs, strict=True)]
 
 
 def test_async_client_64_concurrent_streams_match_engine(server, engine):

@@ -46,7 +46,7 @@ class Completion(OpenAIHandler):
         if echo and self.req.logprobs is not None:  # the prompt's tokens first (the first one has no logprob)
             prompt = self.entries([(None, state.first_prompt_token), *state.input_token_logprobs],
                                   [None, *state.input_top_logprobs], 0)
-            start = sum(len(token) for token in prompt["tokens"])  # offsets run on over the tokens' text
+            start = len(echo)  # offsets run on over the prompt's text
         logprobs = self.logprobs(state, 0, len(state.output_token_logprobs), start)
         if prompt is not None and logprobs is not None:
             logprobs = {key: prompt[key] + logprobs[key] for key in logprobs}
@@ -63,20 +63,25 @@ class Completion(OpenAIHandler):
     def logprobs(self, state: ReqState, start: int, end: int, text_offset: int) -> Any:
         if self.req.logprobs is None:
             return None
+        before = [tid for _, tid in state.output_token_logprobs[max(start - 4, 0) : start]]
         return self.entries(state.output_token_logprobs[start:end],
-                            [top or [] for top in state.output_top_logprobs[start:end]], text_offset)
+                            [top or [] for top in state.output_top_logprobs[start:end]], text_offset, before)
 
-    def entries(self, pairs: Sequence[Any], tops: Sequence[Any], text_offset: int) -> dict[str, list[Any]]:
+    def entries(self, pairs: Sequence[Any], tops: Sequence[Any], text_offset: int,
+                before: Sequence[int] = ()) -> dict[str, list[Any]]:
         """The legacy completions' logprobs of ``(logprob, token id)`` ``pairs`` with their
-        ``tops`` (lists of such pairs, or None), text offsets counted from ``text_offset``."""
-        tok = self.ctx.tokenizer
-        tokens, lps, top_maps, offsets = [], [], [], []
-        offset = text_offset
-        names = tok.token_bytes.name  # a token with part of a character is named by its bytes, as OpenAI does
+        ``tops`` (lists of such pairs, or None). Text offsets are characters of the choice's
+        text, from ``text_offset`` on (the tokens ``before`` precede these). As OpenAI has
+        it, each top map also holds the chosen token ("up to logprobs + 1 entries")."""
+        token_bytes = self.ctx.tokenizer.token_bytes
+        names = token_bytes.name  # a token with part of a character is named by its bytes, as OpenAI does
+        tokens, lps, top_maps = [], [], []
         for (lp, tid), top in zip(pairs, tops, strict=True):
             tokens.append(names(tid))
             lps.append(lp)
-            top_maps.append({names(t): v for v, t in top} if self.req.logprobs and top is not None else None)
-            offsets.append(offset)
-            offset += len(tok.id_to_text(tid))
+            if lp is None:  # the prompt's first token: nothing to score it against
+                top_maps.append(None)
+                continue
+            top_maps.append({names(t): v for v, t in (top or ())[: self.req.logprobs]} | {names(tid): lp})
+        offsets = token_bytes.char_offsets([tid for _, tid in pairs], before, text_offset)
         return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": top_maps, "text_offset": offsets}
