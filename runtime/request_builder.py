@@ -101,9 +101,12 @@ def check_lengths(prompt_len: int, max_new: int, limits: RequestLimits, *, withi
     """Refuse what can never run; ``within_context`` also refuses prompt + max_new beyond
     the context (OpenAI's rule) instead of stopping there (the native API's rule)."""
     ctx, pool = limits.max_context_len, limits.max_total_tokens
-    if prompt_len >= ctx or (within_context and prompt_len + max_new > ctx):
+    if prompt_len >= ctx:
+        raise InvalidField("prompt", f"This model's maximum context length is {ctx} tokens, and the prompt alone has "
+                                     f"{prompt_len}: it must leave room for at least one generated token.")
+    if within_context and prompt_len + max_new > ctx:
         raise InvalidField(
-            "max_tokens" if prompt_len < ctx else "prompt",
+            "max_tokens",
             f"This model's maximum context length is {ctx} tokens. However, you requested "
             f"{prompt_len + max_new} tokens ({prompt_len} in the prompt, {max_new} for the completion).",
         )

@@ -24,7 +24,6 @@ def test_from_dict_defaults_and_normalisation():
     [
         ({"max_new_tokens": -1}, "max_new_tokens"),
         ({"max_new_tokens": 2.5}, "max_new_tokens"),
-        ({"max_new_tokens": 3.0}, "max_new_tokens"),
         ({"max_new_tokens": "8"}, "max_new_tokens"),
         ({"max_new_tokens": True}, "max_new_tokens"),
         ({"min_new_tokens": -2}, "min_new_tokens"),
@@ -128,3 +127,9 @@ def test_unknown_names_are_an_error_offline_and_reported_when_the_caller_asks():
     with pytest.raises(InvalidField) as err:
         SamplingParams.from_dict({"logit_bias": {"1": 2.0}}, seen.append)
     assert err.value.field == "logit_bias"
+
+
+def test_whole_floats_for_integer_fields_are_those_integers():
+    params = SamplingParams.from_dict({"max_new_tokens": 3.0, "min_new_tokens": 1.0, "top_k": 5.0, "seed": 7.0, "n": 2.0})
+    assert (params.max_new_tokens, params.min_new_tokens, params.top_k, params.seed, params.n) == (3, 1, 5, 7, 2)
+    assert all(type(v) is int for v in (params.max_new_tokens, params.top_k, params.seed, params.n))

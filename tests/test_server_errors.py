@@ -71,6 +71,12 @@ def assert_error(resp: httpx.Response, status: int, *words: str, param: str | No
          400, ["stream_options"], "stream_options"),
         # OpenAI's names in OpenAI's errors; n within OpenAI's limit
         ("/v1/chat/completions", {**CHAT, "min_tokens": 9}, 400, ["min_tokens"], "min_tokens"),
+        ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 2, "min_tokens": 5}, 400,
+         ["min_tokens must not exceed max_tokens"], "min_tokens"),
+        ("/v1/completions", {"model": MODEL, "prompt": "x", "n": 3, "best_of": 1}, 400, ["best_of must be at least n"],
+         "best_of"),
+        ("/v1/completions", {"model": MODEL, "prompt": [7] * 8192, "max_tokens": 0}, 400,
+         ["maximum context length is 8192", "the prompt alone has 8192"], "prompt"),
         ("/v1/chat/completions", {**CHAT, "n": 129}, 400, ["n must be in [1, 128]"], "n"),
         # JSON types as OpenAI checks them: no numbers or booleans written as strings
         ("/v1/chat/completions", {**CHAT, "temperature": "0.5"}, 400, ["temperature"], "temperature"),

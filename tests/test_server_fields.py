@@ -67,6 +67,20 @@ def test_completion_and_generate_bodies_with_nulls_and_gateway_fields(server):
     assert resp.status_code == 200, resp.text
 
 
+def test_whole_floats_for_integer_fields_are_those_integers(server):
+    """``2.0`` where an integer goes (a client that computed it), as vLLM and SGLang take it;
+    ``2.5`` stays a 400."""
+    body = {"model": MODEL, "prompt": "Hello", "max_tokens": 2.0, "n": 2.0, "seed": 5.0, "top_k": 5.0,
+            "temperature": 1, "ignore_eos": True}
+    resp = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+    assert resp.status_code == 200, resp.text
+    assert len(resp.json()["choices"]) == 2 and resp.json()["usage"]["completion_tokens"] == 4
+    native = httpx.post(f"{server.url}/generate", json={"text": "Hello", "sampling_params": {
+        "max_new_tokens": 3.0, "ignore_eos": True}}, timeout=60)
+    assert native.status_code == 200 and native.json()["meta_info"]["completion_tokens"] == 3
+    assert httpx.post(f"{server.url}/v1/completions", json={**body, "max_tokens": 2.5}, timeout=60).status_code == 400
+
+
 def test_an_explicit_cache_breakpoint_changes_nothing(server):
     """Every prefix is cached here, so OpenAI's ``prompt_cache_breakpoint`` on a text part is
     accepted and the answer is the one to the same text as a plain string."""

@@ -51,6 +51,9 @@ SGLANG_NEUTRAL_ONLY = ("structural_tag", "custom_params", "logit_bias", "stream_
 SGLANG_ALIASES = {"sampling_seed": "seed"}
 
 
+_INT_FIELDS = ("max_new_tokens", "min_new_tokens", "top_k", "seed", "n")
+
+
 @dataclass
 class SamplingParams:
     max_new_tokens: int = 128
@@ -106,6 +109,9 @@ class SamplingParams:
         for name in ("stop", "stop_regex"):
             if isinstance(d.get(name), str):
                 d[name] = [d[name]]
+        for name in _INT_FIELDS:  # 2.0 from a client that computed it: the integer it means
+            if isinstance(d.get(name), float) and d[name].is_integer():
+                d[name] = int(d[name])
         params = cls(**d)
         params.validate()
         return params

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -132,8 +133,10 @@ def bad_input_as_400(param: str, names: dict[str, str] | None = None) -> Iterato
     try:
         yield
     except InvalidField as err:
-        name = (names or {}).get(err.field, err.field)
-        raise ApiError(400, str(err).replace(err.field, name, 1), param=name) from err
+        message = str(err)
+        for ours, theirs in (names or {}).items():  # every field the message names, in the API's words
+            message = re.sub(rf"\b{ours}\b", theirs, message)
+        raise ApiError(400, message, param=(names or {}).get(err.field, err.field)) from err
     except (ValueError, TypeError) as err:
         raise ApiError(400, str(err), param=param) from err
 

@@ -120,10 +120,13 @@ class OpenAIHandler:
             except ApiError as err:
                 raise ApiError(400, f"'structured_outputs.{err.param}' is not supported by this server",
                                param=f"structured_outputs.{err.param}") from err
-        if self.req.best_of not in (None, 1):
-            raise ApiError(400, "'best_of' is not supported by this server", param="best_of")
         if not 1 <= self.req.n <= MAX_N:
             raise ApiError(400, f"n must be in [1, {MAX_N}], got {self.req.n}", param="n")
+        best_of = self.req.best_of
+        if best_of is not None and best_of < self.req.n:  # as OpenAI and vLLM answer
+            raise ApiError(400, f"best_of must be at least n ({self.req.n}), got {best_of}", param="best_of")
+        if best_of is not None and best_of > self.req.n:  # best_of == n: every sample is returned anyway
+            raise ApiError(400, "'best_of' greater than 'n' is not supported by this server", param="best_of")
         if self.req.stream_options is not None and not self.req.stream:  # as OpenAI and vLLM answer
             raise ApiError(400, "'stream_options' is only allowed when 'stream' is true", param="stream_options")
 

@@ -10,6 +10,7 @@ are ignored with one warning in the log per name (vLLM's behaviour); wrong JSON 
 
 from __future__ import annotations
 
+import typing
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -41,7 +42,19 @@ class _Body(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _null_is_not_given(cls, data: Any) -> Any:
-        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
+        """Drops nulls; a whole float for an integer field (``2.0``, as Python clients that
+        compute a value send it) becomes the integer, as vLLM and SGLang take it."""
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        return {k: int(v) if isinstance(v, float) and v.is_integer() and k in fields
+                and _takes_int_not_float(fields[k].annotation) else v
+                for k, v in data.items() if v is not None}
+
+
+def _takes_int_not_float(annotation: Any) -> bool:
+    kinds = set(typing.get_args(annotation)) or {annotation}
+    return int in kinds and float not in kinds
 
 
 def reject_unsupported(req: BaseModel, names: tuple[str, ...]) -> None:
