@@ -81,6 +81,11 @@ class ServerArgs:
         None, "Longest prompt + output per request. Default: the model's max_position_embeddings.",
         aliases=["--context-length", "--max-model-len"],
     )
+    allow_auto_truncate: bool = _arg(
+        False,
+        "Let a request whose prompt plus max_new_tokens (max_tokens) runs past the context length "
+        "generate until it reaches it, instead of refusing it with a 400 (SGLang's flag and default).",
+    )
     disable_mixed_chunk: bool = _arg(
         False,
         "Run prompt (prefill) chunks as steps of their own. By default the running requests' next "

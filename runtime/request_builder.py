@@ -6,8 +6,8 @@ saying no: a ``ValueError`` offline, a 400 naming the field over HTTP.
 
 Checks: every prompt has tokens, all inside the vocabulary; the sampling parameters parse
 and their token ids exist; a regex / json_schema / ebnf constraint parses; the logprob options fit the vocabulary; prompt plus
-``max_new_tokens`` fit the KV pool, and the prompt fits the context (with
-``within_context``, the OpenAI rule, prompt plus completion must fit it too). ``n`` expands
+``max_new_tokens`` fit the KV pool and the context (with ``auto_truncate``, SGLang's
+``--allow-auto-truncate``, only the prompt must fit the context: generation stops there). ``n`` expands
 into that many requests, prompt-major.
 """
 
@@ -28,6 +28,7 @@ class RequestLimits:
     vocab_size: int
     max_context_len: int
     max_total_tokens: int  # the KV pool
+    auto_truncate: bool = False  # generation may stop at the context instead of a 400
 
 
 @dataclass
@@ -56,8 +57,8 @@ def parse_sampling_params(spec: Any, num_prompts: int,
 
 
 def build_requests(prompts: list[list[int]], params: list[SamplingParams],
-                   options: RequestOptions | list[RequestOptions], limits: RequestLimits, *, prompt_field: str,
-                   within_context: bool = False) -> list[GenerateRequest]:
+                   options: RequestOptions | list[RequestOptions], limits: RequestLimits, *,
+                   prompt_field: str) -> list[GenerateRequest]:
     """Checked requests for ``prompts`` (``params[i]`` and, given a list, ``options[i]`` for
     prompt ``i``); raises ``InvalidField`` for the first problem, before anything is
     queued. ``prompt_field`` names the prompt in errors (``prompt``, ``text``, ``input_ids``...)."""
@@ -73,7 +74,7 @@ def build_requests(prompts: list[list[int]], params: list[SamplingParams],
                                f"the prompt's length ({len(ids)} tokens), or -1 for output tokens only")
         p.check_vocab(limits.vocab_size)
         check_constraint(p)
-        check_lengths(len(ids), p.max_new_tokens, limits, within_context=within_context)
+        check_lengths(len(ids), p.max_new_tokens, limits, prompt_field)
         requests += [GenerateRequest(ids, _nth_sample(p, k), opts) for k in range(p.n)]
     return requests
 
@@ -97,22 +98,22 @@ def check_token_ids(ids: list[int], vocab_size: int, field: str) -> None:
         raise InvalidField(field, f"{field}: token ids must be in [0, {vocab_size}) (the vocabulary)")
 
 
-def check_lengths(prompt_len: int, max_new: int, limits: RequestLimits, *, within_context: bool) -> None:
-    """Refuse what can never run; ``within_context`` also refuses prompt + max_new beyond
-    the context (OpenAI's rule) instead of stopping there (the native API's rule)."""
+def check_lengths(prompt_len: int, max_new: int, limits: RequestLimits, prompt_field: str = "prompt") -> None:
+    """Refuse a prompt that fills the context, and prompt + max_new beyond the context (as
+    OpenAI, vLLM and SGLang do) unless ``limits.auto_truncate``, or beyond the KV pool."""
     ctx, pool = limits.max_context_len, limits.max_total_tokens
     if prompt_len >= ctx:
-        raise InvalidField("prompt", f"This model's maximum context length is {ctx} tokens, and the prompt alone has "
+        raise InvalidField(prompt_field, f"This model's maximum context length is {ctx} tokens, and the prompt alone has "
                                      f"{prompt_len}: it must leave room for at least one generated token.")
-    if within_context and prompt_len + max_new > ctx:
+    if not limits.auto_truncate and prompt_len + max_new > ctx:
         raise InvalidField(
-            "max_tokens",
+            "max_new_tokens",
             f"This model's maximum context length is {ctx} tokens. However, you requested "
             f"{prompt_len + max_new} tokens ({prompt_len} in the prompt, {max_new} for the completion).",
         )
     if prompt_len + max_new > pool:
         raise InvalidField(
-            "max_tokens" if prompt_len < pool else "prompt",
+            "max_new_tokens" if prompt_len < pool else prompt_field,
             f"The request needs {prompt_len + max_new} tokens ({prompt_len} in the prompt, {max_new} "
             f"for the completion) but the KV cache holds {pool}.",
         )

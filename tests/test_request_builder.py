@@ -4,6 +4,8 @@ two length rules (native: the prompt must fit the context; OpenAI: prompt plus c
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from runtime.request_builder import (
@@ -34,8 +36,8 @@ def test_n_expands_prompt_major_and_every_request_carries_its_options():
     ([[]], None, RequestOptions(), "input_ids"),
     ([[1, 100]], None, RequestOptions(), "input_ids"),
     ([[1, -1]], None, RequestOptions(), "input_ids"),
-    ([[1] * 50], None, RequestOptions(), "prompt"),  # the prompt alone reaches the context
-    ([[1]], [SamplingParams(max_new_tokens=80)], RequestOptions(), "max_tokens"),  # beyond the KV pool
+    ([[1] * 50], None, RequestOptions(), "input_ids"),  # the prompt alone reaches the context
+    ([[1]], [SamplingParams(max_new_tokens=80)], RequestOptions(), "max_new_tokens"),  # beyond the context
     ([[1]], [SamplingParams(min_new_tokens=1, stop_token_ids=[100])], RequestOptions(), "stop_token_ids"),
     ([[1]], None, RequestOptions(return_logprob=True, logprob_start_len=-2), "logprob_start_len"),
     ([[1, 2]], None, RequestOptions(return_logprob=True, logprob_start_len=2), "logprob_start_len"),  # past the prompt
@@ -54,11 +56,18 @@ def test_n_seeded_samples_get_their_own_seeds():
     assert [r.params.seed for r in _build([[1]], [SamplingParams(max_new_tokens=5, n=2)], RequestOptions())] == [None, None]
 
 
-def test_the_openai_rule_also_fits_the_completion_in_the_context():
-    check_lengths(40, 30, LIMITS, within_context=False)  # native: generation stops at the context
+def test_the_completion_must_fit_the_context_unless_auto_truncated():
     with pytest.raises(InvalidField, match="maximum context length is 50") as err:
-        check_lengths(40, 30, LIMITS, within_context=True)
-    assert err.value.field == "max_tokens"
+        check_lengths(40, 30, LIMITS)
+    assert err.value.field == "max_new_tokens"
+    truncating = dataclasses.replace(LIMITS, auto_truncate=True)
+    check_lengths(40, 30, truncating)  # generation stops at the context
+    with pytest.raises(InvalidField, match="the KV cache holds 80") as err:
+        check_lengths(40, 41, dataclasses.replace(truncating, max_context_len=100))
+    assert err.value.field == "max_new_tokens"
+    with pytest.raises(InvalidField, match="the prompt alone has 50") as err:
+        check_lengths(50, 0, truncating)
+    assert err.value.field == "prompt"
 
 
 def test_sampling_params_one_for_all_or_one_each():

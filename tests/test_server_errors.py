@@ -52,7 +52,12 @@ def assert_error(resp: httpx.Response, status: int, *words: str, param: str | No
         ("/generate", {"text": "a", "return_logprob": True, "top_logprobs_num": -1}, 400, ["top_logprobs_num"], "top_logprobs_num"),
         ("/generate", {"text": "a", "return_logprob": True, "top_logprobs_num": 10**6}, 400, ["vocabulary"], "top_logprobs_num"),
         ("/generate", {"text": "a", "image_data": "x.png"}, 400, ["image_data", "not supported"], "image_data"),
-        ("/generate", {"text": "a", "sampling_params": {"max_new_tokens": 10**6}}, 400, ["KV cache"], "max_tokens"),
+        ("/generate", {"text": "a", "sampling_params": {"max_new_tokens": 10**6}}, 400, ["maximum context length"],
+         "max_new_tokens"),
+        # as SGLang without --allow-auto-truncate: prompt + max_new_tokens past the context is refused
+        ("/generate", {"input_ids": [7] * 100, "sampling_params": {"max_new_tokens": 8100}}, 400,
+         ["maximum context length is 8192", "8200 tokens (100 in the prompt, 8100"], "max_new_tokens"),
+        ("/generate", {"input_ids": [7] * 8192}, 400, ["the prompt alone has 8192"], "input_ids"),
         # values the sampler cannot use: each once took the whole server down
         ("/v1/chat/completions", {**CHAT, "min_tokens": 2, "stop_token_ids": [100_000]}, 400, ["stop_token_ids", "49152"], "stop_token_ids"),
         ("/generate", {"text": "a", "sampling_params": {"min_new_tokens": 1, "stop_token_ids": [49152]}}, 400, ["vocabulary"], "stop_token_ids"),

@@ -68,7 +68,8 @@ class ServerContext:
 
     @property
     def limits(self) -> RequestLimits:
-        return RequestLimits(int(self.info["vocab_size"]), self.max_context_len, self.max_total_tokens)
+        return RequestLimits(int(self.info["vocab_size"]), self.max_context_len, self.max_total_tokens,
+                             self.args.allow_auto_truncate)
 
     @property
     def is_healthy(self) -> bool:

@@ -146,8 +146,7 @@ class OpenAIHandler:
                 raise ApiError(400, "max_tokens must be >= 0", param="max_tokens")
             params = dataclasses.replace(self.params(max_new), n=self.req.n)  # n checked in check_common
             with bad_input_as_400("prompt", OPENAI_NAMES):
-                requests += build_requests([ids], [params], options, ctx.limits, prompt_field="prompt",
-                                           within_context=True)
+                requests += build_requests([ids], [params], options, ctx.limits, prompt_field="prompt")
         self.num_prompts = len(prompts)
         return ctx.submit_group(requests, request_ids(self.req.rid, [self.req.n] * len(prompts)))
 
