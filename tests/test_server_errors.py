@@ -68,8 +68,6 @@ def assert_error(resp: httpx.Response, status: int, *words: str, param: str | No
         ("/v1/completions", {"model": MODEL, "prompt": [1, -5]}, 400, ["token ids"], "prompt"),
         ("/v1/completions", {"model": MODEL, "prompt": [2**32]}, 400, ["token ids"], "prompt"),
         ("/v1/completions", {"model": MODEL, "prompt": [[1, 2], [3, -1]], "echo": True}, 400, ["token ids"], "prompt"),
-        ("/v1/completions", {"model": MODEL, "prompt": "x", "echo": True, "logprobs": 1, "stream": True}, 400,
-         ["echo", "stream"], "echo"),
         # as OpenAI and vLLM: stream_options only with stream
         ("/v1/chat/completions", {**CHAT, "stream_options": {"include_usage": True}}, 400, ["stream_options"], "stream_options"),
         ("/v1/completions", {"model": MODEL, "prompt": "x", "stream": False, "stream_options": {"include_usage": True}},

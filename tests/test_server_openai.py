@@ -210,6 +210,28 @@ def test_completion_logprobs_shape(client):
     assert all(len(t) == 2 for t in lp.top_logprobs)  # greedy: the chosen token is among the top 2
 
 
+@pytest.mark.parametrize("max_tokens", [0, 4])
+def test_echo_with_logprobs_streams_what_it_returns_whole(client, max_tokens):
+    """Streamed, the echoed prompt and its scores come with each choice's first chunk; the
+    chunks joined are the non-streamed choice (text, tokens, logprobs, offsets)."""
+    args = {"model": MODEL, "prompt": ["Café 🦙 is", "The sky"], "max_tokens": max_tokens, "echo": True,
+            "logprobs": 2, "temperature": 0}
+    whole = client.completions.create(**args).choices
+    joined = {i: {"text": "", "tokens": [], "token_logprobs": [], "text_offset": [], "top_logprobs": []} for i in (0, 1)}
+    for chunk in client.completions.create(**args, stream=True):
+        for c in chunk.choices:
+            joined[c.index]["text"] += c.text
+            if c.logprobs is not None:
+                for key in ("tokens", "token_logprobs", "text_offset", "top_logprobs"):
+                    joined[c.index][key] += getattr(c.logprobs, key)
+    for i, choice in enumerate(whole):
+        got, lp = joined[i], choice.logprobs
+        assert got["text"] == choice.text and got["tokens"] == lp.tokens and got["text_offset"] == lp.text_offset
+        assert got["token_logprobs"][0] is None and got["token_logprobs"][1:] == pytest.approx(lp.token_logprobs[1:],
+                                                                                               abs=1e-3)
+        assert [sorted(t or {}) for t in got["top_logprobs"]] == [sorted(t or {}) for t in lp.top_logprobs]
+
+
 def test_completion_top_logprobs_hold_the_chosen_token(client):
     """OpenAI: "the API will always return the logprob of the sampled token, so there may be
     up to logprobs+1 elements"; with ``logprobs: 0`` only that one."""

@@ -15,13 +15,13 @@ from runtime.server.scheduler_client import ReqState
 class Completion(OpenAIHandler):
     object_name = "text_completion"
     id_prefix = "cmpl"
+    echoed: set[int]  # streamed choices whose echoed prompt went out (echo with logprobs)
 
     async def run(self) -> Response:
         r = self.req
+        self.echoed = set()
         self.check_common()
         reject_unsupported(r, ("suffix",))
-        if r.echo and r.logprobs is not None and r.stream:
-            raise ApiError(400, "'echo' together with 'logprobs' is supported without 'stream' only", param="echo")
         prompt = r.prompt
         texts: list[str] | None = None
         if isinstance(prompt, str) or (prompt and isinstance(prompt[0], str)):
@@ -41,21 +41,34 @@ class Completion(OpenAIHandler):
         return self.prompt_texts[index // self.req.n] if self.req.echo else ""
 
     def choice(self, index: int, state: ReqState) -> dict[str, Any]:
-        echo, start = self.echo(index), 0
-        prompt = None
-        if echo and self.req.logprobs is not None:  # the prompt's tokens first (the first one has no logprob)
-            prompt = self.entries([(None, state.first_prompt_token), *state.input_token_logprobs],
-                                  [None, *state.input_top_logprobs], 0)
-            start = len(echo)  # offsets run on over the prompt's text
-        logprobs = self.logprobs(state, 0, len(state.output_token_logprobs), start)
-        if prompt is not None and logprobs is not None:
-            logprobs = {key: prompt[key] + logprobs[key] for key in logprobs}
-        return {"index": index, "text": echo + state.text, "logprobs": logprobs, "finish_reason": finish_reason_of(state)}
+        echo = self.echo(index)
+        logprobs = self.logprobs(state, 0, len(state.output_token_logprobs), len(echo))
+        return {"index": index, "text": echo + state.text, "logprobs": self.with_prompt(state, logprobs),
+                "finish_reason": finish_reason_of(state)}
+
+    def with_prompt(self, state: ReqState, logprobs: dict[str, list[Any]] | None) -> dict[str, list[Any]] | None:
+        """``logprobs`` after the echoed prompt's own (the first token has none), when both
+        ``echo`` and ``logprobs`` are asked for."""
+        if logprobs is None or not self.req.echo:
+            return logprobs
+        prompt = self.entries([(None, state.first_prompt_token), *state.input_token_logprobs],
+                              [None, *state.input_top_logprobs], 0)
+        return {key: prompt[key] + logprobs[key] for key in logprobs}
 
     def stream_start(self, num_choices: int) -> list[dict[str, Any]]:
-        if not self.req.echo:
+        if not self.req.echo or self.req.logprobs is not None:  # with logprobs: echoed with the first chunk
             return []
         return [{"index": i, "text": self.echo(i), "logprobs": None, "finish_reason": None} for i in range(num_choices)]
+
+    def stream_choice(self, index: int, state: ReqState, text: str, finish: str | None,
+                      logprobs: Any) -> dict[str, Any] | None:
+        if self.req.echo and logprobs is not None:  # the prompt's scores arrive with the first update
+            echo = self.echo(index)
+            logprobs = {**logprobs, "text_offset": [o + len(echo) for o in logprobs["text_offset"]]}
+            if index not in self.echoed:
+                self.echoed.add(index)
+                text, logprobs = echo + text, self.with_prompt(state, logprobs)
+        return self.delta_choice(index, text, finish, logprobs)
 
     def delta_choice(self, index: int, text: str, finish: str | None, logprobs: Any) -> dict[str, Any]:
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
