@@ -7,7 +7,8 @@ saying no: a ``ValueError`` offline, a 400 naming the field over HTTP.
 Checks: every prompt has tokens, all inside the vocabulary; the sampling parameters parse
 and their token ids exist; a regex / json_schema / ebnf constraint parses; the logprob options fit the vocabulary; prompt plus
 ``max_new_tokens`` fit the KV pool and the context (with ``auto_truncate``, SGLang's
-``--allow-auto-truncate``, only the prompt must fit the context: generation stops there). ``n`` expands
+``--allow-auto-truncate``, or where the request left ``max_new_tokens`` out, only the
+prompt must fit the context: ``max_new_tokens`` is cut to the room left, as SGLang does). ``n`` expands
 into that many requests, prompt-major.
 """
 
@@ -74,6 +75,9 @@ def build_requests(prompts: list[list[int]], params: list[SamplingParams],
                                f"the prompt's length ({len(ids)} tokens), or -1 for output tokens only")
         p.check_vocab(limits.vocab_size)
         check_constraint(p)
+        room = limits.max_context_len - len(ids)
+        if 0 < room < p.max_new_tokens and (limits.auto_truncate or p.max_new_tokens_unset):
+            p = dataclasses.replace(p, max_new_tokens=room)  # it runs to the context, no further
         check_lengths(len(ids), p.max_new_tokens, limits, prompt_field)
         requests += [GenerateRequest(ids, _nth_sample(p, k), opts) for k in range(p.n)]
     return requests

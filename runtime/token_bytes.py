@@ -11,7 +11,7 @@ from __future__ import annotations
 import codecs
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from functools import cache
 from typing import Any
 
@@ -74,15 +74,19 @@ class TokenBytes:
         except UnicodeDecodeError:
             return "bytes:" + "".join(f"\\x{b:02x}" for b in self.of(token_id))
 
-    def char_offsets(self, ids: Sequence[int], before: Sequence[int] = (), base: int = 0) -> list[int]:
+    def char_offsets(self, ids: Sequence[int], before: Sequence[int] = (), base: int = 0,
+                     unseen: Collection[int] = ()) -> list[int]:
         """Where the text of each of ``ids`` begins, in characters, when the text before them
         (of tokens ending in ``before``) has ``base`` whole characters. A token that
-        continues a character (byte-level tokens split them) begins where that one does."""
+        continues a character (byte-level tokens split them) begins where that one does;
+        tokens in ``unseen`` (special tokens the text skips) take no room."""
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         for tid in before[-4:]:  # a character has at most 4 bytes: what is left of one is in here
-            decoder.decode(self.of(tid))
+            if tid not in unseen:
+                decoder.decode(self.of(tid))
         offsets, chars = [], base
         for tid in ids:
             offsets.append(chars)
-            chars += len(decoder.decode(self.of(tid)))
+            if tid not in unseen:
+                chars += len(decoder.decode(self.of(tid)))
         return offsets

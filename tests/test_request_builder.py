@@ -70,6 +70,22 @@ def test_the_completion_must_fit_the_context_unless_auto_truncated():
     assert err.value.field == "prompt"
 
 
+def test_max_new_tokens_left_out_or_auto_truncated_is_cut_to_the_room_left():
+    """As SGLang: a request that leaves max_new_tokens out runs to the context (its default
+    is not refused); with auto_truncate a given one too, and it is then measured against
+    the KV pool as what it can really use."""
+    unset = SamplingParams.from_dict({})
+    assert unset.max_new_tokens == 128 and unset.max_new_tokens_unset
+    [req] = _build([[1] * 45], [unset])
+    assert req.params.max_new_tokens == 5
+    with pytest.raises(InvalidField, match="maximum context length"):
+        _build([[1] * 45], [SamplingParams.from_dict({"max_new_tokens": 128})])
+    truncating = dataclasses.replace(LIMITS, auto_truncate=True, max_context_len=70)
+    [req] = build_requests([[1] * 10], [SamplingParams(max_new_tokens=10**6)], RequestOptions(), truncating,
+                           prompt_field="input_ids")
+    assert req.params.max_new_tokens == 60
+
+
 def test_sampling_params_one_for_all_or_one_each():
     shared = parse_sampling_params({"max_new_tokens": 3}, 2)
     assert [p.max_new_tokens for p in shared] == [3, 3]

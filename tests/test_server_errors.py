@@ -58,6 +58,11 @@ def assert_error(resp: httpx.Response, status: int, *words: str, param: str | No
         ("/generate", {"input_ids": [7] * 100, "sampling_params": {"max_new_tokens": 8100}}, 400,
          ["maximum context length is 8192", "8200 tokens (100 in the prompt, 8100"], "max_new_tokens"),
         ("/generate", {"input_ids": [7] * 8192}, 400, ["the prompt alone has 8192"], "input_ids"),
+        # the Responses API's own names in its errors
+        ("/v1/responses", {"model": MODEL, "input": "Hi", "max_output_tokens": 9000}, 400,
+         ["maximum context length"], "max_output_tokens"),
+        # a client's quoted value stays as it sent it
+        ("/v1/chat/completions", {**CHAT, "stop_regex": ["max_new_tokens("]}, 400, ["'max_new_tokens('"], "stop_regex"),
         # values the sampler cannot use: each once took the whole server down
         ("/v1/chat/completions", {**CHAT, "min_tokens": 2, "stop_token_ids": [100_000]}, 400, ["stop_token_ids", "49152"], "stop_token_ids"),
         ("/generate", {"text": "a", "sampling_params": {"min_new_tokens": 1, "stop_token_ids": [49152]}}, 400, ["vocabulary"], "stop_token_ids"),

@@ -63,6 +63,15 @@ def test_input_ids_and_per_prompt_params(server, engine):
     assert [o["meta_info"]["completion_tokens"] for o in out] == [5, 9]
 
 
+def test_a_request_without_max_new_tokens_runs_to_the_context(server):
+    """SGLang refuses only a max_new_tokens the client gave: left out near the context, the
+    default (128) is cut to the room left."""
+    resp = httpx.post(f"{server.url}/generate", json={"input_ids": [7] * 8190,
+                      "sampling_params": {"ignore_eos": True}}, timeout=120)
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["meta_info"]["completion_tokens"] == 2
+
+
 def test_prefill_only_then_reuse(server):
     text = "A long shared context about agents and their tools. " * 12
     first = post(server, "/generate", {"text": text, "sampling_params": {"max_new_tokens": 0}}).json()

@@ -78,6 +78,9 @@ class SamplingParams:
     regex: str | None = None
     json_schema: str | None = None
     ebnf: str | None = None
+    # not a client's field: max_new_tokens is the default because the request left it out
+    # (SGLang then lets it run to the context instead of refusing it; request_builder.py)
+    max_new_tokens_unset: bool = field(default=False, repr=False, compare=False)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None, on_unknown: Callable[[str], None] | None = None) -> SamplingParams:
@@ -95,7 +98,7 @@ class SamplingParams:
                 if d.get(name) is not None and value is not None and d[name] != value:
                     raise InvalidField(alias, f"{alias} and {name} name the same parameter; give one")
                 d[name] = value if d.get(name) is None else d[name]
-        names = {f.name for f in dataclasses.fields(cls)}
+        names = {f.name for f in dataclasses.fields(cls)} - {"max_new_tokens_unset"}
         unknown = sorted(set(d) - names)
         if unknown and on_unknown is None:
             raise ValueError(f"unknown sampling parameter(s): {', '.join(unknown)}")
@@ -112,7 +115,7 @@ class SamplingParams:
         for name in _INT_FIELDS:  # 2.0 from a client that computed it: the integer it means
             if isinstance(d.get(name), float) and d[name].is_integer():
                 d[name] = int(d[name])
-        params = cls(**d)
+        params = cls(**d, max_new_tokens_unset="max_new_tokens" not in d)
         params.validate()
         return params
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from fastapi.responses import Response
@@ -43,16 +43,21 @@ class Completion(OpenAIHandler):
     def choice(self, index: int, state: ReqState) -> dict[str, Any]:
         echo = self.echo(index)
         logprobs = self.logprobs(state, 0, len(state.output_token_logprobs), len(echo))
-        return {"index": index, "text": echo + state.text, "logprobs": self.with_prompt(state, logprobs),
+        return {"index": index, "text": echo + state.text, "logprobs": self.with_prompt(index, state, logprobs),
                 "finish_reason": finish_reason_of(state)}
 
-    def with_prompt(self, state: ReqState, logprobs: dict[str, list[Any]] | None) -> dict[str, list[Any]] | None:
+    def with_prompt(self, index: int, state: ReqState, logprobs: dict[str, list[Any]] | None) -> dict[str, list[Any]] | None:
         """``logprobs`` after the echoed prompt's own (the first token has none), when both
         ``echo`` and ``logprobs`` are asked for."""
         if logprobs is None or not self.req.echo:
             return logprobs
-        prompt = self.entries([(None, state.first_prompt_token), *state.input_token_logprobs],
-                              [None, *state.input_top_logprobs], 0)
+        first = state.first_prompt_token
+        token_bytes = self.ctx.tokenizer.token_bytes
+        # a special first token the tokenizer added (a BOS) is not in the echoed text
+        added = {first} if first in token_bytes.special and not self.echo(index).startswith(
+            token_bytes.of(first).decode(errors="replace")) else set()
+        prompt = self.entries([(None, first), *state.input_token_logprobs], [None, *state.input_top_logprobs], 0,
+                              unseen=added)
         return {key: prompt[key] + logprobs[key] for key in logprobs}
 
     def stream_start(self, num_choices: int) -> list[dict[str, Any]]:
@@ -67,7 +72,7 @@ class Completion(OpenAIHandler):
             logprobs = {**logprobs, "text_offset": [o + len(echo) for o in logprobs["text_offset"]]}
             if index not in self.echoed:
                 self.echoed.add(index)
-                text, logprobs = echo + text, self.with_prompt(state, logprobs)
+                text, logprobs = echo + text, self.with_prompt(index, state, logprobs)
         return self.delta_choice(index, text, finish, logprobs)
 
     def delta_choice(self, index: int, text: str, finish: str | None, logprobs: Any) -> dict[str, Any]:
@@ -77,11 +82,12 @@ class Completion(OpenAIHandler):
         if self.req.logprobs is None:
             return None
         before = [tid for _, tid in state.output_token_logprobs[max(start - 4, 0) : start]]
+        skipped = self.ctx.tokenizer.token_bytes.special if self.req.skip_special_tokens else ()
         return self.entries(state.output_token_logprobs[start:end],
-                            [top or [] for top in state.output_top_logprobs[start:end]], text_offset, before)
+                            [top or [] for top in state.output_top_logprobs[start:end]], text_offset, before, skipped)
 
     def entries(self, pairs: Sequence[Any], tops: Sequence[Any], text_offset: int,
-                before: Sequence[int] = ()) -> dict[str, list[Any]]:
+                before: Sequence[int] = (), unseen: Collection[int] = ()) -> dict[str, list[Any]]:
         """The legacy completions' logprobs of ``(logprob, token id)`` ``pairs`` with their
         ``tops`` (lists of such pairs, or None). Text offsets are characters of the choice's
         text, from ``text_offset`` on (the tokens ``before`` precede these). As OpenAI has
@@ -96,5 +102,5 @@ class Completion(OpenAIHandler):
                 top_maps.append(None)
                 continue
             top_maps.append({names(t): v for v, t in (top or ())[: self.req.logprobs]} | {names(tid): lp})
-        offsets = token_bytes.char_offsets([tid for _, tid in pairs], before, text_offset)
+        offsets = token_bytes.char_offsets([tid for _, tid in pairs], before, text_offset, unseen)
         return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": top_maps, "text_offset": offsets}

@@ -126,6 +126,16 @@ class ServerContext:
             raise ApiError(400, str(err), param="rid") from err
 
 
+def in_api_words(message: str, names: dict[str, str] | None) -> str:
+    """``message`` with each field it names (``names``: ours -> the API's) in the API's words;
+    quoted text (the client's own values) stays as it is."""
+    if not names:
+        return message
+    words = "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
+    pattern = re.compile(rf"""'[^']*'|"[^"]*"|\b({words})\b""")
+    return pattern.sub(lambda m: names[m.group(1)] if m.group(1) else m.group(0), message)
+
+
 @contextlib.contextmanager
 def bad_input_as_400(param: str, names: dict[str, str] | None = None) -> Iterator[None]:
     """Bad input raised inside the block as a 400: an ``InvalidField`` names its field (as
@@ -134,10 +144,7 @@ def bad_input_as_400(param: str, names: dict[str, str] | None = None) -> Iterato
     try:
         yield
     except InvalidField as err:
-        message = str(err)
-        for ours, theirs in (names or {}).items():  # every field the message names, in the API's words
-            message = re.sub(rf"\b{ours}\b", theirs, message)
-        raise ApiError(400, message, param=(names or {}).get(err.field, err.field)) from err
+        raise ApiError(400, in_api_words(str(err), names), param=(names or {}).get(err.field, err.field)) from err
     except (ValueError, TypeError) as err:
         raise ApiError(400, str(err), param=param) from err
 

@@ -11,7 +11,7 @@ import re
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, ClassVar
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
@@ -41,6 +41,7 @@ class OpenAIHandler:
 
     object_name = ""
     id_prefix = ""
+    API_NAMES: ClassVar[dict[str, str]] = OPENAI_NAMES  # our field names -> the route's, in its errors
 
     def __init__(self, ctx: ServerContext, req: Any, request: Request) -> None:
         self.ctx, self.req, self.request = ctx, req, request
@@ -69,7 +70,7 @@ class OpenAIHandler:
             "seed": r.seed,
             **self.constraint(),
         }
-        return sampling_params(d, param="request", names=OPENAI_NAMES)
+        return sampling_params(d, param="request", names=self.API_NAMES)
 
     def constraint(self) -> dict[str, Any]:
         """The request's output constraint as sampling fields: ``response_format`` becomes a
@@ -145,7 +146,7 @@ class OpenAIHandler:
             if max_new < 0:
                 raise ApiError(400, "max_tokens must be >= 0", param="max_tokens")
             params = dataclasses.replace(self.params(max_new), n=self.req.n)  # n checked in check_common
-            with bad_input_as_400("prompt", OPENAI_NAMES):
+            with bad_input_as_400("prompt", self.API_NAMES):
                 requests += build_requests([ids], [params], options, ctx.limits, prompt_field="prompt")
         self.num_prompts = len(prompts)
         return ctx.submit_group(requests, request_ids(self.req.rid, [self.req.n] * len(prompts)))
@@ -167,7 +168,7 @@ class OpenAIHandler:
         if not self.req.stream:
             await wait_all(self.ctx.client, states, self.request)
             for s in states:
-                err = error_of(s, OPENAI_NAMES)
+                err = error_of(s, self.API_NAMES)
                 if err is not None:
                     raise err
             choices = [self.choice(i, s) for i, s in enumerate(states)]
@@ -215,7 +216,7 @@ class OpenAIHandler:
             yield self.chunk([head], so_far())
         async with contextlib.aclosing(merged_updates(self.ctx.client, states)) as updates:
             async for i, s in updates:
-                err = error_of(s, OPENAI_NAMES)
+                err = error_of(s, self.API_NAMES)
                 if err is not None:
                     yield sse(err.body())
                     continue

@@ -13,6 +13,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from runtime.output_format import logprob_meta
+from runtime.server.context import in_api_words
 from runtime.server.protocol import ApiError
 from runtime.server.scheduler_client import ReqState, SchedulerClient
 from runtime.tokenizer import Tokenizer
@@ -40,7 +41,7 @@ def error_of(state: ReqState, names: dict[str, str] | None = None) -> ApiError |
     if state.error is None:
         return None
     param = (names or {}).get(state.error_param, state.error_param) if state.error_param else None
-    return ApiError(state.error_status, state.error, param=param)
+    return ApiError(state.error_status, in_api_words(state.error, names), param=param)
 
 
 async def wait_all(client: SchedulerClient, states: list[ReqState], request: Request) -> list[ReqState]:

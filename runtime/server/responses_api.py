@@ -90,6 +90,7 @@ class ResponseCreation(OutputItems, ChatCompletion):
     """``POST /v1/responses``."""
 
     FIELD_NAMES = {"reasoning_effort": "reasoning.effort"}
+    API_NAMES = NAMES
 
     def __init__(self, ctx: ServerContext, req: ResponsesRequest, request: Request, store: ResponseStore,
                  conversations: ConversationStore) -> None:
