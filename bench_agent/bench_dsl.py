@@ -73,7 +73,8 @@ def run_programs(programs: list[tuple[Any, dict[str, Any]]], backend: Any, concu
         states = [prog.run(**kw, backend=backend, **run_kw) for prog, kw in programs]
     secs = time.perf_counter() - start
     for s in states:
-        s.sync()
+        if s.error() is not None:
+            raise RuntimeError(f"a benchmark program failed: {s.error()}")
     return secs, states
 
 

@@ -114,7 +114,8 @@ def run_workload(
         state = workload.program.run(
             **program_args[i], backend=RecordingBackend(backend, log, i), temperature=0, ignore_eos=True
         )
-        state.sync()
+        if state.error() is not None:  # a failed program counts as an error, not as a run
+            raise state.error()
         latencies.append(time.perf_counter() - began)
         states[i] = state
 

@@ -27,6 +27,7 @@ from frontend_lang.ir import (
     gen,
     gen_int,
     gen_string,
+    image,
     select,
     system,
     system_begin,
@@ -35,8 +36,16 @@ from frontend_lang.ir import (
     user,
     user_begin,
     user_end,
+    video,
 )
-from frontend_lang.program import SglFunction, function, get_default_backend, set_default_backend
+from frontend_lang.program import (
+    SglFunction,
+    flush_cache,
+    function,
+    get_default_backend,
+    get_server_info,
+    set_default_backend,
+)
 from frontend_lang.state import ProgramError, ProgramState, ProgramStateGroup
 from frontend_lang.tools import ToolCall
 
@@ -57,7 +66,10 @@ __all__ = [
     "gen_int",
     "gen_string",
     "greedy_token_selection",
+    "flush_cache",
     "get_default_backend",
+    "get_server_info",
+    "image",
     "select",
     "set_default_backend",
     "system",
@@ -69,7 +81,20 @@ __all__ = [
     "user",
     "user_begin",
     "user_end",
+    "video",
 ]
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("forkserve")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+__version__ = _version()
 
 
 def __getattr__(name: str) -> Any:

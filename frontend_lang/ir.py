@@ -146,6 +146,7 @@ def gen(
     tools: list[dict[str, Any]] | None = None,
     tool_choice: str | dict[str, Any] | None = None,
     parallel_tool_calls: bool | None = None,
+    n: int | None = None,
 ) -> Expr:
     """Generate text into variable ``name``. With ``choices`` it is ``select``.
 
@@ -154,7 +155,10 @@ def gen(
     regex of that type's literal (a number also ended by a space or newline, as in SGLang). The variable
     holds the text either way. With ``tools`` (OpenAI's function tools, ``tool_choice``,
     ``parallel_tool_calls``) the gen is a whole assistant turn that may call them, and the
-    variable holds the calls (``frontend_lang/tools.py``)."""
+    variable holds the calls (``frontend_lang/tools.py``). With ``n`` > 1 (as SGLang's) the
+    variable holds ``n`` samples of one request and the text goes on with the first."""
+    if n is not None and (not isinstance(n, int) or n < 1):
+        raise ValueError(f"gen(): n must be a positive integer, got {n!r}")
     uses = tool_use(tools, tool_choice, parallel_tool_calls)
     if uses is not None and (choices is not None or dtype is not None or regex is not None or json_schema is not None):
         raise ValueError("gen(): tools cannot be combined with choices, dtype, regex or json_schema")
@@ -184,6 +188,7 @@ def gen(
         "repetition_penalty": repetition_penalty,
         "ignore_eos": ignore_eos,
         "seed": seed,
+        "n": n,
         "regex": regex,
         "json_schema": _schema_text(json_schema),
     }
@@ -222,6 +227,16 @@ DTYPE_REGEX: dict[type, str] = {
     bool: r"(True|False)",
     str: r"\"[^\"\n]*\"",
 }
+
+
+def image(path: str) -> Expr:
+    """SGLang's image input: refused, the models served here read text only."""
+    raise ValueError("sgl.image(): images are not supported: the models served here read text only")
+
+
+def video(path: str, num_frames: int = -1) -> Expr:
+    """SGLang's video input: refused, the models served here read text only."""
+    raise ValueError("sgl.video(): videos are not supported: the models served here read text only")
 
 
 def gen_int(name: str | None = None, **kwargs: Any) -> Expr:

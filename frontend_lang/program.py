@@ -12,7 +12,7 @@ from typing import Any
 from tqdm import tqdm
 
 from frontend_lang.backend.base import Backend
-from frontend_lang.state import Program, ProgramState
+from frontend_lang.state import Program, ProgramError, ProgramState
 
 logger = logging.getLogger(__name__)
 
@@ -111,19 +111,24 @@ class SglFunction:
         Sampling defaults (``max_new_tokens=128``, ``temperature=1.0``, ``stop``, ...) apply
         to every ``gen`` that does not set them. ``pin_cache`` keeps the program's prefixes
         in the server's cache while it runs. With ``stream=True`` the program runs in the
-        background; read it with ``s.text_iter()``."""
+        background; read it with ``s.text_iter()``. As in SGLang, an operation that fails
+        (a ``gen`` the server refuses) ends the program without raising: ``s.error()`` holds
+        the ``ProgramError`` (also logged), ``s.text()`` the text so far. An exception of the
+        program's own Python code is raised."""
         defaults_kw = {k: kwargs.pop(k) for k in list(kwargs) if k in _run_defaults.__code__.co_varnames}
-        chosen = _as_backend(backend) if backend is not None else _default_backend
-        if chosen is None:
-            raise RuntimeError("no backend: pass backend=... or call set_default_backend(...) first")
+        chosen = _backend_or_default(backend)
         program = Program(chosen, _run_defaults(**defaults_kw), pin_cache, stream)
         state = ProgramState(program)
+        own_error: list[BaseException] = []
 
         def body() -> None:
             try:
                 state.ret_value = self.func(state, *args, **kwargs)
+            except ProgramError as err:  # an operation failed (read back inside the body)
+                state._error = state._error or err  # noqa: SLF001
             except Exception as err:
                 state._error = err  # noqa: SLF001 - the body itself failed
+                own_error.append(err)
             finally:
                 program.sync_all()
                 try:
@@ -133,26 +138,29 @@ class SglFunction:
                 finally:
                     for st in list(program.states):
                         st.mark_finished()
+                if state.error() is not None and not own_error:
+                    logger.warning("program %s failed: %s", self.__name__, state.error())
 
         if stream:
             program.body_thread = threading.Thread(target=body, daemon=True, name=f"program-{self.__name__}")
             program.body_thread.start()
             return state
         body()
-        state.sync()
+        if own_error:
+            raise own_error[0]
         return state
 
     def run_batch(
         self,
-        batch_kwargs: list[dict[str, Any]] | list[tuple[Any, ...]],
+        batch_kwargs: list[dict[str, Any]] | list[tuple[Any, ...]] | list[list[Any]],
         *,
         num_threads: int | str = "auto",
         progress_bar: bool = False,
         backend: Any = None,
         **defaults: Any,
     ) -> list[ProgramState]:
-        """Run the program once per kwargs dict (or tuple of its arguments in order, as SGLang
-        takes them), ``num_threads`` at a time (``auto``: all of them up to 256, so their
+        """Run the program once per kwargs dict (or tuple / list of its arguments in order, as
+        SGLang takes them), ``num_threads`` at a time (``auto``: all of them up to 256, so their
         requests batch together). A program that fails does not stop the others: its state's
         ``error()`` says why and reading it raises."""
         if num_threads == "auto":
@@ -162,9 +170,9 @@ class SglFunction:
         else:
             raise ValueError(f"num_threads must be 'auto' or a positive integer, got {num_threads!r}")
 
-        def one(args: dict[str, Any] | tuple[Any, ...]) -> ProgramState:
+        def one(args: dict[str, Any] | tuple[Any, ...] | list[Any]) -> ProgramState:
             try:
-                if isinstance(args, tuple):
+                if isinstance(args, (tuple, list)):
                     return self.run(*args, backend=backend, **defaults)
                 return self.run(backend=backend, **defaults, **args)
             except Exception as err:  # kept in the state; the caller inspects error()
@@ -185,6 +193,23 @@ def _failed_state(err: Exception, backend: Any) -> ProgramState:
     state._error = err  # noqa: SLF001
     state.mark_finished()
     return state
+
+
+def _backend_or_default(backend: Any) -> Backend:
+    chosen = _as_backend(backend) if backend is not None else _default_backend
+    if chosen is None:
+        raise RuntimeError("no backend: pass backend=... or call set_default_backend(...) first")
+    return chosen
+
+
+def flush_cache(backend: Any = None) -> bool:
+    """Empty the server's prefix cache (the default backend's); whether it did."""
+    return _backend_or_default(backend).flush_cache()
+
+
+def get_server_info(backend: Any = None) -> dict[str, Any]:
+    """The server's settings and state (the default backend's), as ``/get_server_info``."""
+    return _backend_or_default(backend).get_server_info()
 
 
 def function(func: Callable[..., Any] | None = None, **_: Any) -> Any:

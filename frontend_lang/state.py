@@ -106,8 +106,8 @@ class ProgramState(ToolTurns):
         self._pending: collections.deque[tuple[Expr, str]] = collections.deque()
         self._running = False
         self._cond = threading.Condition()
-        # streaming: (variable or None, text); text None: that variable is complete
-        self._chunks: list[tuple[str | None, str | None]] = []
+        # streaming: (the variables the text is part of, text); text None: that variable is complete
+        self._chunks: list[tuple[tuple[str, ...], str | None]] = []
         self._finished = False
         with program.lock:
             program.states.append(self)
@@ -159,10 +159,14 @@ class ProgramState(ToolTurns):
 
     # ------------------------------------------------------------------ reading
     def sync(self, raise_error: bool = True) -> None:
+        """Wait for what was appended so far. Inside the program, an operation that failed
+        raises its ``ProgramError`` here (the program ends); once the program has ended,
+        reads give what there is and ``error()`` says what failed, as in SGLang."""
         with self._cond:
             while self._running or (not self._finished and self.program.read_waits_for_the_end()):
                 self._cond.wait()
-        if raise_error and self._error is not None:
+            ended = self._finished
+        if raise_error and self._error is not None and not ended:
             raise self._error
 
     def error(self) -> BaseException | None:
@@ -176,7 +180,8 @@ class ProgramState(ToolTurns):
     def __getitem__(self, name: str) -> Any:
         self.sync()
         if name not in self.variables:
-            raise KeyError(f"no variable {name!r} in this program state (have: {sorted(self.variables)})")
+            failed = f"; the program failed: {self._error}" if self._error is not None else ""
+            raise KeyError(f"no variable {name!r} in this program state (have: {sorted(self.variables)}){failed}")
         return self.variables[name]
 
     def get_var(self, name: str) -> Any:
@@ -206,9 +211,12 @@ class ProgramState(ToolTurns):
         return f"ProgramState({self.text()!r})"
 
     # ------------------------------------------------------------------ forking
-    def fork(self, size: int = 1) -> ProgramStateGroup:
+    def fork(self, size: int = 1, position_ids_offset: list[int] | None = None) -> ProgramStateGroup:
         """``size`` copies that continue independently. The shared text is prefilled once
-        first, so every branch reuses it from the cache."""
+        first, so every branch reuses it from the cache. (SGLang's ``position_ids_offset``
+        is taken only as None: positions here always follow the text.)"""
+        if position_ids_offset is not None:
+            raise ValueError("fork(): position_ids_offset is not supported (positions follow the text)")
         if not isinstance(size, int) or size < 1:
             raise ValueError(f"fork(): size must be a positive integer, got {size!r}")
         self.sync()
@@ -218,6 +226,16 @@ class ProgramState(ToolTurns):
             except Exception as err:
                 raise ProgramError(f"fork({size}) at {_caller_line()} failed: {err}") from err
         return ProgramStateGroup([ProgramState(self.program, parent=self) for _ in range(size)], self)
+
+    @contextlib.contextmanager
+    def copy(self, position_ids_offset: list[int] | None = None) -> Iterator[ProgramState]:
+        """``with s.copy() as t: t += ...``: a branch of this state (``fork(1)``) that is
+        joined back when the block ends, as SGLang's."""
+        group = self.fork(1, position_ids_offset)
+        try:
+            yield group[0]
+        finally:
+            group.join()
 
     # ------------------------------------------------------------------ streaming
     def text_iter(self, var_name: str | None = None) -> Iterator[str]:
@@ -234,14 +252,12 @@ class ProgramState(ToolTurns):
                     self._cond.wait()
                 chunks, done = self._chunks[i:], self._finished
             i += len(chunks)
-            for var, text in chunks:
-                if var_name is not None and var == var_name and text is None:
+            for names, text in chunks:
+                if var_name is not None and text is None and var_name in names:
                     return
-                if text and (var_name is None or var == var_name):
+                if text and (var_name is None or var_name in names):
                     yield text
-            if done and i >= len(self._chunks):
-                if self._error is not None:
-                    raise self._error
+            if done and i >= len(self._chunks):  # a failure ended it: error() says what (as in SGLang)
                 return
 
     async def text_async_iter(self, var_name: str | None = None) -> AsyncIterator[str]:
@@ -256,10 +272,13 @@ class ProgramState(ToolTurns):
             yield chunk  # type: ignore[misc]
 
     def _emit(self, var: str | None, text: str | None) -> None:
-        if self.program.stream and (text or text is None and var is not None):
-            with self._cond:
-                self._chunks.append((var, text))
-                self._cond.notify_all()
+        if not self.program.stream or not (text or text is None and var is not None):
+            return
+        # text is part of its variable and of every var_scope open around it
+        names = (var,) if text is None else ((var,) if var else ()) + tuple(self.scope_starts)
+        with self._cond:
+            self._chunks.append((names, text))  # type: ignore[arg-type]
+            self._cond.notify_all()
 
     def mark_finished(self) -> None:
         with self._cond:
@@ -324,6 +343,13 @@ class ProgramState(ToolTurns):
             for k in ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
         }
         backend, pid = self.program.backend, self.program.program_id
+        if params.get("n", 1) > 1:  # n samples of one request: the variable holds all, the text the first
+            outs = backend.generate(self.text_, params, program_id=pid, **opts)
+            assert isinstance(outs, list)
+            self._append(outs[0]["text"], expr.name)
+            if expr.name:
+                self._store(expr.name, [o["text"] for o in outs], [o["meta_info"] for o in outs])
+            return
         if self.program.stream and not opts["return_logprob"]:
             out: dict[str, Any] = {}
             shown = 0
@@ -378,7 +404,7 @@ class ProgramState(ToolTurns):
 
 class ProgramStateGroup:
     """The branches of a fork. ``+=`` appends to every branch: one expression for all, a
-    list (one each), or a function of the branch index."""
+    list or tuple (one each), or a function of the branch index."""
 
     def __init__(self, states: list[ProgramState], parent: ProgramState) -> None:
         self.states = states
@@ -400,10 +426,10 @@ class ProgramStateGroup:
 
     def __iadd__(self, other: Any) -> ProgramStateGroup:
         where = _caller_line()
-        if isinstance(other, list):
+        if isinstance(other, (list, tuple)):
             if len(other) != len(self.states):
                 raise ValueError(f"appending {len(other)} expressions to {len(self.states)} branches")
-            parts: list[Any] = other
+            parts: list[Any] = list(other)
         elif callable(other) and not isinstance(other, Expr):
             fn: Callable[[int], Any] = other
             parts = [fn(i) for i in range(len(self.states))]

@@ -147,11 +147,11 @@ def test_an_engine_failure_answers_every_call_then_and_later(tiny_gqa_llama):
         branches += sgl.gen("x", max_tokens=20, ignore_eos=True)
         branches.join()
 
-    outcome: list[BaseException] = []
+    outcome: list[BaseException | None] = []
 
     def run() -> None:
         try:
-            fan.run(temperature=0, backend=backend)
+            outcome.append(fan.run(temperature=0, backend=backend).error())
         except BaseException as err:  # noqa: BLE001 - handed to the test thread
             outcome.append(err)
 

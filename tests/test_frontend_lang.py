@@ -40,6 +40,12 @@ EXAMPLES = [
 ]
 
 
+def assert_failed(state: sgl.ProgramState, pattern: str) -> None:
+    """As in SGLang, a failed operation ends the program without raising: ``run`` returns
+    the state and ``error()`` says what failed."""
+    assert isinstance(state.error(), sgl.ProgramError) and re.search(pattern, str(state.error())), state.error()
+
+
 @pytest.fixture(scope="module")
 def local(engine):
     backend = sgl.EngineBackend(engine)
@@ -166,8 +172,7 @@ def test_select_with_nothing_before_it(local):
     def one_token_choices(s):  # with nothing before them, single tokens have no logprob to compare
         s += sgl.select("word", ["zzqx", "The", "Hello"])
 
-    with pytest.raises(sgl.ProgramError, match="cannot be scored"):
-        one_token_choices.run(backend=local)
+    assert_failed(one_token_choices.run(backend=local), "cannot be scored")
 
 
 def test_sglang_program_idioms(local):
@@ -252,8 +257,7 @@ def test_errors_name_the_operation_and_line(local, server):
     def bad(s):
         s += "Hello" + sgl.gen("x", max_tokens=-5)
 
-    with pytest.raises(sgl.ProgramError, match=r"gen\('x'\) at .*test_frontend_lang.py:\d+: .*max_tokens=-5.*max_new_tokens"):
-        bad.run(backend=local)
+    assert_failed(bad.run(backend=local), r"gen\('x'\) at .*test_frontend_lang.py:\d+: .*max_tokens=-5.*max_new_tokens")
 
     down = sgl.RuntimeEndpoint(server.url)
     down.client = httpx.Client(base_url="http://127.0.0.1:9", timeout=5)  # nothing listens there
@@ -262,8 +266,7 @@ def test_errors_name_the_operation_and_line(local, server):
     def ok(s):
         s += "Hi" + sgl.gen("y", max_tokens=2)
 
-    with pytest.raises(sgl.ProgramError, match=r"gen\('y'\) at .*cannot reach"):
-        ok.run(backend=down)
+    assert_failed(ok.run(backend=down), r"gen\('y'\) at .*cannot reach")
     with pytest.raises(ValueError, match="one of regex, json_schema and dtype"):
         sgl.gen("z", regex="[0-9]+", dtype=int)
 
@@ -321,15 +324,13 @@ def test_tool_turn_errors_name_the_operation(local):
         s += sgl.user("Hi")
         s += sgl.assistant("Sure. " + sgl.gen("x", tools=[LOOKUP], max_tokens=8))
 
-    with pytest.raises(sgl.ProgramError, match=r"gen\('x'\) at .*whole assistant turn"):
-        not_whole.run(backend=local)
+    assert_failed(not_whole.run(backend=local), r"gen\('x'\) at .*whole assistant turn")
 
     @sgl.function
     def inside(s):
         s += sgl.user("Hi" + sgl.tool("result", "call_0"))
 
-    with pytest.raises(sgl.ProgramError, match=r"tool\('call_0'\) at .*between turns"):
-        inside.run(backend=local)
+    assert_failed(inside.run(backend=local), r"tool\('call_0'\) at .*between turns")
 
 
 class Pet(BaseModel):
@@ -402,8 +403,7 @@ def test_run_batch_reports_errors_per_program(local):
     assert isinstance(states[1].error(), sgl.ProgramError)
     assert states[0].get_meta_info("out")["completion_tokens"] == 3
     assert states[2].get_meta_info("out")["completion_tokens"] == 5
-    with pytest.raises(sgl.ProgramError):
-        states[1].text()
+    assert states[1].text() == "Count to -1:"  # the text so far, as SGLang gives it
 
 
 @pytest.mark.parametrize("which", ["local", "remote"])

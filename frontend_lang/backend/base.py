@@ -98,5 +98,13 @@ class Backend(ABC):
         content, calls = split_calls(rendered.tool_call_parser, out["text"], count_calls(messages))
         yield {**out, "prompt": rendered.text, "final": True, "content": content, "tool_calls": calls}
 
+    def flush_cache(self) -> bool:
+        """Empty the server's prefix cache; whether it did (``sgl.flush_cache()``)."""
+        raise BackendError(f"{type(self).__name__} cannot flush a cache")
+
+    def get_server_info(self) -> dict[str, Any]:
+        """The server's settings and state, as ``/get_server_info`` reports them."""
+        raise BackendError(f"{type(self).__name__} has no server info")
+
     def shutdown(self) -> None:  # noqa: B027 - optional hook
         pass

@@ -99,6 +99,13 @@ class EngineBackend(Backend):
     def flush_cache(self) -> bool:
         return bool(self.run_in_driver(self.engine.flush_cache))
 
+    def get_server_info(self) -> dict[str, Any]:
+        """The engine's settings and its scheduler's state (what ``/get_server_info`` holds
+        of them)."""
+        import dataclasses
+
+        return {**dataclasses.asdict(self.engine.args), **self.run_in_driver(self.engine.core.stats)}
+
     def run_in_driver(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` on the driver thread, between steps (the engine is not thread-safe)."""
         return self._live_driver().run(fn)

@@ -124,5 +124,8 @@ class RuntimeEndpoint(Backend):
     def flush_cache(self) -> bool:
         return self.client.post("/flush_cache").status_code == 200
 
+    def get_server_info(self) -> dict[str, Any]:
+        return self._get("/get_server_info")
+
     def shutdown(self) -> None:
         self.client.close()

@@ -1,0 +1,126 @@
+"""The rest of SGLang's frontend surface, as its programs use it: a failed operation ends
+the program without raising (``error()`` says what, ``text()`` keeps what was made), the
+program's own exceptions are raised, ``run_batch`` takes argument lists, ``s.copy()``,
+``gen(n=...)``, tuples on fork groups, ``var_scope`` streaming, ``flush_cache`` /
+``get_server_info``, and clear errors for what a text model cannot take."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import frontend_lang as sgl
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def local(engine):
+    backend = sgl.EngineBackend(engine)
+    yield backend
+    backend.shutdown()
+
+
+def test_a_failed_operation_ends_the_program_without_raising(local):
+    @sgl.function
+    def two(s):
+        s += "Count:" + sgl.gen("a", max_tokens=3, ignore_eos=True)
+        s += sgl.gen("b", max_tokens=-1)
+        s += sgl.gen("c", max_tokens=2)
+
+    state = two.run(temperature=0, backend=local)
+    assert isinstance(state.error(), sgl.ProgramError) and re.search(r"gen\('b'\) at .*max_tokens", str(state.error()))
+    assert state.text() == "Count:" + state["a"]  # what was made before the failure
+    with pytest.raises(KeyError, match="the program failed"):
+        state["c"]
+
+    @sgl.function
+    def buggy(s):
+        s += "Hi"
+        return 1 / 0
+
+    with pytest.raises(ZeroDivisionError):  # the program's own code: raised, as SGLang does
+        buggy.run(backend=local)
+
+
+def test_run_batch_takes_argument_lists(local):
+    @sgl.function
+    def echo(s, word, times):
+        s += word * times
+
+    states = echo.run_batch([["ab", 2], ("c", 3)], backend=local)
+    assert [st.error() for st in states] == [None, None] and [st.text() for st in states] == ["abab", "ccc"]
+
+
+def test_copy_is_a_branch_joined_back(local):
+    @sgl.function
+    def side(s):
+        s += "Q: name a colour.\nA:"
+        with s.copy() as aside:
+            aside += sgl.gen("guess", max_tokens=2, ignore_eos=True)
+        s += " Done."
+
+    state = side.run(temperature=0, backend=local)
+    assert state.text() == "Q: name a colour.\nA: Done."  # the branch's text stays in the branch
+    assert isinstance(state["guess"], list) and len(state["guess"]) == 1
+
+
+def test_gen_n_keeps_every_sample_and_goes_on_with_the_first(local):
+    @sgl.function
+    def many(s):
+        s += "Pick a number:" + sgl.gen("x", max_tokens=3, n=3, ignore_eos=True, seed=5)
+
+    state = many.run(temperature=1.0, backend=local)
+    assert len(state["x"]) == 3 and len(set(state["x"])) > 1
+    assert state.text() == "Pick a number:" + state["x"][0]
+    assert [m["completion_tokens"] for m in state.get_meta_info("x")] == [3, 3, 3]
+
+
+def test_fork_groups_take_tuples_and_position_offsets_only_as_none(local):
+    @sgl.function
+    def branches(s):
+        s += "Say"
+        forks = s.fork(2, position_ids_offset=None)
+        forks += (" one", " two")
+        forks.join()
+        s["texts"] = [f.text() for f in forks]
+
+    assert branches.run(backend=local)["texts"] == ["Say one", "Say two"]
+
+    @sgl.function
+    def offset(s):
+        s += "Say"
+        s.fork(2, position_ids_offset=[1, 2])
+
+    with pytest.raises(ValueError, match="position_ids_offset is not supported"):
+        offset.run(backend=local)
+
+
+def test_a_var_scope_streams_its_text(local):
+    @sgl.function
+    def scoped(s):
+        with s.var_scope("answer"):
+            s += "A:" + sgl.gen("word", max_tokens=3, ignore_eos=True)
+        s += " end"
+
+    state = scoped.run(stream=True, temperature=0, backend=local)
+    assert "".join(state.text_iter("answer")) == state["answer"] == "A:" + state["word"]
+
+
+def test_server_helpers_and_what_a_text_model_refuses(local):
+    before = sgl.get_default_backend()
+    sgl.set_default_backend(local)
+    try:
+        assert sgl.flush_cache() is True
+        info = sgl.get_server_info()
+        assert info["model_path"] and "num_running_reqs" in info, sorted(info)
+    finally:
+        sgl.program._default_backend = before
+    with pytest.raises(ValueError, match="images are not supported"):
+        sgl.image("cat.png")
+    with pytest.raises(ValueError, match="videos are not supported"):
+        sgl.video("cat.mp4")
+    with pytest.raises(ValueError, match="n must be a positive integer"):
+        sgl.gen("x", n=0)
+    assert sgl.__version__
