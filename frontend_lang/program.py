@@ -6,7 +6,7 @@ import concurrent.futures
 import functools
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from tqdm import tqdm
@@ -157,12 +157,14 @@ class SglFunction:
         num_threads: int | str = "auto",
         progress_bar: bool = False,
         backend: Any = None,
+        generator_style: bool = False,
         **defaults: Any,
-    ) -> list[ProgramState]:
+    ) -> list[ProgramState] | Iterator[ProgramState]:
         """Run the program once per kwargs dict (or tuple / list of its arguments in order, as
         SGLang takes them), ``num_threads`` at a time (``auto``: all of them up to 256, so their
         requests batch together). A program that fails does not stop the others: its state's
-        ``error()`` says why and reading it raises."""
+        ``error()`` says why. ``generator_style``: the states are yielded, in order, as each
+        is done (SGLang's option)."""
         if num_threads == "auto":
             workers = max(1, min(len(batch_kwargs), 256))
         elif isinstance(num_threads, int) and num_threads >= 1:
@@ -178,13 +180,16 @@ class SglFunction:
             except Exception as err:  # kept in the state; the caller inspects error()
                 return _failed_state(err, backend)
 
-        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-            futures = [pool.submit(one, kw) for kw in batch_kwargs]
-            with tqdm(total=len(futures), desc=self.__name__, disable=not progress_bar) as bar:
-                for f in concurrent.futures.as_completed(futures):
-                    bar.update(1)
-                    del f
-            return [f.result() for f in futures]
+        pool = concurrent.futures.ThreadPoolExecutor(workers)
+        futures = [pool.submit(one, kw) for kw in batch_kwargs]
+        pool.shutdown(wait=False)  # its threads end with the last program
+        if generator_style:
+            return (f.result() for f in futures)
+        with tqdm(total=len(futures), desc=self.__name__, disable=not progress_bar) as bar:
+            for f in concurrent.futures.as_completed(futures):
+                bar.update(1)
+                del f
+        return [f.result() for f in futures]
 
 
 def _failed_state(err: Exception, backend: Any) -> ProgramState:

@@ -208,7 +208,7 @@ class ProgramState(ToolTurns):
         return name in self.variables
 
     def __repr__(self) -> str:
-        return f"ProgramState({self.text()!r})"
+        return f"ProgramState({self.text()})"  # SGLang's form; programs slice it
 
     # ------------------------------------------------------------------ forking
     def fork(self, size: int = 1, position_ids_offset: list[int] | None = None) -> ProgramStateGroup:
@@ -260,7 +260,9 @@ class ProgramState(ToolTurns):
             if done and i >= len(self._chunks):  # a failure ended it: error() says what (as in SGLang)
                 return
 
-    async def text_async_iter(self, var_name: str | None = None) -> AsyncIterator[str]:
+    async def text_async_iter(self, var_name: str | None = None, return_meta_data: bool = False) -> AsyncIterator[Any]:
+        """``text_iter`` for asyncio. With ``return_meta_data`` (and ``var_name``), each chunk
+        comes as ``(text, meta_info)``: the variable's meta info once it is complete, else None."""
         import asyncio
 
         it = self.text_iter(var_name)
@@ -269,7 +271,7 @@ class ProgramState(ToolTurns):
             chunk = await asyncio.to_thread(next, it, done)
             if chunk is done:
                 return
-            yield chunk  # type: ignore[misc]
+            yield (chunk, self.meta_info.get(var_name)) if return_meta_data and var_name else chunk
 
     def _emit(self, var: str | None, text: str | None) -> None:
         if not self.program.stream or not (text or text is None and var is not None):
@@ -388,7 +390,8 @@ class ProgramState(ToolTurns):
         if self.role != role:
             raise ValueError(f"{role}() ended while in {self.role or 'no'} role")
         _, suffix = self._markers_for(role)
-        message: dict[str, Any] = {"role": role, "content": self.text_[self.role_start :]}
+        # the turn's text as the message's content, leading spaces dropped (as SGLang's)
+        message: dict[str, Any] = {"role": role, "content": self.text_[self.role_start :].lstrip()}
         if self.turn_calls is not None:  # the turn was a gen with tools: its content and calls
             content, calls, end = self.turn_calls
             self.turn_calls = None

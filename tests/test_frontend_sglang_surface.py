@@ -53,6 +53,18 @@ def test_run_batch_takes_argument_lists(local):
     assert [st.error() for st in states] == [None, None] and [st.text() for st in states] == ["abab", "ccc"]
 
 
+def test_run_batch_generator_style_and_the_state_as_sglang_prints_it(local):
+    @sgl.function
+    def echo(s, word):
+        s += sgl.user(word) + sgl.assistant(" " + word)
+
+    states = echo.run_batch([{"word": "a"}, {"word": "b"}], backend=local, generator_style=True)
+    assert not isinstance(states, list)
+    got = list(states)
+    assert [st.messages()[-1] for st in got] == [{"role": "assistant", "content": w} for w in "ab"]  # lstripped
+    assert repr(got[0]) == f"ProgramState({got[0].text()})"
+
+
 def test_copy_is_a_branch_joined_back(local):
     @sgl.function
     def side(s):
