@@ -20,6 +20,7 @@ from frontend_lang.choices import (
     token_length_normalized,
     unconditional_likelihood_normalized,
 )
+from frontend_lang.fork_group import ProgramStateGroup
 from frontend_lang.ir import (
     assistant,
     assistant_begin,
@@ -46,7 +47,7 @@ from frontend_lang.program import (
     get_server_info,
     set_default_backend,
 )
-from frontend_lang.state import ProgramError, ProgramState, ProgramStateGroup
+from frontend_lang.state import ProgramError, ProgramState
 from frontend_lang.tools import ToolCall
 
 __all__ = [

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import os
 import threading
-import traceback
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from frontend_lang.backend.base import Backend
+from frontend_lang.call_site import caller_line
 from frontend_lang.choices import select_choice
+from frontend_lang.fork_group import ProgramStateGroup
 from frontend_lang.ir import (
     Constant,
     Expr,
@@ -74,17 +74,6 @@ class Program:
             self.backend.end_program(self.program_id)
 
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-
-
-def _caller_line() -> str:
-    """``file:line: code`` of the program line that appended the expression."""
-    for frame in reversed(traceback.extract_stack()):
-        if not os.path.abspath(frame.filename).startswith(_PACKAGE_DIR + os.sep) and "contextlib" not in frame.filename:
-            return f"{frame.filename}:{frame.lineno}: {(frame.line or '').strip()}"
-    return "<unknown>"
-
-
 class ProgramState(ToolTurns):
     def __init__(self, program: Program, parent: ProgramState | None = None) -> None:
         self.program = program
@@ -114,7 +103,7 @@ class ProgramState(ToolTurns):
 
     # ------------------------------------------------------------------ appending
     def __iadd__(self, other: Any) -> ProgramState:
-        self.submit(as_expr(other), _caller_line())
+        self.submit(as_expr(other), caller_line())
         return self
 
     def submit(self, expr: Expr, where: str) -> None:
@@ -127,7 +116,7 @@ class ProgramState(ToolTurns):
 
     @contextlib.contextmanager
     def _role_scope(self, role: str) -> Iterator[None]:
-        where = _caller_line()
+        where = caller_line()
         self.submit(RoleBegin(role), where)
         yield
         self.submit(RoleEnd(role), where)
@@ -136,7 +125,7 @@ class ProgramState(ToolTurns):
     def var_scope(self, name: str) -> Iterator[None]:
         """``with s.var_scope("answer"): s += ...``: the text appended inside becomes
         variable ``name`` (as SGLang's)."""
-        where = _caller_line()
+        where = caller_line()
         self.submit(VarScope(name, begin=True), where)
         yield
         self.submit(VarScope(name, begin=False), where)
@@ -154,7 +143,7 @@ class ProgramState(ToolTurns):
     def _role(self, role: str, expr: Any) -> contextlib.AbstractContextManager[None] | None:
         if expr is None:
             return self._role_scope(role)
-        self.submit(ExprList([RoleBegin(role), as_expr(expr), RoleEnd(role)]), _caller_line())
+        self.submit(ExprList([RoleBegin(role), as_expr(expr), RoleEnd(role)]), caller_line())
         return None
 
     # ------------------------------------------------------------------ reading
@@ -224,7 +213,7 @@ class ProgramState(ToolTurns):
             try:
                 self.program.backend.cache_prefix(self.text_, self.program.program_id)
             except Exception as err:
-                raise ProgramError(f"fork({size}) at {_caller_line()} failed: {err}") from err
+                raise ProgramError(f"fork({size}) at {caller_line()} failed: {err}") from err
         return ProgramStateGroup([ProgramState(self.program, parent=self) for _ in range(size)], self)
 
     @contextlib.contextmanager
@@ -403,56 +392,3 @@ class ProgramState(ToolTurns):
         self._append(suffix)
         self.messages_.append(message)
         self.role = None
-
-
-class ProgramStateGroup:
-    """The branches of a fork. ``+=`` appends to every branch: one expression for all, a
-    list or tuple (one each), or a function of the branch index."""
-
-    def __init__(self, states: list[ProgramState], parent: ProgramState) -> None:
-        self.states = states
-        self.parent = parent
-
-    def __getitem__(self, i: int) -> ProgramState:
-        return self.states[i]
-
-    def __setitem__(self, i: int, state: ProgramState) -> None:
-        """What ``forks[i] += expr`` stores back: the branch itself (appended to in place)."""
-        if state is not self.states[i]:
-            raise ValueError("a fork's branches cannot be replaced; append to them with +=")
-
-    def __len__(self) -> int:
-        return len(self.states)
-
-    def __iter__(self) -> Iterator[ProgramState]:
-        return iter(self.states)
-
-    def __iadd__(self, other: Any) -> ProgramStateGroup:
-        where = _caller_line()
-        if isinstance(other, (list, tuple)):
-            if len(other) != len(self.states):
-                raise ValueError(f"appending {len(other)} expressions to {len(self.states)} branches")
-            parts: list[Any] = list(other)
-        elif callable(other) and not isinstance(other, Expr):
-            fn: Callable[[int], Any] = other
-            parts = [fn(i) for i in range(len(self.states))]
-        else:
-            parts = [other] * len(self.states)
-        for state, part in zip(self.states, parts, strict=True):
-            state.submit(as_expr(part), where)
-        return self
-
-    def join(self, mode: str = "gather_variable") -> None:
-        """Wait for every branch; copy each variable a branch set after the fork into the
-        parent as a list of every branch's value (None where a branch has none). Variables
-        the branches only inherited stay as they are in the parent. (SGLang gathers the names
-        its parent lacks; here a branch that sets an inherited name again is gathered too.)"""
-        if mode != "gather_variable":
-            raise ValueError(f"join(): only mode 'gather_variable' is supported, got {mode!r}")
-        for s in self.states:
-            s.sync()
-        names = set().union(*(s.set_names for s in self.states))
-        self.parent.sync()
-        for name in sorted(names):
-            gathered = [s.variables.get(name) for s in self.states]
-            self.parent._store(name, gathered, [s.meta_info.get(name) for s in self.states])
