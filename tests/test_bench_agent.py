@@ -118,6 +118,24 @@ def test_the_react_workload_runs_tool_calls_through_the_openai_api(server, tmp_p
     assert row["workload"] == "react" and row["errors"] == 0 and row["programs_ok"] == N
 
 
+def test_the_openai_driver_holds_gen_int_to_its_regex(server):
+    import re
+
+    from frontend_lang.ir import DTYPE_REGEX
+
+    @sgl.function
+    def count(s):
+        s += sgl.user("How many legs does a spider have? Answer with a number.")
+        s += sgl.assistant(sgl.gen_int("n", max_tokens=6))
+
+    chat = OpenAIChatBackend(server.url)
+    try:
+        state = count.run(temperature=0, backend=chat)
+    finally:
+        chat.shutdown()
+    assert state.error() is None and re.fullmatch(DTYPE_REGEX[int] + r"[ \n]?", state["n"]), state["n"]
+
+
 def test_the_openai_driver_empties_the_servers_cache_before_each_run(server, tmp_path, capsys):
     """Two runs of one program through ``--backend openai --url`` on one server see the same
     hit rate: the cache is emptied after the warm-up (``/flush_cache``), as the DSL driver

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bench_agent.drivers import KVReading
-from bench_agent.drivers.openai_chat import ROLE_MARKERS, messages_from_text
+from bench_agent.drivers.openai_chat import ROLE_MARKERS, _request_body, messages_from_text
 from bench_agent.metrics import summarise
 from bench_agent.recording import CallLog, RecordingBackend
 from bench_agent.runner import RunResult, _arrival_offsets, _PeakSampler
@@ -53,6 +53,15 @@ def test_chat_driver_refuses_what_a_chat_api_cannot_do():
         messages_from_text(_encode([{"role": "user", "content": "hi"}]) + "Sure,")
     with pytest.raises(BackendError, match="outside a chat role"):
         messages_from_text("loose text" + _encode([{"role": "user", "content": "hi"}]))
+
+
+def test_chat_driver_sends_a_regex_as_structured_outputs():
+    """gen(regex=...) and gen_int over a chat API: vLLM's structured_outputs (forkserve and
+    vLLM take it); they were refused."""
+    body = _request_body("m", [{"role": "user", "content": "hi"}], {"max_new_tokens": 4, "regex": "[0-9]+"})
+    assert body["structured_outputs"] == {"regex": "[0-9]+"}
+    with pytest.raises(BackendError, match="gen\\(n=...\\) needs the native API"):
+        _request_body("m", [], {"n": 2})
 
 
 class _Scripted(Backend):

@@ -55,7 +55,7 @@ def messages_from_text(text: str) -> list[dict[str, str]]:
 
 def _request_body(model: str, messages: list[dict[str, Any]], params: dict[str, Any]) -> dict[str, Any]:
     check_sampling_params(params, {"max_new_tokens", "temperature", "top_p", "top_k", "ignore_eos", "stop", "seed",
-                                   "json_schema"}, "OpenAI chat")
+                                   "json_schema", "regex", "n"}, "OpenAI chat")
     body: dict[str, Any] = {
         "model": model,
         "messages": messages,
@@ -74,8 +74,12 @@ def _request_body(model: str, messages: list[dict[str, Any]], params: dict[str, 
     if params.get("json_schema"):  # guided decoding, as OpenAI's structured outputs ask for it
         schema = orjson.loads(params["json_schema"])
         body["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
+    if params.get("regex"):  # gen(regex=...) and gen_int: vLLM's field, which forkserve takes too
+        body["structured_outputs"] = {"regex": params["regex"]}
     if params.get("top_k", -1) not in (-1, 0, None):
         body["top_k"] = params["top_k"]
+    if params.get("n", 1) != 1:
+        raise BackendError("the OpenAI chat driver streams one choice: gen(n=...) needs the native API")
     return body
 
 
