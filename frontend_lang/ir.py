@@ -160,8 +160,9 @@ def gen(
     if n is not None and (not isinstance(n, int) or n < 1):
         raise ValueError(f"gen(): n must be a positive integer, got {n!r}")
     uses = tool_use(tools, tool_choice, parallel_tool_calls)
-    if uses is not None and (choices is not None or dtype is not None or regex is not None or json_schema is not None):
-        raise ValueError("gen(): tools cannot be combined with choices, dtype, regex or json_schema")
+    if uses is not None and (choices is not None or dtype is not None or regex is not None or json_schema is not None
+                             or (n or 1) > 1):
+        raise ValueError("gen(): tools cannot be combined with choices, dtype, regex, json_schema or n > 1")
     if choices is not None:
         return select(name, choices, temperature=temperature or 0.0, choices_method=choices_method)
     if dtype is not None:

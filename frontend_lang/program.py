@@ -124,13 +124,16 @@ class SglFunction:
         def body() -> None:
             try:
                 state.ret_value = self.func(state, *args, **kwargs)
-            except ProgramError as err:  # an operation failed (read back inside the body)
+            except ProgramError as err:  # an operation failed (read back inside the body); logged then
                 state._error = state._error or err  # noqa: SLF001
-            except Exception as err:
-                state._error = err  # noqa: SLF001 - the body itself failed
+            except Exception as err:  # the program's own code failed: what it queued still runs
                 own_error.append(err)
             finally:
                 program.sync_all()
+                if own_error:
+                    state._error = own_error[0]  # noqa: SLF001
+                    if stream:  # no caller to raise it to
+                        logger.error("program %s raised", self.__name__, exc_info=own_error[0])
                 try:
                     program.end()
                 except Exception as err:  # the pins expire under pressure anyway; say so
@@ -138,8 +141,6 @@ class SglFunction:
                 finally:
                     for st in list(program.states):
                         st.mark_finished()
-                if state.error() is not None and not own_error:
-                    logger.warning("program %s failed: %s", self.__name__, state.error())
 
         if stream:
             program.body_thread = threading.Thread(target=body, daemon=True, name=f"program-{self.__name__}")
@@ -182,14 +183,26 @@ class SglFunction:
 
         pool = concurrent.futures.ThreadPoolExecutor(workers)
         futures = [pool.submit(one, kw) for kw in batch_kwargs]
-        pool.shutdown(wait=False)  # its threads end with the last program
         if generator_style:
-            return (f.result() for f in futures)
-        with tqdm(total=len(futures), desc=self.__name__, disable=not progress_bar) as bar:
+            return _in_order(futures, pool, self.__name__, progress_bar)
+        with pool, tqdm(total=len(futures), desc=self.__name__, disable=not progress_bar) as bar:
             for f in concurrent.futures.as_completed(futures):
                 bar.update(1)
                 del f
         return [f.result() for f in futures]
+
+
+def _in_order(futures: list[concurrent.futures.Future[ProgramState]], pool: concurrent.futures.ThreadPoolExecutor,
+              name: str, progress_bar: bool) -> Iterator[ProgramState]:
+    """``run_batch(generator_style=True)``: each state in order once it is done; a generator
+    closed early cancels the programs not yet started."""
+    try:
+        with tqdm(total=len(futures), desc=name, disable=not progress_bar) as bar:
+            for f in futures:
+                yield f.result()
+                bar.update(1)
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _failed_state(err: Exception, backend: Any) -> ProgramState:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import logging
 import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -33,6 +34,8 @@ from frontend_lang.ir import (
 )
 from frontend_lang.tool_turns import ToolTurns
 from frontend_lang.tools import ToolUse, has_tool_turns
+
+logger = logging.getLogger(__name__)
 
 
 class ProgramError(RuntimeError):
@@ -189,15 +192,19 @@ class ProgramState(ToolTurns):
         return self.meta_info.get(name)
 
     def messages(self) -> list[dict[str, Any]]:
+        """The chat so far; each turn's content without leading spaces, as SGLang gives it
+        (the program's text, and what is rendered from the turns, keep them)."""
         self.sync()
-        return list(self.messages_)
+        return [{**m, "content": m["content"].lstrip()} if isinstance(m.get("content"), str) else dict(m)
+                for m in self.messages_]
 
     def __contains__(self, name: str) -> bool:
         self.sync()
         return name in self.variables
 
     def __repr__(self) -> str:
-        return f"ProgramState({self.text()})"  # SGLang's form; programs slice it
+        self.sync(raise_error=False)
+        return f"ProgramState({self.text_})"  # SGLang's form; programs slice it
 
     # ------------------------------------------------------------------ forking
     def fork(self, size: int = 1, position_ids_offset: list[int] | None = None) -> ProgramStateGroup:
@@ -223,8 +230,11 @@ class ProgramState(ToolTurns):
         group = self.fork(1, position_ids_offset)
         try:
             yield group[0]
-        finally:
-            group.join()
+        except BaseException:
+            with contextlib.suppress(ProgramError):  # the block's own exception is the one to see
+                group.join()
+            raise
+        group.join()
 
     # ------------------------------------------------------------------ streaming
     def text_iter(self, var_name: str | None = None) -> Iterator[str]:
@@ -292,6 +302,7 @@ class ProgramState(ToolTurns):
             except Exception as err:
                 self._error = ProgramError(f"{expr.describe()} at {where} failed: {err}")
                 self._error.__cause__ = err
+                logger.warning("%s", self._error)  # as SGLang warns: the program ends, run() does not raise
 
     def _append(self, text: str, var: str | None = None) -> None:
         self.text_ += text
@@ -334,6 +345,8 @@ class ProgramState(ToolTurns):
             for k in ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
         }
         backend, pid = self.program.backend, self.program.program_id
+        if params.get("n", 1) > 1 and (expr.tools is not None or has_tool_turns(self.messages_)):
+            raise ValueError("gen(n=...) with more than one sample cannot be part of a chat with tools")
         if params.get("n", 1) > 1:  # n samples of one request: the variable holds all, the text the first
             outs = backend.generate(self.text_, params, program_id=pid, **opts)
             assert isinstance(outs, list)
@@ -345,6 +358,8 @@ class ProgramState(ToolTurns):
             out: dict[str, Any] = {}
             shown = 0
             for out in backend.generate_stream(self.text_, params, program_id=pid):
+                if expr.name:  # what text_async_iter(return_meta_data=True) gives with each chunk
+                    self.meta_info[expr.name] = out.get("meta_info")
                 self._emit(expr.name, out["text"][shown:])
                 shown = max(shown, len(out["text"]))
             self.text_ += out["text"]
@@ -379,8 +394,7 @@ class ProgramState(ToolTurns):
         if self.role != role:
             raise ValueError(f"{role}() ended while in {self.role or 'no'} role")
         _, suffix = self._markers_for(role)
-        # the turn's text as the message's content, leading spaces dropped (as SGLang's)
-        message: dict[str, Any] = {"role": role, "content": self.text_[self.role_start :].lstrip()}
+        message: dict[str, Any] = {"role": role, "content": self.text_[self.role_start :]}
         if self.turn_calls is not None:  # the turn was a gen with tools: its content and calls
             content, calls, end = self.turn_calls
             self.turn_calls = None

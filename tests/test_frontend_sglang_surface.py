@@ -44,6 +44,31 @@ def test_a_failed_operation_ends_the_program_without_raising(local):
         buggy.run(backend=local)
 
 
+def test_a_streamed_programs_own_exception_is_kept_and_logged(local, caplog):
+    @sgl.function
+    def buggy(s):
+        s += "Hi" + sgl.gen("x", max_tokens=2, ignore_eos=True)
+        return {}["nope"]
+
+    state = buggy.run(stream=True, temperature=0, backend=local)
+    list(state.text_iter())
+    assert isinstance(state.error(), KeyError)
+    assert state.text().startswith("Hi") and len(state["x"]) > 0  # what it queued still ran
+    assert any("program buggy raised" in r.message for r in caplog.records)
+
+
+def test_copys_block_raises_its_own_exception(local):
+    @sgl.function
+    def side(s):
+        s += "Q:"
+        with s.copy() as t:
+            t += sgl.gen("g", max_tokens=-1)
+            raise LookupError("the block's own")
+
+    with pytest.raises(LookupError, match="the block's own"):
+        side.run(backend=local)
+
+
 def test_run_batch_takes_argument_lists(local):
     @sgl.function
     def echo(s, word, times):
@@ -63,6 +88,10 @@ def test_run_batch_generator_style_and_the_state_as_sglang_prints_it(local):
     got = list(states)
     assert [st.messages()[-1] for st in got] == [{"role": "assistant", "content": w} for w in "ab"]  # lstripped
     assert repr(got[0]) == f"ProgramState({got[0].text()})"
+    # the text keeps the space: it is what the chat template renders of the turns as written
+    assert got[0].text().endswith(" a" + local.role_markers()["assistant"][1])
+    early = echo.run_batch([{"word": w} for w in "abcdef"], backend=local, generator_style=True, num_threads=1)
+    assert next(early).text() and early.close() is None  # closing it early cancels the rest
 
 
 def test_copy_is_a_branch_joined_back(local):
@@ -135,4 +164,6 @@ def test_server_helpers_and_what_a_text_model_refuses(local):
         sgl.video("cat.mp4")
     with pytest.raises(ValueError, match="n must be a positive integer"):
         sgl.gen("x", n=0)
+    with pytest.raises(ValueError, match="n > 1"):
+        sgl.gen("x", n=2, tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}])
     assert sgl.__version__

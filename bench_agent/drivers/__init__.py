@@ -39,7 +39,7 @@ KVProbe = Callable[[], KVReading | None]
 # Sampling parameters the DSL always passes; at these values they change nothing.
 _NEUTRAL: dict[str, Any] = {
     "min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
-    "top_k": -1, "top_p": 1.0, "stop": None, "stop_token_ids": None, "seed": None,
+    "top_k": -1, "top_p": 1.0, "stop": None, "stop_token_ids": None, "seed": None, "n": 1,
 }
 
 

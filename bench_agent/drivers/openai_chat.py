@@ -74,8 +74,9 @@ def _request_body(model: str, messages: list[dict[str, Any]], params: dict[str, 
     if params.get("json_schema"):  # guided decoding, as OpenAI's structured outputs ask for it
         schema = orjson.loads(params["json_schema"])
         body["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
-    if params.get("regex"):  # gen(regex=...) and gen_int: vLLM's field, which forkserve takes too
+    if params.get("regex"):  # gen(regex=...) and gen_int: vLLM's field and SGLang's (forkserve takes both)
         body["structured_outputs"] = {"regex": params["regex"]}
+        body["regex"] = params["regex"]
     if params.get("top_k", -1) not in (-1, 0, None):
         body["top_k"] = params["top_k"]
     if params.get("n", 1) != 1:
