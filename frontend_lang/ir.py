@@ -6,6 +6,8 @@
 from __future__ import annotations
 
 import json
+import re
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -165,9 +167,17 @@ def gen(
         raise ValueError("gen(): tools cannot be combined with choices, dtype, regex, json_schema or n > 1")
     if choices is not None:
         return select(name, choices, temperature=temperature or 0.0, choices_method=choices_method)
+    if regex is not None:  # a pattern Python cannot compile fails here, as in SGLang
+        try:
+            re.compile(regex)
+        except re.error as err:
+            raise ValueError(f"gen(): regex {regex!r} is not a valid regular expression: {err}") from err
     if dtype is not None:
-        if regex is not None or json_schema is not None:
-            raise ValueError("gen(): give one of regex, json_schema and dtype")
+        if json_schema is not None:
+            raise ValueError("gen(): give one of json_schema and dtype")
+        if regex is not None:  # SGLang's rule: dtype wins, with a warning
+            warnings.warn(f"gen(): both dtype and regex are set; only dtype ({dtype!r}) is used", stacklevel=2)
+            regex = None
         dtype = _DTYPE_NAMES.get(dtype, dtype) if isinstance(dtype, str) else dtype  # SGLang takes "int" too
         if dtype not in DTYPE_REGEX:
             raise ValueError(f"gen(): dtype must be one of int, float, bool, str; got {dtype!r}")

@@ -267,8 +267,12 @@ def test_errors_name_the_operation_and_line(local, server):
         s += "Hi" + sgl.gen("y", max_tokens=2)
 
     assert_failed(ok.run(backend=down), r"gen\('y'\) at .*cannot reach")
-    with pytest.raises(ValueError, match="one of regex, json_schema and dtype"):
-        sgl.gen("z", regex="[0-9]+", dtype=int)
+    with pytest.raises(ValueError, match="one of json_schema and dtype"):
+        sgl.gen("z", json_schema={"type": "integer"}, dtype=int)
+    with pytest.warns(UserWarning, match="only dtype"):  # SGLang's rule: dtype wins
+        assert sgl.gen("z", regex="[a-z]+", dtype=int).sampling["regex"] == DTYPE_REGEX[int]
+    with pytest.raises(ValueError, match="not a valid regular expression"):  # at gen(), as SGLang compiles it
+        sgl.gen("z", regex="[0-9")
 
 
 def test_react_through_openai_tool_calls_matches_the_native_api(remote, server):
