@@ -13,7 +13,7 @@ from openai.types.chat import ChatCompletionContentPartTextParam, ChatCompletion
 from openai.types.chat import completion_create_params as chat_create_params
 from openai.types.responses import response_create_params
 
-from runtime.server import protocol
+from runtime.server import protocol, protocol_responses
 
 
 def declared(model: type) -> set[str]:
@@ -26,7 +26,7 @@ def declared(model: type) -> set[str]:
     [
         (chat_create_params.CompletionCreateParamsBase, protocol.ChatCompletionRequest),
         (completion_create_params.CompletionCreateParamsBase, protocol.CompletionRequest),
-        (response_create_params.ResponseCreateParamsBase, protocol.ResponsesRequest),
+        (response_create_params.ResponseCreateParamsBase, protocol_responses.ResponsesRequest),
         *[(message, protocol.ChatMessage) for message in typing.get_args(ChatCompletionMessageParam)],
         (ChatCompletionContentPartTextParam, protocol.TextPart),
     ],

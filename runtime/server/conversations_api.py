@@ -14,7 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from runtime.server.context import read_body
-from runtime.server.protocol import (
+from runtime.server.protocol_responses import (
     ConversationCreateRequest,
     ConversationItemsRequest,
     ConversationUpdateRequest,

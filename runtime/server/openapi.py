@@ -19,14 +19,16 @@ from runtime.server.protocol import (
     AbortRequestReq,
     ChatCompletionRequest,
     CompletionRequest,
-    ConversationCreateRequest,
-    ConversationItemsRequest,
-    ConversationUpdateRequest,
     DetokenizeRequest,
     EndProgramReq,
     GenerateReqInput,
-    ResponsesRequest,
     TokenizeRequest,
+)
+from runtime.server.protocol_responses import (
+    ConversationCreateRequest,
+    ConversationItemsRequest,
+    ConversationUpdateRequest,
+    ResponsesRequest,
 )
 
 BODIES: dict[str, type[BaseModel]] = {

@@ -27,7 +27,8 @@ from runtime.server.chat_completion import ChatCompletion
 from runtime.server.context import ServerContext
 from runtime.server.conversation_hold import ConversationHold
 from runtime.server.openai_handler import OPENAI_NAMES, finish_reason_of
-from runtime.server.protocol import ApiError, ResponsesRequest, reject_unsupported
+from runtime.server.protocol import ApiError, reject_unsupported
+from runtime.server.protocol_responses import ResponsesRequest
 from runtime.server.response_store import ConversationStore, ResponseStore, check_new_ids
 from runtime.server.responses import JsonResponse, error_of, merged_updates, sse, wait_all
 from runtime.server.responses_input import (

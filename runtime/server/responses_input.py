@@ -18,9 +18,9 @@ from runtime.server.context import validation_400
 from runtime.server.protocol import (
     ApiError,
     ChatCompletionRequest,
-    ResponsesRequest,
     SharedSampling,
 )
+from runtime.server.protocol_responses import ResponsesRequest
 
 TEXT_PARTS = ("input_text", "output_text", "text")
 LOGPROBS_INCLUDE = "message.output_text.logprobs"

@@ -1,0 +1,87 @@
+"""Request bodies of OpenAI's Responses and Conversations APIs (``/v1/responses``,
+``/v1/conversations``), with the same rules as ``protocol.py``'s: every field declared,
+``null`` meaning "not given", what cannot be honoured a 400."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
+
+from runtime.server.protocol import SharedSampling, _Body
+
+
+# ---------------------------------------------------------------- OpenAI Conversations API
+class ConversationCreateRequest(_Body):
+    items: list[dict[str, Any]] | None = Field(default=None, max_length=20)
+    metadata: dict[str, str] | None = None
+
+
+class ConversationUpdateRequest(_Body):
+    metadata: dict[str, str] | None = None  # null or missing: no metadata
+
+
+class ConversationItemsRequest(_Body):
+    items: list[dict[str, Any]] = Field(min_length=1, max_length=20)
+
+
+# ---------------------------------------------------------------- OpenAI Responses API
+class ResponseTextFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseText(_Body):
+    format: ResponseTextFormat | None = None
+    verbosity: str | None = None  # accepted and ignored
+
+
+class ResponsesRequest(SharedSampling):
+    """``POST /v1/responses``. ``input`` items and ``tools`` stay plain dicts here: each is
+    checked as it is turned into a chat message or tool (``responses_api.py``), with a 400
+    that names the item."""
+
+    model: str
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    stream: bool = False
+    text: ResponseText | None = None
+    store: bool = True
+    include: list[str] | None = None
+    truncation: Literal["auto", "disabled"] | None = None  # auto: drop turns from the start to fit
+    request_id: str | None = None  # accepted and ignored
+    # accepted and ignored: they change nothing here
+    metadata: dict[str, Any] | None = None
+    user: str | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    prompt_cache_options: Any = None
+    safety_identifier: str | None = None
+    stream_options: dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None  # its effort as the chat route's reasoning_effort; summary ignored
+    max_tool_calls: int | None = None
+    access_programs: Any = None
+    background_options: Any = None
+    image: Any = None
+    background: bool = False  # run on after the answer to this request (responses_background.py)
+    conversation: str | dict[str, Any] | None = None  # its id, or {"id": ...}
+    # accepted at their neutral value only
+    prompt: Any = None
+    context_management: Any = None
+    moderation: Any = None
+    priority: Any = None
+
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("prompt", "context_management",
+                                              "moderation", "priority")
