@@ -63,6 +63,10 @@ def assert_error(resp: httpx.Response, status: int, *words: str, param: str | No
          ["maximum context length"], "max_output_tokens"),
         # a client's quoted value stays as it sent it
         ("/v1/chat/completions", {**CHAT, "stop_regex": ["max_new_tokens("]}, 400, ["'max_new_tokens('"], "stop_regex"),
+        ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {
+            "name": "x", "schema": {"$ref": "#/defs/min_new_tokens"}}}}, 400, ["#/defs/min_new_tokens"], "response_format"),
+        # SGLang's json_schema on completions is named as sent, not as response_format
+        ("/v1/completions", {"model": MODEL, "prompt": "x", "json_schema": "{oops"}, 400, ["json_schema"], "json_schema"),
         # values the sampler cannot use: each once took the whole server down
         ("/v1/chat/completions", {**CHAT, "min_tokens": 2, "stop_token_ids": [100_000]}, 400, ["stop_token_ids", "49152"], "stop_token_ids"),
         ("/generate", {"text": "a", "sampling_params": {"min_new_tokens": 1, "stop_token_ids": [49152]}}, 400, ["vocabulary"], "stop_token_ids"),

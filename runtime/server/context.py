@@ -128,11 +128,11 @@ class ServerContext:
 
 def in_api_words(message: str, names: dict[str, str] | None) -> str:
     """``message`` with each field it names (``names``: ours -> the API's) in the API's words;
-    quoted text (the client's own values) stays as it is."""
+    quoted text and paths (``#/defs/max_new_tokens``: the client's own values) stay as they are."""
     if not names:
         return message
     words = "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
-    pattern = re.compile(rf"""'[^']*'|"[^"]*"|\b({words})\b""")
+    pattern = re.compile(rf"""'[^']*'|"[^"]*"|(?<![\w/#.$-])({words})(?![\w/.-])""")
     return pattern.sub(lambda m: names[m.group(1)] if m.group(1) else m.group(0), message)
 
 

@@ -70,7 +70,7 @@ class OpenAIHandler:
             "seed": r.seed,
             **self.constraint(),
         }
-        return sampling_params(d, param="request", names=self.API_NAMES)
+        return sampling_params(d, param="request", names=self.api_names)
 
     def constraint(self) -> dict[str, Any]:
         """The request's output constraint as sampling fields: ``response_format`` becomes a
@@ -83,6 +83,15 @@ class OpenAIHandler:
             raise ApiError(400, "give response_format or a JSON schema field (json_schema, guided_json, "
                                 "structured_outputs.json), not both", param="response_format")
         return {**fields, "json_schema": json.dumps(schema)}
+
+    @property
+    def api_names(self) -> dict[str, str]:
+        """Our field names -> the request's, for its errors: a JSON schema is
+        ``response_format``'s only when the client sent that field (SGLang's ``json_schema``
+        and vLLM's fields keep their own names)."""
+        if getattr(self.req, "response_format", None) is None:
+            return {k: v for k, v in self.API_NAMES.items() if k != "json_schema"}
+        return self.API_NAMES
 
     def given_constraint(self) -> dict[str, Any]:
         """The constraint fields besides ``response_format``: SGLang's ``regex`` / ``ebnf`` /
@@ -146,7 +155,7 @@ class OpenAIHandler:
             if max_new < 0:
                 raise ApiError(400, "max_tokens must be >= 0", param="max_tokens")
             params = dataclasses.replace(self.params(max_new), n=self.req.n)  # n checked in check_common
-            with bad_input_as_400("prompt", self.API_NAMES):
+            with bad_input_as_400("prompt", self.api_names):
                 requests += build_requests([ids], [params], options, ctx.limits, prompt_field="prompt")
         self.num_prompts = len(prompts)
         return ctx.submit_group(requests, request_ids(self.req.rid, [self.req.n] * len(prompts)))
@@ -168,7 +177,7 @@ class OpenAIHandler:
         if not self.req.stream:
             await wait_all(self.ctx.client, states, self.request)
             for s in states:
-                err = error_of(s, self.API_NAMES)
+                err = error_of(s, self.api_names)
                 if err is not None:
                     raise err
             choices = [self.choice(i, s) for i, s in enumerate(states)]
@@ -216,7 +225,7 @@ class OpenAIHandler:
             yield self.chunk([head], so_far())
         async with contextlib.aclosing(merged_updates(self.ctx.client, states)) as updates:
             async for i, s in updates:
-                err = error_of(s, self.API_NAMES)
+                err = error_of(s, self.api_names)
                 if err is not None:
                     yield sse(err.body())
                     continue

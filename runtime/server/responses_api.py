@@ -93,6 +93,10 @@ class ResponseCreation(OutputItems, ChatCompletion):
     FIELD_NAMES = {"reasoning_effort": "reasoning.effort"}
     API_NAMES = NAMES
 
+    @property
+    def api_names(self) -> dict[str, str]:
+        return NAMES  # text.format is the only JSON schema field here
+
     def __init__(self, ctx: ServerContext, req: ResponsesRequest, request: Request, store: ResponseStore,
                  conversations: ConversationStore) -> None:
         ctx.check_model(req.model)
