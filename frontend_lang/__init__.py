@@ -49,6 +49,7 @@ from frontend_lang.program import (
 )
 from frontend_lang.state import ProgramError, ProgramState
 from frontend_lang.tools import ToolCall
+from runtime.version import package_version
 
 __all__ = [
     "BackendError",
@@ -86,16 +87,7 @@ __all__ = [
 ]
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("forkserve")
-    except PackageNotFoundError:
-        return "0+unknown"
-
-
-__version__ = _version()
+__version__ = package_version()
 
 
 def __getattr__(name: str) -> Any:

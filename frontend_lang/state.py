@@ -338,6 +338,8 @@ class ProgramState(ToolTurns):
         params = {k: v for k, v in defaults["sampling"].items() if v is not None}
         params.update({k: v for k, v in expr.sampling.items() if v is not None})
         if expr.tools is not None or has_tool_turns(self.messages_):
+            if params.get("n", 1) > 1:
+                raise ValueError("gen(n=...) with more than one sample cannot be part of a chat with tools")
             self._chat_gen(expr, params)
             return
         opts = {
@@ -345,8 +347,6 @@ class ProgramState(ToolTurns):
             for k in ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
         }
         backend, pid = self.program.backend, self.program.program_id
-        if params.get("n", 1) > 1 and (expr.tools is not None or has_tool_turns(self.messages_)):
-            raise ValueError("gen(n=...) with more than one sample cannot be part of a chat with tools")
         if params.get("n", 1) > 1:  # n samples of one request: the variable holds all, the text the first
             outs = backend.generate(self.text_, params, program_id=pid, **opts)
             assert isinstance(outs, list)

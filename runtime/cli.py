@@ -16,6 +16,7 @@ from runtime.config import (
     args_from_namespace,
     fields_as_flags,
 )
+from runtime.version import package_version
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -140,21 +141,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog="forkserve",
         description="forkserve: an LLM engine for agent programs, with a token-level radix KV cache.",
     )
-    parser.add_argument("--version", action="version", version=f"forkserve {_version()}")
+    parser.add_argument("--version", action="version", version=f"forkserve {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _generate_parser(sub)
     _serve_parser(sub)
     _add_registered_commands(sub)
     return parser
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("forkserve")
-    except PackageNotFoundError:  # run from a source tree that was never installed
-        return "(not installed)"
 
 
 # Other subcommands register under this entry-point group: a function that adds its

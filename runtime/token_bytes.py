@@ -15,6 +15,7 @@ from collections.abc import Collection, Sequence
 from functools import cache
 from typing import Any
 
+MAX_CHAR_BYTES = 4  # a UTF-8 character's longest encoding
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte fallback
 
 
@@ -77,11 +78,12 @@ class TokenBytes:
     def char_offsets(self, ids: Sequence[int], before: Sequence[int] = (), base: int = 0,
                      unseen: Collection[int] = ()) -> list[int]:
         """Where the text of each of ``ids`` begins, in characters, when the text before them
-        (of tokens ending in ``before``) has ``base`` whole characters. A token that
+        (of tokens ending in ``before``; only the last ``MAX_CHAR_BYTES`` count) has ``base``
+        whole characters. A token that
         continues a character (byte-level tokens split them) begins where that one does;
         tokens in ``unseen`` (special tokens the text skips) take no room."""
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        for tid in before[-4:]:  # a character has at most 4 bytes: what is left of one is in here
+        for tid in before[-MAX_CHAR_BYTES:]:  # what is left of a split character is in these
             if tid not in unseen:
                 decoder.decode(self.of(tid))
         offsets, chars = [], base

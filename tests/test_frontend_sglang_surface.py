@@ -118,6 +118,21 @@ def test_gen_n_keeps_every_sample_and_goes_on_with_the_first(local):
     assert [m["completion_tokens"] for m in state.get_meta_info("x")] == [3, 3, 3]
 
 
+def test_gen_n_after_tool_turns_is_a_clear_error(local):
+    from examples.react_tool import LOOKUP
+
+    @sgl.function
+    def agent(s):
+        s += sgl.user("What is the capital of France?")
+        s += sgl.assistant(sgl.gen("calls", max_tokens=40, tools=[LOOKUP], tool_choice="required"))
+        for call in s["calls"]:
+            s += sgl.tool("Paris.", call.id)
+        s += sgl.assistant(sgl.gen("answer", max_tokens=4, n=2))
+
+    error = agent.run(temperature=0, backend=local).error()
+    assert isinstance(error, sgl.ProgramError) and "more than one sample" in str(error)
+
+
 def test_fork_groups_take_tuples_and_position_offsets_only_as_none(local):
     @sgl.function
     def branches(s):

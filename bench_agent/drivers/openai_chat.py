@@ -56,6 +56,8 @@ def messages_from_text(text: str) -> list[dict[str, str]]:
 def _request_body(model: str, messages: list[dict[str, Any]], params: dict[str, Any]) -> dict[str, Any]:
     check_sampling_params(params, {"max_new_tokens", "temperature", "top_p", "top_k", "ignore_eos", "stop", "seed",
                                    "json_schema", "regex", "n"}, "OpenAI chat")
+    if params.get("n", 1) != 1:
+        raise BackendError("the OpenAI chat driver streams one choice: gen(n=...) needs the native API")
     body: dict[str, Any] = {
         "model": model,
         "messages": messages,
@@ -79,8 +81,6 @@ def _request_body(model: str, messages: list[dict[str, Any]], params: dict[str, 
         body["regex"] = params["regex"]
     if params.get("top_k", -1) not in (-1, 0, None):
         body["top_k"] = params["top_k"]
-    if params.get("n", 1) != 1:
-        raise BackendError("the OpenAI chat driver streams one choice: gen(n=...) needs the native API")
     return body
 
 

@@ -10,6 +10,7 @@ from fastapi.responses import Response
 from runtime.server.openai_handler import OpenAIHandler, finish_reason_of
 from runtime.server.protocol import ApiError, reject_unsupported
 from runtime.server.scheduler_client import ReqState
+from runtime.token_bytes import MAX_CHAR_BYTES
 
 
 class Completion(OpenAIHandler):
@@ -81,7 +82,7 @@ class Completion(OpenAIHandler):
     def logprobs(self, state: ReqState, start: int, end: int, text_offset: int) -> Any:
         if self.req.logprobs is None:
             return None
-        before = [tid for _, tid in state.output_token_logprobs[max(start - 4, 0) : start]]
+        before = [tid for _, tid in state.output_token_logprobs[max(start - MAX_CHAR_BYTES, 0) : start]]
         skipped = self.ctx.tokenizer.token_bytes.special if self.req.skip_special_tokens else ()
         return self.entries(state.output_token_logprobs[start:end],
                             [top or [] for top in state.output_top_logprobs[start:end]], text_offset, before, skipped)

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import re
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any, ClassVar
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
@@ -41,7 +42,6 @@ class OpenAIHandler:
 
     object_name = ""
     id_prefix = ""
-    API_NAMES: ClassVar[dict[str, str]] = OPENAI_NAMES  # our field names -> the route's, in its errors
 
     def __init__(self, ctx: ServerContext, req: Any, request: Request) -> None:
         self.ctx, self.req, self.request = ctx, req, request
@@ -84,14 +84,14 @@ class OpenAIHandler:
                                 "structured_outputs.json), not both", param="response_format")
         return {**fields, "json_schema": json.dumps(schema)}
 
-    @property
+    @functools.cached_property
     def api_names(self) -> dict[str, str]:
         """Our field names -> the request's, for its errors: a JSON schema is
         ``response_format``'s only when the client sent that field (SGLang's ``json_schema``
         and vLLM's fields keep their own names)."""
         if getattr(self.req, "response_format", None) is None:
-            return {k: v for k, v in self.API_NAMES.items() if k != "json_schema"}
-        return self.API_NAMES
+            return {k: v for k, v in OPENAI_NAMES.items() if k != "json_schema"}
+        return OPENAI_NAMES
 
     def given_constraint(self) -> dict[str, Any]:
         """The constraint fields besides ``response_format``: SGLang's ``regex`` / ``ebnf`` /

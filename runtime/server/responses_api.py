@@ -91,11 +91,7 @@ class ResponseCreation(OutputItems, ChatCompletion):
     """``POST /v1/responses``."""
 
     FIELD_NAMES = {"reasoning_effort": "reasoning.effort"}
-    API_NAMES = NAMES
-
-    @property
-    def api_names(self) -> dict[str, str]:
-        return NAMES  # text.format is the only JSON schema field here
+    api_names = NAMES  # text.format is the only JSON schema field here
 
     def __init__(self, ctx: ServerContext, req: ResponsesRequest, request: Request, store: ResponseStore,
                  conversations: ConversationStore) -> None:
