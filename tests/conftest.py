@@ -121,3 +121,23 @@ def server():
     assert code == 0, f"server exited with {code}:\n{proc.read_output()}"
     left = [name for name, pid in pids.items() if pid_alive(pid)]
     assert not left, f"processes left behind after SIGTERM: {left}"
+
+
+@pytest.fixture(scope="module")
+def local(engine):
+    """The DSL's in-process backend on the shared engine (its driver stops with the module)."""
+    import frontend_lang as sgl
+
+    backend = sgl.EngineBackend(engine)
+    yield backend
+    backend.shutdown()
+
+
+@pytest.fixture(scope="module")
+def remote(server):
+    """The DSL's HTTP backend on the shared server."""
+    import frontend_lang as sgl
+
+    backend = sgl.RuntimeEndpoint(server.url)
+    yield backend
+    backend.shutdown()

@@ -47,13 +47,6 @@ def check_counts(workload, result, summary):
     assert summary["programs_per_s"] > 0 and summary["output_tok_per_s"] > 0
 
 
-@pytest.fixture(scope="module")
-def local(engine):
-    backend = sgl.EngineBackend(engine)
-    yield backend
-    backend.shutdown()
-
-
 @pytest.mark.parametrize("name", NAMES)
 def test_every_workload_in_process(name, local):
     local.flush_cache()

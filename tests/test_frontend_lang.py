@@ -1,14 +1,11 @@
 """The DSL against the in-process engine and a real server: the examples give the same
 text on both, fork prefills its prefix once, select agrees with transformers, errors name
-the program line, run_batch keeps going past a failed program, streaming works. Tool calls:
-the ReAct example gives the same conversation through the server's OpenAI chat API (real
-tool calls) as through its native API, and a tool program's text is the chat template's
-rendering of its messages."""
+the program line, run_batch keeps going past a failed program, streaming works. Programs
+that call tools: ``test_frontend_tool_programs.py``."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 from typing import Literal
 
@@ -24,7 +21,7 @@ from examples.react_tool import react
 from examples.self_critique import self_critique
 from examples.tree_of_thought import tree_of_thought
 from frontend_lang.ir import DTYPE_REGEX
-from tests.tool_call_ids import same_ids
+from tests.dsl_checks import assert_failed
 
 pytestmark = pytest.mark.slow
 
@@ -38,26 +35,6 @@ EXAMPLES = [
     (react, {"question": "How many people live in the capital of Japan?"}),
     (extract_and_act, {"document": DOCUMENT}),
 ]
-
-
-def assert_failed(state: sgl.ProgramState, pattern: str) -> None:
-    """As in SGLang, a failed operation ends the program without raising: ``run`` returns
-    the state and ``error()`` says what failed."""
-    assert isinstance(state.error(), sgl.ProgramError) and re.search(pattern, str(state.error())), state.error()
-
-
-@pytest.fixture(scope="module")
-def local(engine):
-    backend = sgl.EngineBackend(engine)
-    yield backend
-    backend.shutdown()  # stops the driver thread; the shared engine stays up
-
-
-@pytest.fixture(scope="module")
-def remote(server):
-    backend = sgl.RuntimeEndpoint(server.url)
-    yield backend
-    backend.shutdown()
 
 
 @pytest.mark.parametrize(("program", "kwargs"), EXAMPLES, ids=lambda x: getattr(x, "__name__", ""))
@@ -273,68 +250,6 @@ def test_errors_name_the_operation_and_line(local, server):
         assert sgl.gen("z", regex="[a-z]+", dtype=int).sampling["regex"] == DTYPE_REGEX[int]
     with pytest.raises(ValueError, match="not a valid regular expression"):  # at gen(), as SGLang compiles it
         sgl.gen("z", regex="[0-9")
-
-
-def test_react_through_openai_tool_calls_matches_the_native_api(remote, server):
-    """The ReAct example as an agent framework runs it: tools and tool_choice on the chat API,
-    calls back as tool_calls, results as tool messages with their tool_call_id. The native
-    API, where the DSL renders the chat and holds the calls to their grammar itself, gives
-    the same conversation, call for call."""
-    from bench_agent.drivers.openai_chat import OpenAIChatBackend
-    from examples.react_tool import LOOKUP
-
-    chat = OpenAIChatBackend(server.url)
-    try:
-        kwargs = {"question": "How many people live in the capital of Japan?"}
-        native = react.run(**kwargs, temperature=0, backend=remote)
-        api = react.run(**kwargs, temperature=0, backend=chat)
-        assert same_ids(api.messages()) == same_ids(native.messages())
-        assert api.ret_value == native.ret_value
-    finally:
-        chat.shutdown()
-    calls = [c for m in api.messages() for c in m.get("tool_calls") or []]
-    assert calls and all(c["function"]["name"] == "lookup" for c in calls)
-    schema = LOOKUP["function"]["parameters"]
-    assert all(json.loads(c["function"]["arguments"]).keys() <= schema["properties"].keys() for c in calls)
-    results = [m for m in api.messages() if m["role"] == "tool"]
-    assert [m["tool_call_id"] for m in results] == [c["id"] for c in calls]
-
-
-def test_a_tool_programs_text_is_the_templates_rendering_of_its_messages(local, engine):
-    from examples.react_tool import LOOKUP
-    from runtime.server.tools.chat_prompt import render_chat
-
-    @sgl.function
-    def agent(s):
-        s += sgl.user("What is the capital of France?")
-        s += sgl.assistant(sgl.gen("calls", max_tokens=40, tools=[LOOKUP], tool_choice="required"))
-        for call in s["calls"]:
-            s += sgl.tool("The capital of France is Paris.", call.id)
-        s += sgl.assistant(sgl.gen("answer", max_tokens=12, tools=[LOOKUP], tool_choice="none"))
-
-    state = agent.run(temperature=0, backend=local)
-    assert state["calls"] and all(c.name == "lookup" and c.id.startswith("call_") for c in state["calls"])
-    assert isinstance(state["answer"], str) and state["answer"] == state.get_meta_info("answer")["content"]
-    messages = state.messages()[1:]  # without the default system turn the template added (a chat client sends none)
-    want = render_chat(engine.tokenizer.hf, messages, [LOOKUP], add_generation_prompt=False).text
-    assert state.text() == want
-
-
-def test_tool_turn_errors_name_the_operation(local):
-    from examples.react_tool import LOOKUP
-
-    @sgl.function
-    def not_whole(s):
-        s += sgl.user("Hi")
-        s += sgl.assistant("Sure. " + sgl.gen("x", tools=[LOOKUP], max_tokens=8))
-
-    assert_failed(not_whole.run(backend=local), r"gen\('x'\) at .*whole assistant turn")
-
-    @sgl.function
-    def inside(s):
-        s += sgl.user("Hi" + sgl.tool("result", "call_0"))
-
-    assert_failed(inside.run(backend=local), r"tool\('call_0'\) at .*between turns")
 
 
 class Pet(BaseModel):

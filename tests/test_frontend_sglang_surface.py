@@ -15,13 +15,6 @@ import frontend_lang as sgl
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def local(engine):
-    backend = sgl.EngineBackend(engine)
-    yield backend
-    backend.shutdown()
-
-
 def test_a_failed_operation_ends_the_program_without_raising(local):
     @sgl.function
     def two(s):
@@ -116,21 +109,6 @@ def test_gen_n_keeps_every_sample_and_goes_on_with_the_first(local):
     assert len(state["x"]) == 3 and len(set(state["x"])) > 1
     assert state.text() == "Pick a number:" + state["x"][0]
     assert [m["completion_tokens"] for m in state.get_meta_info("x")] == [3, 3, 3]
-
-
-def test_gen_n_after_tool_turns_is_a_clear_error(local):
-    from examples.react_tool import LOOKUP
-
-    @sgl.function
-    def agent(s):
-        s += sgl.user("What is the capital of France?")
-        s += sgl.assistant(sgl.gen("calls", max_tokens=40, tools=[LOOKUP], tool_choice="required"))
-        for call in s["calls"]:
-            s += sgl.tool("Paris.", call.id)
-        s += sgl.assistant(sgl.gen("answer", max_tokens=4, n=2))
-
-    error = agent.run(temperature=0, backend=local).error()
-    assert isinstance(error, sgl.ProgramError) and "more than one sample" in str(error)
 
 
 def test_fork_groups_take_tuples_and_position_offsets_only_as_none(local):
