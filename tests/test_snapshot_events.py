@@ -1,4 +1,4 @@
-"""``SnapshotEvents`` (runtime/server/responses_api.py): a response's events built from
+"""``SnapshotEvents`` (runtime/server/responses_events.py): a response's events built from
 successive stored snapshots of it, as a stream on a server that does not run a background
 response sees them, must say what the events of the final response replayed at once say:
 the same items, each item's text and arguments (the deltas add up), the same statuses and
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from runtime.server.responses_api import SnapshotEvents, replayed_events
+from runtime.server.responses_events import SnapshotEvents, replayed_events
 
 
 def _message(text, status, k=0):

@@ -32,12 +32,8 @@ from fastapi.responses import Response, StreamingResponse
 from runtime.server.protocol import ApiError
 from runtime.server.response_store import RUNNING, ResponseStore
 from runtime.server.responses import JsonResponse
-from runtime.server.responses_api import (
-    ResponseCreation,
-    SnapshotEvents,
-    StreamedOutput,
-    replayed_events,
-)
+from runtime.server.responses_api import ResponseCreation
+from runtime.server.responses_events import SnapshotEvents, StreamedOutput, replayed_events
 from runtime.server.scheduler_client import ReqState
 
 logger = logging.getLogger("forkserve")
