@@ -25,6 +25,7 @@ from runtime.scheduler.policy import order_waiting, shares_uncached_prefix
 from runtime.scheduler.prefill_budget import PrefillBudget
 from runtime.scheduler.program_pins import ProgramPins
 from runtime.scheduler.req import Req
+from runtime.scheduler.scheduler_stats import scheduler_report
 from runtime.scheduler.step_stats import StepStats
 from runtime.scheduler.stop import check_stop, grammar_stop
 
@@ -115,7 +116,7 @@ class Scheduler:
         if batch is not None:  # a step that decoded every running request ends a streak
             self.prefill_streak = 0 if batch.is_decode or batch.num_mixed_decodes else self.prefill_streak + 1
         if batch is None:
-            if self.grammars and not (self.waiting or self._admitted()):
+            if self.grammars and not (self.waiting or self.admitted()):
                 self.grammars.wait(0.05)  # only compiles are pending
                 return failed
             if self.has_work and self.pins.release_oldest():
@@ -139,7 +140,7 @@ class Scheduler:
         return done
 
     def check_invariants(self) -> None:
-        self.tree.check_invariants(num_held_outside=self._held_slots())
+        self.tree.check_invariants(num_held_outside=self.held_slots())
 
     def abort(self, rid: str, message: str = "aborted by the client") -> Req | None:
         """Drop request ``rid`` wherever it is and free what it holds; its computed KV stays
@@ -150,7 +151,7 @@ class Scheduler:
             if req in self.waiting:
                 self.waiting.remove(req)
         else:
-            req = next((r for r in self._admitted() if r.rid == rid), None)
+            req = next((r for r in self.admitted() if r.rid == rid), None)
             if req is None:
                 return None
             if req is self.chunked:
@@ -177,36 +178,17 @@ class Scheduler:
         self.kv_peak_in_use = 0
         return True
 
-    def _held_slots(self) -> int:
+    def held_slots(self) -> int:
         """Slots the admitted requests own (outside the tree)."""
-        return sum(r.num_owned_slots for r in self._admitted())
+        return sum(r.num_owned_slots for r in self.admitted())
 
     def _kv_in_use(self) -> int:
         """Slots the admitted requests hold: their own plus the cached prefixes they lock."""
-        return self._held_slots() + self.tree.protected_size
+        return self.held_slots() + self.tree.protected_size
 
     def stats(self) -> dict[str, int | float]:
-        """Queue lengths, the KV pool's accounting (the terms of the invariant) and where the
-        steps' time went (``step_*``, see ``step_stats.py``)."""
-        held = self._held_slots()
-        return {
-            "num_running_reqs": len(self._admitted()),
-            "num_waiting_reqs": len(self.waiting) + len(self.grammars),
-            "num_grammar_queue_reqs": len(self.grammars),
-            "num_waiting_tokens": sum(len(r.input_ids) + len(r.output_ids) for r in self.waiting),
-            "kv_capacity": self.allocator.capacity,
-            "kv_free": self.allocator.available,
-            "kv_evictable": self.tree.evictable_size,
-            "kv_protected": self.tree.protected_size,
-            "kv_held_by_requests": held,
-            "kv_peak_in_use": self.kv_peak_in_use,
-            "num_retractions": self.num_retractions,
-            "num_pinned_programs": len(self.pins.pins),
-            "num_prefill_tokens": self.num_prefill_tokens,
-            "num_forward_steps": self.num_forward_steps,
-            "num_jumped_tokens": self.num_jumped_tokens,
-            **{f"step_{k}": v for k, v in self.steps.as_dict().items()},
-        }
+        """Queue lengths, the KV pool's accounting and where the steps' time went."""
+        return scheduler_report(self)
 
     # ------------------------------------------------------------------ prefill
     def _prefill_batch(self) -> ScheduledBatch | None:
@@ -443,7 +425,8 @@ class Scheduler:
         self.num_jumped_tokens += added
         return added > 0
 
-    def _admitted(self) -> list[Req]:
+    def admitted(self) -> list[Req]:
+        """The requests holding KV now: running, jumped and the one part-way through prefill."""
         return self.running + self.jumped + ([self.chunked] if self.chunked is not None else [])
 
 
