@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import warnings
@@ -13,6 +14,7 @@ from typing import Any
 
 from frontend_lang.choices import ChoicesMethod, token_length_normalized
 from frontend_lang.tools import ToolUse, tool_use
+from runtime.server.reasoning import PARSERS as REASONING_PARSERS
 
 ROLES = ("system", "user", "assistant")
 
@@ -46,6 +48,7 @@ class Gen(Expr):
     top_logprobs_num: int | None = None
     return_text_in_logprobs: bool | None = None
     tools: ToolUse | None = None  # a tool-calling gen (see frontend_lang/tools.py)
+    reasoning: str | None = None  # separate_reasoning's parser: the think part goes to its own variable
 
     def describe(self) -> str:
         return f"gen({self.name!r})"
@@ -57,6 +60,7 @@ class Select(Expr):
     choices: list[str]
     temperature: float = 0.0
     choices_method: ChoicesMethod = token_length_normalized
+    reasoning: str | None = None  # as Gen's
 
     def describe(self) -> str:
         return f"select({self.name!r})"
@@ -238,6 +242,39 @@ DTYPE_REGEX: dict[type, str] = {
     bool: r"(True|False)",
     str: r"\"[^\"\n]*\"",
 }
+
+
+def separate_reasoning(expr: Any = None, model_type: str | None = None) -> Expr:
+    """SGLang's: each named gen / select in ``expr`` has the reasoning a reasoning model
+    writes (up to its ``</think>``) split off into variable ``{name}_reasoning_content``; the
+    variable and the program's text keep the rest. ``model_type`` names the parser, as the
+    server's ``--reasoning-parser``: ``deepseek-r1`` (the template opens the thinking) or
+    ``qwen3`` (the model writes ``<think>``)."""
+    if model_type not in REASONING_PARSERS:
+        raise ValueError(f"separate_reasoning(): model_type must be one of {', '.join(REASONING_PARSERS)}, "
+                         f"got {model_type!r}")
+    if expr is None:
+        return ExprList([])
+    return _with_reasoning(as_expr(expr), model_type)
+
+
+def _with_reasoning(expr: Expr, model_type: str) -> Expr:
+    if isinstance(expr, ExprList):
+        return ExprList([_with_reasoning(item, model_type) for item in expr.items])
+    if isinstance(expr, (Gen, Select)):
+        if not expr.name:
+            raise ValueError("separate_reasoning(): the gen or select needs a name (its reasoning goes to "
+                             "'<name>_reasoning_content')")
+        if isinstance(expr, Gen) and expr.tools is not None:
+            raise ValueError("separate_reasoning(): a gen with tools is a chat turn; the server's "
+                             "--reasoning-parser splits its reasoning")
+        return dataclasses.replace(expr, reasoning=model_type)
+    return expr
+
+
+def reasoning_name(name: str) -> str:
+    """The variable that holds ``name``'s reasoning (SGLang's naming)."""
+    return f"{name}_reasoning_content"
 
 
 def image(path: str) -> Expr:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import inspect
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -55,6 +56,7 @@ def _run_defaults(
     max_new_tokens: int = 128,
     stop: str | list[str] | None = None,
     stop_token_ids: list[int] | None = None,
+    stop_regex: str | list[str] | None = None,
     temperature: float = 1.0,
     top_p: float = 1.0,
     top_k: int = -1,
@@ -72,6 +74,7 @@ def _run_defaults(
             "max_new_tokens": max_new_tokens,
             "stop": stop,
             "stop_token_ids": stop_token_ids,
+            "stop_regex": stop_regex,
             "temperature": temperature,
             "top_p": top_p,
             "top_k": top_k,
@@ -90,9 +93,20 @@ def _run_defaults(
 class SglFunction:
     """A program: a Python function whose first parameter is the state ``s``."""
 
-    def __init__(self, func: Callable[..., Any]) -> None:
+    def __init__(self, func: Callable[..., Any], bind_arguments: dict[str, Any] | None = None) -> None:
         self.func = func
         functools.update_wrapper(self, func)
+        params = list(inspect.signature(func).parameters.values())[1:]
+        self.arg_names = [p.name for p in params]  # SGLang's names for the program's own parameters
+        self.arg_defaults = [p.default for p in params if p.default is not inspect.Parameter.empty]
+        self.bind_arguments = dict(bind_arguments or {})
+
+    def bind(self, **kwargs: Any) -> SglFunction:
+        """The program with some arguments fixed (as SGLang's): ``qa.bind(style="brief").run(question=q)``."""
+        unknown = [k for k in kwargs if k not in self.arg_names]
+        if unknown:
+            raise TypeError(f"{self.__name__}.bind(): the program has no parameter {', '.join(map(repr, unknown))}")
+        return SglFunction(self.func, {**self.bind_arguments, **kwargs})
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if args and isinstance(args[0], ProgramState):  # called from inside another program
@@ -105,6 +119,7 @@ class SglFunction:
         backend: Any = None,
         stream: bool = False,
         pin_cache: bool = True,
+        use_thread: bool = True,
         **kwargs: Any,
     ) -> ProgramState:
         """Run the program; returns its state (``s.text()``, ``s["var"]``, ``s.ret_value``).
@@ -114,7 +129,9 @@ class SglFunction:
         background; read it with ``s.text_iter()``. As in SGLang, an operation that fails
         (a ``gen`` the server refuses) ends the program without raising: ``s.error()`` holds
         the ``ProgramError`` (also logged), ``s.text()`` the text so far. An exception of the
-        program's own Python code is raised."""
+        program's own Python code is raised. ``use_thread`` is taken for SGLang's sake and
+        changes nothing: the program's operations always run on a thread of their own."""
+        kwargs = {**self.bind_arguments, **kwargs}
         defaults_kw = {k: kwargs.pop(k) for k in list(kwargs) if k in _run_defaults.__code__.co_varnames}
         chosen = _backend_or_default(backend)
         program = Program(chosen, _run_defaults(**defaults_kw), pin_cache, stream)

@@ -31,9 +31,12 @@ from frontend_lang.ir import (
     ToolResult,
     VarScope,
     as_expr,
+    reasoning_name,
 )
 from frontend_lang.tool_turns import ToolTurns
 from frontend_lang.tools import ToolUse, has_tool_turns
+from runtime.server.reasoning import PARSERS as REASONING_PARSERS
+from runtime.server.reasoning import StreamingReasoning
 
 logger = logging.getLogger(__name__)
 
@@ -98,8 +101,9 @@ class ProgramState(ToolTurns):
         self._pending: collections.deque[tuple[Expr, str]] = collections.deque()
         self._running = False
         self._cond = threading.Condition()
-        # streaming: (the variables the text is part of, text); text None: that variable is complete
-        self._chunks: list[tuple[tuple[str, ...], str | None]] = []
+        # streaming: (the variables the text is part of, text, whether it is part of the program's
+        # text: separated reasoning is not); text None: that variable is complete
+        self._chunks: list[tuple[tuple[str, ...], str | None, bool]] = []
         self._finished = False
         with program.lock:
             program.states.append(self)
@@ -251,10 +255,10 @@ class ProgramState(ToolTurns):
                     self._cond.wait()
                 chunks, done = self._chunks[i:], self._finished
             i += len(chunks)
-            for names, text in chunks:
+            for names, text, in_text in chunks:
                 if var_name is not None and text is None and var_name in names:
                     return
-                if text and (var_name is None or var_name in names):
+                if text and (in_text if var_name is None else var_name in names):
                     yield text
             if done and i >= len(self._chunks):  # a failure ended it: error() says what (as in SGLang)
                 return
@@ -272,13 +276,13 @@ class ProgramState(ToolTurns):
                 return
             yield (chunk, self.meta_info.get(var_name)) if return_meta_data and var_name else chunk
 
-    def _emit(self, var: str | None, text: str | None) -> None:
+    def _emit(self, var: str | None, text: str | None, in_text: bool = True) -> None:
         if not self.program.stream or not (text or text is None and var is not None):
             return
         # text is part of its variable and of every var_scope open around it
-        names = (var,) if text is None else ((var,) if var else ()) + tuple(self.scope_starts)
+        names = (var,) if text is None or not in_text else ((var,) if var else ()) + tuple(self.scope_starts)
         with self._cond:
-            self._chunks.append((names, text))  # type: ignore[arg-type]
+            self._chunks.append((names, text, in_text))  # type: ignore[arg-type]
             self._cond.notify_all()
 
     def mark_finished(self) -> None:
@@ -316,9 +320,9 @@ class ProgramState(ToolTurns):
         elif isinstance(expr, Select):
             decision, meta = select_choice(self.program.backend, self.text_, expr.choices, self.program.program_id,
                                            expr.choices_method)
+            reasoning, decision = self._split_reasoning(expr, decision)
             self._append(decision, expr.name)
-            if expr.name:
-                self._store(expr.name, decision, meta)
+            self._store_output(expr, decision, reasoning, meta)
         elif isinstance(expr, RoleBegin):
             self._role_begin(expr.role)
         elif isinstance(expr, RoleEnd):
@@ -340,6 +344,9 @@ class ProgramState(ToolTurns):
         if expr.tools is not None or has_tool_turns(self.messages_):
             if params.get("n", 1) > 1:
                 raise ValueError("gen(n=...) with more than one sample cannot be part of a chat with tools")
+            if expr.reasoning is not None:
+                raise ValueError("separate_reasoning(): a gen after tool turns is a chat turn; the server's "
+                                 "--reasoning-parser splits its reasoning")
             self._chat_gen(expr, params)
             return
         opts = {
@@ -350,24 +357,52 @@ class ProgramState(ToolTurns):
         if params.get("n", 1) > 1:  # n samples of one request: the variable holds all, the text the first
             outs = backend.generate(self.text_, params, program_id=pid, **opts)
             assert isinstance(outs, list)
-            self._append(outs[0]["text"], expr.name)
-            if expr.name:
-                self._store(expr.name, [o["text"] for o in outs], [o["meta_info"] for o in outs])
+            parts = [self._split_reasoning(expr, o["text"]) for o in outs]
+            self._append(parts[0][1], expr.name)
+            self._store_output(expr, [c for _, c in parts], [r for r, _ in parts], [o["meta_info"] for o in outs])
             return
         if self.program.stream and not opts["return_logprob"]:
-            out: dict[str, Any] = {}
+            out: dict[str, Any] = {"text": ""}
             shown = 0
+            split = StreamingReasoning(REASONING_PARSERS[expr.reasoning]) if expr.reasoning else None
             for out in backend.generate_stream(self.text_, params, program_id=pid):
                 if expr.name:  # what text_async_iter(return_meta_data=True) gives with each chunk
                     self.meta_info[expr.name] = out.get("meta_info")
-                self._emit(expr.name, out["text"][shown:])
-                shown = max(shown, len(out["text"]))
-            self.text_ += out["text"]
+                if split is None:
+                    self._emit(expr.name, out["text"][shown:])
+                    shown = max(shown, len(out["text"]))
+                else:
+                    self._emit_split(expr, split, out["text"], finished=False)
+            if split is not None:
+                self._emit_split(expr, split, out["text"], finished=True)
+            reasoning, text = self._split_reasoning(expr, out["text"])
+            self.text_ += text
         else:
             out = backend.generate(self.text_, params, program_id=pid, **opts)  # type: ignore[assignment]
-            self._append(out["text"], expr.name)
+            reasoning, text = self._split_reasoning(expr, out["text"])
+            self._append(text, expr.name)
+        self._store_output(expr, text, reasoning, out.get("meta_info"))
+
+    @staticmethod
+    def _split_reasoning(expr: Gen | Select, text: str) -> tuple[str | None, str]:
+        """(reasoning, the rest) of an output; reasoning None unless ``separate_reasoning``."""
+        if expr.reasoning is None:
+            return None, text
+        reasoning, content, _ = REASONING_PARSERS[expr.reasoning].split(text)
+        return reasoning, content
+
+    def _emit_split(self, expr: Gen, split: StreamingReasoning, text: str, finished: bool) -> None:
+        """Stream a separated gen: its reasoning under its own variable only, the rest as usual."""
+        assert expr.name is not None  # separate_reasoning() requires a name
+        reasoning, content = split.feed(text, finished)
+        self._emit(reasoning_name(expr.name), reasoning, in_text=False)
+        self._emit(expr.name, content)
+
+    def _store_output(self, expr: Gen | Select, value: Any, reasoning: Any, meta: Any) -> None:
         if expr.name:
-            self._store(expr.name, out["text"], out["meta_info"])
+            self._store(expr.name, value, meta)
+            if expr.reasoning is not None:
+                self._store(reasoning_name(expr.name), reasoning)
 
     def _markers_for(self, role: str) -> list[str]:
         markers = self.program.markers

@@ -160,3 +160,59 @@ def test_server_helpers_and_what_a_text_model_refuses(local):
     with pytest.raises(ValueError, match="n > 1"):
         sgl.gen("x", n=2, tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}])
     assert sgl.__version__
+
+
+# A regex forces the model to write a thought, so the split is known before the run.
+THOUGHT, ANSWER = "Two and two make four.", "The answer is 4."
+R1_OUTPUT = re.escape(THOUGHT + "</think>" + ANSWER)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_separate_reasoning_moves_the_thought_to_its_own_variable(local, stream):
+    @sgl.function
+    def think(s):
+        s += sgl.user("What is 2 + 2?")
+        s += sgl.assistant(sgl.separate_reasoning(sgl.gen("answer", regex=R1_OUTPUT, max_tokens=40),
+                                                  model_type="deepseek-r1"))
+
+    state = think.run(temperature=0, stream=stream, backend=local)
+    if stream:
+        streamed = {name: "".join(state.text_iter(name)) for name in ("answer", "answer_reasoning_content")}
+        assert streamed == {"answer": ANSWER, "answer_reasoning_content": THOUGHT}
+        assert "".join(state.text_iter()) == state.text()  # the thought is not part of the text
+    assert state["answer"] == ANSWER and state["answer_reasoning_content"] == THOUGHT
+    assert THOUGHT not in state.text() and ANSWER in state.text()
+    assert state.messages()[-1] == {"role": "assistant", "content": ANSWER}
+
+
+def test_separate_reasoning_by_qwen3s_rule_and_its_errors(local):
+    @sgl.function
+    def think(s):
+        s += "Q: yes or no?\nA:"
+        s += sgl.separate_reasoning(sgl.gen("a", regex=re.escape("<think>hm</think>\n\nYes"), max_tokens=20)
+                                    + sgl.gen("b", regex="No", max_tokens=5), model_type="qwen3")
+
+    state = think.run(temperature=0, backend=local)
+    assert (state["a"], state["a_reasoning_content"], state["b"], state["b_reasoning_content"]) == ("Yes", "hm", "No", "")
+    assert state.text() == "Q: yes or no?\nA:YesNo"
+    with pytest.raises(ValueError, match="model_type must be one of deepseek-r1, qwen3"):
+        sgl.separate_reasoning(sgl.gen("a"), model_type="gpt-oss")
+    with pytest.raises(ValueError, match="needs a name"):
+        sgl.separate_reasoning(sgl.gen(), model_type="qwen3")
+
+
+def test_bind_fixes_arguments_and_run_takes_sglangs_defaults(local):
+    @sgl.function
+    def say(s, topic, style="plain"):
+        s += f"A {style} line about {topic}:" + sgl.gen("line", max_tokens=12, ignore_eos=True)
+
+    assert (say.arg_names, say.arg_defaults) == (["topic", "style"], ["plain"])
+    bound = say.bind(style="short")
+    state = bound.run(topic="rain", temperature=0, stop_regex=r"\s\w", use_thread=False, backend=local)
+    assert state.text().startswith("A short line about rain:")
+    alone = say.run(topic="rain", style="short", temperature=0, max_new_tokens=12, backend=local)
+    line = alone["line"]
+    first_stop = re.search(r"\s\w", line)  # the run-wide stop_regex cut the same greedy line there
+    assert first_stop and state["line"] == line[: first_stop.start()]  # (the match trimmed)
+    with pytest.raises(TypeError, match="no parameter 'tone'"):
+        say.bind(tone="dry")
