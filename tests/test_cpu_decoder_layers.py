@@ -61,7 +61,7 @@ def _generate_both_ways(engine: Engine, prompts: list[list[int]]) -> dict[str, l
     return results
 
 
-@pytest.mark.parametrize("which", ["default", "tiny_qwen2"])
+@pytest.mark.parametrize("which", [pytest.param("default", marks=pytest.mark.slow), "tiny_qwen2"])
 def test_compiled_layers_match_the_modules(which, model_dir, request, dtype):
     path = model_dir if which == "default" else request.getfixturevalue("tiny_qwen2")
     engine = Engine(str(path), dtype=dtype, max_total_tokens=20_000, chunked_prefill_size=64)
@@ -109,6 +109,7 @@ def test_a_bad_position_or_slot_raises_either_way(tiny_gqa_llama, slot, position
         engine.shutdown()
 
 
+@pytest.mark.slow
 def test_forks_of_one_prompt_match_the_modules(model_dir, dtype):
     """Forks decoding on one prompt, with their shared keys attended once per group (the
     compiled layers find the groups once per step, the modules in every layer's call): the
