@@ -24,9 +24,9 @@ from typing import Any
 import httpx
 
 from bench_agent.drivers.openai_chat import OpenAIChatBackend
-from bench_agent.local_server import ServerProcess
 from bench_agent.measure import finish, measure
 from bench_agent.workloads import SIZES, get_workload
+from runtime.server.server_process import ServerProcess
 
 WORKLOADS = ("critique", "tree_of_thought", "multi_turn")
 CACHE_AWARE, ROUND_ROBIN, SINGLE = "2 replicas, cache_aware", "2 replicas, round_robin", "1 server, all cores"

@@ -26,10 +26,10 @@ import time
 from typing import Any
 
 import frontend_lang as sgl
-from bench_agent.local_server import ServerProcess
 from examples.self_critique import self_critique
 from examples.tree_of_thought import tree_of_thought
 from frontend_lang.backend.runtime_endpoint import RuntimeEndpoint
+from runtime.server.server_process import ServerProcess
 
 
 class NaiveHTTPBackend(RuntimeEndpoint):

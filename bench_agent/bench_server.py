@@ -25,7 +25,7 @@ import httpx
 from tqdm import tqdm
 
 from bench_agent.bench_offline import make_prompts
-from bench_agent.local_server import ServerProcess
+from runtime.server.server_process import ServerProcess
 
 
 def offline_batch(engine, prompts: list[list[int]], new_tokens: int) -> float:  # noqa: ANN001

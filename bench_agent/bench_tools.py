@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--conversations must be in [1, {len(CITIES)}]")
     import shlex
 
-    from bench_agent.local_server import ServerProcess
+    from runtime.server.server_process import ServerProcess
 
     flags = shlex.split(ns.server_args)
     sides = {"jump-forward on": ServerProcess(*flags), "jump-forward off": ServerProcess(*flags, "--no-enable-jump-forward")}

@@ -69,7 +69,7 @@ def forkserve_url(ns: argparse.Namespace) -> Iterator[str]:
     if ns.url:
         yield ns.url
         return
-    from bench_agent.local_server import ServerProcess
+    from runtime.server.server_process import ServerProcess
 
     server = ServerProcess(*shlex.split(ns.server_args)).wait_ready()
     try:

@@ -54,7 +54,7 @@ def open_driver(ns: argparse.Namespace) -> Iterator[tuple[Backend, KVProbe | Non
     server = None
     url = ns.url
     if url is None:
-        from bench_agent.local_server import ServerProcess
+        from runtime.server.server_process import ServerProcess
 
         print(f"starting a local forkserve server {ns.server_args}".rstrip(), file=sys.stderr)
         server = ServerProcess(*shlex.split(ns.server_args)).wait_ready()

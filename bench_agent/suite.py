@@ -22,10 +22,10 @@ import sys
 from typing import Any
 
 from bench_agent.drivers import kv_probe_for_url
-from bench_agent.local_server import ServerProcess
 from bench_agent.measure import finish, measure
 from bench_agent.workloads import get_workload
 from frontend_lang.backend.runtime_endpoint import RuntimeEndpoint
+from runtime.server.server_process import ServerProcess
 
 # workload -> (programs on forkserve, programs in flight, programs on transformers)
 QUICK = {

@@ -54,10 +54,12 @@ from runtime.version import package_version
 
 __all__ = [
     "BackendError",
+    "Engine",
     "EngineBackend",
     "ProgramError",
     "ProgramState",
     "ProgramStateGroup",
+    "Runtime",
     "RuntimeEndpoint",
     "SglFunction",
     "ToolCall",
@@ -94,8 +96,12 @@ __version__ = package_version()
 
 def __getattr__(name: str) -> Any:
     # Backends import httpx / the engine: load them on first use.
-    if name in ("EngineBackend", "RuntimeEndpoint", "BackendError", "Backend"):
+    if name in ("EngineBackend", "RuntimeEndpoint", "Runtime", "BackendError", "Backend"):
         from frontend_lang import backend
 
         return getattr(backend, name)
+    if name == "Engine":  # SGLang's offline engine: forkserve's
+        from runtime.engine import Engine
+
+        return Engine
     raise AttributeError(name)

@@ -22,7 +22,8 @@ _default_backend: Backend | None = None
 
 def set_default_backend(backend: Any) -> None:
     """The backend programs use when ``run`` is given none: a ``RuntimeEndpoint``, an
-    ``EngineBackend``, or a ``runtime.Engine`` (wrapped in an ``EngineBackend``)."""
+    ``EngineBackend``, a ``Runtime`` (its endpoint), or a ``runtime.Engine`` (wrapped in an
+    ``EngineBackend``)."""
     global _default_backend
     _default_backend = _as_backend(backend)
 
@@ -37,6 +38,8 @@ _WRAP_LOCK = threading.Lock()
 def _as_backend(backend: Any) -> Backend:
     if isinstance(backend, Backend):
         return backend
+    if isinstance(getattr(backend, "endpoint", None), Backend):  # sgl.Runtime, as SGLang takes it
+        return backend.endpoint
     from runtime.engine import Engine
 
     if isinstance(backend, Engine):
@@ -131,7 +134,7 @@ class SglFunction:
         the ``ProgramError`` (also logged), ``s.text()`` the text so far. An exception of the
         program's own Python code is raised. ``use_thread`` is taken for SGLang's sake and
         changes nothing: the program's operations always run on a thread of their own."""
-        kwargs = {**self.bind_arguments, **kwargs}
+        kwargs = {**kwargs, **self.bind_arguments}  # bound arguments win, as in SGLang
         defaults_kw = {k: kwargs.pop(k) for k in list(kwargs) if k in _run_defaults.__code__.co_varnames}
         chosen = _backend_or_default(backend)
         program = Program(chosen, _run_defaults(**defaults_kw), pin_cache, stream)

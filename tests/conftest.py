@@ -111,7 +111,7 @@ SERVER_ENGINE_ARGS = ("--dtype", "float32", "--max-total-tokens", "40000", "--ch
 @pytest.fixture(scope="session")
 def server():
     """A real ``forkserve serve`` on the default model, shared by the HTTP tests."""
-    from bench_agent.local_server import ServerProcess
+    from runtime.server.server_process import ServerProcess
     from tests.proc_utils import pid_alive
 
     proc = ServerProcess(*SERVER_ENGINE_ARGS).wait_ready()

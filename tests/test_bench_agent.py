@@ -234,7 +234,7 @@ def test_compare_runs_each_workload_on_both_servers_one_at_a_time(tmp_path, caps
     """--compare with --compare-cmd: forkserve (a fresh local server) and then the other
     server (started by the command, here a second forkserve on the tiny model) run the same
     programs; the table has both rows and their ratios, and the other server is gone after."""
-    from bench_agent.local_server import free_tcp_port
+    from runtime.server.server_process import free_tcp_port
 
     port = free_tcp_port()
     other = f"http://127.0.0.1:{port}"

@@ -206,7 +206,7 @@ def test_the_compared_server_is_started_in_its_own_group_and_stopped_whole(tmp_p
     import sys
 
     from bench_agent.compare import PeerServer
-    from bench_agent.local_server import free_tcp_port
+    from runtime.server.server_process import free_tcp_port
 
     (tmp_path / "v1").mkdir()
     (tmp_path / "v1" / "models").write_text('{"data": []}')

@@ -27,7 +27,7 @@ DP_ARGS = ("--dp-size", "2", "--router-health-check-interval", "1", *SERVER_ENGI
 
 @pytest.fixture(scope="module")
 def dp():
-    from bench_agent.local_server import ServerProcess
+    from runtime.server.server_process import ServerProcess
 
     proc = ServerProcess(*DP_ARGS)
     try:

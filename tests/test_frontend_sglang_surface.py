@@ -216,3 +216,42 @@ def test_bind_fixes_arguments_and_run_takes_sglangs_defaults(local):
     assert first_stop and state["line"] == line[: first_stop.start()]  # (the match trimmed)
     with pytest.raises(TypeError, match="no parameter 'tone'"):
         say.bind(tone="dry")
+
+
+def test_a_runtime_serves_the_program_and_leaves_nothing_behind(local):
+    """sgl.Runtime starts a server of its own: programs on it give the offline engine's
+    greedy text, generate / async_generate answer as SGLang's do, shutdown ends every process."""
+    import asyncio
+    import json
+
+    from tests.proc_utils import pid_alive
+
+    with pytest.raises(TypeError, match="unknown argument.*mem_fraction_static"):
+        sgl.Runtime(mem_fraction_static=0.8)
+    with pytest.raises(ValueError, match="max_total_tokens must be at least 16"):
+        sgl.Runtime(max_total_tokens=3)
+
+    @sgl.function
+    def qa(s, question):
+        s += sgl.user(question)
+        s += sgl.assistant(sgl.gen("answer", max_tokens=16))
+
+    runtime = sgl.Runtime(dtype="float32", max_total_tokens=20_000, chunked_prefill_size=256, context_length=2048)
+    try:
+        pids = runtime.endpoint.get_server_info()["process_ids"]
+        served = qa.run(question="Name a planet.", temperature=0, backend=runtime)
+        assert served.error() is None
+        assert served["answer"] == qa.run(question="Name a planet.", temperature=0, backend=local)["answer"]
+        out = json.loads(runtime.generate("The capital of France is", {"max_new_tokens": 6, "temperature": 0}))
+        assert out["text"] == local.generate("The capital of France is", {"max_new_tokens": 6, "temperature": 0})["text"]
+
+        async def streamed() -> str:
+            return "".join([c async for c in runtime.async_generate("The capital of France is",
+                                                                     {"max_new_tokens": 6, "temperature": 0})])
+
+        assert asyncio.run(streamed()) == out["text"]
+        assert runtime.get_tokenizer().encode("Paris") == local.engine.tokenizer.encode("Paris", add_special_tokens=True)
+    finally:
+        runtime.shutdown()
+    assert runtime.server.proc.returncode == 0, runtime.log
+    assert not [name for name, pid in pids.items() if pid_alive(pid)]

@@ -20,7 +20,7 @@ CHECKS = "not_a_server_error,status_code_conformance,content_type_conformance,re
 
 @pytest.fixture(scope="module")
 def small_server():
-    from bench_agent.local_server import ServerProcess
+    from runtime.server.server_process import ServerProcess
 
     proc = ServerProcess("--max-context-len", "64", "--max-total-tokens", "4096", "--max-running-requests", "8").wait_ready()
     yield proc

@@ -55,7 +55,7 @@ def test_a_server_with_a_reasoning_parser_splits_reasoning():
     carry the same reasoning_content and content; separate_reasoning false keeps it whole."""
     import openai
 
-    from bench_agent.local_server import ServerProcess
+    from runtime.server.server_process import ServerProcess
 
     proc = ServerProcess("--reasoning-parser", "deepseek-r1", "--max-total-tokens", "4000").wait_ready()
     try:

@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from bench_agent.local_server import ServerProcess
+from runtime.server.server_process import ServerProcess
 from tests.proc_utils import pid_alive
 
 pytestmark = pytest.mark.slow

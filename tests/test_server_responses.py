@@ -285,7 +285,7 @@ def test_truncation_auto_drops_the_earliest_turns_that_do_not_fit(server):
     unless ``truncation`` is ``auto``; then the answer is the one to the fewest trailing
     turns that fit (with the instructions and a leading system message), sent whole: same
     greedy text and input tokens."""
-    from bench_agent.local_server import ServerProcess
+    from runtime.server.server_process import ServerProcess
 
     turns = [("What is the capital of France?", "Paris is the capital of France, and its largest city."),
              ("And of Italy?", "Rome is the capital of Italy; it lies on the Tiber."),
@@ -323,8 +323,8 @@ def test_a_stopping_server_stores_its_unfinished_background_responses_as_failed(
     """With --response-store the stored responses outlive the server: one that was still
     running when the server stopped (SIGTERM) is there as failed, not in progress forever;
     the finished one is there whole."""
-    from bench_agent.local_server import ServerProcess
     from runtime.server.response_store import ResponseStore, SqliteTable
+    from runtime.server.server_process import ServerProcess
 
     path = str(tmp_path / "responses.sqlite")
     proc = ServerProcess("--response-store", path, "--max-total-tokens", "4000").wait_ready()

@@ -127,7 +127,7 @@ def test_a_model_template_that_cannot_show_tools_gets_its_formats_shipped_one(hf
 @pytest.fixture(scope="module")
 def llama3_server(tmp_path_factory):
     """A server whose --chat-template is a file (the shipped Llama 3 one, copied)."""
-    from bench_agent.local_server import ServerProcess
+    from runtime.server.server_process import ServerProcess
 
     path = tmp_path_factory.mktemp("template") / "my_llama3.jinja"
     path.write_text(SHIPPED["llama3_json_tools"].read_text())
@@ -158,7 +158,7 @@ def test_chat_template_file_replaces_the_models_template(llama3_server, hf):
 
 @pytest.mark.slow
 def test_a_chat_template_that_is_not_there_fails_at_startup(tmp_path):
-    from bench_agent.local_server import ServerProcess
+    from runtime.server.server_process import ServerProcess
 
     proc = ServerProcess("--chat-template", str(tmp_path / "missing.jinja"))
     with pytest.raises(RuntimeError, match="--chat-template: .*neither a file nor a shipped template"):

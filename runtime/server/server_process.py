@@ -1,4 +1,4 @@
-"""Start and stop a real ``forkserve serve`` process (benchmarks and tests use it)."""
+"""Start and stop a real ``forkserve serve`` process (the DSL's ``Runtime``, benchmarks and tests use it)."""
 
 from __future__ import annotations
 
