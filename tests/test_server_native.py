@@ -298,6 +298,62 @@ def test_abort_request_ends_a_request_by_its_rid_or_all_of_them(server):
     assert sched["kv_held_by_requests"] == 0 and sched["kv_invariant_holds"] is True
 
 
+def test_abort_request_ends_only_the_rid_and_what_was_expanded_from_it(server):
+    """A client's own rid that begins with another's plus "_" (``job_2`` beside ``job``) is not
+    one of ``job``'s expansions (``job_0``, ``job_1`` of a batch): aborting ``job`` leaves it."""
+    import concurrent.futures
+
+    long = {"max_new_tokens": 3000, "ignore_eos": True}
+
+    def generate(rid: str | None, text: str | list[str] = "A long story.") -> dict:
+        return post(server, "/generate", {"text": text, "rid": rid, "sampling_params": long}).json()
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        job, other = pool.submit(generate, "job"), pool.submit(generate, "job_2")
+        wait_for_running(server, 2)
+        assert post(server, "/abort_request", {"rid": "job"}).status_code == 200
+        assert job.result(timeout=30)["meta_info"]["finish_reason"]["type"] == "abort"
+        wait_for_steps(server, 2)
+        assert not other.done() and server.info()["scheduler"]["num_running_reqs"] == 1
+        assert post(server, "/abort_request", {"rid": "job_2"}).status_code == 200
+        assert other.result(timeout=30)["meta_info"]["finish_reason"]["type"] == "abort"
+    wait_idle(server)
+
+
+def test_an_abort_that_comes_while_the_request_is_still_arriving_ends_it(server):
+    """``/abort_request`` for a request whose body the server is still reading (or whose
+    prompt it is still tokenizing), so that it is not yet submitted: it is ended as soon as it
+    is, not run to the end. A request sent after the abort with the same rid runs."""
+    import socket
+
+    body = orjson.dumps({"text": "A long story.", "rid": "late-abort", "stream": False,
+                         "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}})
+    url = httpx.URL(server.url)
+    with socket.create_connection((url.host, url.port)) as sock:
+        sock.sendall(f"POST /generate HTTP/1.1\r\nHost: {url.host}\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(body)}\r\n\r\n".encode() + body[:10])
+        time.sleep(1.0)  # the server has begun to read the body
+        assert post(server, "/abort_request", {"rid": "late-abort"}).status_code == 200
+        sock.sendall(body[10:])
+        sock.settimeout(60)
+        answer = b""
+        while b"\r\n\r\n" not in answer or len(answer.split(b"\r\n\r\n", 1)[1]) < _content_length(answer):
+            chunk = sock.recv(65536)
+            assert chunk, "the server closed the connection"
+            answer += chunk
+    out = orjson.loads(answer.split(b"\r\n\r\n", 1)[1])
+    assert out["meta_info"]["finish_reason"] == {"type": "abort", "message": "aborted by /abort_request"}
+    assert out["meta_info"]["completion_tokens"] < 3000
+    again = post(server, "/generate", {"text": "Hi", "rid": "late-abort", "sampling_params": {"max_new_tokens": 2}})
+    assert again.json()["meta_info"]["finish_reason"]["type"] == "length"
+    wait_idle(server)
+
+
+def _content_length(response: bytes) -> int:
+    head = response.split(b"\r\n\r\n", 1)[0].decode().lower()
+    return int(re.search(r"content-length: (\d+)", head).group(1))
+
+
 def test_abort_request_finds_openai_requests_by_their_rid(server):
     """SGLang's ``rid`` on the OpenAI routes names the requests, so ``/abort_request`` ends
     them: the answer so far, finish reason ``abort``; ``n > 1`` runs as rid_0, rid_1."""

@@ -38,7 +38,7 @@ from runtime.server.protocol import (
     GenerateReqInput,
     reject_unsupported,
 )
-from runtime.server.request_ids import request_ids, runs_under
+from runtime.server.request_ids import request_ids
 from runtime.server.responses import (
     SSE_DONE,
     JsonResponse,
@@ -170,9 +170,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
     @app.post("/abort_request")
     async def abort_request(request: Request) -> Response:
         req: AbortRequestReq = await read_body(request, AbortRequestReq, ctx.http.max_request_bytes)
-        chosen = [s for rid, s in ctx.client.states.items() if req.abort_all or runs_under(rid, req.rid)]
-        for state in chosen:
-            ctx.client.cancel(state, "aborted by /abort_request")
+        ctx.abort(req.rid, req.abort_all)
         return Response(status_code=200)
 
     @app.get("/metrics")
@@ -260,7 +258,7 @@ async def handle_generate(ctx: ServerContext, req: GenerateReqInput, request: Re
         requests = build_requests(prompts, params, options, ctx.limits,
                                   prompt_field="text" if req.text is not None else "input_ids")
     is_batch = is_batch or len(requests) > 1
-    states = ctx.submit_group(requests, request_ids(req.rid, [p.n for p in params]))
+    states = ctx.submit_group(requests, request_ids(req.rid, [p.n for p in params]), request)
     starts = {id(s): r.options.logprob_start_len for s, r in zip(states, requests, strict=True)}
 
     def render(state: Any, logprobs_from: int = 0) -> dict[str, Any]:

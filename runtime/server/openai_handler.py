@@ -158,7 +158,7 @@ class OpenAIHandler:
             with bad_input_as_400("prompt", self.api_names):
                 requests += build_requests([ids], [params], options, ctx.limits, prompt_field="prompt")
         self.num_prompts = len(prompts)
-        return ctx.submit_group(requests, request_ids(self.req.rid, [self.req.n] * len(prompts)))
+        return ctx.submit_group(requests, request_ids(self.req.rid, [self.req.n] * len(prompts)), self.request)
 
     def usage(self, states: list[ReqState]) -> dict[str, Any]:
         n = self.req.n

@@ -43,7 +43,7 @@ class ServerUnavailable(Exception):
 
 @dataclass(eq=False)
 class ReqState:
-    rid: str  # the client's id (its own ``rid``, or one made here)
+    rid: str  # the request's id (the client's own ``rid``, one expanded from it, or one made here)
     prompt_tokens: int
     return_logprob: bool
     first_prompt_token: int
@@ -67,6 +67,7 @@ class ReqState:
     last_token_at: float | None = None
     finished_at: float | None = None
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    client_rid: str | None = None  # the ``rid`` the client gave (``rid`` for ``rid_0``, ``rid_1``, ...)
 
     @property
     def is_finished(self) -> bool:
