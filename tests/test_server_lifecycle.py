@@ -93,11 +93,12 @@ def test_scheduler_death_fails_requests_and_exits_nonzero(guarded):
     assert not any(pid_alive(p) for p in pids.values())
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_stopping_answers_requests_in_flight_then_exits_cleanly(sig):
+@pytest.mark.parametrize("signals", [(signal.SIGTERM,), (signal.SIGINT,), (signal.SIGINT, signal.SIGINT)],
+                         ids=["SIGTERM", "SIGINT", "SIGINT twice"])
+def test_stopping_answers_requests_in_flight_then_exits_cleanly(signals):
     """A request still running when the server is told to stop gets a JSON 503 (a stream:
     an error event, then [DONE]) instead of a cut connection, and the server exits 0 with
-    no process left behind."""
+    no process left behind; a second Ctrl-C (quit now) answers them so too, at once."""
     proc = ServerProcess().wait_ready()
     pids = proc.info()["process_ids"]
     long_native = {"text": "A long tale:", "sampling_params": {"max_new_tokens": 4000, "ignore_eos": True}}
@@ -115,7 +116,9 @@ def test_stopping_answers_requests_in_flight_then_exits_cleanly(sig):
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         futures = pool.submit(plain), pool.submit(streamed)
         time.sleep(2.0)
-        os.kill(proc.proc.pid, sig)
+        for sig in signals:
+            os.kill(proc.proc.pid, sig)
+            time.sleep(0.3)
         resp, events = futures[0].result(timeout=30), futures[1].result(timeout=30)
     assert resp.status_code == 503 and "shutting down" in resp.json()["error"]["message"]
     assert events[-1] == "data: [DONE]" and "shutting down" in events[-2], events[-3:]

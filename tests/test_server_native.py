@@ -349,6 +349,23 @@ def test_an_abort_that_comes_while_the_request_is_still_arriving_ends_it(server)
     wait_idle(server)
 
 
+def test_a_client_that_leaves_while_sending_its_body_is_no_server_error(server):
+    """Headers that promise 1,000 bytes, 9 of them, then the connection closes: nothing to
+    answer, nothing for the log to hold a traceback of, and the server serves on."""
+    import socket
+
+    url = httpx.URL(server.url)
+    before = server.read_output().count("unexpected error")
+    for path in ("/generate", "/v1/chat/completions"):
+        with socket.create_connection((url.host, url.port)) as sock:
+            sock.sendall(f"POST {path} HTTP/1.1\r\nHost: {url.host}\r\nContent-Type: application/json\r\n"
+                         "Content-Length: 1000\r\n\r\n{\"text\": ".encode())
+            time.sleep(0.3)
+    time.sleep(0.5)
+    assert post(server, "/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 2}}).status_code == 200
+    assert server.read_output().count("unexpected error") == before, server.output[-3000:]
+
+
 def _content_length(response: bytes) -> int:
     head = response.split(b"\r\n\r\n", 1)[0].decode().lower()
     return int(re.search(r"content-length: (\d+)", head).group(1))

@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
+from starlette.requests import ClientDisconnect
 
 from runtime.config import HttpArgs, ServerArgs
 from runtime.request_builder import GenerateRequest, RequestLimits
@@ -183,10 +184,13 @@ async def read_body(request: Request, model: type[BaseModel], max_bytes: int | N
     if max_bytes is not None and declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise ApiError(413, f"The request body has {int(declared)} bytes; this server accepts at most {max_bytes}")
     raw = bytearray()
-    async for chunk in request.stream():
-        raw += chunk
-        if max_bytes is not None and len(raw) > max_bytes:
-            raise ApiError(413, f"The request body is over {max_bytes} bytes, the most this server accepts")
+    try:
+        async for chunk in request.stream():
+            raw += chunk
+            if max_bytes is not None and len(raw) > max_bytes:
+                raise ApiError(413, f"The request body is over {max_bytes} bytes, the most this server accepts")
+    except ClientDisconnect as err:  # nobody to answer; not a server error (no traceback in the log)
+        raise ApiError(400, "The client closed the connection before sending the whole request body") from err
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as err:

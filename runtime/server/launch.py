@@ -21,6 +21,7 @@ import socket
 import sqlite3
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,8 @@ _GRACE_S = 1.5
 # first, also when the compute threads keep this process waiting for a core (1 s was seen
 # to be too short on 2 busy cores: a stream was cut instead of ending with its error event).
 _ANSWER_S = 3.0
+# After a second Ctrl-C, seconds the open requests' 503s may take before the server quits.
+_HURRY_S = 1.0
 
 
 class StartupError(Exception):
@@ -163,7 +166,7 @@ class Launcher:
             create_app(ctx), log_level="warning", timeout_graceful_shutdown=_GRACE_S + _ANSWER_S, timeout_keep_alive=30,
             lifespan="off",
         )
-        server = uvicorn.Server(config)
+        server = _server(config, lambda: ctx.client.end_open_requests("The server is shutting down.", 503))
         serving = asyncio.create_task(server.serve(sockets=[sock]))
         monitor = asyncio.create_task(self._watch(ctx, server))
         while not server.started and not serving.done():
@@ -214,6 +217,29 @@ class Launcher:
                 proc.kill()
                 proc.join(1.0)
         ipc.remove_ipc_files(self.ipc_names)
+
+
+def _server(config: Any, answer_open_requests: Callable[[], None]) -> Any:
+    """uvicorn's server, except that a second Ctrl-C, which uvicorn takes as "quit without
+    waiting for the handlers" (they were then cancelled mid-answer: 500s, cut streams and a
+    traceback each), first answers the open requests (503, streams an error event) and
+    quits once they are sent, or after ``_HURRY_S``; a third Ctrl-C quits at once."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        hurried = False
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if sig == signal.SIGINT and self.should_exit and not self.hurried:
+                self.hurried = True
+                self._captured_signals.append(sig)
+                loop = asyncio.get_event_loop()
+                loop.call_soon_threadsafe(answer_open_requests)
+                loop.call_soon_threadsafe(loop.call_later, _HURRY_S, setattr, self, "force_exit", True)
+                return
+            super().handle_exit(sig, frame)
+
+    return Server(config)
 
 
 def _interrupt(signum: int, frame: Any) -> None:
