@@ -113,7 +113,7 @@ class SglFunction:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if args and isinstance(args[0], ProgramState):  # called from inside another program
-            return self.func(*args, **kwargs)
+            return self.func(*args, **{**kwargs, **self.bind_arguments})
         return self.run(*args, **kwargs)
 
     def run(

@@ -322,7 +322,7 @@ class ProgramState(ToolTurns):
                                            expr.choices_method)
             reasoning, decision = self._split_reasoning(expr, decision)
             self._append(decision, expr.name)
-            self._store_output(expr, decision, reasoning, meta)
+            self._store_output(expr, decision, reasoning, meta, streamed_reasoning=reasoning)
         elif isinstance(expr, RoleBegin):
             self._role_begin(expr.role)
         elif isinstance(expr, RoleEnd):
@@ -359,7 +359,8 @@ class ProgramState(ToolTurns):
             assert isinstance(outs, list)
             parts = [self._split_reasoning(expr, o["text"]) for o in outs]
             self._append(parts[0][1], expr.name)
-            self._store_output(expr, [c for _, c in parts], [r for r, _ in parts], [o["meta_info"] for o in outs])
+            self._store_output(expr, [c for _, c in parts], [r for r, _ in parts], [o["meta_info"] for o in outs],
+                               streamed_reasoning=parts[0][0])
             return
         if self.program.stream and not opts["return_logprob"]:
             out: dict[str, Any] = {"text": ""}
@@ -377,11 +378,12 @@ class ProgramState(ToolTurns):
                 self._emit_split(expr, split, out["text"], finished=True)
             reasoning, text = self._split_reasoning(expr, out["text"])
             self.text_ += text
-        else:
-            out = backend.generate(self.text_, params, program_id=pid, **opts)  # type: ignore[assignment]
-            reasoning, text = self._split_reasoning(expr, out["text"])
-            self._append(text, expr.name)
-        self._store_output(expr, text, reasoning, out.get("meta_info"))
+            self._store_output(expr, text, reasoning, out.get("meta_info"), streamed_reasoning="")
+            return
+        out = backend.generate(self.text_, params, program_id=pid, **opts)  # type: ignore[assignment]
+        reasoning, text = self._split_reasoning(expr, out["text"])
+        self._append(text, expr.name)
+        self._store_output(expr, text, reasoning, out.get("meta_info"), streamed_reasoning=reasoning)
 
     @staticmethod
     def _split_reasoning(expr: Gen | Select, text: str) -> tuple[str | None, str]:
@@ -398,10 +400,14 @@ class ProgramState(ToolTurns):
         self._emit(reasoning_name(expr.name), reasoning, in_text=False)
         self._emit(expr.name, content)
 
-    def _store_output(self, expr: Gen | Select, value: Any, reasoning: Any, meta: Any) -> None:
+    def _store_output(self, expr: Gen | Select, value: Any, reasoning: Any, meta: Any,
+                      streamed_reasoning: str | None) -> None:
+        """Set the output's variables; ``streamed_reasoning``: the reasoning still to stream
+        under its own variable (none where ``_emit_split`` streamed it as it came)."""
         if expr.name:
             self._store(expr.name, value, meta)
             if expr.reasoning is not None:
+                self._emit(reasoning_name(expr.name), streamed_reasoning, in_text=False)
                 self._store(reasoning_name(expr.name), reasoning)
 
     def _markers_for(self, role: str) -> list[str]:

@@ -108,11 +108,19 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         "http://127.0.0.1:30000/v1. Ready when it prints the URL; stop with Ctrl-C or SIGTERM.",
         formatter_class=HelpFormatter,
     )
-    add_cli_args(p.add_argument_group("HTTP server arguments"), HttpArgs)
-    add_cli_args(p.add_argument_group("engine arguments"), ServerArgs)
-    add_cli_args(p.add_argument_group("data-parallel arguments (several replicas behind SGLang's model gateway)"),
-                 DataParallelArgs)
+    add_serve_args(p)
     p.set_defaults(func=_run_serve)
+
+
+SERVE_ARGS = (HttpArgs, ServerArgs, DataParallelArgs)
+
+
+def add_serve_args(parser: argparse.ArgumentParser) -> None:
+    """``forkserve serve``'s flags (also checked by the DSL's ``Runtime``): ``SERVE_ARGS``."""
+    add_cli_args(parser.add_argument_group("HTTP server arguments"), HttpArgs)
+    add_cli_args(parser.add_argument_group("engine arguments"), ServerArgs)
+    add_cli_args(parser.add_argument_group("data-parallel arguments (several replicas behind SGLang's model gateway)"),
+                 DataParallelArgs)
 
 
 def _run_serve(ns: argparse.Namespace) -> int:

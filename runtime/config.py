@@ -257,8 +257,8 @@ class HttpArgs:
         None,
         "Split a reasoning model's thinking from its answer on the chat route: text between its think "
         "markers goes to message.reasoning_content (and reasoning_content deltas). deepseek-r1 (the "
-        "template opens the thinking) or qwen3 (the model writes <think>).",
-        choices=["deepseek-r1", "qwen3"],
+        "template opens the thinking; also qwen3-thinking, step3) or qwen3 (the model writes <think>).",
+        choices=["deepseek-r1", "qwen3", "qwen3-thinking", "step3"],
     )
     chat_template: str | None = _arg(
         None,
@@ -386,12 +386,14 @@ def _cli_type(annotation: Any) -> type:
     return str
 
 
-def args_from_namespace(ns: argparse.Namespace, cls: type = ServerArgs) -> Any:
+def args_from_namespace(ns: argparse.Namespace, cls: type = ServerArgs, as_flags: bool = True) -> Any:
     """``cls`` from parsed flags; a ``ValueError`` names the flags (``--kv-cache-memory``),
-    not the fields (``kv_cache_memory``) as ``cls`` itself does."""
+    or with ``as_flags`` false the fields (``kv_cache_memory``), as keyword arguments name them."""
     try:
         return cls(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)})
     except ValueError as err:
+        if not as_flags:
+            raise
         raise ValueError(fields_as_flags(str(err), [f.name for f in dataclasses.fields(cls)])) from err
 
 

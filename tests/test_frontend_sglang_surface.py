@@ -185,6 +185,20 @@ def test_separate_reasoning_moves_the_thought_to_its_own_variable(local, stream)
     assert state.messages()[-1] == {"role": "assistant", "content": ANSWER}
 
 
+def test_separate_reasoning_streams_the_thought_of_samples_and_scored_gens(local):
+    @sgl.function
+    def think(s):
+        s += "Q:"
+        s += sgl.separate_reasoning(sgl.gen("a", regex=R1_OUTPUT, max_tokens=40, return_logprob=True)
+                                    + sgl.gen("b", regex=R1_OUTPUT, max_tokens=40, n=2), model_type="deepseek-r1")
+
+    state = think.run(temperature=0, stream=True, backend=local)
+    streamed = {name: "".join(state.text_iter(name)) for name in ("a_reasoning_content", "b_reasoning_content")}
+    assert streamed == {"a_reasoning_content": THOUGHT, "b_reasoning_content": THOUGHT}
+    assert (state["a"], state["b"], state["b_reasoning_content"]) == (ANSWER, [ANSWER, ANSWER], [THOUGHT, THOUGHT])
+    assert "".join(state.text_iter()) == state.text() == "Q:" + ANSWER + ANSWER
+
+
 def test_separate_reasoning_by_qwen3s_rule_and_its_errors(local):
     @sgl.function
     def think(s):
@@ -216,6 +230,12 @@ def test_bind_fixes_arguments_and_run_takes_sglangs_defaults(local):
     assert first_stop and state["line"] == line[: first_stop.start()]  # (the match trimmed)
     with pytest.raises(TypeError, match="no parameter 'tone'"):
         say.bind(tone="dry")
+
+    @sgl.function
+    def outer(s):
+        bound(s, topic="snow")  # a bound program called inside another keeps its bound arguments
+
+    assert outer.run(max_new_tokens=2, backend=local).text().startswith("A short line about snow:")
 
 
 def test_a_runtime_serves_the_program_and_leaves_nothing_behind(local):
@@ -251,7 +271,10 @@ def test_a_runtime_serves_the_program_and_leaves_nothing_behind(local):
 
         assert asyncio.run(streamed()) == out["text"]
         assert runtime.get_tokenizer().encode("Paris") == local.engine.tokenizer.encode("Paris", add_special_tokens=True)
+        refused = json.loads(runtime.generate("Hi", {"max_new_tokens": -1}))  # SGLang's: the error's JSON, no raise
+        assert "max_new_tokens" in refused["error"]["message"]
     finally:
         runtime.shutdown()
-    assert runtime.server.proc.returncode == 0, runtime.log
+    runtime.shutdown()  # again: nothing to do
+    assert runtime.server.proc.returncode == 0 and "forkserve ready:" in runtime.log, runtime.log
     assert not [name for name, pid in pids.items() if pid_alive(pid)]

@@ -85,3 +85,12 @@ def test_a_server_with_a_reasoning_parser_splits_reasoning():
         assert err.value.body["param"] == "reasoning.effort"
     finally:
         assert proc.stop() == 0
+
+
+def test_the_flag_offers_every_parser():
+    import dataclasses
+
+    from runtime.config import HttpArgs
+
+    flag = {f.name: f for f in dataclasses.fields(HttpArgs)}["reasoning_parser"]
+    assert flag.metadata["choices"] == list(PARSERS)

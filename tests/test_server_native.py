@@ -327,7 +327,7 @@ def test_an_abort_that_comes_while_the_request_is_still_arriving_ends_it(server)
     import socket
 
     body = orjson.dumps({"text": "A long story.", "rid": "late-abort", "stream": False,
-                         "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}})
+                         "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}})
     url = httpx.URL(server.url)
     with socket.create_connection((url.host, url.port)) as sock:
         sock.sendall(f"POST /generate HTTP/1.1\r\nHost: {url.host}\r\nContent-Type: application/json\r\n"
@@ -343,7 +343,7 @@ def test_an_abort_that_comes_while_the_request_is_still_arriving_ends_it(server)
             answer += chunk
     out = orjson.loads(answer.split(b"\r\n\r\n", 1)[1])
     assert out["meta_info"]["finish_reason"] == {"type": "abort", "message": "aborted by /abort_request"}
-    assert out["meta_info"]["completion_tokens"] < 3000
+    assert out["meta_info"]["completion_tokens"] < 400
     again = post(server, "/generate", {"text": "Hi", "rid": "late-abort", "sampling_params": {"max_new_tokens": 2}})
     assert again.json()["meta_info"]["finish_reason"]["type"] == "length"
     wait_idle(server)

@@ -14,51 +14,44 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import dataclasses
+import contextlib
 import json
+import subprocess
 from collections.abc import AsyncIterator
 from typing import Any
 
 from frontend_lang.backend.runtime_endpoint import RuntimeEndpoint
-from runtime.config import DataParallelArgs, HttpArgs, ServerArgs, add_cli_args
+from runtime.cli import SERVE_ARGS, add_serve_args
+from runtime.config import args_from_namespace
 from runtime.ipc import free_tcp_port
 from runtime.server.server_process import ServerProcess
 
 
 def serve_flags(**kwargs: Any) -> list[str]:
     """``forkserve serve`` flags for keyword arguments, checked as the command line checks them."""
+    parser = argparse.ArgumentParser(prog="Runtime", exit_on_error=False, add_help=False)
+    add_serve_args(parser)
+    known = {option for action in parser._actions for option in action.option_strings}  # noqa: SLF001
+    unknown = [name for name in kwargs if "--" + name.replace("_", "-") not in known]
+    if unknown:
+        raise TypeError(f"Runtime(): unknown argument(s) {', '.join(unknown)}; see forkserve serve --help")
     flags: list[str] = []
     for name, value in kwargs.items():
         flag = "--" + name.replace("_", "-")
-        if value is None or value is False and not _negatable(flag):
-            continue
-        if isinstance(value, bool):
-            flags.append(flag if value else "--no-" + flag[2:])
-        else:
+        if isinstance(value, bool):  # a switch: on, off where it is on by default, else nothing to say
+            flags += [flag] if value else ["--no-" + flag[2:]] if "--no-" + flag[2:] in known else []
+        elif value is not None:
             flags += [flag, str(value)]
-    parser = argparse.ArgumentParser(prog="Runtime", exit_on_error=False, add_help=False)
-    for cls in (HttpArgs, ServerArgs, DataParallelArgs):
-        add_cli_args(parser, cls)
     try:
-        ns, unknown = parser.parse_known_args(flags)
+        ns = parser.parse_args(flags)
     except argparse.ArgumentError as err:
         raise ValueError(f"Runtime(): {err}") from err
-    if unknown:
-        names = [f[2:].replace("-", "_") for f in unknown if f.startswith("--")]
-        raise TypeError(f"Runtime(): unknown argument(s) {', '.join(names) or unknown}; see forkserve serve --help")
-    for cls in (HttpArgs, ServerArgs, DataParallelArgs):
+    for cls in SERVE_ARGS:
         try:
-            cls(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)})
-        except ValueError as err:  # it names the field, as the keyword argument is named
+            args_from_namespace(ns, cls, as_flags=False)  # the error names the field, as the argument is named
+        except ValueError as err:
             raise ValueError(f"Runtime(): {err}") from err
     return flags
-
-
-def _negatable(flag: str) -> bool:
-    """Whether ``--no-<flag>`` exists: boolean flags that are on by default."""
-    name = flag[2:].replace("-", "_")
-    return any(f.name == name and f.default is True for cls in (HttpArgs, ServerArgs, DataParallelArgs)
-               for f in dataclasses.fields(cls))
 
 
 class Runtime:
@@ -77,23 +70,28 @@ class Runtime:
         atexit.register(self.shutdown)
         try:
             self.server.wait_ready(launch_timeout)
-        except Exception:
+            self.endpoint = RuntimeEndpoint(self.url, api_key=kwargs.get("api_key"))
+        except BaseException:  # Ctrl-C while it loads too: no server is left without an owner
             self.shutdown()
             raise
-        self.endpoint = RuntimeEndpoint(self.url, api_key=kwargs.get("api_key"))
 
     @property
     def log(self) -> str:
-        """What the server printed so far."""
-        return self.server.read_output()
+        """What the server printed (so far, or until it was shut down)."""
+        return self.server.output if self.server.log.closed else self.server.read_output()
 
     def shutdown(self) -> None:
-        """Stop the server and its processes (nothing is left running)."""
-        if self.server.proc.poll() is None:
-            self.server.stop()
-        endpoint = getattr(self, "endpoint", None)
+        """Stop the server and its processes (nothing is left running); again is a no-op."""
+        atexit.unregister(self.shutdown)
+        endpoint = getattr(self, "endpoint", None)  # none when the server did not start
         if endpoint is not None:
             endpoint.shutdown()
+        if self.server.proc.poll() is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):  # it was killed then
+                self.server.stop()
+        if not self.server.log.closed:
+            self.server.read_output()  # kept as server.output: the file goes with the close
+            self.server.log.close()
 
     def cache_prefix(self, prefix: str) -> None:
         self.endpoint.cache_prefix(prefix)
@@ -109,14 +107,15 @@ class Runtime:
     def generate(self, prompt: str | list[str], sampling_params: dict[str, Any] | None = None,
                  return_logprob: bool | list[bool] = False, logprob_start_len: int | list[int] | None = None,
                  top_logprobs_num: int | list[int] | None = None) -> str:
-        """``/generate``'s answer as JSON text, as SGLang's ``Runtime.generate`` gives it."""
+        """``/generate``'s answer as JSON text, as SGLang's ``Runtime.generate`` gives it (an
+        error's JSON body too)."""
         body: dict[str, Any] = {"text": prompt, "sampling_params": sampling_params or {},
                                 "return_logprob": return_logprob}
         if logprob_start_len is not None:
             body["logprob_start_len"] = logprob_start_len
         if top_logprobs_num is not None:
             body["top_logprobs_num"] = top_logprobs_num
-        return json.dumps(self.endpoint._post("/generate", body))  # noqa: SLF001
+        return json.dumps(self.endpoint._post_response("/generate", body).json())  # noqa: SLF001
 
     async def async_generate(self, prompt: str, sampling_params: dict[str, Any] | None = None) -> AsyncIterator[str]:
         """The new text of each streamed chunk, as SGLang's ``Runtime.async_generate``."""

@@ -23,7 +23,7 @@ from runtime.config import HttpArgs, ServerArgs
 from runtime.request_builder import GenerateRequest, RequestLimits
 from runtime.sampling.params import InvalidField, SamplingParams
 from runtime.server.protocol import ApiError
-from runtime.server.request_ids import AbortLedger
+from runtime.server.request_ids import ArrivingRequests
 from runtime.server.scheduler_client import ReqState, SchedulerClient, ServerUnavailable
 from runtime.server.tools.template import load_chat_template
 from runtime.tokenizer import Tokenizer
@@ -48,7 +48,7 @@ class ServerContext:
     is_ready: bool = False
     is_shutting_down: bool = False
     started_at: float = field(default_factory=time.time)
-    aborts: AbortLedger = field(default_factory=AbortLedger)
+    arrivals: ArrivingRequests = field(default_factory=ArrivingRequests)
 
     @functools.cached_property
     def chat_template_override(self) -> str | None:
@@ -117,7 +117,7 @@ class ServerContext:
         """Submit checked requests (``runtime/request_builder.py``) as one group: the server
         must be up, have room for all of them, and the ids (``request_ids``: each one's id and
         the id its client gave) must be free, before any is sent. An ``/abort_request`` that
-        came after the HTTP ``request`` arrived ends them at once (``AbortLedger``)."""
+        came while the HTTP ``request`` arrived ends them at once (``ArrivingRequests``)."""
         self.check_available()
         self.check_capacity(len(requests))
         rids = [rid for rid, _ in ids] if ids else [self.client.new_rid() for _ in requests]
@@ -130,17 +130,17 @@ class ServerContext:
             raise ApiError(500, f"The server cannot serve requests: {err}") from err
         except ValueError as err:
             raise ApiError(400, str(err), param="rid") from err
-        arrived_at = arrival_time(request)
+        aborts = self.arrivals.submitted(request)
         for state, (_, given) in zip(states, ids or [(s.rid, None) for s in states], strict=True):
             state.client_rid = given
-            if self.aborts.applies(given, arrived_at):
+            if None in aborts or state.rid in aborts or given in aborts:
                 self.client.cancel(state, "aborted by /abort_request")
         return states
 
     def abort(self, rid: str | None, abort_all: bool) -> None:
         """SGLang's ``/abort_request``: end the requests the client sent as ``rid`` (or all of
         them), also those still on their way to the scheduler."""
-        self.aborts.record(rid, abort_all)
+        self.arrivals.abort(rid, abort_all)
         for state in list(self.client.states.values()):
             if abort_all or (rid and rid in (state.rid, state.client_rid)):
                 self.client.cancel(state, "aborted by /abort_request")
@@ -179,7 +179,9 @@ def sampling_params(d: dict[str, Any] | None, param: str = "sampling_params",
 async def read_body(request: Request, model: type[BaseModel], max_bytes: int | None = None) -> Any:
     """Parse the JSON body into ``model``; a 400 naming the field otherwise, a 413 for a
     body over ``max_bytes`` (checked before reading when the client declares its length)."""
-    request.state.arrived_at = time.monotonic()
+    ctx = getattr(request.app.state, "ctx", None)
+    if ctx is not None:  # from here until its requests are submitted, an abort is kept for them
+        ctx.arrivals.arrive(request)
     declared = request.headers.get("content-length")
     if max_bytes is not None and declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise ApiError(413, f"The request body has {int(declared)} bytes; this server accepts at most {max_bytes}")
@@ -203,11 +205,6 @@ async def read_body(request: Request, model: type[BaseModel], max_bytes: int | N
         raise validation_400(err) from err
     warn_unknown_fields(request.url.path, body)
     return body
-
-
-def arrival_time(request: Request) -> float:
-    """When the HTTP request's body began to be read (``read_body``)."""
-    return getattr(request.state, "arrived_at", time.monotonic())
 
 
 def validation_400(err: ValidationError) -> ApiError:

@@ -166,7 +166,11 @@ class Launcher:
             create_app(ctx), log_level="warning", timeout_graceful_shutdown=_GRACE_S + _ANSWER_S, timeout_keep_alive=30,
             lifespan="off",
         )
-        server = _server(config, lambda: ctx.client.end_open_requests("The server is shutting down.", 503))
+        def answer_open_requests() -> None:  # a second Ctrl-C: no grace period
+            ctx.is_shutting_down = True  # requests arriving now get the 503 too
+            ctx.client.end_open_requests("The server is shutting down.", 503)
+
+        server = _server(config, answer_open_requests)
         serving = asyncio.create_task(server.serve(sockets=[sock]))
         monitor = asyncio.create_task(self._watch(ctx, server))
         while not server.started and not serving.done():

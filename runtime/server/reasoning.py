@@ -32,7 +32,10 @@ class ReasoningParser:
 
 
 PARSERS = {"deepseek-r1": ReasoningParser("deepseek-r1", opens_itself=False),
-           "qwen3": ReasoningParser("qwen3", opens_itself=True)}
+           "qwen3": ReasoningParser("qwen3", opens_itself=True),
+           # SGLang's other names for the same markers and rules
+           "qwen3-thinking": ReasoningParser("qwen3-thinking", opens_itself=False),
+           "step3": ReasoningParser("step3", opens_itself=False)}
 
 
 class StreamingReasoning:

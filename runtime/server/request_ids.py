@@ -1,11 +1,11 @@
 """Which request ids a client's ``rid`` gives its requests (``/generate`` and the OpenAI
-routes, as SGLang names them), and which requests ``/abort_request`` ends under it, also
-those that had arrived but were still being tokenized when the abort came."""
+routes, as SGLang names them), and the requests still arriving, which an ``/abort_request``
+must end too."""
 
 from __future__ import annotations
 
-import math
-import time
+import weakref
+from typing import Any
 
 from runtime.server.protocol import ApiError
 
@@ -27,27 +27,29 @@ def request_ids(rid: str | list[str] | None, samples: list[int]) -> list[tuple[s
                         "or one per request", param="rid")
 
 
-class AbortLedger:
-    """The ``/abort_request`` calls of the last minute, so that a request that had arrived
-    before one (its prompt still being tokenized or templated, so not yet submitted) is
-    ended as soon as it is submitted, as one already running would be."""
-
-    KEEP_S = 60.0  # far longer than any request takes from arrival to submission
+class ArrivingRequests:
+    """HTTP requests whose body the server has begun to read and whose generation requests
+    are not yet submitted (the prompt is still being read, tokenized or templated). An
+    ``/abort_request`` that comes meanwhile is noted on each of them (``request.state.aborts``:
+    the rids, None for all) and ends their requests as soon as they are submitted, as it
+    ends those already running. Held weakly: a request that never submits (a 400, a route
+    that does not generate) leaves when its handler does."""
 
     def __init__(self) -> None:
-        self.by_rid: dict[str, float] = {}
-        self.all_at = -math.inf
+        self._open: weakref.WeakSet[Any] = weakref.WeakSet()
 
-    def record(self, rid: str | None, abort_all: bool) -> None:
-        now = time.monotonic()
-        if abort_all:
-            self.all_at = now
-        if rid:
-            self.by_rid[rid] = now
-        for old in [r for r, t in self.by_rid.items() if now - t > self.KEEP_S]:
-            del self.by_rid[old]
+    def arrive(self, request: Any) -> None:
+        request.state.aborts = set()
+        self._open.add(request)
 
-    def applies(self, client_rid: str | None, arrived_at: float) -> bool:
-        """Whether an abort came after a request with that client id arrived."""
-        return self.all_at >= arrived_at or (client_rid is not None and
-                                             self.by_rid.get(client_rid, -math.inf) >= arrived_at)
+    def abort(self, rid: str | None, abort_all: bool) -> None:
+        for request in list(self._open):
+            if abort_all:
+                request.state.aborts.add(None)
+            elif rid:
+                request.state.aborts.add(rid)
+
+    def submitted(self, request: Any) -> set[str | None]:
+        """The aborts that came while ``request`` arrived; it is no longer arriving."""
+        self._open.discard(request)
+        return getattr(request.state, "aborts", set())
