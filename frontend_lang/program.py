@@ -99,8 +99,9 @@ class SglFunction:
     def __init__(self, func: Callable[..., Any], bind_arguments: dict[str, Any] | None = None) -> None:
         self.func = func
         functools.update_wrapper(self, func)
-        params = list(inspect.signature(func).parameters.values())[1:]
-        self.arg_names = [p.name for p in params]  # SGLang's names for the program's own parameters
+        params = [p for p in list(inspect.signature(func).parameters.values())[1:]
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        self.arg_names = [p.name for p in params]  # SGLang's: the program's own positional parameters
         self.arg_defaults = [p.default for p in params if p.default is not inspect.Parameter.empty]
         self.bind_arguments = dict(bind_arguments or {})
 
@@ -193,16 +194,16 @@ class SglFunction:
         else:
             raise ValueError(f"num_threads must be 'auto' or a positive integer, got {num_threads!r}")
 
-        def one(args: dict[str, Any] | tuple[Any, ...] | list[Any]) -> ProgramState:
+        named = [self._by_name(args) for args in batch_kwargs]  # a wrong count fails here, before any runs
+
+        def one(args: dict[str, Any]) -> ProgramState:
             try:
-                if isinstance(args, (tuple, list)):
-                    return self.run(*args, backend=backend, **defaults)
                 return self.run(backend=backend, **defaults, **args)
             except Exception as err:  # kept in the state; the caller inspects error()
                 return _failed_state(err, backend)
 
         pool = concurrent.futures.ThreadPoolExecutor(workers)
-        futures = [pool.submit(one, kw) for kw in batch_kwargs]
+        futures = [pool.submit(one, kw) for kw in named]
         if generator_style:
             return _in_order(futures, pool, self.__name__, progress_bar)
         with pool, tqdm(total=len(futures), desc=self.__name__, disable=not progress_bar) as bar:
@@ -210,6 +211,15 @@ class SglFunction:
                 bar.update(1)
                 del f
         return [f.result() for f in futures]
+
+    def _by_name(self, args: dict[str, Any] | tuple[Any, ...] | list[Any]) -> dict[str, Any]:
+        """A run's arguments by name; a tuple or list gives the positional parameters in order
+        (SGLang's rule, so a bound parameter's place is taken and its bound value used)."""
+        if not isinstance(args, (tuple, list)):
+            return args
+        if not len(self.arg_names) - len(self.arg_defaults) <= len(args) <= len(self.arg_names):
+            raise TypeError(f"{self.__name__}: got {len(args)} arguments for parameters {', '.join(self.arg_names)}")
+        return dict(zip(self.arg_names, args, strict=False))
 
 
 def _in_order(futures: list[concurrent.futures.Future[ProgramState]], pool: concurrent.futures.ThreadPoolExecutor,

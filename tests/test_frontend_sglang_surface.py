@@ -69,6 +69,10 @@ def test_run_batch_takes_argument_lists(local):
 
     states = echo.run_batch([["ab", 2], ("c", 3)], backend=local)
     assert [st.error() for st in states] == [None, None] and [st.text() for st in states] == ["abab", "ccc"]
+    # as in SGLang: the list gives the parameters in order, a bound one keeps its bound value
+    assert [st.text() for st in echo.bind(times=1).run_batch([("x", 5)], backend=local)] == ["x"]
+    with pytest.raises(TypeError, match="got 3 arguments for parameters word, times"):
+        echo.run_batch([("a", 1, 2)], backend=local)
 
 
 def test_run_batch_generator_style_and_the_state_as_sglang_prints_it(local):
