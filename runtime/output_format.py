@@ -14,9 +14,12 @@ def logprob_meta(
     logprob_start_len: int,
     first_prompt_token: int,
     id_to_text: Callable[[int], str] | None,
+    num_output_logprobs: int | None = None,
 ) -> dict[str, Any]:
     """SGLang's ``[logprob, token_id, text | None]`` triples; text only when ``id_to_text``
-    is given (``return_text_in_logprobs``)."""
+    is given (``return_text_in_logprobs``). ``output_token_logprobs_length`` is SGLang's count
+    of all the output's logprobs so far (``num_output_logprobs``; a stream's events carry only
+    the new ones), by default those given."""
 
     def triple(lp: float | None, tid: int) -> list[Any]:
         return [lp, tid, id_to_text(tid) if id_to_text is not None else None]
@@ -33,4 +36,6 @@ def logprob_meta(
         "output_token_logprobs": [triple(lp, t) for lp, t in output_token_logprobs],
         "input_top_logprobs": tops(input_tops),
         "output_top_logprobs": tops(output_top_logprobs),
+        "output_token_logprobs_length": len(output_token_logprobs) if num_output_logprobs is None
+        else num_output_logprobs,
     }

@@ -242,7 +242,7 @@ def test_bind_fixes_arguments_and_run_takes_sglangs_defaults(local):
     assert outer.run(max_new_tokens=2, backend=local).text().startswith("A short line about snow:")
 
 
-def test_a_runtime_serves_the_program_and_leaves_nothing_behind(local):
+def test_a_runtime_serves_the_program_and_leaves_nothing_behind(local, caplog):
     """sgl.Runtime starts a server of its own: programs on it give the offline engine's
     greedy text, generate / async_generate answer as SGLang's do, shutdown ends every process."""
     import asyncio
@@ -277,6 +277,10 @@ def test_a_runtime_serves_the_program_and_leaves_nothing_behind(local):
         assert runtime.get_tokenizer().encode("Paris") == local.engine.tokenizer.encode("Paris", add_special_tokens=True)
         refused = json.loads(runtime.generate("Hi", {"max_new_tokens": -1}))  # SGLang's: the error's JSON, no raise
         assert "max_new_tokens" in refused["error"]["message"]
+        # SGLang's endpoint arguments: taken; the template name is said to be unused
+        endpoint = sgl.RuntimeEndpoint(runtime.url, None, False, "chatml")
+        assert qa.run(question="Name a planet.", temperature=0, backend=endpoint)["answer"] == served["answer"]
+        assert "chat_template_name='chatml') is not used" in caplog.text
     finally:
         runtime.shutdown()
     runtime.shutdown()  # again: nothing to do

@@ -148,6 +148,9 @@ def test_streamed_logprobs_come_once_per_token(server):
     assert sum((e["output_top_logprobs"] for e in events), []) == whole["output_top_logprobs"]
     assert events[0]["input_token_logprobs"] == whole["input_token_logprobs"]
     assert all(e["input_token_logprobs"] == [] for e in events[1:])
+    # SGLang's count of the output's logprobs so far, which its frontend's streaming reads
+    assert all(e["output_token_logprobs_length"] == e["completion_tokens"] for e in events)
+    assert whole["output_token_logprobs_length"] == whole["completion_tokens"] == 12
 
 
 def test_stream_with_stop_regex_never_shows_the_match(server, engine):

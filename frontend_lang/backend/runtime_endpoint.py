@@ -16,13 +16,22 @@ logger = logging.getLogger(__name__)
 
 
 class RuntimeEndpoint(Backend):
-    def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 600.0) -> None:
+    """A server's native API. ``verify`` (TLS: a CA bundle path, or False) and
+    ``chat_template_name`` are SGLang's arguments; roles always use the server's own chat
+    template (its markers from ``/get_model_info``), so a template name is not needed here."""
+
+    def __init__(self, base_url: str, api_key: str | None = None, verify: str | bool | None = None,
+                 chat_template_name: str | None = None, timeout: float = 600.0) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.base_url = base_url.rstrip("/")
         self.client = httpx.Client(
-            base_url=self.base_url, headers=headers, timeout=timeout, limits=httpx.Limits(max_connections=512)
+            base_url=self.base_url, headers=headers, timeout=timeout, limits=httpx.Limits(max_connections=512),
+            verify=True if verify is None else verify,
         )
         self.model_info = self._get("/get_model_info")
+        if chat_template_name is not None:
+            logger.warning("RuntimeEndpoint(chat_template_name=%r) is not used: roles follow %s's own chat template",
+                           chat_template_name, self.base_url)
 
     def _check(self, resp: httpx.Response) -> Any:
         if resp.status_code != 200:

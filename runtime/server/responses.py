@@ -107,6 +107,7 @@ def native_output(state: ReqState, tokenizer: Tokenizer, text_in_logprobs: bool,
                 logprob_start_len if logprobs_from == 0 else -1,
                 state.first_prompt_token,
                 tokenizer.id_to_text if text_in_logprobs else None,
+                len(state.output_token_logprobs),
             )
         )
     return {"text": state.text, "output_ids": list(state.output_ids), "meta_info": meta}
