@@ -16,7 +16,7 @@ from runtime.ipc import free_tcp_port
 class ServerProcess:
     def __init__(self, *args: str, port: int | None = None) -> None:
         self.port = port or free_tcp_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{_connect_host(args)}:{self.port}"
         cmd = [sys.executable, "-m", "runtime.cli", "serve", "--port", str(self.port), *args]
         # A file, not a pipe: a pipe nobody reads fills up and blocks the server's logging.
         self.log = tempfile.NamedTemporaryFile("w+", prefix="forkserve-", suffix=".log")  # noqa: SIM115
@@ -52,3 +52,11 @@ class ServerProcess:
             self.proc.kill()
             self.proc.wait()
             raise
+
+
+def _connect_host(args: tuple[str, ...]) -> str:
+    """Where to reach a server started with ``args``: its ``--host`` (a wildcard address as
+    this machine's loopback), by default 127.0.0.1."""
+    host = args[args.index("--host") + 1] if "--host" in args[:-1] else "127.0.0.1"
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    return f"[{host}]" if ":" in host else host
