@@ -112,6 +112,21 @@ class SglFunction:
             raise TypeError(f"{self.__name__}.bind(): the program has no parameter {', '.join(map(repr, unknown))}")
         return SglFunction(self.func, {**self.bind_arguments, **kwargs})
 
+    def cache(self, backend: Any = None) -> str:
+        """Prefill the program's fixed opening (text and roles before anything that depends
+        on its arguments or the model) once, so that its first runs find it cached; SGLang's
+        ``cache``. Returns the text prefilled ("" when it is 64 characters or fewer)."""
+        from frontend_lang.prefix_trace import cache_program
+
+        return cache_program(self, _backend_or_default(backend))
+
+    def trace(self, *_: Any, **__: Any) -> Any:
+        raise NotImplementedError("SglFunction.trace() (SGLang's program graphs) is not supported here; "
+                                  "cache() prefills a program's fixed opening")
+
+    def compile(self, *_: Any, **__: Any) -> Any:
+        raise NotImplementedError("SglFunction.compile() (SGLang's compiled program graphs) is not supported here")
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if args and isinstance(args[0], ProgramState):  # called from inside another program
             return self.func(*args, **{**kwargs, **self.bind_arguments})

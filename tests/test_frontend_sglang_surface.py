@@ -286,3 +286,31 @@ def test_a_runtime_serves_the_program_and_leaves_nothing_behind(local, caplog):
     runtime.shutdown()  # again: nothing to do
     assert runtime.server.proc.returncode == 0 and "forkserve ready:" in runtime.log, runtime.log
     assert not [name for name, pid in pids.items() if pid_alive(pid)]
+
+
+def test_cache_prefills_the_fixed_opening_before_the_first_run(local):
+    """SGLang's ``prog.cache()``: the text and roles before the first thing that depends on
+    an argument or the model are prefilled; the first run then finds them cached."""
+    rules = "You are a careful judge. Answer with one number from 1 to 10, nothing else. "
+
+    @sgl.function
+    def judged(s, answer):
+        s += sgl.system(rules * 2)
+        s += sgl.user("Rate this answer: " + answer)
+        s += sgl.assistant(sgl.gen("score", max_tokens=3))
+
+    assert sgl.flush_cache(local)
+    prefix = judged.cache(local)
+    assert prefix.endswith(rules * 2 + local.role_markers()["system"][1])  # the whole system turn
+    state = judged.run(answer="Paris is in France.", temperature=0, backend=local)
+    assert state.text().startswith(prefix)
+    cached = state.get_meta_info("score")["cached_tokens"]
+    assert cached >= len(local.engine.tokenizer.encode(prefix, add_special_tokens=False)) - 1
+
+    @sgl.function
+    def by_argument(s, topic):
+        s += f"Write about {topic}." + " Use plain words." * 10
+
+    assert by_argument.cache(local) == ""  # the first thing appended depends on the argument
+    with pytest.raises(NotImplementedError, match="trace"):
+        judged.trace()
