@@ -6,6 +6,7 @@ logprobs must match ``log_softmax`` of transformers' logits.
 
 from __future__ import annotations
 
+import inspect
 import random
 
 import pytest
@@ -72,10 +73,12 @@ def hf_greedy_continuations(hf_model, batch: list[list[int]], num_tokens: int) -
     positions = (mask.cumsum(1) - 1).clamp(min=0)
     out: list[list[int]] = [[] for _ in batch]
     past = None
+    # transformers 5.24 names its KV cache argument and output `cache` (`past_key_values` before)
+    cache_name = "cache" if "cache" in inspect.signature(type(hf_model).forward).parameters else "past_key_values"
     with torch.inference_mode():
         for _ in range(num_tokens):
-            res = hf_model(step_input, attention_mask=mask, position_ids=positions, past_key_values=past, use_cache=True)
-            past = res.past_key_values
+            res = hf_model(step_input, attention_mask=mask, position_ids=positions, use_cache=True, **{cache_name: past})
+            past = res[cache_name]
             tokens = res.logits[:, -1].argmax(-1)
             for row, token in zip(out, tokens.tolist(), strict=True):
                 row.append(token)
