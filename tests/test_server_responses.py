@@ -426,6 +426,9 @@ def test_running_out_of_tokens_is_an_incomplete_response(client):
                                                       "tools": [{"type": "function", "name": "nope"}]}},
      "tool_choice", "not one of the given tools"),
     ({"input": []}, "input", "at least one item"),
+    ({"input": [{"role": "user", "content": "hi"},  # an output that answers no call (as OpenAI refuses it)
+                {"type": "function_call_output", "call_id": "nope", "output": "3"}]},
+     "input", "no function call with call_id 'nope'"),
 ])
 def test_what_the_server_cannot_do_is_a_400_naming_the_field(server, body, param, words):
     r = httpx.post(server.url + "/v1/responses", json={"model": MODEL, **body}, timeout=60)

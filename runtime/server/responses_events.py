@@ -4,6 +4,7 @@ and a stored response sent again as events (``SnapshotEvents``, ``replayed_event
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -64,9 +65,13 @@ class StreamedOutput:
         return self.event("response.failed", response=self.failed_body)
 
     def _add(self, key: str, item: dict[str, Any]) -> list[bytes]:
-        """Open a new item, closing the open text items first (a call stays open until the
-        end: its arguments may still come, e.g. when written as a string)."""
+        """Open a new item, closing first the open text items and the calls whose arguments
+        are whole (a JSON object: nothing more can come), so that items end in order, as
+        OpenAI streams them; a call whose arguments are not yet whole (written as a string,
+        sent only by the final parse) stays open until they are or the answer ends."""
         chunks = self.close(only_text=True)
+        for open_key in [k for k in self.open if k not in TEXT_ITEMS and _whole_object(self.items[self.open[k]]["arguments"])]:
+            chunks += self.close_item(open_key, "completed")
         self.open[key] = len(self.items)
         self.items.append(item)
         return [*chunks, self.event("response.output_item.added", output_index=self.open[key],
@@ -136,6 +141,13 @@ class StreamedOutput:
                                      output_index=index, name=item["name"], arguments=item["arguments"]))
         chunks.append(self.event("response.output_item.done", output_index=index, item=item))
         return chunks
+
+
+def _whole_object(arguments: str) -> bool:
+    try:
+        return isinstance(json.loads(arguments), dict)
+    except ValueError:
+        return False
 
 
 class SnapshotSource(OutputItems):
