@@ -12,6 +12,7 @@ ahead of time moves that cost before the first run.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from frontend_lang.ir import Constant, Expr, ExprList, RoleBegin, RoleEnd, as_expr
@@ -27,16 +28,20 @@ class _EndOfTrace(Exception):
     """The program used something the trace cannot know."""
 
 
-class _Argument:
-    """A program argument during the trace: any use of it ends the trace."""
+class _Argument(Expr):
+    """A program argument during the trace: an expression (so ``"Q: " + q`` still records
+    the text before it) that ends the trace where it is appended or used in any other way."""
 
     def __init__(self, name: str) -> None:
         self.name = name
 
+    def describe(self) -> str:
+        return f"argument {self.name!r}"
+
     def _unknown(self, *_: Any, **__: Any) -> Any:
         raise _EndOfTrace(self.name)
 
-    __str__ = __repr__ = __format__ = __add__ = __radd__ = __mul__ = __rmul__ = _unknown
+    __str__ = __repr__ = __format__ = __mul__ = __rmul__ = _unknown
     __iter__ = __len__ = __getitem__ = __bool__ = __eq__ = __hash__ = __contains__ = __call__ = _unknown
 
     def __getattr__(self, name: str) -> Any:
@@ -44,7 +49,8 @@ class _Argument:
 
 
 class _RecordingState:
-    """The state during the trace: ``+=`` records fixed text and roles; anything else ends it."""
+    """The state during the trace: ``+=`` and the role and var_scope forms record fixed text
+    and roles; anything else (a gen, an argument, a read, a fork) ends it."""
 
     def __init__(self) -> None:
         self.exprs: list[Expr] = []
@@ -57,11 +63,41 @@ class _RecordingState:
             self.exprs.append(item)
         return self
 
+    @contextlib.contextmanager
+    def _role_scope(self, role: str) -> Iterator[None]:
+        self.exprs.append(RoleBegin(role))
+        yield
+        self.exprs.append(RoleEnd(role))
+
+    def _role(self, role: str, expr: Any) -> contextlib.AbstractContextManager[None] | None:
+        if expr is None:
+            return self._role_scope(role)
+        self += ExprList([RoleBegin(role), as_expr(expr), RoleEnd(role)])
+        return None
+
+    def system(self, expr: Any = None) -> contextlib.AbstractContextManager[None] | None:
+        return self._role("system", expr)
+
+    def user(self, expr: Any = None) -> contextlib.AbstractContextManager[None] | None:
+        return self._role("user", expr)
+
+    def assistant(self, expr: Any = None) -> contextlib.AbstractContextManager[None] | None:
+        return self._role("assistant", expr)
+
+    @contextlib.contextmanager
+    def var_scope(self, name: str) -> Iterator[None]:
+        yield  # a variable's bounds add no text
+
     def __getattr__(self, name: str) -> Any:
         raise _EndOfTrace(name)
 
     def __getitem__(self, name: str) -> Any:
         raise _EndOfTrace(name)
+
+
+def is_recording(state: Any) -> bool:
+    """Whether ``state`` is a trace's (a program called inside a traced one is traced too)."""
+    return isinstance(state, _RecordingState)
 
 
 def fixed_opening(program: SglFunction) -> list[Expr]:
@@ -82,7 +118,7 @@ def cache_program(program: SglFunction, backend: Backend) -> str:
     for expr in fixed_opening(program):
         state._execute(expr)  # noqa: SLF001 - fixed text and role markers: no model call
     prefix = state.text_
-    if len(prefix) <= MIN_PREFIX_CHARS:
+    if len(prefix) <= MIN_PREFIX_CHARS or not backend.can_cache_prefix:
         return ""
     backend.cache_prefix(prefix)
     return prefix

@@ -13,6 +13,7 @@ from typing import Any
 from tqdm import tqdm
 
 from frontend_lang.backend.base import Backend
+from frontend_lang.prefix_trace import is_recording
 from frontend_lang.state import Program, ProgramError, ProgramState
 
 logger = logging.getLogger(__name__)
@@ -99,15 +100,16 @@ class SglFunction:
     def __init__(self, func: Callable[..., Any], bind_arguments: dict[str, Any] | None = None) -> None:
         self.func = func
         functools.update_wrapper(self, func)
-        params = [p for p in list(inspect.signature(func).parameters.values())[1:]
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        every = list(inspect.signature(func).parameters.values())[1:]
+        params = [p for p in every if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         self.arg_names = [p.name for p in params]  # SGLang's: the program's own positional parameters
+        self._named = {p.name for p in every if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
         self.arg_defaults = [p.default for p in params if p.default is not inspect.Parameter.empty]
         self.bind_arguments = dict(bind_arguments or {})
 
     def bind(self, **kwargs: Any) -> SglFunction:
         """The program with some arguments fixed (as SGLang's): ``qa.bind(style="brief").run(question=q)``."""
-        unknown = [k for k in kwargs if k not in self.arg_names]
+        unknown = [k for k in kwargs if k not in self._named]
         if unknown:
             raise TypeError(f"{self.__name__}.bind(): the program has no parameter {', '.join(map(repr, unknown))}")
         return SglFunction(self.func, {**self.bind_arguments, **kwargs})
@@ -128,7 +130,7 @@ class SglFunction:
         raise NotImplementedError("SglFunction.compile() (SGLang's compiled program graphs) is not supported here")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if args and isinstance(args[0], ProgramState):  # called from inside another program
+        if args and (isinstance(args[0], ProgramState) or is_recording(args[0])):  # inside another program
             return self.func(*args, **{**kwargs, **self.bind_arguments})
         return self.run(*args, **kwargs)
 
@@ -209,16 +211,20 @@ class SglFunction:
         else:
             raise ValueError(f"num_threads must be 'auto' or a positive integer, got {num_threads!r}")
 
-        named = [self._by_name(args) for args in batch_kwargs]  # a wrong count fails here, before any runs
+        # With bound arguments a list is mapped to the parameters' names (SGLang's rule: a
+        # bound one's place is taken); a wrong count then fails here, before any runs.
+        given = [self._by_name(args) for args in batch_kwargs] if self.bind_arguments else list(batch_kwargs)
 
-        def one(args: dict[str, Any]) -> ProgramState:
+        def one(args: dict[str, Any] | tuple[Any, ...] | list[Any]) -> ProgramState:
             try:
+                if isinstance(args, (tuple, list)):
+                    return self.run(*args, backend=backend, **defaults)
                 return self.run(backend=backend, **defaults, **args)
             except Exception as err:  # kept in the state; the caller inspects error()
                 return _failed_state(err, backend)
 
         pool = concurrent.futures.ThreadPoolExecutor(workers)
-        futures = [pool.submit(one, kw) for kw in named]
+        futures = [pool.submit(one, kw) for kw in given]
         if generator_style:
             return _in_order(futures, pool, self.__name__, progress_bar)
         with pool, tqdm(total=len(futures), desc=self.__name__, disable=not progress_bar) as bar:

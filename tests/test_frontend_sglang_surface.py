@@ -72,7 +72,7 @@ def test_run_batch_takes_argument_lists(local):
     # as in SGLang: the list gives the parameters in order, a bound one keeps its bound value
     assert [st.text() for st in echo.bind(times=1).run_batch([("x", 5)], backend=local)] == ["x"]
     with pytest.raises(TypeError, match="got 3 arguments for parameters word, times"):
-        echo.run_batch([("a", 1, 2)], backend=local)
+        echo.bind(times=1).run_batch([("a", 1, 2)], backend=local)
 
 
 def test_run_batch_generator_style_and_the_state_as_sglang_prints_it(local):
@@ -301,7 +301,8 @@ def test_cache_prefills_the_fixed_opening_before_the_first_run(local):
 
     assert sgl.flush_cache(local)
     prefix = judged.cache(local)
-    assert prefix.endswith(rules * 2 + local.role_markers()["system"][1])  # the whole system turn
+    markers = local.role_markers()  # the whole system turn, and the user's up to the argument
+    assert prefix.endswith(rules * 2 + markers["system"][1] + markers["user"][0] + "Rate this answer: ")
     state = judged.run(answer="Paris is in France.", temperature=0, backend=local)
     assert state.text().startswith(prefix)
     cached = state.get_meta_info("score")["cached_tokens"]
@@ -314,3 +315,27 @@ def test_cache_prefills_the_fixed_opening_before_the_first_run(local):
     assert by_argument.cache(local) == ""  # the first thing appended depends on the argument
     with pytest.raises(NotImplementedError, match="trace"):
         judged.trace()
+
+    # the text before an argument in one expression, the role forms, a program called inside
+    @sgl.function
+    def opening(s):
+        s += sgl.system(rules)
+
+    @sgl.function
+    def mixed(s, question):
+        opening(s)
+        with s.user():
+            s += rules + "Q: " + question + sgl.gen("a", max_tokens=2)
+
+    assert mixed.cache(local).endswith(markers["user"][0] + rules + "Q: ")
+    assert mixed.cache(sgl.RuntimeEndpoint.__new__(_NoPrefill)) == ""  # a backend that cannot prefill
+
+
+class _NoPrefill(sgl.RuntimeEndpoint):  # what cache() asks of a backend that cannot prefill
+    can_cache_prefix = False
+
+    def role_markers(self):
+        return {"system": ["<s>", "</s>"], "user": ["<u>", "</u>"], "default_system": ""}
+
+    def cache_prefix(self, prompt, program_id=None):
+        raise AssertionError("nothing to prefill here")

@@ -50,3 +50,13 @@ def test_a_call_whose_arguments_come_only_at_the_end_stays_open_until_then():
     ends = _events([*out.calls([_args(0, '{"city": "Paris"}'), _args(1, "{}")]), *out.close()])
     assert ends[-4:] == [("function_call_arguments.done", 0), ("output_item.done", 0),
                          ("function_call_arguments.done", 1), ("output_item.done", 1)]
+
+
+def test_items_end_in_output_order_when_an_earlier_calls_arguments_come_last():
+    out = StreamedOutput(_Items())
+    chunks = [*out.calls([_call(0, "weather")]),  # arguments only from the final parse (a string)
+              *out.calls([_call(1, "time")]), *out.calls([_args(1, "{}")]),
+              *out.calls([_call(2, "date")]), *out.calls([_args(2, "{}")]),
+              *out.calls([_args(0, '{"city": "Paris"}')]), *out.close()]
+    done = [i for kind, i in _events(chunks) if kind == "output_item.done"]
+    assert done == [0, 1, 2]

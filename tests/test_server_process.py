@@ -15,6 +15,8 @@ from runtime.server.server_process import _connect_host
     (("--host", "::1"), "[::1]"),
     (("--host", "::"), "[::1]"),
     (("--host", "10.1.2.3"), "10.1.2.3"),
+    (("--host=::1",), "[::1]"),
+    (("--host", "10.0.0.1", "--host", "10.0.0.2"), "10.0.0.2"),
 ])
 def test_the_url_host_follows_the_servers_host_flag(args, host):
     assert _connect_host(args) == host

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,7 +22,11 @@ class RuntimeEndpoint(Backend):
     template (its markers from ``/get_model_info``), so a template name is not needed here."""
 
     def __init__(self, base_url: str, api_key: str | None = None, verify: str | bool | None = None,
-                 chat_template_name: str | None = None, timeout: float = 600.0) -> None:
+                 chat_template_name: str | None = None, *, timeout: float = 600.0) -> None:
+        if not (verify is None or isinstance(verify, (str, bool))):
+            raise TypeError(f"RuntimeEndpoint(verify=...) takes a CA bundle's path or a bool, got {verify!r}")
+        if isinstance(verify, str):  # a CA bundle, as requests takes it
+            verify = ssl.create_default_context(cafile=verify)  # type: ignore[assignment]
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.base_url = base_url.rstrip("/")
         self.client = httpx.Client(

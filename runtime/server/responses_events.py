@@ -70,7 +70,9 @@ class StreamedOutput:
         OpenAI streams them; a call whose arguments are not yet whole (written as a string,
         sent only by the final parse) stays open until they are or the answer ends."""
         chunks = self.close(only_text=True)
-        for open_key in [k for k in self.open if k not in TEXT_ITEMS and _whole_object(self.items[self.open[k]]["arguments"])]:
+        for open_key, index in sorted(self.open.items(), key=lambda kv: kv[1]):  # calls in output order,
+            if not _whole_object(self.items[index]["arguments"]):  # up to the first not yet whole
+                break
             chunks += self.close_item(open_key, "completed")
         self.open[key] = len(self.items)
         self.items.append(item)

@@ -196,11 +196,12 @@ def response_format(req: ResponsesRequest) -> dict[str, Any] | None:
     return {"type": "json_schema", "json_schema": {k: v for k, v in schema.items() if v is not None}}
 
 
-def _check_call_outputs(conversation: list[dict[str, Any]]) -> None:
-    """Each ``function_call_output`` answers a function call made before it (in the input,
-    the previous response or the conversation), as OpenAI requires: a 400 otherwise."""
-    calls: set[str] = set()
-    for message in conversation:
+def _check_call_outputs(history: list[dict[str, Any]], new: list[dict[str, Any]]) -> None:
+    """Each ``function_call_output`` of the input answers a function call made before it (in
+    the input, the previous response or the conversation), as OpenAI requires: a 400
+    otherwise. (What the history already holds is not judged again.)"""
+    calls = {call["id"] for message in history for call in message.get("tool_calls") or ()}
+    for message in new:
         calls.update(call["id"] for call in message.get("tool_calls") or ())
         if message["role"] == "tool" and message["tool_call_id"] not in calls:
             raise ApiError(400, f"no function call with call_id '{message['tool_call_id']}' comes before its "
@@ -210,10 +211,11 @@ def _check_call_outputs(conversation: list[dict[str, Any]]) -> None:
 def chat_request(req: ResponsesRequest, history: list[dict[str, Any]]) -> tuple[ChatCompletionRequest, list[dict[str, Any]]]:
     """The chat request, and the conversation it holds without the instructions (what a later
     ``previous_response_id`` continues)."""
-    conversation = [*history, *input_messages(req.input)]
+    new = input_messages(req.input)
+    conversation = [*history, *new]
     if not conversation:
         raise ApiError(400, "input must hold at least one item", param="input")
-    _check_call_outputs(conversation)
+    _check_call_outputs(history, new)
     messages = ([{"role": "system", "content": req.instructions}] if req.instructions else []) + conversation
     logprobs = LOGPROBS_INCLUDE in (req.include or []) or bool(req.top_logprobs)
     body = {

@@ -57,6 +57,11 @@ class ServerProcess:
 def _connect_host(args: tuple[str, ...]) -> str:
     """Where to reach a server started with ``args``: its ``--host`` (a wildcard address as
     this machine's loopback), by default 127.0.0.1."""
-    host = args[args.index("--host") + 1] if "--host" in args[:-1] else "127.0.0.1"
+    host = "127.0.0.1"
+    for k, arg in enumerate(args):  # the last one given wins, as on the command line
+        if arg == "--host" and k + 1 < len(args):
+            host = args[k + 1]
+        elif arg.startswith("--host="):
+            host = arg.split("=", 1)[1]
     host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
     return f"[{host}]" if ":" in host else host
