@@ -12,10 +12,10 @@ ahead of time moves that cost before the first run.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from frontend_lang.ir import Constant, Expr, ExprList, RoleBegin, RoleEnd, as_expr
+from frontend_lang.ir import Constant, Expr, ExprList, RoleBegin, RoleEnd, VarScope, as_expr
+from frontend_lang.role_forms import RoleForms
 
 if TYPE_CHECKING:
     from frontend_lang.backend.base import Backend
@@ -48,45 +48,24 @@ class _Argument(Expr):
         raise _EndOfTrace(self.name)
 
 
-class _RecordingState:
+class _RecordingState(RoleForms):
     """The state during the trace: ``+=`` and the role and var_scope forms record fixed text
     and roles; anything else (a gen, an argument, a read, a fork) ends it."""
 
     def __init__(self) -> None:
         self.exprs: list[Expr] = []
 
-    def __iadd__(self, other: Any) -> _RecordingState:
-        expr = as_expr(other)
+    def submit(self, expr: Expr, where: str) -> None:
         for item in expr.items if isinstance(expr, ExprList) else [expr]:
+            if isinstance(item, VarScope):
+                continue  # a variable's bounds add no text
             if not isinstance(item, (Constant, RoleBegin, RoleEnd)):
                 raise _EndOfTrace(item.describe())
             self.exprs.append(item)
+
+    def __iadd__(self, other: Any) -> _RecordingState:
+        self.submit(as_expr(other), "")
         return self
-
-    @contextlib.contextmanager
-    def _role_scope(self, role: str) -> Iterator[None]:
-        self.exprs.append(RoleBegin(role))
-        yield
-        self.exprs.append(RoleEnd(role))
-
-    def _role(self, role: str, expr: Any) -> contextlib.AbstractContextManager[None] | None:
-        if expr is None:
-            return self._role_scope(role)
-        self += ExprList([RoleBegin(role), as_expr(expr), RoleEnd(role)])
-        return None
-
-    def system(self, expr: Any = None) -> contextlib.AbstractContextManager[None] | None:
-        return self._role("system", expr)
-
-    def user(self, expr: Any = None) -> contextlib.AbstractContextManager[None] | None:
-        return self._role("user", expr)
-
-    def assistant(self, expr: Any = None) -> contextlib.AbstractContextManager[None] | None:
-        return self._role("assistant", expr)
-
-    @contextlib.contextmanager
-    def var_scope(self, name: str) -> Iterator[None]:
-        yield  # a variable's bounds add no text
 
     def __getattr__(self, name: str) -> Any:
         raise _EndOfTrace(name)

@@ -33,6 +33,7 @@ from frontend_lang.ir import (
     as_expr,
     reasoning_name,
 )
+from frontend_lang.role_forms import RoleForms
 from frontend_lang.tool_turns import ToolTurns
 from frontend_lang.tools import ToolUse, has_tool_turns
 from runtime.server.reasoning import PARSERS as REASONING_PARSERS
@@ -80,7 +81,7 @@ class Program:
             self.backend.end_program(self.program_id)
 
 
-class ProgramState(ToolTurns):
+class ProgramState(RoleForms, ToolTurns):
     def __init__(self, program: Program, parent: ProgramState | None = None) -> None:
         self.program = program
         self.text_ = parent.text_ if parent else ""
@@ -120,38 +121,6 @@ class ProgramState(ToolTurns):
             if not self._running:
                 self._running = True
                 threading.Thread(target=self._drain, daemon=True, name="forkserve-program").start()
-
-    @contextlib.contextmanager
-    def _role_scope(self, role: str) -> Iterator[None]:
-        where = caller_line()
-        self.submit(RoleBegin(role), where)
-        yield
-        self.submit(RoleEnd(role), where)
-
-    @contextlib.contextmanager
-    def var_scope(self, name: str) -> Iterator[None]:
-        """``with s.var_scope("answer"): s += ...``: the text appended inside becomes
-        variable ``name`` (as SGLang's)."""
-        where = caller_line()
-        self.submit(VarScope(name, begin=True), where)
-        yield
-        self.submit(VarScope(name, begin=False), where)
-
-    def system(self, expr: Any = None) -> contextlib.AbstractContextManager[None] | None:
-        """``with s.system(): ...`` opens the turn; ``s.system(expr)`` appends a whole one."""
-        return self._role("system", expr)
-
-    def user(self, expr: Any = None) -> contextlib.AbstractContextManager[None] | None:
-        return self._role("user", expr)
-
-    def assistant(self, expr: Any = None) -> contextlib.AbstractContextManager[None] | None:
-        return self._role("assistant", expr)
-
-    def _role(self, role: str, expr: Any) -> contextlib.AbstractContextManager[None] | None:
-        if expr is None:
-            return self._role_scope(role)
-        self.submit(ExprList([RoleBegin(role), as_expr(expr), RoleEnd(role)]), caller_line())
-        return None
 
     # ------------------------------------------------------------------ reading
     def sync(self, raise_error: bool = True) -> None:
