@@ -110,6 +110,29 @@ def assert_error(resp: httpx.Response, status: int, *words: str, param: str | No
         ("/v1/chat/completions", {**CHAT, "tools": [GOOD_TOOL], "response_format": {"type": "json_schema", "json_schema": {
             "name": "x", "schema": {"type": "integer", "minimum": 5, "maximum": 1}}}}, 400, ["response_format schema"],
          "response_format"),
+        # constraints: a schema part the engine would not enforce; two constraints, however named; empty ones
+        ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "object", "properties": {"t": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 3}}}}}}, 400,
+         ["cannot be enforced", "maxLength", "properties.t"], "response_format"),
+        ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "string", "pattern": '^a"b$'}}}}, 400, ["quote, backslash or control"], "response_format"),
+        ("/generate", {"text": "a", "sampling_params": {"json_schema": '{"type": "array", "uniqueItems": true}'}}, 400,
+         ["uniqueItems"], "json_schema"),
+        ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function", "function": {"name": "f", "strict": True, "parameters": {
+            "type": "object", "properties": {"xs": {"type": "array", "uniqueItems": True}}}}}]}, 400,
+         ["strict tool 'f'", "uniqueItems"], "tools"),
+        ("/v1/chat/completions", {**CHAT, "regex": "a", "guided_regex": "b"}, 400, ["regex", "guided_regex"], "guided_regex"),
+        ("/v1/chat/completions", {**CHAT, "regex": "a", "guided_choice": ["x"]}, 400, ["guided_choice"], "guided_choice"),
+        ("/v1/completions", {"model": MODEL, "prompt": "x", "structured_outputs": {"regex": "a", "choice": ["x"]}}, 400,
+         ["structured_outputs.choice"], "structured_outputs.choice"),
+        ("/v1/chat/completions", {**CHAT, "regex": ""}, 400, ["non-empty"], "regex"),
+        ("/v1/chat/completions", {**CHAT, "guided_choice": []}, 400, ["at least one"], "guided_choice"),
+        ("/v1/chat/completions", {**CHAT, "guided_regex": "[ab"}, 400, ["guided_regex cannot be compiled"], "guided_regex"),
+        ("/v1/chat/completions", {**CHAT, "structured_outputs": {"json": {"type": "integer", "minimum": 5, "maximum": 1}}},
+         400, ["structured_outputs.json"], "structured_outputs.json"),
+        ("/v1/chat/completions", {**CHAT, "guided_json": 5}, 400, ["guided_json"], "guided_json"),
+        ("/v1/chat/completions", {**CHAT, "guided_whitespace_pattern": " "}, 400, ["guided_whitespace_pattern"],
+         "guided_whitespace_pattern"),
     ],
 )
 def test_bad_input(server, path, body, status, words, param):

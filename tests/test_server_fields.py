@@ -268,3 +268,18 @@ def _refs(node):
     elif isinstance(node, list):
         for v in node:
             yield from _refs(v)
+
+
+def test_logprobs_of_tokens_a_grammar_rules_out_are_numbers(server):
+    """A token the constraint rules out has logprob -inf, which JSON can only write as null;
+    the OpenAI routes report vLLM's floor, -9999.0, where OpenAI's schema has a number."""
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 3, "temperature": 0, "regex": "(yes|no)",
+            "logprobs": True, "top_logprobs": 20}
+    content = post(server, "/v1/chat/completions", body).json()["choices"][0]["logprobs"]["content"]
+    values = [e["logprob"] for e in content] + [t["logprob"] for e in content for t in e["top_logprobs"]]
+    assert all(isinstance(v, float) and v >= -9999.0 for v in values), values
+    assert -9999.0 in values  # after "yes" or "no" only the end is allowed: the other 19 are ruled out
+    legacy = post(server, "/v1/completions", {"model": MODEL, "prompt": "Answer:", "max_tokens": 3, "temperature": 0,
+                                              "regex": "(yes|no)", "logprobs": 5}).json()["choices"][0]["logprobs"]
+    tops = [v for top in legacy["top_logprobs"] for v in top.values()]
+    assert all(isinstance(v, float) for v in legacy["token_logprobs"] + tops) and -9999.0 in tops

@@ -240,3 +240,19 @@ def test_tools_with_a_json_response_format_answer_with_calls_or_that_json(server
             check_calls(message.tool_calls)
         else:
             jsonschema.validate(json.loads(message.content), schema)
+
+
+def test_a_non_strict_tool_is_held_to_the_part_of_its_schema_the_engine_enforces(client):
+    """A tool without ``strict`` whose schema has a part the grammar engine cannot enforce
+    (``uniqueItems``, as pydantic writes a ``set``) is still served: its calls follow the rest of
+    the schema. The same tool marked ``strict`` is a 400 (test_server_errors.py)."""
+    tool = {"type": "function", "function": {"name": "tag", "parameters": {
+        "type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string", "maxLength": 12},
+                                                  "maxItems": 3, "uniqueItems": True}},
+        "required": ["tags"], "additionalProperties": False}}}
+    resp = client.chat.completions.create(model=MODEL, tools=[tool], tool_choice="required", temperature=0, max_tokens=60,
+                                          messages=[{"role": "user", "content": "Tag this: a red apple."}])
+    (call,) = resp.choices[0].message.tool_calls
+    args = json.loads(call.function.arguments)
+    looser = {k: v for k, v in tool["function"]["parameters"]["properties"]["tags"].items() if k != "uniqueItems"}
+    jsonschema.validate(args, {**tool["function"]["parameters"], "properties": {"tags": looser}})

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Literal
 
+from runtime.constrained.schema_support import unhonoured_feature
 from runtime.sampling.params import InvalidField
 
 Kind = Literal["regex", "json_schema", "ebnf"]
@@ -48,7 +49,8 @@ def check_constraint(params: Any) -> None:
 def check_spec(spec: GrammarSpec) -> None:
     """Raise ``InvalidField`` naming the field when the constraint cannot be compiled: a
     regex that does not parse, a schema that is not JSON or uses what the grammar engine
-    does not support, EBNF with a syntax error (no ``root`` rule included)."""
+    does not support or would not enforce (``schema_support``), EBNF with a syntax error (no
+    ``root`` rule included)."""
     if spec.kind == "json_schema":
         try:
             schema = json.loads(spec.text)
@@ -56,6 +58,9 @@ def check_spec(spec: GrammarSpec) -> None:
             raise InvalidField("json_schema", f"json_schema is not valid JSON: {err}") from err
         if not isinstance(schema, (dict, bool)):
             raise InvalidField("json_schema", f"json_schema must be a JSON object, got {type(schema).__name__}")
+        problem = unhonoured_feature(schema)
+        if problem is not None:
+            raise InvalidField("json_schema", f"json_schema cannot be enforced: {problem}")
     import xgrammar as xgr  # imported on first use: it takes a second or two
 
     build = {"regex": xgr.Grammar.from_regex, "json_schema": xgr.Grammar.from_json_schema,

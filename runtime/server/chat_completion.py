@@ -9,7 +9,7 @@ from fastapi.responses import Response
 
 from runtime.server.chat_answer import ChatAnswer
 from runtime.server.context import bad_input_as_400
-from runtime.server.openai_handler import OpenAIHandler, finish_reason_of
+from runtime.server.openai_handler import OpenAIHandler, api_logprob, finish_reason_of
 from runtime.server.protocol import ApiError, reject_unsupported
 from runtime.server.reasoning import PARSERS as REASONING_PARSERS
 from runtime.server.responses import JsonResponse
@@ -94,7 +94,7 @@ class ChatCompletion(OpenAIHandler):
                 self.ctx.tokenizer.hf, messages, tools, tool_choice=r.tool_choice,
                 parallel_tool_calls=r.parallel_tool_calls, chat_template=self.ctx.chat_template_override,
                 tool_call_parser=self.ctx.http.tool_call_parser,
-                other_constraint=any(v is not None for v in self.given_constraint().values()),
+                other_constraint=self.constraint_source is not None,
                 answer_schema=self.answer_schema(),
                 add_generation_prompt=r.add_generation_prompt, continue_final_message=r.continue_final_message,
                 template_kwargs=r.chat_template_kwargs, reasoning_effort=r.reasoning_effort,
@@ -145,7 +145,7 @@ class ChatCompletion(OpenAIHandler):
         token_bytes = self.ctx.tokenizer.token_bytes
 
         def entry(lp: float, tid: int) -> dict[str, Any]:  # a token with part of a character: its own bytes
-            return {"token": token_bytes.name(tid), "logprob": lp, "bytes": list(token_bytes.of(tid))}
+            return {"token": token_bytes.name(tid), "logprob": api_logprob(lp), "bytes": list(token_bytes.of(tid))}
 
         content = []
         for k in range(start, end):

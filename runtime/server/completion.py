@@ -7,7 +7,7 @@ from typing import Any
 
 from fastapi.responses import Response
 
-from runtime.server.openai_handler import OpenAIHandler, finish_reason_of
+from runtime.server.openai_handler import OpenAIHandler, api_logprob, finish_reason_of
 from runtime.server.protocol import ApiError, reject_unsupported
 from runtime.server.scheduler_client import ReqState
 from runtime.token_bytes import MAX_CHAR_BYTES
@@ -98,10 +98,11 @@ class Completion(OpenAIHandler):
         tokens, lps, top_maps = [], [], []
         for (lp, tid), top in zip(pairs, tops, strict=True):
             tokens.append(names(tid))
-            lps.append(lp)
             if lp is None:  # the prompt's first token: nothing to score it against
+                lps.append(None)
                 top_maps.append(None)
                 continue
-            top_maps.append({names(t): v for v, t in (top or ())[: self.req.logprobs]} | {names(tid): lp})
+            lps.append(api_logprob(lp))
+            top_maps.append({names(t): api_logprob(v) for v, t in (top or ())[: self.req.logprobs]} | {names(tid): api_logprob(lp)})
         offsets = token_bytes.char_offsets([tid for _, tid in pairs], before, text_offset, unseen)
         return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": top_maps, "text_offset": offsets}

@@ -10,12 +10,13 @@ import functools
 import logging
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 from fastapi import Request
+from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
@@ -207,23 +208,43 @@ async def read_body(request: Request, model: type[BaseModel], max_bytes: int | N
     return body
 
 
-def validation_400(err: ValidationError) -> ApiError:
+def validation_400(err: ValidationError | RequestValidationError) -> ApiError:
     """A body's validation error as a 400 naming its first field (and how many more there are)."""
-    first = err.errors()[0]
-    where = ".".join(str(x) for x in first["loc"])
-    more = f" ({len(err.errors())} errors)" if len(err.errors()) > 1 else ""
-    return ApiError(400, f"{where}: {first['msg']}{more}", param=where)
+    errors = err.errors()
+    where = field_path(errors[0]["loc"])
+    more = f" ({len(errors)} errors)" if len(errors) > 1 else ""
+    return ApiError(400, f"{where}: {errors[0]['msg']}{more}", param=where)
+
+
+def field_path(loc: Sequence[Any]) -> str:
+    """A validation error's location as the client's field path: ``guided_json``, not
+    pydantic's ``guided_json.str`` (the member of a union that was tried), nor ``body.x``."""
+    parts = [str(x) for x in loc if not _is_union_member(x)]
+    if parts and parts[0] == "body" and len(parts) > 1:
+        parts = parts[1:]
+    return ".".join(parts)
+
+
+def _is_union_member(part: Any) -> bool:
+    """pydantic names the union member it tried by its type: ``str``, ``dict[str,any]``,
+    ``ResponseFormat``, ``function-after[...]``; request fields are lower-case names."""
+    return isinstance(part, str) and (part in ("str", "int", "float", "bool", "none") or "[" in part or part[:1].isupper())
 
 
 _warned_fields: set[tuple[str, str]] = set()
 
 
-def warn_unknown_fields(route: str, body: BaseModel) -> None:
-    """Fields no model declares are ignored; say so once per route and name."""
+def warn_unknown_fields(route: str, body: BaseModel, prefix: str = "") -> None:
+    """Fields no model declares are ignored; say so once per route and name (a nested
+    object's by its path: ``structured_outputs.bogus``)."""
     for name in body.model_extra or {}:
-        if (route, name) not in _warned_fields:
-            _warned_fields.add((route, name))
-            logger.warning("%s: ignoring unknown request field %r (logged once)", route, name)
+        if (route, prefix + name) not in _warned_fields:
+            _warned_fields.add((route, prefix + name))
+            logger.warning("%s: ignoring unknown request field %r (logged once)", route, prefix + name)
+    for name in type(body).model_fields:
+        value = getattr(body, name, None)
+        if isinstance(value, BaseModel):
+            warn_unknown_fields(route, value, f"{prefix}{name}.")
 
 
 def unknown_sampling_field_warner(route: str) -> Callable[[str], None]:

@@ -30,6 +30,7 @@ from runtime.server.context import (
     read_body,
     sampling_params,
     unknown_sampling_field_warner,
+    validation_400,
 )
 from runtime.server.protocol import (
     AbortRequestReq,
@@ -98,9 +99,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, err: RequestValidationError) -> JSONResponse:
-        first = err.errors()[0]
-        where = ".".join(str(x) for x in first["loc"])
-        return JsonResponse(ApiError(400, f"{where}: {first['msg']}", param=where).body(), status_code=400)
+        return JsonResponse(validation_400(err).body(), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:

@@ -30,6 +30,15 @@ from runtime.server.scheduler_client import ReqState
 OPENAI_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "json_schema": "response_format"}
 
 
+# The least logprob the OpenAI routes report, as vLLM's: a token a grammar rules out has -inf,
+# which JSON can only write as null, where OpenAI's schema has a number.
+MIN_LOGPROB = -9999.0
+
+
+def api_logprob(lp: float) -> float:
+    return max(lp, MIN_LOGPROB)
+
+
 def finish_reason_of(state: ReqState) -> str | None:
     reason = state.finished_reason
     if reason is None:
@@ -87,27 +96,56 @@ class OpenAIHandler:
     @functools.cached_property
     def api_names(self) -> dict[str, str]:
         """Our field names -> the request's, for its errors: a JSON schema is
-        ``response_format``'s only when the client sent that field (SGLang's ``json_schema``
-        and vLLM's fields keep their own names)."""
+        ``response_format``'s only when the client sent that field; a constraint given by
+        vLLM's or SGLang's fields keeps the name it came in (``guided_regex``,
+        ``structured_outputs.json``)."""
+        names = dict(OPENAI_NAMES)
         if getattr(self.req, "response_format", None) is None:
-            return {k: v for k, v in OPENAI_NAMES.items() if k != "json_schema"}
-        return OPENAI_NAMES
+            del names["json_schema"]
+        source = self.constraint_source
+        if source is not None and source[0] != source[1]:
+            names[{"choice": "regex", "json": "json_schema", "json_object": "json_schema"}.get(source[1], source[1])] = source[0]
+        return names
 
-    def given_constraint(self) -> dict[str, Any]:
-        """The constraint fields besides ``response_format``: SGLang's ``regex`` / ``ebnf`` /
-        ``json_schema``, vLLM's ``guided_*`` and ``structured_outputs``."""
+    @functools.cached_property
+    def constraint_source(self) -> tuple[str, str, Any] | None:
+        """(the field as the client named it, its kind, its value) of the one constraint given
+        besides ``response_format``; kinds: regex, choice, ebnf, json, json_object. Two are a
+        400 (nothing says which would win)."""
         r = self.req
         so = r.structured_outputs or StructuredOutputs()
-        regex = r.regex or r.guided_regex or so.regex
-        choice = r.guided_choice or so.choice
-        if choice:
-            regex = "|".join(re.escape(c) for c in choice)
-        fields: dict[str, Any] = {"regex": regex, "ebnf": r.ebnf or r.guided_grammar or so.grammar}
-        given_json = next((j for j in (r.guided_json, r.json_schema, so.json_) if j is not None),
-                          {"type": "object"} if so.json_object else None)
-        if given_json is not None:
-            fields["json_schema"] = given_json if isinstance(given_json, str) else json.dumps(given_json)
-        return fields
+        candidates = [
+            ("regex", "regex", r.regex), ("guided_regex", "regex", r.guided_regex),
+            ("structured_outputs.regex", "regex", so.regex), ("guided_choice", "choice", r.guided_choice),
+            ("structured_outputs.choice", "choice", so.choice), ("ebnf", "ebnf", r.ebnf),
+            ("guided_grammar", "ebnf", r.guided_grammar), ("structured_outputs.grammar", "ebnf", so.grammar),
+            ("json_schema", "json", r.json_schema), ("guided_json", "json", r.guided_json),
+            ("structured_outputs.json", "json", so.json_),
+            ("structured_outputs.json_object", "json_object", so.json_object or None),
+        ]
+        given = [c for c in candidates if c[2] is not None]
+        if len(given) > 1:
+            raise ApiError(400, f"give one output constraint, not both {given[0][0]} and {given[1][0]}",
+                           param=given[1][0])
+        return given[0] if given else None
+
+    def given_constraint(self) -> dict[str, Any]:
+        """The constraint fields besides ``response_format`` as sampling fields: SGLang's
+        ``regex`` / ``ebnf`` / ``json_schema``, vLLM's ``guided_*`` and ``structured_outputs``
+        (a choice as the regex of its alternatives)."""
+        source = self.constraint_source
+        if source is None:
+            return {}
+        name, kind, value = source
+        if kind == "choice":
+            if not any(value):
+                raise ApiError(400, f"{name} must list at least one non-empty choice", param=name)
+            return {"regex": "|".join(re.escape(c) for c in value)}
+        if kind == "json_object":
+            return {"json_schema": json.dumps({"type": "object"})}
+        if kind == "json":
+            return {"json_schema": value if isinstance(value, str) else json.dumps(value)}
+        return {kind: value}
 
     def answer_schema(self) -> dict[str, Any] | None:
         """The JSON schema ``response_format`` asks the answer to follow (``json_object``: any

@@ -211,6 +211,8 @@ class _OpenAISampling(SharedSampling):
     guided_regex: str | None = None
     guided_grammar: str | None = None
     guided_choice: list[str] | None = None
+    guided_decoding_backend: str | None = None  # accepted and ignored: there is one grammar engine here
+    guided_whitespace_pattern: str | None = None  # accepted at its neutral value only
     json_schema: str | dict[str, Any] | None = None  # SGLang's name on both routes
     structured_outputs: StructuredOutputs | None = None
     # SGLang's: the requests' ids, as on /generate (so /abort_request can end them)
@@ -243,7 +245,7 @@ class _OpenAISampling(SharedSampling):
         "logit_bias", "lora_path", "session_params", "custom_logit_processor", "custom_params",
         "return_hidden_states", "return_routed_experts", "bootstrap_host", "bootstrap_port", "bootstrap_room",
         "data_parallel_rank", "priority", "structural_tag", "allowed_token_ids", "bad_words", "logits_processors",
-        "prompt_logprobs", "truncate_prompt_tokens", "use_beam_search",
+        "prompt_logprobs", "truncate_prompt_tokens", "use_beam_search", "guided_whitespace_pattern",
     )
 
 

@@ -16,6 +16,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from runtime.constrained.schema_support import enforceable_part, unhonoured_feature
 from runtime.constrained.spec import GrammarSpec, check_spec, engine_message
 from runtime.sampling.params import InvalidField
 from runtime.server.tools.choice import call_rule
@@ -55,12 +56,32 @@ _MAX_WHITESPACE = 1
 
 
 def _functions(tools: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """(name, parameters schema) of each tool. A ``strict`` tool's schema must be enforced
+    whole (a 400 otherwise, as OpenAI answers a strict schema it cannot keep); another's
+    calls follow the part of it the grammar engine enforces (``enforceable_part``): nothing
+    promised them more, and refusing a request over one tool's ``uniqueItems`` would fail
+    clients that send their functions' generated schemas with every call."""
     out = []
     for t in tools:
         fn = t.get("function") or {}
         params = fn.get("parameters") or {"type": "object", "properties": {}}
+        if fn.get("strict"):
+            problem = unhonoured_feature(params)
+            if problem is not None:
+                raise InvalidField("tools", f"the parameters of strict tool '{fn['name']}' cannot be enforced: {problem}")
+        else:
+            params = enforceable_part(params)[0]
         out.append((fn["name"], params))
     return out
+
+
+def _schemas(functions: list[tuple[str, dict[str, Any]]],
+             answer_schema: dict[str, Any] | None) -> list[tuple[str, str, dict[str, Any]]]:
+    """(request field, what it is in an error, schema) of every schema the grammar embeds."""
+    named = [("tools", f"the parameters of tool '{name}'", schema) for name, schema in functions]
+    if answer_schema is not None:
+        named.append(("response_format", "the response_format schema", answer_schema))
+    return named
 
 
 def tool_grammar(tools: list[dict[str, Any]], tool_choice: Any, parser_name: str, parallel: bool = True,
@@ -73,8 +94,11 @@ def tool_grammar(tools: list[dict[str, Any]], tool_choice: Any, parser_name: str
     rule = call_rule(tools, tool_choice)
     if rule.mode == "none":
         return None
-    functions = [(n, p) for n, p in _functions(tools) if n in rule.names]
+    functions = _functions([t for t in tools if (t.get("function") or {}).get("name") in rule.names])
     parallel = parallel and not rule.single
+    problem = unhonoured_feature(answer_schema)
+    if problem is not None:
+        raise InvalidField("response_format", f"the response_format schema cannot be enforced: {problem}")
 
     def tag(begin: str, end: str, name: str, schema: dict[str, Any]) -> Any:
         args = st.JSONSchemaFormat(json_schema=schema, max_whitespace_cnt=_MAX_WHITESPACE)
@@ -98,10 +122,7 @@ def tool_grammar(tools: list[dict[str, Any]], tool_choice: Any, parser_name: str
     try:
         return str(xgr.Grammar.from_structural_tag(st.StructuralTag(format=fmt)))
     except Exception as err:  # the engine's RuntimeError: find the schema that caused it
-        named = [("tools", f"the parameters of tool '{name}'", schema) for name, schema in functions]
-        if answer_schema is not None:
-            named.append(("response_format", "the response_format schema", answer_schema))
-        for field, what, schema in named:
+        for field, what, schema in _schemas(functions, answer_schema):
             try:
                 check_spec(GrammarSpec("json_schema", json.dumps(schema)))
             except InvalidField as bad:

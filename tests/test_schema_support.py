@@ -1,0 +1,131 @@
+"""Which JSON schemas are refused as not enforceable, checked against the grammar engine both
+ways: every refused part is one xgrammar compiles and then lets a violating instance through
+(so refusing it is needed), every accepted one it enforces (so refusing it would be wrong).
+No model: instances are matched against the compiled grammar as text."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runtime.constrained.schema_support import enforceable_part, pattern_problem, unhonoured_feature
+from runtime.constrained.spec import GrammarSpec, check_spec
+from runtime.sampling.params import InvalidField
+
+
+def _engine_accepts(schema: dict, instance_text: str) -> bool:
+    import xgrammar as xgr
+    from xgrammar.testing import _is_grammar_accept_string
+
+    grammar = xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False)  # as the server compiles
+    return _is_grammar_accept_string(grammar, instance_text)
+
+
+def _string(**keywords) -> dict:
+    return {"type": "object", "properties": {"s": {"type": "string", **keywords}}, "required": ["s"]}
+
+
+# (schema, a text that breaks it, words of the refusal)
+REFUSED = [
+    ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "[1, 1]", ["uniqueItems", "top level"]),
+    ({"type": "array", "items": {"type": "integer"}, "contains": {"const": 5}}, "[]", ["contains"]),
+    ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+      "dependentRequired": {"a": ["b"]}}, '{"a": 1}', ["dependentRequired"]),
+    ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+      "dependentSchemas": {"a": {"required": ["b"]}}}, '{"a": 1}', ["dependentSchemas"]),
+    ({"type": "integer", "not": {"const": 1}}, "1", ["'not'"]),
+    ({"type": "integer", "if": {"minimum": 0}, "then": {"minimum": 5}}, "1", ["'if'"]),
+    ({"allOf": [{"type": "integer"}, {"minimum": 5}]}, "1", ["allOf"]),
+    ({"type": "number", "multipleOf": 0.5}, "0.3", ["multipleOf"]),
+    (_string(pattern="^a+$", maxLength=2), '{"s": "aaa"}', ["pattern", "maxLength", "properties.s"]),
+    (_string(pattern="^a+$", minLength=3), '{"s": "a"}', ["minLength"]),
+    (_string(format="date", pattern="^2024-"), '{"s": "2018-01-01"}', ["format", "pattern"]),
+    (_string(format="email", maxLength=5), '{"s": "abc@def.com"}', ["format", "maxLength"]),
+    (_string(pattern="^(?!b)[a-z]+$"), '{"s": "ba"}', ["look-around"]),
+    (_string(pattern='^a"b$'), '{"s": "a"b"}', ["quote, backslash or control"]),
+    (_string(pattern="^[\\t]{2}$"), '{"s": "\t\t"}', ["quote, backslash or control"]),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["zz"]}, '{"a": 1}', ["'zz'"]),
+    ({"$ref": "http://example.com/schema.json"}, '"anything"', ["$ref", "another document"]),
+    ({"type": "object", "properties": {"xs": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}},
+      "required": ["xs"]}, '{"xs": [2, 2]}', ["uniqueItems", "properties.xs"]),
+]
+
+# (schema, a text that breaks it): the engine refuses the text
+ENFORCED = [
+    ({"type": "integer", "multipleOf": 3}, "4"),
+    ({"type": "integer", "minimum": 3}, "2"),
+    (_string(minLength=2, maxLength=3), '{"s": "aaaa"}'),
+    (_string(pattern="^[a-z]+$"), '{"s": "a1"}'),
+    (_string(pattern="^[ -~]+$"), '{"s": "a"b"}'),  # a class with a quote: only plain characters come out
+    (_string(pattern="^(\\t|a)$"), '{"s": "\t"}'),
+    (_string(format="date"), '{"s": "hello"}'),
+    ({"type": "array", "items": {"type": "integer"}, "maxItems": 1}, "[1, 2]"),
+    ({"type": "object", "additionalProperties": True, "maxProperties": 1}, '{"a": 1, "b": 2}'),
+    ({"type": "object", "propertyNames": {"pattern": "^a$"}}, '{"b": 1}'),
+    ({"type": "object", "patternProperties": {"^x": {"type": "integer"}}}, '{"x": "s"}'),
+    ({"allOf": [{"type": "integer", "minimum": 5}]}, "1"),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "unevaluatedProperties": False}, '{"a": 1, "b": 2}'),
+    ({"$defs": {"n": {"type": "integer"}}, "$ref": "#/$defs/n"}, '"x"'),
+]
+
+
+@pytest.mark.parametrize(("schema", "violation", "words"), REFUSED)
+def test_a_refused_part_is_one_the_engine_would_let_through(schema, violation, words):
+    assert _engine_accepts(schema, violation)  # refusing it is needed
+    problem = unhonoured_feature(schema)
+    assert problem is not None and all(w in problem for w in words), problem
+    with pytest.raises(InvalidField) as err:
+        check_spec(GrammarSpec("json_schema", json.dumps(schema)))
+    assert err.value.field == "json_schema" and "cannot be enforced" in str(err.value)
+
+
+@pytest.mark.parametrize(("schema", "violation"), ENFORCED)
+def test_an_accepted_part_is_enforced(schema, violation):
+    assert unhonoured_feature(schema) is None
+    assert not _engine_accepts(schema, violation)
+
+
+@pytest.mark.parametrize(("schema", "violation", "words"), REFUSED)
+def test_the_enforceable_part_is_looser_and_fully_enforced(schema, violation, words):
+    looser, problems = enforceable_part(schema)
+    assert problems and unhonoured_feature(looser) is None
+    check_spec(GrammarSpec("json_schema", json.dumps(looser)))  # compiles
+
+
+def test_a_schema_the_engine_honours_is_left_as_it_is():
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                               "tags": {"type": "array", "items": {"enum": ["a", "b"]}}},
+              "required": ["name"], "additionalProperties": False}
+    assert enforceable_part(schema) == (schema, [])
+
+
+# Patterns over a quote, a backslash, a tab and "a": whether some string of only "a"s (the
+# escape-free strings such a pattern can match) matches, by brute force, against the check.
+_ATOMS = ["a", '"', "\\\\", "\\t", "[a\\t]", '["\\\\]', "[\\x00-\\x1f]", "[ -\\x21]"]
+
+
+@st.composite
+def _patterns(draw, depth: int = 0) -> str:
+    if depth >= 2 or draw(st.booleans()):
+        return draw(st.sampled_from(_ATOMS))
+    parts = draw(st.lists(_patterns(depth + 1), min_size=1, max_size=2))
+    form = draw(st.sampled_from(["cat", "alt", "opt", "star", "two"] if depth == 0 else ["cat", "alt", "opt", "star"]))
+    if form == "cat":
+        return "".join(parts)
+    if form == "alt":
+        return "(" + "|".join(parts) + ")"
+    return "(" + "".join(parts) + ")" + {"opt": "?", "star": "*", "two": "{2}"}[form]
+
+
+@settings(max_examples=300, deadline=None)
+@given(_patterns())
+def test_escape_free_check_agrees_with_brute_force(pattern):
+    compiled = re.compile(pattern)
+    # "[ -\x21]" holds "!", a plain character beside "a"; no shortest match is over 8 long
+    brute = any(compiled.fullmatch("".join(s)) for n in range(9) for s in itertools.product("a!", repeat=n))
+    assert (pattern_problem(pattern) is None) == brute
