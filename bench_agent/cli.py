@@ -18,7 +18,7 @@ from bench_agent.drivers import DRIVERS
 from bench_agent.measure import finish, measure, open_driver, selected_workloads
 from bench_agent.workloads import ALIASES, NAMES, SIZES
 from frontend_lang.backend.base import BackendError
-from runtime.cli_types import positive_int
+from runtime.cli_types import positive_float, positive_int
 
 
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:
@@ -60,8 +60,9 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                    "for --size).")
     p.add_argument("--concurrency", type=positive_int, help="Programs in flight at once (default: 8; 1 for hf, "
                    "which runs one request at a time anyway).")
-    p.add_argument("--request-rate", type=float, help="Programs per second, arriving as a Poisson process; "
-                   "--concurrency then caps programs in flight.")
+    p.add_argument("--request-rate", type=positive_float, help="Programs per second, arriving as a Poisson process; "
+                   "--concurrency then caps programs in flight (default: none, a closed loop: each program "
+                   "starts as soon as one of --concurrency ends).")
     p.add_argument("--seed", type=int, default=0, help="Seed of the synthetic text and arrivals" + d)
     p.add_argument("--label", help="Backend name in the table (default: the driver and its flags).")
     p.add_argument("--no-warmup", action="store_true", help="Skip the one small unmeasured program per workload.")

@@ -66,3 +66,12 @@ def largest_pool(kv_per_token: int, weight_bytes: int, device_bytes: int, usable
     """Tokens of KV that fit beside the weights in ``usable`` of the device's memory (the
     rest is left to activations, the runtime and, on a CPU, everything else)."""
     return max(0, int(device_bytes * usable) - weight_bytes) // kv_per_token
+
+
+def meminfo_bytes(field: str) -> int | None:
+    """A /proc/meminfo figure (``MemTotal``, ``MemAvailable``) in bytes; None off Linux."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
+    except (OSError, StopIteration, ValueError):
+        return None

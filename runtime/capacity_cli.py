@@ -9,11 +9,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import Any
 
-from runtime.capacity import Plan, kv_bytes_per_token, largest_pool, num_parameters, pool_tokens
+from runtime.capacity import (
+    Plan,
+    kv_bytes_per_token,
+    largest_pool,
+    meminfo_bytes,
+    num_parameters,
+    pool_tokens,
+)
 from runtime.cli_types import fraction, nonnegative_int, positive_float, positive_int
+from runtime.config import MIN_KV_TOKENS
 
 _GIB = 2**30
 
@@ -49,10 +58,15 @@ def add_capacity_parser(sub: argparse._SubParsersAction) -> None:
 
 def run_capacity(ns: argparse.Namespace) -> int:
     try:
-        report = capacity_report(ns)
-    except (ValueError, OSError) as err:
+        args = checked_args(ns)
+    except ValueError as err:  # the flags: before anything is read
         print(f"forkserve capacity: {err}", file=sys.stderr)
         return 2
+    try:
+        report = capacity_report(ns, args)
+    except (ValueError, OSError) as err:  # the model, as serve and generate report it
+        print(f"forkserve capacity: {err}", file=sys.stderr)
+        return 1
     if ns.json:
         print(json.dumps(report))
     else:
@@ -60,20 +74,25 @@ def run_capacity(ns: argparse.Namespace) -> int:
     return 0
 
 
-def capacity_report(ns: argparse.Namespace) -> dict[str, Any]:
+def checked_args(ns: argparse.Namespace) -> Any:
+    """The flags as ``ServerArgs`` (checked as serve checks them)."""
     from runtime.config import ServerArgs, fields_as_flags
-    from runtime.model_loader import resolve_model_path
-    from runtime.model_loader.weights import load_hf_config
-    from runtime.models.config import ModelConfig
 
     if ns.context_tokens <= ns.shared_prefix_tokens:
         raise ValueError("--context-tokens must exceed --shared-prefix-tokens")
     given = {"model_path": ns.model_path, "dtype": ns.dtype, "max_total_tokens": ns.max_total_tokens,
              "kv_cache_memory": ns.kv_cache_memory}
     try:
-        args = ServerArgs(**given)
+        return ServerArgs(**given)
     except ValueError as err:
         raise ValueError(fields_as_flags(str(err), list(given))) from err
+
+
+def capacity_report(ns: argparse.Namespace, args: Any) -> dict[str, Any]:
+    from runtime.model_loader import resolve_model_path
+    from runtime.model_loader.weights import load_hf_config
+    from runtime.models.config import ModelConfig
+
     folder = resolve_model_path(ns.model_path)
     cfg = ModelConfig.from_hf(load_hf_config(folder))
     dtype = args.resolved_dtype
@@ -90,7 +109,8 @@ def capacity_report(ns: argparse.Namespace) -> dict[str, Any]:
         "programs_per_replica": plan.programs_per_replica,
         "concurrent_programs": ns.concurrent_programs,
         "replicas_needed": plan.replicas_for(ns.concurrent_programs) if ns.concurrent_programs is not None else None,
-        "device_bytes": device, "usable_fraction": ns.usable_fraction,
+        "device_bytes": int(device), "usable_fraction": ns.usable_fraction,
+        "model_context_tokens": cfg.max_position_embeddings,
         "largest_pool_tokens": largest_pool(kv, plan.weight_bytes, device, ns.usable_fraction),
     }
 
@@ -100,9 +120,10 @@ def _device_bytes(device: str) -> int:
         import torch
 
         return int(torch.cuda.get_device_properties(torch.device(device)).total_memory)
-    with open("/proc/meminfo") as f:
-        total_kib = next(int(line.split()[1]) for line in f if line.startswith("MemTotal:"))
-    return total_kib * 1024
+    total = meminfo_bytes("MemTotal")
+    if total is None:
+        raise ValueError("this machine's memory is unknown (no /proc/meminfo): give --device-memory")
+    return total
 
 
 def render(r: dict[str, Any]) -> str:
@@ -124,7 +145,14 @@ def render(r: dict[str, Any]) -> str:
         lines.append(f"replicas needed   {r['replicas_needed']:,} for {r['concurrent_programs']:,} programs at once")
     elif r["concurrent_programs"]:
         lines.append("replicas needed   none suffices: one program's context does not fit in the pool")
-    lines.append(f"largest pool      {largest:,} tokens ({largest * r['kv_bytes_per_token'] / _GIB:.1f} GiB) beside "
-                 f"the weights in {r['usable_fraction']:.0%} of {r['device_bytes'] / _GIB:.1f} GiB: "
-                 f"--kv-cache-memory {largest * r['kv_bytes_per_token'] / _GIB:.1f}")
+    room = f"{r['usable_fraction']:.0%} of {r['device_bytes'] / _GIB:.1f} GiB"
+    if largest < MIN_KV_TOKENS:
+        lines.append(f"largest pool      none: the weights leave no room for a KV pool in {room}")
+    else:  # rounded down, so the flag never asks for more than fits
+        gib = math.floor(largest * r["kv_bytes_per_token"] / _GIB * 100) / 100
+        lines.append(f"largest pool      {largest:,} tokens ({gib:.2f} GiB) beside the weights in {room}: "
+                     f"--kv-cache-memory {gib:.2f}")
+    if r["context_tokens"] > r["model_context_tokens"]:
+        lines.append(f"note              {r['context_tokens']:,} tokens of context are beyond the model's "
+                     f"{r['model_context_tokens']:,}")
     return "\n".join(lines)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import re
 import sys
 import time
 
+from runtime.cli_foreign_flags import hints
 from runtime.config import (
     DataParallelArgs,
     HttpArgs,
@@ -24,7 +26,8 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     "None" (the help says what an unset flag means)."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default is None or "default" in (action.help or "").lower():
+        said = re.search(r"\bdefault\b\s*[:(]|\(default|default is|by default", action.help or "", re.IGNORECASE)
+        if action.default in (None, "") or said:
             return action.help
         return super()._get_help_string(action)
 
@@ -75,14 +78,14 @@ def _run_generate(ns: argparse.Namespace) -> int:
     except (ValueError, OSError) as err:  # a bad model path or a flag the model cannot take
         print(f"forkserve: {fields_as_flags(str(err))}", file=sys.stderr)
         return 1
-    print(f"[forkserve] model loaded in {time.perf_counter() - started:.1f}s", file=sys.stderr)
+    print(f"forkserve: model loaded in {time.perf_counter() - started:.1f}s", file=sys.stderr)
     prompts = ns.prompts
     if ns.chat:
         prompts = [engine.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
     try:
         outs = engine.generate(prompts, params, progress=len(prompts) > 1)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
+    except ValueError as err:  # a prompt the engine refuses (empty, longer than the context)
+        print(f"forkserve: {err}", file=sys.stderr)
         return 2
     for prompt, out in zip(ns.prompts, outs, strict=True):
         if ns.json:
@@ -108,6 +111,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         "http://127.0.0.1:30000/v1. Ready when it prints the URL; stop with Ctrl-C or SIGTERM.",
         formatter_class=HelpFormatter,
     )
+    p.add_argument("model", nargs="?", default=None, metavar="MODEL",
+                   help="The model, as --model-path gives it (vLLM's form: forkserve serve /path/to/model).")
     add_serve_args(p)
     p.set_defaults(func=_run_serve)
 
@@ -126,6 +131,11 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
 def _run_serve(ns: argparse.Namespace) -> int:
     from runtime.server.launch import serve
 
+    if ns.model is not None:
+        if ns.model_path is not None and ns.model_path != ns.model:
+            print(f"forkserve: the model is given twice: {ns.model} and --model-path {ns.model_path}", file=sys.stderr)
+            return 2
+        ns.model_path = ns.model
     try:
         args: ServerArgs = args_from_namespace(ns, ServerArgs)
         http: HttpArgs = args_from_namespace(ns, HttpArgs)
@@ -154,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     _generate_parser(sub)
     _serve_parser(sub)
     _add_registered_commands(sub)
+    parser.commands = sub.choices  # type: ignore[attr-defined]  # name -> the command's parser
     return parser
 
 
@@ -171,8 +182,16 @@ def _add_registered_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ns = build_parser().parse_args(argv)
-    return ns.func(ns)
+    parser = build_parser()
+    ns, unrecognized = parser.parse_known_args(argv)
+    if unrecognized:  # the command's own usage, and what SGLang's or vLLM's flags are called here
+        message = "\n".join([f"unrecognized arguments: {' '.join(unrecognized)}", *hints(unrecognized)])
+        parser.commands[ns.command].error(message)
+    try:
+        return ns.func(ns)
+    except KeyboardInterrupt:  # Ctrl-C in generate or bench (serve says "shut down" itself)
+        print("forkserve: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -235,7 +235,8 @@ class HttpArgs:
     host: str = _arg("127.0.0.1", "Address to bind. The default serves this machine only; 0.0.0.0 serves all interfaces.")
     port: int = _arg(30000, "HTTP port.")
     api_key: str | None = _arg(
-        None, "Require 'Authorization: Bearer <key>' on every endpoint except /health and /health_generate."
+        None, "Require 'Authorization: Bearer <key>' on every endpoint except /health, /health_generate and "
+        "/metrics (as SGLang's server). Default: no key."
     )
     served_model_name: str | None = _arg(
         None, "Model name in the OpenAI API (default: the model folder's name, or SmolLM2-135M-Instruct)."
@@ -249,9 +250,9 @@ class HttpArgs:
     tool_call_parser: str = _arg(
         "auto",
         "How the model writes tool calls, for the chat route's 'tools': hermes (<tool_call> JSON blocks), "
-        "qwen25, llama3_json, mistral, or auto (picked from the chat template; hermes for the template "
+        "qwen25, llama3_json (SGLang's llama3), mistral, or auto (picked from the chat template; hermes for the template "
         "shipped for ChatML models that cannot show tools, such as the default model).",
-        choices=["auto", "hermes", "qwen25", "llama3_json", "mistral"],
+        choices=["auto", "hermes", "qwen25", "llama3_json", "llama3", "mistral"],
     )
     reasoning_parser: str | None = _arg(
         None,
@@ -293,6 +294,11 @@ class HttpArgs:
             raise ValueError(f"max_request_bytes must be positive, got {self.max_request_bytes}")
         if self.max_queued_requests is not None and self.max_queued_requests < 0:
             raise ValueError("max_queued_requests must be >= 0")
+        for name in ("api_key", "served_model_name"):  # "$KEY" of an unset variable: not "no key"
+            if getattr(self, name) == "":
+                raise ValueError(f"{name} is empty (leave it out for {'no key' if name == 'api_key' else 'the default'})")
+        if self.tool_call_parser == "llama3":  # SGLang's name for the same format
+            object.__setattr__(self, "tool_call_parser", "llama3_json")
 
 
 ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two")

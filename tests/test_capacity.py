@@ -51,3 +51,17 @@ def test_the_command_prints_the_servers_pool(model_dir):
     assert report["kv_bytes_per_token"] == 23_040 and report["pool_tokens"] == 46_603
     assert report["programs_per_replica"] == (46_603 - 1000) // 3000 == 15
     assert report["replicas_needed"] == 7
+
+
+def test_the_command_says_when_nothing_fits_and_when_a_context_is_beyond_the_model(model_dir):
+    """No pool beside the weights is said as such (not ``--kv-cache-memory 0.0``, which serve
+    refuses); a program context past the model's own is pointed out."""
+    def run(*argv: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "runtime.cli", "capacity", *argv], capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert "none: the weights leave no room for a KV pool" in run("--device-memory", "0.1")
+    assert "100,000 tokens of context are beyond the model's 8,192" in run("--context-tokens", "100000")
+    assert isinstance(json.loads(run("--json", "--device-memory", "0.1"))["device_bytes"], int)

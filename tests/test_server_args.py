@@ -69,6 +69,12 @@ def _forkserve(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
         (["capacity", "--max-total-tokens", "3"], 2, "--max-total-tokens must be at least 16"),
         (["serve", "--response-store", "/nonexistent/dir/r.sqlite"], 1, "--response-store /nonexistent/dir"),
         (["bench", "--concurrency", "0"], 2, "must be at least 1"),
+        (["bench", "--request-rate", "0"], 2, "argument --request-rate: must be a positive number"),
+        (["serve", "--api-key", ""], 2, "--api-key is empty"),
+        (["serve", "--served-model-name", ""], 2, "--served-model-name is empty"),
+        (["generate", "--kv-cache-memory", "100000", "hi"], 1, "more than the"),  # before allocating it
+        (["capacity", "--model-path", "/nonexistent/model"], 1, "/nonexistent/model"),
+        (["serve", "--model-path", "/m", "/other"], 2, "the model is given twice"),
     ],
 )
 def test_bad_flags_are_one_line_errors(argv, code, words):
@@ -155,3 +161,54 @@ def test_the_servers_children_ignore_ctrl_c_from_their_start():
     finally:
         child.join(30)
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_an_unknown_flag_gets_its_commands_usage_and_the_name_it_has_here():
+    """``forkserve serve --mem-fraction-static 0.8`` (SGLang's flag): serve's usage, not the
+    top level's, and what to give instead."""
+    done = _forkserve("serve", "--mem-fraction-static", "0.8", "--bogus")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "usage: forkserve serve" in done.stderr and "unrecognized arguments: --mem-fraction-static" in done.stderr
+    assert "--mem-fraction-static: give the KV pool in GiB with --kv-cache-memory" in done.stderr
+
+
+def test_a_broken_model_folder_or_template_is_one_line_before_anything_starts(tmp_path):
+    from runtime.model_loader import resolve_model_path
+
+    bad_json = tmp_path / "bad_json"
+    bad_json.mkdir()
+    (bad_json / "config.json").write_text("{bad")
+    (bad_json / "model.safetensors").symlink_to(resolve_model_path(None) / "model.safetensors")
+    no_tokenizer = tmp_path / "no_tokenizer"
+    no_tokenizer.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (no_tokenizer / name).symlink_to(resolve_model_path(None) / name)
+    template = tmp_path / "bad.jinja"
+    template.write_text("{% for m in messages %}{{ m.content }")
+    not_gguf = tmp_path / "fake.gguf"
+    not_gguf.write_bytes(b"not a model")
+    for argv, words in [
+        (["serve", "--model-path", str(bad_json), "--port", "30197"], "config.json is not valid JSON"),
+        (["serve", "--model-path", str(no_tokenizer), "--port", "30197"], "tokenizer"),
+        (["serve", "--chat-template", str(template), "--port", "30197"], "not a valid Jinja template: unexpected '}'"),
+        (["capacity", "--model-path", str(not_gguf)], "is not a GGUF file"),
+    ]:
+        done = _forkserve(*argv)
+        assert done.returncode == 1 and words in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr and "dequantizing" not in done.stderr, done.stderr
+
+
+def test_ctrl_c_in_generate_is_one_line_and_exit_130():
+    """Ctrl-C while generating (here: counting to 2,000, which takes a while)."""
+    proc = subprocess.Popen([sys.executable, "-m", "runtime.cli", "generate", "--max-new-tokens", "4000",
+                             "Count from 1 to 2000: 1, 2, 3, 4,"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + 120
+    line = ""
+    while "model loaded" not in line and time.monotonic() < deadline:
+        line = proc.stderr.readline()
+    time.sleep(1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "forkserve: interrupted" in err and "Traceback" not in err, err

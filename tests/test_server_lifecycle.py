@@ -57,6 +57,8 @@ def test_api_key_required(guarded):
     assert httpx.post(guarded.url + "/generate", json=body, headers=KEY).status_code == 200
     assert httpx.get(guarded.url + "/v1/models").status_code == 401
     assert httpx.get(guarded.url + "/health").status_code == 200
+    assert httpx.get(guarded.url + "/metrics").status_code == 200  # Prometheus scrapes without it, as on SGLang
+    assert "requests need the --api-key bearer" in guarded.read_output()
 
 
 def test_queue_limit_returns_503_with_retry_after(guarded):

@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import shutil
+import struct
 import sys
 import tempfile
 import time
@@ -78,6 +79,9 @@ def materialize_gguf(
     gguf = Path(gguf_path).expanduser().resolve()
     if not gguf.is_file():
         raise FileNotFoundError(f"GGUF file not found: {gguf}")
+    with gguf.open("rb") as f:
+        if f.read(4) != b"GGUF":
+            raise ValueError(f"{gguf} is not a GGUF file (it does not start with the GGUF magic bytes)")
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     name = f"{gguf.stem}-{_cache_key(gguf)}"
     final = (root / name).resolve()
@@ -94,7 +98,10 @@ def materialize_gguf(
     started = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=root))
     try:
-        _build_hf_folder(gguf, tmp)
+        try:
+            _build_hf_folder(gguf, tmp)
+        except struct.error as err:  # the reader's own error for a file cut short
+            raise ValueError(f"{gguf} cannot be read as GGUF (cut short?): {err}") from err
         _write_marker(tmp, gguf)
         _make_readable(tmp)
         _publish(tmp, final)

@@ -35,4 +35,7 @@ def load_hf_config(folder: str | os.PathLike[str]) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"no config.json in {folder}")
     with path.open(encoding="utf-8") as f:
-        return json.load(f)
+        try:
+            return json.load(f)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path} is not valid JSON: {err}") from err

@@ -50,7 +50,8 @@ from runtime.server.responses import (
     wait_all,
 )
 
-_OPEN_PATHS = ("/health", "/health_generate")
+# Open without --api-key's bearer, as on SGLang's server: health checks and Prometheus' scrape.
+_OPEN_PATHS = ("/health", "/health_generate", "/metrics")
 logger = logging.getLogger("forkserve")
 
 

@@ -96,6 +96,7 @@ class Launcher:
                 model_dir = resolve_model_path(self.args.model_path)
             except Exception as err:
                 raise StartupError(f"the model could not be found or prepared: {err}") from err
+            tokenizer = self._check_model(model_dir)
             try:
                 load_chat_template(self.http.chat_template)
             except (OSError, ValueError) as err:
@@ -111,7 +112,7 @@ class Launcher:
                 import uvloop
 
                 runner = uvloop.run
-            runner(self._serve(sock, model_dir))
+            runner(self._serve(sock, model_dir, tokenizer))
             return self.exit_code
         finally:
             sock.close()
@@ -144,18 +145,32 @@ class Launcher:
                 return f"{name} (exit code {proc.exitcode})"
         return None
 
-    async def _serve(self, sock: socket.socket, model_dir: Path) -> None:
+    @staticmethod
+    def _check_model(model_dir: Path) -> Any:
+        """The model's tokenizer, after its config is read and its architecture checked: in a
+        second, before any process starts, a broken model folder is one line, not a child's
+        traceback."""
+        from runtime.model_loader.weights import load_hf_config
+        from runtime.models.config import ModelConfig
+        from runtime.tokenizer import Tokenizer
+
+        try:
+            ModelConfig.from_hf(load_hf_config(model_dir))
+            return Tokenizer(model_dir)
+        except (OSError, ValueError, KeyError) as err:  # KeyError: a config without a needed field
+            what = f"missing field {err}" if isinstance(err, KeyError) else " ".join(str(err).split())
+            raise StartupError(f"the model in {model_dir} cannot be loaded: {what}") from err
+
+    async def _serve(self, sock: socket.socket, model_dir: Path, tokenizer: Any) -> None:
         import uvicorn
 
         from runtime.server.context import ServerContext
         from runtime.server.http_server import create_app, probe_generate
         from runtime.server.metrics import ServerMetrics
         from runtime.server.scheduler_client import SchedulerClient
-        from runtime.tokenizer import Tokenizer
 
         to_scheduler, _, to_tokenizer = self.ipc_names
         client = SchedulerClient(to_scheduler, to_tokenizer, ServerMetrics())
-        tokenizer = Tokenizer(model_dir)
         await client.wait_ready(self.http.startup_timeout, self.dead_child)
         name = self.http.served_model_name or default_model_name(self.args.model_path, model_dir)
         ctx = ServerContext(client, tokenizer, self.args, self.http, name, self.args.model_path or str(model_dir), client.info)
@@ -180,7 +195,8 @@ class Launcher:
             if await probe_generate(ctx, timeout=max(60.0, self.http.startup_timeout)):
                 print(f"forkserve: {describe_engine(client.info)}", flush=True)
                 host = f"[{self.http.host}]" if ":" in self.http.host else self.http.host
-                print(f"forkserve ready: http://{host}:{self.http.port} (model {name}; OpenAI API under /v1)", flush=True)
+                key = "; requests need the --api-key bearer" if self.http.api_key else ""
+                print(f"forkserve ready: http://{host}:{self.http.port} (model {name}; OpenAI API under /v1{key})", flush=True)
             else:
                 print("forkserve: the first test generation failed; shutting down", file=sys.stderr, flush=True)
                 self.exit_code = 1

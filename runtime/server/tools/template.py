@@ -34,7 +34,21 @@ def load_chat_template(value: str | None) -> str | None:
     path = Path(value)
     if not path.is_file():
         raise ValueError(f"{value!r} is neither a file nor a shipped template ({', '.join(SHIPPED)})")
-    return path.read_text()
+    text = path.read_text()
+    check_template_syntax(text, value)
+    return text
+
+
+def check_template_syntax(template: str, source: str) -> None:
+    """``ValueError`` (with the line) for a template Jinja cannot compile, as transformers
+    compiles it: at startup, not as every chat request's 400."""
+    from jinja2 import TemplateSyntaxError
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    try:
+        _compile_jinja_template(template)
+    except TemplateSyntaxError as err:
+        raise ValueError(f"{source!r} is not a valid Jinja template: {err.message} (line {err.lineno})") from err
 
 
 @lru_cache(maxsize=8)

@@ -1,0 +1,37 @@
+"""What SGLang's and vLLM's flags that forkserve does not take are called here, or why none
+is needed: shown under argparse's "unrecognized arguments" error, so a command carried over
+from either server says what to type instead."""
+
+from __future__ import annotations
+
+_KV_SIZE = "give the KV pool in GiB with --kv-cache-memory, or in tokens with --max-total-tokens " \
+           "('forkserve capacity' prints what fits)"
+FOREIGN_FLAGS = {
+    "--mem-fraction-static": _KV_SIZE,
+    "--gpu-memory-utilization": _KV_SIZE,
+    "--max-num-batched-tokens": "--chunked-prefill-size caps the prompt tokens one step prefills",
+    "--seed": "the server's default sampling seed is --random-seed",
+    "--log-level": "there are no log levels: startup, warnings and errors are logged",
+    "--uvicorn-log-level": "there are no log levels: startup, warnings and errors are logged",
+    "--log-requests": "requests are not logged; /metrics counts them",
+    "--disable-log-requests": "requests are not logged (nothing to disable)",
+    "--enable-metrics": "/metrics is always served (nothing to enable)",
+    "--enable-prefix-caching": "the radix prefix cache is always on (--disable-radix-cache turns it off)",
+    "--trust-remote-code": "models run on forkserve's own code for their architecture; no remote code is run",
+    "--tokenizer": "the tokenizer is read from the model folder (or the GGUF file)",
+    "--tokenizer-path": "the tokenizer is read from the model folder (or the GGUF file)",
+    "--quantization": "quantized weights are not served; a GGUF file is dequantized once at load",
+    "--kv-cache-dtype": "the KV cache has the model's --dtype",
+    "--enable-auto-tool-choice": "tool calls are parsed whenever a request has tools (--tool-call-parser picks the format)",
+}
+
+
+def hints(unrecognized: list[str]) -> list[str]:
+    """One line for each flag among ``unrecognized`` (``--flag`` or ``--flag=value``) that
+    SGLang or vLLM has: what to use here."""
+    out = []
+    for arg in unrecognized:
+        flag = arg.split("=", 1)[0]
+        if flag in FOREIGN_FLAGS:
+            out.append(f"  {flag}: {FOREIGN_FLAGS[flag]}")
+    return out
