@@ -18,6 +18,15 @@ from runtime.constrained.spec import GrammarSpec, check_spec
 from runtime.sampling.params import InvalidField
 
 
+@pytest.fixture(scope="module")
+def llguidance_backend(model_dir):
+    from runtime.constrained.llguidance_backend import LLGuidanceBackend
+    from runtime.tokenizer import load_hf_tokenizer
+
+    tokenizer = load_hf_tokenizer(model_dir)
+    return LLGuidanceBackend(tokenizer, 49152, (tokenizer.eos_token_id,)), tokenizer
+
+
 def _engine_accepts(schema: dict, instance_text: str) -> bool:
     import xgrammar as xgr
     from xgrammar.testing import _is_grammar_accept_string
@@ -75,13 +84,30 @@ ENFORCED = [
 
 
 @pytest.mark.parametrize(("schema", "violation", "words"), REFUSED)
-def test_a_refused_part_is_one_the_engine_would_let_through(schema, violation, words):
-    assert _engine_accepts(schema, violation)  # refusing it is needed
+def test_a_part_xgrammar_would_let_through_is_found(schema, violation, words):
+    assert _engine_accepts(schema, violation)  # leaving it to xgrammar would break the schema
     problem = unhonoured_feature(schema)
     assert problem is not None and all(w in problem for w in words), problem
-    with pytest.raises(InvalidField) as err:
-        check_spec(GrammarSpec("json_schema", json.dumps(schema)))
-    assert err.value.field == "json_schema" and "cannot be enforced" in str(err.value)
+
+
+# What llguidance, the engine such schemas go to, refuses in turn: these are 400s.
+LLGUIDANCE_REFUSES = ("uniqueItems", "contains", "dependentRequired", "dependentSchemas", "'not'", "'if'",
+                      "look-around", "another document", "is not in 'properties'")
+
+
+@pytest.mark.parametrize(("schema", "violation", "words"), REFUSED)
+def test_such_a_schema_goes_to_llguidance_which_enforces_it_or_it_is_refused(schema, violation, words, llguidance_backend):
+    spec = GrammarSpec("json_schema", json.dumps(schema))
+    if any(w in unhonoured_feature(schema) for w in LLGUIDANCE_REFUSES):
+        with pytest.raises(InvalidField) as err:
+            check_spec(spec)
+        assert err.value.field == "json_schema" and "cannot be enforced" in str(err.value)
+        return
+    check_spec(spec)  # taken
+    backend, tokenizer = llguidance_backend
+    matcher = backend.compile(spec).matcher()
+    ids = tokenizer.encode(violation, add_special_tokens=False)
+    assert not all(matcher.accept_token(t) for t in ids) or not matcher.accept_token(tokenizer.eos_token_id)
 
 
 @pytest.mark.parametrize(("schema", "violation"), ENFORCED)
@@ -129,3 +155,33 @@ def test_escape_free_check_agrees_with_brute_force(pattern):
     # "[ -\x21]" holds "!", a plain character beside "a"; no shortest match is over 8 long
     brute = any(compiled.fullmatch("".join(s)) for n in range(9) for s in itertools.product("a!", repeat=n))
     assert (pattern_problem(pattern) is None) == brute
+
+
+@pytest.mark.parametrize("schema", [
+    _string(pattern="^[a-z]+$", maxLength=3),
+    _string(pattern='^a"b\\\\c$'),  # a quote and a backslash: escaped in the JSON
+    _string(format="date", pattern="^2024-"),
+    {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}}, "required": ["n"],
+     "allOf": [{"required": ["n"]}, {"properties": {"n": {"multipleOf": 3}}}]},
+])
+def test_llguidance_output_follows_the_schema_on_random_walks(schema, llguidance_backend):
+    """Random allowed tokens (the end whenever it is allowed) make valid JSON of the schema."""
+    import random
+
+    import jsonschema
+
+    from runtime.constrained.bitmask import allocate_bitmask, allowed_tokens
+
+    backend, tokenizer = llguidance_backend
+    grammar = backend.compile(GrammarSpec("json_schema", json.dumps(schema)))
+    eos = tokenizer.eos_token_id
+    for seed in range(4):
+        rng, matcher, ids = random.Random(seed), grammar.matcher(), []
+        while not matcher.is_terminated():
+            mask = allocate_bitmask(1, backend.vocab_size)
+            matcher.fill_bitmask(mask, 0)
+            allowed = allowed_tokens(mask[0], backend.vocab_size).nonzero().flatten().tolist()
+            token = eos if eos in allowed else rng.choice(allowed)
+            assert matcher.accept_token(token) and len(ids) < 200
+            ids += [] if token == eos else [token]
+        jsonschema.validate(json.loads(tokenizer.decode(ids)), schema, format_checker=jsonschema.FormatChecker())

@@ -283,3 +283,24 @@ def test_logprobs_of_tokens_a_grammar_rules_out_are_numbers(server):
                                               "regex": "(yes|no)", "logprobs": 5}).json()["choices"][0]["logprobs"]
     tops = [v for top in legacy["top_logprobs"] for v in top.values()]
     assert all(isinstance(v, float) for v in legacy["token_logprobs"] + tops) and -9999.0 in tops
+
+
+def test_schemas_xgrammar_would_not_enforce_are_kept_by_llguidance(server):
+    """pydantic's ``Field(pattern=..., max_length=...)`` (xgrammar drops the length) and a
+    pattern whose matches need escapes in JSON (xgrammar wrote them raw): compiled by
+    llguidance instead, the answers follow the schema."""
+    from pydantic import BaseModel, Field
+
+    class Tag(BaseModel):
+        tag: str = Field(pattern=r"^[a-z]+$", max_length=3)
+
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x")
+    for seed in range(3):
+        parsed = client.chat.completions.parse(model=MODEL, messages=[{"role": "user", "content": "Give a tag"}],
+                                               response_format=Tag, temperature=1, seed=seed, max_tokens=30)
+        assert parsed.choices[0].message.parsed is not None  # validated by pydantic itself
+    schema = {"type": "object", "properties": {"s": {"type": "string", "pattern": '^a"b$'}}, "required": ["s"]}
+    out = post(server, "/v1/chat/completions", {"model": MODEL, "messages": MESSAGES, "max_tokens": 20, "temperature": 0,
+                                                "response_format": {"type": "json_schema",
+                                                                    "json_schema": {"name": "q", "schema": schema}}})
+    assert json.loads(out.json()["choices"][0]["message"]["content"]) == {"s": 'a"b'}

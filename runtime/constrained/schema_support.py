@@ -1,11 +1,13 @@
-"""Which JSON schemas the grammar engine honours. xgrammar compiles some keywords without
-enforcing them (it may only print a warning): output under such a schema can break it while
-the request reports success. ``unhonoured_feature`` finds them first, so the request is
-refused with the keyword's place in the schema instead.
+"""Which JSON schemas xgrammar enforces whole. It compiles some keywords without enforcing
+them (it may only print a warning): output under such a schema could break it while the
+request reports success. ``unhonoured_feature`` finds them first; such a schema compiles
+with llguidance instead (``auto_backend``), or is refused with the part's place in the
+schema when llguidance cannot keep it either. ``enforceable_part`` is the looser schema
+xgrammar does enforce (for tools that were promised nothing more).
 
 Found by compiling a schema with each keyword and checking a violating instance against the
 grammar (xgrammar 0.2.9); ``tests/test_schema_support.py`` keeps the list honest both ways:
-every refused keyword is still ignored by the engine, and every accepted one still enforced.
+every part found is still let through by xgrammar, and every part accepted still enforced.
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ IGNORED_KEYWORDS = ("uniqueItems", "contains", "minContains", "maxContains", "de
                     "dependentSchemas", "dependencies", "not", "if", "then", "else")
 
 # Subschemas by keyword: a schema, a list of schemas, or a mapping of names to schemas.
-_ONE = ("items", "additionalProperties", "propertyNames", "unevaluatedProperties", "unevaluatedItems")
-_LIST = ("prefixItems", "anyOf", "oneOf", "allOf")
-_MAP = ("properties", "patternProperties", "$defs", "definitions")
+SUBSCHEMA = ("items", "additionalProperties", "propertyNames", "unevaluatedProperties", "unevaluatedItems")
+SUBSCHEMA_LISTS = ("prefixItems", "anyOf", "oneOf", "allOf")
+SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
 
 # Characters a JSON string can hold only escaped: xgrammar keeps a pattern's matches to
 # strings without them, and when no such string matches it writes them unescaped.
@@ -65,16 +67,16 @@ def enforceable_part(schema: Any, path: str = "") -> tuple[Any, list[str]]:
         properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
         kept["required"] = [name for name in schema["required"] if name in properties]
     prefix = f"{path}." if path else ""
-    for key in _ONE:
+    for key in SUBSCHEMA:
         if key in kept:
             kept[key], found = enforceable_part(kept[key], prefix + key)
             problems += found
-    for key in _LIST:
+    for key in SUBSCHEMA_LISTS:
         if isinstance(kept.get(key), list):
             subs = [enforceable_part(sub, f"{prefix}{key}[{i}]") for i, sub in enumerate(kept[key])]
             kept[key] = [sub for sub, _ in subs]
             problems += [p for _, found in subs for p in found]
-    for key in _MAP:
+    for key in SUBSCHEMA_MAPS:
         if isinstance(kept.get(key), dict):
             subs = {name: enforceable_part(sub, f"{prefix}{key}.{name}") for name, sub in kept[key].items()}
             kept[key] = {name: sub for name, (sub, _) in subs.items()}

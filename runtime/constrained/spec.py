@@ -48,9 +48,9 @@ def check_constraint(params: Any) -> None:
 @lru_cache(maxsize=256)
 def check_spec(spec: GrammarSpec) -> None:
     """Raise ``InvalidField`` naming the field when the constraint cannot be compiled: a
-    regex that does not parse, a schema that is not JSON or uses what the grammar engine
-    does not support or would not enforce (``schema_support``), EBNF with a syntax error (no
-    ``root`` rule included)."""
+    regex that does not parse, a schema that is not JSON or uses what neither grammar engine
+    supports or enforces (xgrammar, or llguidance for what xgrammar would not enforce:
+    ``schema_support``), EBNF with a syntax error (no ``root`` rule included)."""
     if spec.kind == "json_schema":
         try:
             schema = json.loads(spec.text)
@@ -59,8 +59,13 @@ def check_spec(spec: GrammarSpec) -> None:
         if not isinstance(schema, (dict, bool)):
             raise InvalidField("json_schema", f"json_schema must be a JSON object, got {type(schema).__name__}")
         problem = unhonoured_feature(schema)
-        if problem is not None:
-            raise InvalidField("json_schema", f"json_schema cannot be enforced: {problem}")
+        if problem is not None:  # compiled by llguidance instead (auto_backend), if it can keep it
+            from runtime.constrained.llguidance_backend import llguidance_refusal
+
+            refusal = llguidance_refusal(spec.text)
+            if refusal is None:
+                return
+            raise InvalidField("json_schema", f"json_schema cannot be enforced: {problem} ({refusal})")
     import xgrammar as xgr  # imported on first use: it takes a second or two
 
     build = {"regex": xgr.Grammar.from_regex, "json_schema": xgr.Grammar.from_json_schema,

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.config import ServerArgs
-from runtime.constrained.xgrammar_backend import XGrammarBackend
+from runtime.constrained.auto_backend import AutoGrammarBackend
 from runtime.executor.tp_worker import start_tp_peers
 from runtime.executor.worker import ModelWorker, prepare_process
 from runtime.scheduler.req import Req
@@ -52,7 +52,7 @@ class EngineCore:
         self.scheduler = Scheduler(
             # stop strings are matched against the text with special tokens, as SGLang does
             args, self.worker, lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
-            make_grammar_backend=lambda: XGrammarBackend(tokenizer.hf, vocab_size, eos),
+            make_grammar_backend=lambda: AutoGrammarBackend(tokenizer.hf, vocab_size, eos),
             encode=lambda text: tokenizer.hf.encode(text, add_special_tokens=False),
         )
         self._reported: dict[str, int] = {}  # rid -> output tokens already reported

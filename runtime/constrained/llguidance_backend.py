@@ -1,0 +1,134 @@
+"""llguidance, the grammar engine for JSON schemas xgrammar would not enforce whole
+(``schema_support``): it keeps a ``pattern`` together with ``minLength`` / ``maxLength``,
+``allOf`` of several schemas, ``multipleOf`` on numbers, ``format`` with ``pattern``, and
+escapes what a pattern's matches hold; what it cannot keep it refuses by name. Imported on
+first use. JSON is written as the xgrammar backend writes it: ``{"a": 1, "b": [1, 2]}``."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+
+from runtime.constrained.backend import Grammar, GrammarBackend, GrammarMatcher
+from runtime.constrained.schema_support import SUBSCHEMA, SUBSCHEMA_LISTS, SUBSCHEMA_MAPS
+from runtime.constrained.spec import GrammarSpec
+
+# Compact JSON with a space after separators, no free whitespace (see xgrammar_backend).
+_JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def json_grammar(schema_text: str) -> str:
+    import llguidance
+
+    return llguidance.LLMatcher.grammar_from_json_schema(closed(json.loads(schema_text)), defaults=_JSON_OPTIONS)
+
+
+def closed(schema: Any, in_all_of: bool = False) -> Any:
+    """``schema`` with xgrammar's defaults made explicit, so a schema means the same on both
+    engines: an object with ``properties`` takes no others unless it says so, an array with
+    ``prefixItems`` no more items. Not inside ``allOf`` (each part there sees the whole
+    object: closing one would refuse the others' properties)."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    if not in_all_of and "properties" in out and not {"additionalProperties", "patternProperties",
+                                                      "unevaluatedProperties"} & out.keys():
+        out["additionalProperties"] = False
+    if not in_all_of and "prefixItems" in out and not {"items", "unevaluatedItems"} & out.keys():
+        out["items"] = False
+    for key in SUBSCHEMA:
+        if key in out:
+            out[key] = closed(out[key])
+    for key in SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [closed(sub, in_all_of=key == "allOf") for sub in out[key]]
+    for key in SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: closed(sub) for name, sub in out[key].items()}
+    return out
+
+
+def llguidance_refusal(schema_text: str) -> str | None:
+    """Why llguidance cannot enforce the schema (its message's first line), or None."""
+    import llguidance
+
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(json_grammar(schema_text))
+    if is_error:
+        return (messages[0].strip().splitlines() or ["the schema is refused"])[0]
+    return None
+
+
+class LLGuidanceMatcher(GrammarMatcher):
+    """llguidance stops by itself once the grammar is complete and then allows only a stop
+    token; the matcher is terminated (allowing nothing) once that token is accepted."""
+
+    def __init__(self, matcher: Any, stop_ids: frozenset[int]) -> None:
+        self._m, self._stop_ids = matcher, stop_ids
+        self._ended = False
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        if self._ended:
+            bitmask[row] = 0
+            return
+        words = bitmask[row]
+        self._m.unsafe_compute_mask_ptr(words.data_ptr(), words.numel() * words.element_size())
+
+    def accept_token(self, token_id: int) -> bool:
+        if self._ended:
+            return False
+        if token_id in self._stop_ids:
+            self._ended = bool(self._m.is_accepting())
+            return self._ended
+        # A refused token would put the matcher in its error state for good: test it first.
+        if self._m.validate_tokens([token_id]) != 1:
+            return False
+        return bool(self._m.consume_token(token_id))
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens and self._ended:  # the stop token was the last one, and never reached llguidance
+            self._ended, num_tokens = False, num_tokens - 1
+        if num_tokens:
+            self._m.rollback(num_tokens)
+
+    def is_terminated(self) -> bool:
+        return self._ended
+
+    def jump_forward_string(self) -> str:
+        forced = self._m.compute_ff_bytes()
+        for cut in range(4):  # the bytes may end inside a character: leave that one out
+            try:
+                return forced[: len(forced) - cut].decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+        return ""
+
+
+class LLGuidanceGrammar(Grammar):
+    def __init__(self, tokenizer: Any, grammar: str, stop_ids: frozenset[int]) -> None:
+        self._tokenizer, self._grammar, self._stop_ids = tokenizer, grammar, stop_ids
+
+    def matcher(self) -> GrammarMatcher:
+        import llguidance
+
+        return LLGuidanceMatcher(llguidance.LLMatcher(self._tokenizer, self._grammar, log_level=0), self._stop_ids)
+
+
+class LLGuidanceBackend(GrammarBackend):
+    """JSON schemas only. ``hf_tokenizer``: the model's Hugging Face (fast) tokenizer;
+    ``vocab_size``: the width of the model's logits."""
+
+    def __init__(self, hf_tokenizer: Any, vocab_size: int, stop_token_ids: tuple[int, ...]) -> None:
+        import llguidance.hf
+
+        self.vocab_size, self._stop_ids = vocab_size, frozenset(stop_token_ids)
+        self._tokenizer = llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=vocab_size, eos_token=list(stop_token_ids))
+
+    def compile(self, spec: GrammarSpec) -> Grammar:
+        if spec.kind != "json_schema":
+            raise ValueError("the llguidance backend here only compiles JSON schemas")
+        refusal = llguidance_refusal(spec.text)
+        if refusal is not None:
+            raise ValueError(f"json_schema cannot be compiled: {refusal}")
+        return LLGuidanceGrammar(self._tokenizer, json_grammar(spec.text), self._stop_ids)
