@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 from runtime.models.config import ModelConfig
 
@@ -75,3 +76,17 @@ def meminfo_bytes(field: str) -> int | None:
             return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
     except (OSError, StopIteration, ValueError):
         return None
+
+
+def available_memory_bytes() -> int | None:
+    """Memory a new allocation can take now: /proc/meminfo's MemAvailable, or less inside a
+    container whose cgroup (v2) caps memory; None off Linux."""
+    available = meminfo_bytes("MemAvailable")
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+    except (OSError, ValueError):
+        return available
+    if limit == "max" or available is None:
+        return available
+    return min(available, int(limit) - used)

@@ -15,6 +15,7 @@ from typing import Any
 
 from runtime.capacity import (
     Plan,
+    available_memory_bytes,
     kv_bytes_per_token,
     largest_pool,
     meminfo_bytes,
@@ -111,6 +112,8 @@ def capacity_report(ns: argparse.Namespace, args: Any) -> dict[str, Any]:
         "replicas_needed": plan.replicas_for(ns.concurrent_programs) if ns.concurrent_programs is not None else None,
         "device_bytes": int(device), "usable_fraction": ns.usable_fraction,
         "model_context_tokens": cfg.max_position_embeddings,
+        # what serve checks a CPU pool against when it starts (other programs hold the rest)
+        "available_bytes": available_memory_bytes() if ns.device_memory is None and args.resolved_device == "cpu" else None,
         "largest_pool_tokens": largest_pool(kv, plan.weight_bytes, device, ns.usable_fraction),
     }
 
@@ -152,6 +155,9 @@ def render(r: dict[str, Any]) -> str:
         gib = math.floor(largest * r["kv_bytes_per_token"] / _GIB * 100) / 100
         lines.append(f"largest pool      {largest:,} tokens ({gib:.2f} GiB) beside the weights in {room}: "
                      f"--kv-cache-memory {gib:.2f}")
+    if r["available_bytes"] is not None:
+        lines.append(f"available now     {r['available_bytes'] / _GIB:.1f} GiB of memory (serve refuses a larger pool "
+                     "on this machine)")
     if r["context_tokens"] > r["model_context_tokens"]:
         lines.append(f"note              {r['context_tokens']:,} tokens of context are beyond the model's "
                      f"{r['model_context_tokens']:,}")

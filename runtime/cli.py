@@ -184,6 +184,10 @@ def _add_registered_commands(sub: argparse._SubParsersAction) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     ns, unrecognized = parser.parse_known_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    model = getattr(ns, "model", None)  # serve's MODEL may be the value of a flag it does not know
+    if unrecognized and model in words and words.index(model) > 0 and words[words.index(model) - 1] in unrecognized:
+        unrecognized.insert(unrecognized.index(words[words.index(model) - 1]) + 1, model)
     if unrecognized:  # the command's own usage, and what SGLang's or vLLM's flags are called here
         message = "\n".join([f"unrecognized arguments: {' '.join(unrecognized)}", *hints(unrecognized)])
         parser.commands[ns.command].error(message)

@@ -60,6 +60,9 @@ REFUSED = [
     (_string(pattern="^[\\t]{2}$"), '{"s": "\t\t"}', ["quote, backslash or control"]),
     ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["zz"]}, '{"a": 1}', ["'zz'"]),
     ({"$ref": "http://example.com/schema.json"}, '"anything"', ["$ref", "another document"]),
+    ({"minimum": 5}, "1", ["'minimum' without a 'type'"]),
+    ({"anyOf": [{"type": "string"}], "minLength": 3}, '"ab"', ["minLength"]),
+    ({"type": "string", "format": "uri-reference", "minLength": 1}, '""', ["format", "minLength"]),
     ({"type": "object", "properties": {"xs": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}},
       "required": ["xs"]}, '{"xs": [2, 2]}', ["uniqueItems", "properties.xs"]),
 ]
@@ -80,6 +83,10 @@ ENFORCED = [
     ({"allOf": [{"type": "integer", "minimum": 5}]}, "1"),
     ({"type": "object", "properties": {"a": {"type": "integer"}}, "unevaluatedProperties": False}, '{"a": 1, "b": 2}'),
     ({"$defs": {"n": {"type": "integer"}}, "$ref": "#/$defs/n"}, '"x"'),
+    ({"type": "string", "format": "uri", "minLength": 1}, '""'),  # pydantic's AnyUrl: the format implies it
+    ({"type": "string", "format": "password", "minLength": 8}, '"ab"'),  # a format xgrammar ignores
+    ({"type": ["integer", "null"], "multipleOf": 2}, "3"),
+    ({"properties": {"a": {"type": "integer"}}, "required": ["a"]}, "{}"),  # an object without "type"
 ]
 
 
@@ -92,7 +99,7 @@ def test_a_part_xgrammar_would_let_through_is_found(schema, violation, words):
 
 # What llguidance, the engine such schemas go to, refuses in turn: these are 400s.
 LLGUIDANCE_REFUSES = ("uniqueItems", "contains", "dependentRequired", "dependentSchemas", "'not'", "'if'",
-                      "look-around", "another document", "is not in 'properties'")
+                      "look-around", "another document", "is not in 'properties'", "'uri-reference'")
 
 
 @pytest.mark.parametrize(("schema", "violation", "words"), REFUSED)
@@ -185,3 +192,13 @@ def test_llguidance_output_follows_the_schema_on_random_walks(schema, llguidance
             assert matcher.accept_token(token) and len(ids) < 200
             ids += [] if token == eos else [token]
         jsonschema.validate(json.loads(tokenizer.decode(ids)), schema, format_checker=jsonschema.FormatChecker())
+
+
+def test_a_malformed_required_list_is_the_schemas_error_not_a_crash():
+    """A ``required`` entry that is not a name used to raise TypeError (a 400 naming
+    ``prompt``); it is the engine's to judge, as a json_schema error."""
+    schema = {"type": "object", "properties": {}, "required": [{"x": 1}]}
+    assert enforceable_part(schema)[0]["required"] == []
+    with pytest.raises(InvalidField) as err:
+        check_spec(GrammarSpec("json_schema", json.dumps(schema)))
+    assert err.value.field == "json_schema"

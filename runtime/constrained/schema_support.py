@@ -65,11 +65,14 @@ def enforceable_part(schema: Any, path: str = "") -> tuple[Any, list[str]]:
         drop(("$ref",), f"'$ref' to another document ({ref!r}) is not supported, only '#/...' within the schema")
     if isinstance(schema.get("required"), list):  # names the engine cannot make are left out
         properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
-        kept["required"] = [name for name in schema["required"] if name in properties]
+        kept["required"] = [name for name in schema["required"] if isinstance(name, str) and name in properties]
     prefix = f"{path}." if path else ""
     for key in SUBSCHEMA:
         if key in kept:
-            kept[key], found = enforceable_part(kept[key], prefix + key)
+            sub = kept[key]
+            if key == "propertyNames" and isinstance(sub, dict) and "type" not in sub:
+                sub = {"type": "string", **sub}  # names are strings: the engine knows it there
+            kept[key], found = enforceable_part(sub, prefix + key)
             problems += found
     for key in SUBSCHEMA_LISTS:
         if isinstance(kept.get(key), list):
@@ -87,14 +90,32 @@ def enforceable_part(schema: Any, path: str = "") -> tuple[Any, list[str]]:
 Problem = tuple[tuple[str, ...], str]  # (keywords to take out, why)
 
 
+# Formats xgrammar writes a grammar for; beside one of these it drops lengths and patterns.
+# Any other format it ignores (JSON Schema makes formats annotations) and keeps the rest.
+KNOWN_FORMATS = frozenset(["email", "uri", "uri-reference", "uri-template", "date", "time", "date-time", "duration",
+                           "ipv4", "ipv6", "hostname", "uuid", "json-pointer", "relative-json-pointer"])
+_FORMATS_WITH_EMPTY = frozenset(["uri-reference", "uri-template", "json-pointer", "relative-json-pointer"])
+# Keywords of one type that xgrammar enforces only with a "type" beside them.
+_TYPED_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minLength",
+                   "maxLength", "pattern", "format", "minItems", "maxItems")
+
+
 def _string_problems(schema: dict[str, Any]) -> list[Problem]:
+    untyped = [k for k in _TYPED_KEYWORDS if k in schema] if "type" not in schema else []
+    if untyped:
+        return [(tuple(untyped), f"'{untyped[0]}' without a 'type' beside it is not supported")]
     pattern, fmt = schema.get("pattern"), schema.get("format")
+    min_length = schema.get("minLength")
     lengths = tuple(k for k in ("minLength", "maxLength") if k in schema)
+    if fmt in KNOWN_FORMATS:  # it keeps the format: a length beyond what the format implies, or a pattern, is lost
+        empty_ok = fmt in _FORMATS_WITH_EMPTY
+        binding = [k for k in lengths if k == "maxLength" or not isinstance(min_length, int)
+                   or min_length > 1 or (min_length == 1 and empty_ok)]
+        other = ("pattern",) if pattern is not None else tuple(binding)
+        if other:
+            return [(other, f"'format' {fmt!r} together with '{other[0]}' is not supported")]
     if pattern is not None and lengths:  # the engine keeps the pattern and drops the lengths
-        return [(lengths, f"'pattern' together with '{lengths[0]}' is not supported (put the length into the pattern)")]
-    if fmt is not None and (pattern is not None or lengths):  # it keeps the format
-        other = ("pattern",) if pattern is not None else lengths
-        return [(other, f"'format' together with '{other[0]}' is not supported")]
+        return [(lengths, f"'pattern' together with '{lengths[0]}' is not supported")]
     problem = pattern_problem(pattern) if isinstance(pattern, str) else None
     return [(("pattern",), problem)] if problem else []
 
@@ -102,15 +123,17 @@ def _string_problems(schema: dict[str, Any]) -> list[Problem]:
 def _object_problems(schema: dict[str, Any]) -> list[Problem]:
     required = schema.get("required")
     properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
-    missing = [name for name in required if name not in properties] if isinstance(required, list) else []
+    names = [name for name in required if isinstance(name, str)] if isinstance(required, list) else []
+    missing = [name for name in names if name not in properties]
     if missing:  # the engine ignores the name; the looser schema leaves it out of "required"
         return [((), f"required property {missing[0]!r} is not in 'properties' (the engine cannot make it)")]
     return []
 
 
 def _number_problems(schema: dict[str, Any]) -> list[Problem]:
-    step = schema.get("multipleOf")
-    if step is None or (schema.get("type") == "integer" and isinstance(step, (int, float)) and float(step).is_integer()):
+    step, kind = schema.get("multipleOf"), schema.get("type")
+    integers_only = kind == "integer" or (isinstance(kind, list) and "integer" in kind and "number" not in kind)
+    if step is None or (integers_only and isinstance(step, (int, float)) and float(step).is_integer()):
         return []
     return [(("multipleOf",), "'multipleOf' is supported only on integers, by a whole number")]
 

@@ -25,7 +25,7 @@ from kernels.cpu.paged_attention import (
 )
 from kernels.triton import triton_installed
 from radix_cache import ReqToTokenTable
-from runtime.capacity import meminfo_bytes
+from runtime.capacity import available_memory_bytes
 from runtime.config import MIN_KV_TOKENS, ServerArgs
 from runtime.distributed import NO_TP, TPInfo, split_range
 from runtime.executor.cuda_graph_runner import CudaGraphRunner
@@ -150,11 +150,13 @@ class ModelWorker:
                 f"kv_cache_memory {args.kv_cache_memory:g} GiB holds {num_tokens} tokens of this model's KV "
                 f"cache ({per_slot} bytes each); at least {MIN_KV_TOKENS} are needed"
             )
-        available = meminfo_bytes("MemAvailable") if self.device.startswith("cpu") else None
-        if available is not None and num_tokens * per_slot > available:  # else the allocation fails, or swaps
+        # This process's part of the pool (a tensor-parallel rank holds its KV heads' share).
+        local = num_tokens * per_slot * split_range(cfg.num_kv_heads, self.tp.size, self.tp.rank)[1] // cfg.num_kv_heads
+        available = available_memory_bytes() if self.device.startswith("cpu") else None
+        if available is not None and local > available:  # else the allocation fails, or swaps
             given = "max_total_tokens" if args.max_total_tokens else "kv_cache_memory"
             raise ValueError(
-                f"{given} asks for a KV pool of {num_tokens * per_slot / 2**30:.1f} GiB, more than the "
+                f"{given} asks for a KV pool of {local / 2**30:.1f} GiB, more than the "
                 f"{available / 2**30:.1f} GiB of memory available now ('forkserve capacity' prints what fits)"
             )
         return num_tokens

@@ -16,6 +16,7 @@ import shlex
 import sys
 from dataclasses import dataclass
 
+from runtime.capacity import available_memory_bytes
 from runtime.config import MIN_KV_TOKENS, DataParallelArgs, HttpArgs, ServerArgs, cli_flags
 
 GATEWAY_MODULE = "sglang_router.launch_router"
@@ -76,6 +77,10 @@ def plan_replicas(args: ServerArgs, http: HttpArgs, dp: DataParallelArgs, ports:
         shares["max_total_tokens"] = tokens
     else:
         shares["kv_cache_memory"] = args.kv_cache_memory / n
+        available = available_memory_bytes() if args.resolved_device.startswith("cpu") else None
+        if available is not None and args.kv_cache_memory * 2**30 > available:  # each replica's share fits alone
+            raise PlanError(f"--kv-cache-memory {args.kv_cache_memory:g} GiB (all replicas together) is more than "
+                            f"the {available / 2**30:.1f} GiB of memory available now")
     replica_args = dataclasses.replace(args, **shares)  # type: ignore[arg-type]
     return [Replica(i, replica_args, dataclasses.replace(http, host=REPLICA_HOST, port=port))
             for i, port in enumerate(ports)]

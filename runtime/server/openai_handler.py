@@ -89,8 +89,8 @@ class OpenAIHandler:
         if schema is None:
             return fields
         if fields.get("json_schema") is not None:
-            raise ApiError(400, "give response_format or a JSON schema field (json_schema, guided_json, "
-                                "structured_outputs.json), not both", param="response_format")
+            raise ApiError(400, f"give response_format or {self.constraint_source[0]}, not both",  # type: ignore[index]
+                           param="response_format")
         return {**fields, "json_schema": json.dumps(schema)}
 
     @functools.cached_property

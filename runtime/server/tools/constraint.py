@@ -68,7 +68,8 @@ def _functions(tools: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
         if fn.get("strict"):
             problem = unhonoured_feature(params)
             if problem is not None:
-                raise InvalidField("tools", f"the parameters of strict tool '{fn['name']}' cannot be enforced: {problem}")
+                raise InvalidField("tools", f"the parameters of strict tool '{fn['name']}' cannot be enforced: "
+                                            f"{problem}; without 'strict' its calls follow the rest of the schema")
         else:
             params = enforceable_part(params)[0]
         out.append((fn["name"], params))
