@@ -83,7 +83,7 @@ def _run_generate(ns: argparse.Namespace) -> int:
     if ns.chat:
         prompts = [engine.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
     try:
-        outs = engine.generate(prompts, params, progress=len(prompts) > 1)
+        outs = engine.generate(prompts, params, progress=len(prompts) > 1 or sys.stderr.isatty())
     except ValueError as err:  # a prompt the engine refuses (empty, longer than the context)
         print(f"forkserve: {err}", file=sys.stderr)
         return 2

@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import math
 import re
+import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -314,7 +315,7 @@ class DataParallelArgs:
         "Data-parallel replicas on this machine: N full servers, each with its own scheduler and worker "
         "processes, the CPU threads (--num-threads, default all cores) and the KV pool (--max-total-tokens or "
         "--kv-cache-memory) split evenly between them, on ports chosen automatically on 127.0.0.1, behind SGLang's "
-        "model gateway listening on --host/--port. Needs the gateway: pip install 'forkserve[router]'. "
+        "model gateway listening on --host/--port. Needs the gateway: pip install sglang-router (from a checkout: pip install -e '.[router]'). "
         "1 serves one engine without a gateway.",
         aliases=["--dp", "--data-parallel-size"],
     )
@@ -346,6 +347,10 @@ class DataParallelArgs:
             raise ValueError(f"router_policy must be one of {', '.join(ROUTER_POLICIES)}, got {self.router_policy!r}")
         if self.router_health_check_interval < 1:
             raise ValueError(f"router_health_check_interval must be at least 1, got {self.router_health_check_interval}")
+        try:
+            shlex.split(self.router_args)
+        except ValueError as err:
+            raise ValueError(f"router_args cannot be split into flags: {err}") from err
 
 
 def cpu_flags() -> set[str]:

@@ -121,13 +121,15 @@ class Engine:
 
     # ------------------------------------------------------------------ helpers
     def _run_until_done(self, reqs: list[Req], progress: bool) -> None:
-        """The offline driver of the engine core: step until every request of this call is done."""
-        bar = tqdm(total=len(reqs), desc="generate", disable=not progress)
+        """The offline driver of the engine core: step until every request of this call is done.
+        The progress bar counts tokens (a finished request: all it could have had), so one
+        long answer shows progress too."""
+        bar = tqdm(total=sum(r.params.max_new_tokens for r in reqs), desc="generate", unit="tok", disable=not progress)
         mine, remaining = {r.rid for r in reqs}, len(reqs)
         while remaining:
-            finished = sum(out.finished and out.req.rid in mine for out in self.core.step())
-            bar.update(finished)
-            remaining -= finished
+            remaining -= sum(out.finished and out.req.rid in mine for out in self.core.step())
+            if progress:
+                bar.update(sum(r.params.max_new_tokens if r.is_finished else len(r.output_ids) for r in reqs) - bar.n)
         bar.close()
 
     def _prompt_ids(self, prompt: Any, input_ids: Any) -> tuple[list[list[int]], bool]:

@@ -95,3 +95,12 @@ def test_without_the_gateway_dp_says_how_to_install_it(monkeypatch, capsys):
         signal.signal(signal.SIGTERM, handler)
     err = capsys.readouterr().err
     assert code == 1 and data_parallel.INSTALL_HINT in err and "--dp-size 2" in err
+
+
+def test_router_args_the_gateway_refuses_are_one_line_before_anything_starts():
+    with pytest.raises(ValueError, match="router_args cannot be split into flags: No closing quotation"):
+        DataParallelArgs(dp_size=2, router_args="'--unclosed")
+    pytest.importorskip("sglang_router")
+    data_parallel.check_router_args("--cache-threshold 0.5")
+    with pytest.raises(ValueError, match="the gateway refuses them: unrecognized arguments: --no-such-flag 3"):
+        data_parallel.check_router_args("--no-such-flag 3")

@@ -20,7 +20,7 @@ from runtime.capacity import available_memory_bytes
 from runtime.config import MIN_KV_TOKENS, DataParallelArgs, HttpArgs, ServerArgs, cli_flags
 
 GATEWAY_MODULE = "sglang_router.launch_router"
-INSTALL_HINT = "pip install 'forkserve[router]' (or: pip install sglang-router)"
+INSTALL_HINT = "pip install sglang-router (from a checkout: pip install -e '.[router]')"
 REPLICA_HOST = "127.0.0.1"
 # The gateway waits this long for in-flight requests when stopped (its own default is 180 s,
 # too long for a Ctrl-C); forkserve's replicas answer what is left with a 503 after that.
@@ -121,3 +121,21 @@ def local_url(host: str, port: int) -> str:
     elif host == "::":
         host = "::1"
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def check_router_args(router_args: str) -> None:
+    """``ValueError`` if the gateway's own parser refuses ``--router-args``: before any
+    replica loads, and in one line rather than its usage text."""
+    import contextlib
+    import io
+
+    from sglang_router.launch_router import parse_router_args
+
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(printed), contextlib.redirect_stdout(printed):
+            parse_router_args(shlex.split(router_args))
+    except SystemExit as err:
+        if err.code:
+            last = (printed.getvalue().strip().splitlines() or ["refused"])[-1]
+            raise ValueError(f"--router-args: the gateway refuses them: {last.split('error: ', 1)[-1]}") from None

@@ -5,12 +5,12 @@ Order: the user's port must be free; the replicas start together (each a whole
 ``forkserve serve`` on 127.0.0.1, see ``data_parallel.py``) and each must print its ready
 line; then the gateway starts and must report every replica healthy; then the URL is
 printed. Each child runs in its own session, so a terminal's Ctrl-C reaches only this
-process, which stops the gateway first (no new requests), then the replicas, and finally
-kills whatever is left of each child's process group. Children also get SIGTERM if this
+process, which stops the gateway and the replicas together (``stop``), and finally kills
+whatever is left of each child's process group. Children also get SIGTERM if this
 process dies (``orphan_guard.py``).
 
-A replica that dies is reported here and by the gateway's health checks, which take it out
-of rotation; the others keep serving. If the gateway dies, or every replica, this process
+A replica that dies is reported here and taken out of the gateway at once (its health checks
+would take ~10 s); the others keep serving. If the gateway dies, or every replica, this process
 stops the rest and exits with code 1.
 """
 
@@ -34,10 +34,10 @@ import httpx
 
 from runtime.config import DataParallelArgs, HttpArgs, ServerArgs
 from runtime.server.data_parallel import (
-    GATEWAY_GRACE_S,
     INSTALL_HINT,
     REPLICA_HOST,
     Replica,
+    check_router_args,
     gateway_command,
     gateway_installed,
     local_url,
@@ -80,11 +80,14 @@ class DataParallelLauncher:
         self.gateway: Child | None = None
         self.url = local_url(http.host, http.port)
         self.run_dir: str | None = None
+        self.metrics_port = 0
 
     def run(self) -> int:
         if not gateway_installed():
             raise StartupError(f"--dp-size {self.dp.dp_size} puts SGLang's model gateway in front of the replicas, "
                                f"and it is not installed: {INSTALL_HINT}")
+        if self.dp.router_args:
+            check_router_args(self.dp.router_args)
         # The user's port fails now if taken, not after N models load, and stays held (as do
         # the others) until just before its server starts, so nothing else takes it meanwhile.
         held = [bind_port(self.http.host, self.http.port)]
@@ -95,14 +98,14 @@ class DataParallelLauncher:
                 self.run_dir = tempfile.mkdtemp(prefix="forkserve-dp-")
                 self.http = dataclasses.replace(self.http, response_store=os.path.join(self.run_dir, "responses.sqlite"))
             held += reserve_ports(self.dp.dp_size + 1)
-            *ports, metrics_port = [s.getsockname()[1] for s in held[1:]]
+            *ports, self.metrics_port = [s.getsockname()[1] for s in held[1:]]
             self.replicas = plan_replicas(self.args, self.http, self.dp, ports)
             for s in held[1:-1]:
                 s.close()
             for r in self.replicas:
                 self.children.append(self._spawn(f"replica {r.index}", r.command(os.getpid())))
             self._wait_replicas()
-            command = gateway_command(self.replicas, self.http, self.dp, metrics_port, os.getpid())
+            command = gateway_command(self.replicas, self.http, self.dp, self.metrics_port, os.getpid())
             for s in (held[0], held[-1]):
                 s.close()
             self.gateway = self._spawn("gateway", command)
@@ -159,6 +162,7 @@ class DataParallelLauncher:
             print(f"forkserve: replica {r.index} at {r.url} (pid {c.proc.pid}), {r.args.num_threads} compute threads",
                   flush=True)
         host = f"[{self.http.host}]" if ":" in self.http.host else self.http.host
+        print(f"forkserve: gateway metrics (Prometheus) at http://{host}:{self.metrics_port}/metrics", flush=True)
         print(f"forkserve ready: http://{host}:{self.http.port} ({len(self.replicas)} replicas behind SGLang's model "
               f"gateway, policy {self.dp.router_policy}; OpenAI API under /v1)", flush=True)
 
@@ -173,23 +177,36 @@ class DataParallelLauncher:
             for r, c in zip(self.replicas, self.children, strict=True):
                 if c.proc.poll() is not None and not c.reported:
                     c.reported = True
-                    print(f"forkserve: replica {r.index} ({r.url}) exited with code {c.proc.returncode}; the "
-                          f"gateway's health checks take it out of rotation (every "
-                          f"{self.dp.router_health_check_interval} s); the other replicas keep serving",
-                          file=sys.stderr, flush=True)
+                    how = ("taken out of the gateway" if self._remove_worker(r.url) else
+                           f"the gateway's health checks take it out of rotation (every "
+                           f"{self.dp.router_health_check_interval} s)")
+                    print(f"forkserve: replica {r.index} ({r.url}) exited with code {c.proc.returncode}; {how}; "
+                          "the other replicas keep serving", file=sys.stderr, flush=True)
             if all(c.proc.poll() is not None for c in self.children):
                 print("forkserve: every replica has exited; stopping the gateway", file=sys.stderr, flush=True)
                 return 1
 
+    def _remove_worker(self, url: str) -> bool:
+        """Take a dead replica out of the gateway at once (its health checks need two misses,
+        ~10 s, while requests sent to it in between fail). False if the gateway would not."""
+        headers = {"Authorization": f"Bearer {self.http.api_key}"} if self.http.api_key else {}
+        try:
+            workers = httpx.get(f"{self.url}/workers", headers=headers, timeout=5).json()["workers"]
+            worker_id = next(w["id"] for w in workers if w.get("url") == url)
+            return httpx.delete(f"{self.url}/workers/{worker_id}", headers=headers, timeout=5).status_code < 300
+        except (httpx.HTTPError, ValueError, KeyError, TypeError, StopIteration):
+            return False
+
     def stop(self) -> None:
-        """Gateway first, so nothing new reaches a replica; then the replicas; then whatever
-        is left in each child's process group. Signals wait until it is done: a second
-        Ctrl-C must not leave a replica running."""
+        """The gateway and the replicas together: the gateway takes no new connections and
+        waits up to its grace period for the requests it forwarded, while each replica
+        answers what it still runs after its own grace (a 503, a stream's error event), which
+        the gateway passes on; then whatever is left in each child's process group. (Stopping
+        the gateway first cut those requests off unanswered when its grace ran out.) Signals
+        wait until it is done: a second Ctrl-C must not leave a replica running."""
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        if self.gateway is not None:
-            _terminate([self.gateway], GATEWAY_GRACE_S + 2.0)
-        _terminate(self.children, _REPLICA_STOP_S)
+        _terminate([*([self.gateway] if self.gateway else []), *self.children], _REPLICA_STOP_S)
         for c in [*self.children, *([self.gateway] if self.gateway else [])]:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(c.proc.pid, signal.SIGKILL)
