@@ -122,6 +122,8 @@ def assert_error(resp: httpx.Response, status: int, *words: str, param: str | No
             "type": "object", "properties": {"xs": {"type": "array", "uniqueItems": True}}}}}]}, 400,
          ["strict tool 'f'", "uniqueItems"], "tools"),
         ("/v1/chat/completions", {**CHAT, "regex": "a", "guided_regex": "b"}, 400, ["regex", "guided_regex"], "guided_regex"),
+        ("/v1/chat/completions", {**CHAT, "regex": "a", "structured_outputs": {"regex": "a"}, "guided_regex": "b"}, 400,
+         ["guided_regex"], "guided_regex"),  # the same one twice is one; a third, different, is not
         ("/v1/chat/completions", {**CHAT, "regex": "a", "guided_choice": ["x"]}, 400, ["guided_choice"], "guided_choice"),
         ("/v1/completions", {"model": MODEL, "prompt": "x", "structured_outputs": {"regex": "a", "choice": ["x"]}}, 400,
          ["structured_outputs.choice"], "structured_outputs.choice"),

@@ -304,3 +304,11 @@ def test_schemas_xgrammar_would_not_enforce_are_kept_by_llguidance(server):
                                                 "response_format": {"type": "json_schema",
                                                                     "json_schema": {"name": "q", "schema": schema}}})
     assert json.loads(out.json()["choices"][0]["message"]["content"]) == {"s": 'a"b'}
+
+
+def test_one_constraint_under_both_servers_names_is_one_constraint(server):
+    """A client written for SGLang and vLLM alike sends ``regex`` and
+    ``structured_outputs.regex`` with the same value: one constraint, not a 400."""
+    resp = post(server, "/v1/chat/completions", {"model": MODEL, "messages": MESSAGES, "max_tokens": 6, "temperature": 0,
+                                                 "regex": "[0-9]+", "structured_outputs": {"regex": "[0-9]+"}})
+    assert resp.status_code == 200 and re.fullmatch("[0-9]+", resp.json()["choices"][0]["message"]["content"]), resp.text

@@ -110,8 +110,8 @@ class OpenAIHandler:
     @functools.cached_property
     def constraint_source(self) -> tuple[str, str, Any] | None:
         """(the field as the client named it, its kind, its value) of the one constraint given
-        besides ``response_format``; kinds: regex, choice, ebnf, json, json_object. Two are a
-        400 (nothing says which would win)."""
+        besides ``response_format``; kinds: regex, choice, ebnf, json, json_object. Two
+        different ones are a 400 (nothing says which would win)."""
         r = self.req
         so = r.structured_outputs or StructuredOutputs()
         candidates = [
@@ -124,9 +124,11 @@ class OpenAIHandler:
             ("structured_outputs.json_object", "json_object", so.json_object or None),
         ]
         given = [c for c in candidates if c[2] is not None]
-        if len(given) > 1:
-            raise ApiError(400, f"give one output constraint, not both {given[0][0]} and {given[1][0]}",
-                           param=given[1][0])
+        # The same constraint under two servers' names (a client written for both sends
+        # SGLang's regex and vLLM's structured_outputs.regex) is one constraint.
+        other = next((c for c in given[1:] if (c[1], c[2]) != (given[0][1], given[0][2])), None)
+        if other is not None:
+            raise ApiError(400, f"give one output constraint, not both {given[0][0]} and {other[0]}", param=other[0])
         return given[0] if given else None
 
     def given_constraint(self) -> dict[str, Any]:
