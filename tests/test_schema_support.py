@@ -172,6 +172,22 @@ def test_escape_free_check_agrees_with_brute_force(pattern):
      "allOf": [{"required": ["n"]}, {"properties": {"n": {"multipleOf": 3}}}]},
 ])
 def test_llguidance_output_follows_the_schema_on_random_walks(schema, llguidance_backend):
+    _random_walks(schema, llguidance_backend)
+
+
+def test_an_object_made_of_all_of_parts_is_closed_to_their_properties(llguidance_backend):
+    """Properties beside an allOf and in its parts are all allowed (closing the object to its
+    own alone made the schema unsatisfiable), and no others, as on xgrammar's path."""
+    schema = {"type": "object", "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["id"],
+              "allOf": [{"properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["a"]},
+                        {"properties": {"b": {"type": "string", "maxLength": 3, "pattern": "^[a-z]+$"}},
+                         "required": ["b"]}]}
+    check_spec(GrammarSpec("json_schema", json.dumps(schema)))
+    for out in _random_walks(schema, llguidance_backend):
+        assert set(out) == {"id", "a", "b"}, out
+
+
+def _random_walks(schema: dict, llguidance_backend) -> list:
     """Random allowed tokens (the end whenever it is allowed) make valid JSON of the schema."""
     import random
 
@@ -181,7 +197,7 @@ def test_llguidance_output_follows_the_schema_on_random_walks(schema, llguidance
 
     backend, tokenizer = llguidance_backend
     grammar = backend.compile(GrammarSpec("json_schema", json.dumps(schema)))
-    eos = tokenizer.eos_token_id
+    eos, outs = tokenizer.eos_token_id, []
     for seed in range(4):
         rng, matcher, ids = random.Random(seed), grammar.matcher(), []
         while not matcher.is_terminated():
@@ -191,7 +207,10 @@ def test_llguidance_output_follows_the_schema_on_random_walks(schema, llguidance
             token = eos if eos in allowed else rng.choice(allowed)
             assert matcher.accept_token(token) and len(ids) < 200
             ids += [] if token == eos else [token]
-        jsonschema.validate(json.loads(tokenizer.decode(ids)), schema, format_checker=jsonschema.FormatChecker())
+        out = json.loads(tokenizer.decode(ids))
+        jsonschema.validate(out, schema, format_checker=jsonschema.FormatChecker())
+        outs.append(out)
+    return outs
 
 
 def test_a_malformed_required_list_is_the_schemas_error_not_a_crash():

@@ -312,3 +312,20 @@ def test_one_constraint_under_both_servers_names_is_one_constraint(server):
     resp = post(server, "/v1/chat/completions", {"model": MODEL, "messages": MESSAGES, "max_tokens": 6, "temperature": 0,
                                                  "regex": "[0-9]+", "structured_outputs": {"regex": "[0-9]+"}})
     assert resp.status_code == 200 and re.fullmatch("[0-9]+", resp.json()["choices"][0]["message"]["content"]), resp.text
+
+
+def test_json_schemas_boolean_forms(server):
+    """JSON Schema's ``true`` (any JSON value) is taken as a response_format schema; ``false``
+    (no value at all) is a 400 naming response_format."""
+    def ask(schema: bool) -> httpx.Response:
+        return post(server, "/v1/chat/completions", {
+            "model": MODEL, "messages": MESSAGES, "max_tokens": 30, "temperature": 0,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "any", "schema": schema}}})
+
+    anything = ask(True)
+    assert anything.status_code == 200, anything.text
+    choice = anything.json()["choices"][0]
+    if choice["finish_reason"] == "stop":
+        json.loads(choice["message"]["content"])
+    nothing = ask(False)
+    assert nothing.status_code == 400 and nothing.json()["error"]["param"] == "response_format", nothing.text

@@ -20,14 +20,18 @@ def json_grammar(schema_text: str) -> str:
 
 def closed(schema: Any, in_all_of: bool = False) -> Any:
     """``schema`` with xgrammar's defaults made explicit, so a schema means the same on both
-    engines: an object with ``properties`` takes no others unless it says so, an array with
-    ``prefixItems`` no more items. Not inside ``allOf`` (each part there sees the whole
-    object: closing one would refuse the others' properties)."""
+    engines: an object with ``properties`` (its own or its ``allOf`` parts') takes no others
+    unless it says so, an array with ``prefixItems`` no more items. The parts of an ``allOf``
+    are left open (each sees the whole object: closing one would refuse the others')."""
     if not isinstance(schema, dict):
         return schema
     out = dict(schema)
-    if not in_all_of and "properties" in out and not {"additionalProperties", "patternProperties",
-                                                      "unevaluatedProperties"} & out.keys():
+    parts = [p for p in out["allOf"] if isinstance(p, dict)] if isinstance(out.get("allOf"), list) else []
+    names = [n for p in [out, *parts] if isinstance(p.get("properties"), dict) for n in p["properties"]]
+    if not in_all_of and names and not {"additionalProperties", "patternProperties", "unevaluatedProperties"} & out.keys():
+        # Closed to its own properties and its allOf parts' (listed here as any value: the
+        # parts keep their own schemas for them), as xgrammar closes an object.
+        out["properties"] = {**dict.fromkeys(names, {}), **(out.get("properties") or {})}
         out["additionalProperties"] = False
     if not in_all_of and "prefixItems" in out and not {"items", "unevaluatedItems"} & out.keys():
         out["items"] = False
@@ -48,6 +52,9 @@ def llguidance_refusal(schema_text: str) -> str | None:
     import llguidance
 
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(json_grammar(schema_text))
-    if is_error:
-        return (messages[0].strip().splitlines() or ["the schema is refused"])[0]
-    return None
+    if not is_error:
+        return None
+    lines = [line.strip() for line in messages[0].splitlines() if line.strip()] or ["the schema is refused"]
+    # A regex error is a header, the pattern with a caret, and "error: why" last.
+    reason = next((line for line in lines[1:] if line.startswith("error:")), "")
+    return f"{lines[0]} {reason.removeprefix('error: ')}".strip()

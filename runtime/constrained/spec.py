@@ -65,7 +65,7 @@ def check_spec(spec: GrammarSpec) -> None:
             refusal = llguidance_refusal(spec.text)
             if refusal is None:
                 return
-            raise InvalidField("json_schema", f"json_schema cannot be enforced: {problem} ({refusal})")
+            raise InvalidField("json_schema", f"json_schema cannot be enforced: {refusal} ({problem})")
     import xgrammar as xgr  # imported on first use: it takes a second or two
 
     build = {"regex": xgr.Grammar.from_regex, "json_schema": xgr.Grammar.from_json_schema,

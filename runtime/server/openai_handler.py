@@ -159,7 +159,8 @@ class OpenAIHandler:
             return {"type": "object"}
         if fmt.json_schema is None:
             raise ApiError(400, "response_format of type json_schema needs a 'json_schema' object", param="response_format")
-        return fmt.json_schema.schema_ or {}
+        schema = fmt.json_schema.schema_
+        return {} if schema is None else schema  # type: ignore[return-value]  # true: any value; false: refused
 
     def check_common(self) -> None:
         self.ctx.check_model(self.req.model)

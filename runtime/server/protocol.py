@@ -136,7 +136,7 @@ class StreamOptions(_Body):
 class JsonSchemaFormat(_Body):
     name: str
     description: str | None = None
-    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    schema_: dict[str, Any] | bool | None = Field(default=None, alias="schema")  # JSON Schema's true / false too
     strict: bool | None = None
 
 

@@ -30,7 +30,7 @@ class ResponseTextFormat(_Body):
     type: Literal["text", "json_object", "json_schema"]
     name: str | None = None
     description: str | None = None
-    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    schema_: dict[str, Any] | bool | None = Field(default=None, alias="schema")  # JSON Schema's true / false too
     strict: bool | None = None
 
 
