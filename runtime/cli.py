@@ -186,8 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     ns, unrecognized = parser.parse_known_args(argv)
     words = sys.argv[1:] if argv is None else argv
     model = getattr(ns, "model", None)  # serve's MODEL may be the value of a flag it does not know
-    if unrecognized and model in words and words.index(model) > 0 and words[words.index(model) - 1] in unrecognized:
-        unrecognized.insert(unrecognized.index(words[words.index(model) - 1]) + 1, model)
+    before = words[words.index(model) - 1] if model in words and words.index(model) > 0 else None
+    if before in unrecognized:
+        unrecognized.insert(unrecognized.index(before) + 1, model)
     if unrecognized:  # the command's own usage, and what SGLang's or vLLM's flags are called here
         message = "\n".join([f"unrecognized arguments: {' '.join(unrecognized)}", *hints(unrecognized)])
         parser.commands[ns.command].error(message)

@@ -83,7 +83,8 @@ class LLGuidanceBackend(GrammarBackend):
     def compile(self, spec: GrammarSpec) -> Grammar:
         if spec.kind != "json_schema":
             raise ValueError("the llguidance backend here only compiles JSON schemas")
-        refusal = llguidance_refusal(spec.text)
+        grammar = json_grammar(spec.text)
+        refusal = llguidance_refusal(grammar)
         if refusal is not None:
             raise ValueError(f"json_schema cannot be compiled: {refusal}")
-        return LLGuidanceGrammar(self._tokenizer, json_grammar(spec.text), self._stop_ids)
+        return LLGuidanceGrammar(self._tokenizer, grammar, self._stop_ids)

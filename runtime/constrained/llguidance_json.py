@@ -47,11 +47,11 @@ def closed(schema: Any, in_all_of: bool = False) -> Any:
     return out
 
 
-def llguidance_refusal(schema_text: str) -> str | None:
-    """Why llguidance cannot enforce the schema (its message's first line), or None."""
+def llguidance_refusal(grammar: str) -> str | None:
+    """Why llguidance cannot enforce ``grammar`` (a ``json_grammar``), or None."""
     import llguidance
 
-    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(json_grammar(schema_text))
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
     if not is_error:
         return None
     lines = [line.strip() for line in messages[0].splitlines() if line.strip()] or ["the schema is refused"]

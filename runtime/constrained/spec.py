@@ -60,9 +60,9 @@ def check_spec(spec: GrammarSpec) -> None:
             raise InvalidField("json_schema", f"json_schema must be a JSON object, got {type(schema).__name__}")
         problem = unhonoured_feature(schema)
         if problem is not None:  # compiled by llguidance instead (auto_backend), if it can keep it
-            from runtime.constrained.llguidance_json import llguidance_refusal
+            from runtime.constrained.llguidance_json import json_grammar, llguidance_refusal
 
-            refusal = llguidance_refusal(spec.text)
+            refusal = llguidance_refusal(json_grammar(spec.text))
             if refusal is None:
                 return
             raise InvalidField("json_schema", f"json_schema cannot be enforced: {refusal} ({problem})")

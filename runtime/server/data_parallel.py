@@ -23,7 +23,7 @@ GATEWAY_MODULE = "sglang_router.launch_router"
 INSTALL_HINT = "pip install sglang-router (from a checkout: pip install -e '.[router]')"
 REPLICA_HOST = "127.0.0.1"
 # The gateway waits this long for in-flight requests when stopped (its own default is 180 s,
-# too long for a Ctrl-C); forkserve's replicas answer what is left with a 503 after that.
+# too long for a Ctrl-C); the replicas, stopped at the same time, answer theirs within it.
 GATEWAY_GRACE_S = 5
 # cache_aware's balance thresholds (--balance-abs-threshold, --balance-rel-threshold): the
 # gateway sends a request to the least busy replica, whatever it caches, when the busiest

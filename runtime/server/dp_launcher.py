@@ -140,7 +140,7 @@ class DataParallelLauncher:
     def _wait_gateway(self) -> None:
         """Until the gateway lists every replica as a healthy worker."""
         assert self.gateway is not None
-        headers = {"Authorization": f"Bearer {self.http.api_key}"} if self.http.api_key else {}
+        headers = self._gateway_headers
         deadline = time.monotonic() + _GATEWAY_READY_S
         healthy: list[str] = []
         while time.monotonic() < deadline:
@@ -186,10 +186,14 @@ class DataParallelLauncher:
                 print("forkserve: every replica has exited; stopping the gateway", file=sys.stderr, flush=True)
                 return 1
 
+    @property
+    def _gateway_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.http.api_key}"} if self.http.api_key else {}
+
     def _remove_worker(self, url: str) -> bool:
         """Take a dead replica out of the gateway at once (its health checks need two misses,
         ~10 s, while requests sent to it in between fail). False if the gateway would not."""
-        headers = {"Authorization": f"Bearer {self.http.api_key}"} if self.http.api_key else {}
+        headers = self._gateway_headers
         try:
             workers = httpx.get(f"{self.url}/workers", headers=headers, timeout=5).json()["workers"]
             worker_id = next(w["id"] for w in workers if w.get("url") == url)

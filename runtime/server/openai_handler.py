@@ -28,6 +28,8 @@ from runtime.server.scheduler_client import ReqState
 
 # Sampling fields as OpenAI clients call them, for error messages.
 OPENAI_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "json_schema": "response_format"}
+# The sampling field each kind of given constraint becomes (``constraint_source``'s kinds).
+CONSTRAINT_FIELD = {"regex": "regex", "choice": "regex", "ebnf": "ebnf", "json": "json_schema", "json_object": "json_schema"}
 
 
 # The least logprob the OpenAI routes report, as vLLM's: a token a grammar rules out has -inf,
@@ -104,7 +106,7 @@ class OpenAIHandler:
             del names["json_schema"]
         source = self.constraint_source
         if source is not None and source[0] != source[1]:
-            names[{"choice": "regex", "json": "json_schema", "json_object": "json_schema"}.get(source[1], source[1])] = source[0]
+            names[CONSTRAINT_FIELD[source[1]]] = source[0]
         return names
 
     @functools.cached_property
@@ -142,12 +144,12 @@ class OpenAIHandler:
         if kind == "choice":
             if not any(value):
                 raise ApiError(400, f"{name} must list at least one non-empty choice", param=name)
-            return {"regex": "|".join(re.escape(c) for c in value)}
-        if kind == "json_object":
-            return {"json_schema": json.dumps({"type": "object"})}
-        if kind == "json":
-            return {"json_schema": value if isinstance(value, str) else json.dumps(value)}
-        return {kind: value}
+            value = "|".join(re.escape(c) for c in value)
+        elif kind == "json_object":
+            value = json.dumps({"type": "object"})
+        elif kind == "json" and not isinstance(value, str):
+            value = json.dumps(value)
+        return {CONSTRAINT_FIELD[kind]: value}
 
     def answer_schema(self) -> dict[str, Any] | None:
         """The JSON schema ``response_format`` asks the answer to follow (``json_object``: any

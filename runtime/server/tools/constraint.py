@@ -76,15 +76,6 @@ def _functions(tools: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-def _schemas(functions: list[tuple[str, dict[str, Any]]],
-             answer_schema: dict[str, Any] | None) -> list[tuple[str, str, dict[str, Any]]]:
-    """(request field, what it is in an error, schema) of every schema the grammar embeds."""
-    named = [("tools", f"the parameters of tool '{name}'", schema) for name, schema in functions]
-    if answer_schema is not None:
-        named.append(("response_format", "the response_format schema", answer_schema))
-    return named
-
-
 def tool_grammar(tools: list[dict[str, Any]], tool_choice: Any, parser_name: str, parallel: bool = True,
                  answer_schema: dict[str, Any] | None = None) -> str | None:
     """EBNF text, or None when nothing is enforced (``tool_choice`` ``none``)."""
@@ -123,7 +114,10 @@ def tool_grammar(tools: list[dict[str, Any]], tool_choice: Any, parser_name: str
     try:
         return str(xgr.Grammar.from_structural_tag(st.StructuralTag(format=fmt)))
     except Exception as err:  # the engine's RuntimeError: find the schema that caused it
-        for field, what, schema in _schemas(functions, answer_schema):
+        named = [("tools", f"the parameters of tool '{name}'", schema) for name, schema in functions]
+        if answer_schema is not None:
+            named.append(("response_format", "the response_format schema", answer_schema))
+        for field, what, schema in named:
             try:
                 check_spec(GrammarSpec("json_schema", json.dumps(schema)))
             except InvalidField as bad:
