@@ -6,8 +6,11 @@ through its default one, on the Responses API (``/v1/responses``), streamed, wit
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from typing import Annotated
 
 import pytest
+from pydantic import Field, HttpUrl  # the tool's annotations below are resolved in this module
 
 pytestmark = pytest.mark.slow
 
@@ -57,3 +60,36 @@ def test_an_agents_sdk_agent_runs_on_the_responses_api_streamed(server):
     assert cities and all(isinstance(c, str) and c for c in cities)  # the tool ran with valid arguments
     assert "raw_response_event" in kinds and "run_item_stream_event" in kinds
     assert isinstance(final_output, str) and final_output
+
+
+def test_a_strict_tool_with_a_url_and_a_bounded_pattern_runs(server):
+    """The SDK marks every function tool ``strict``. A pydantic ``HttpUrl`` (``format: uri`` with
+    a ``maxLength``) and a length-bounded pattern are schema parts xgrammar would not keep whole;
+    the call grammar is llguidance's, and the SDK's own pydantic check of the arguments passes."""
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIChatCompletionsModel,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
+    from agents.exceptions import MaxTurnsExceeded
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+    fetched: list[tuple[str, str]] = []
+
+    @function_tool
+    def fetch_page(url: HttpUrl, lang: Annotated[str, Field(pattern="^[a-z]+$", max_length=2)]) -> str:
+        """Fetch a web page in a language (a two-letter code)."""
+        fetched.append((str(url), lang))
+        return "Example Domain. This domain is for use in examples."
+
+    model = OpenAIChatCompletionsModel(model=MODEL, openai_client=AsyncOpenAI(base_url=server.url + "/v1", api_key="x"))
+    agent = Agent(name="reader", instructions="Use fetch_page to read pages.", tools=[fetch_page], model=model,
+                  model_settings=ModelSettings(temperature=0, tool_choice="required", max_tokens=80))
+    with contextlib.suppress(MaxTurnsExceeded):  # the small model may keep calling: its calls are what is checked
+        Runner.run_sync(agent, "Read https://example.com in English.", max_turns=3)
+    assert fetched  # the SDK validated the arguments with pydantic before it ran the tool
+    assert all(len(lang) <= 2 and lang.isalpha() for _, lang in fetched)

@@ -110,6 +110,25 @@ def test_ebnf_outputs_parse_with_the_grammar(engine):
             parser.parse(out["text"])
 
 
+def test_lark_grammars_on_llguidance_write_what_the_same_ebnf_writes_on_xgrammar(engine):
+    """The same languages written in Lark (llguidance's dialect, as SGLang's llguidance backend
+    takes them, with ``%llguidance``, and as vLLM does, without) in ``ebnf``: the two engines
+    allow the same tokens at every step, so a seeded sample is the same text on both."""
+    prompts, params, parsers = [], [], []
+    for i, (question, ebnf, lark_grammar) in enumerate(EBNF_CASES):
+        for seed, head in enumerate(("%llguidance {}\n", "")):
+            for grammar in (ebnf, head + lark_grammar):
+                prompts.append(_chat(engine, question))
+                params.append({"temperature": 0.7, "seed": seed + i, "max_new_tokens": 48, "ebnf": grammar})
+                parsers.append(lark.Lark(lark_grammar))
+    outs = engine.generate(prompts, params)
+    for on_xgrammar, on_llguidance in zip(outs[::2], outs[1::2], strict=True):
+        assert on_llguidance["text"] == on_xgrammar["text"]
+    for out, parser in zip(outs, parsers, strict=True):
+        if out["meta_info"]["finish_reason"]["type"] == "stop":
+            parser.parse(out["text"])
+
+
 def test_json_object_outputs_load(engine):
     prompts = [_chat(engine, f"Describe {topic} as a JSON object.") for topic in TOPICS]
     # Any object, as json_object asks; a few keys, or this small model keeps adding them.

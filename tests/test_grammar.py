@@ -125,6 +125,8 @@ SCHEMA = json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}}
          "strange"),
         ({"ebnf": 'root ::= "a" |'}, "ebnf", "ebnf cannot be compiled"),
         ({"ebnf": 'start ::= "a"'}, "ebnf", "root"),
+        ({"ebnf": '%llguidance {}\nstart: "a" b'}, "ebnf", "ebnf cannot be compiled: .*unknown name"),
+        ({"ebnf": "yes or no"}, "ebnf", "read as Lark .it has no '::=' rule."),
         ({"regex": "a+", "json_schema": SCHEMA}, "json_schema", "at most one"),
     ],
 )
@@ -140,3 +142,4 @@ def test_spec_of_reads_the_one_constraint():
         "json_schema", '{"type": "object"}'
     )
     check_constraint(SamplingParams.from_dict({"ebnf": 'root ::= "yes" | "no"'}))
+    check_constraint(SamplingParams.from_dict({"ebnf": 'start: "yes" | "no"'}))

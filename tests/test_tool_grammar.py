@@ -2,7 +2,9 @@
 against hand-written outputs for every format: which texts each ``tool_choice`` and
 ``parallel_tool_calls`` setting (``allowed_tools`` included) lets the model write, and which
 it does not; and how each ``tool_choice`` form is read. Each accepted
-text also parses back into the same calls with the format's parser."""
+text also parses back into the same calls with the format's parser. Every rule is checked on
+both grammars the server writes: xgrammar's EBNF and llguidance's Lark (``call_lark.py``,
+used where a schema has a part xgrammar would not enforce)."""
 
 from __future__ import annotations
 
@@ -13,10 +15,43 @@ import xgrammar as xgr
 
 from runtime.sampling.params import InvalidField
 from runtime.server.tools.choice import CallRule, call_rule
-from runtime.server.tools.constraint import tool_grammar
+from runtime.server.tools.constraint import tool_grammar as _tool_grammar
 from runtime.server.tools.parsers import get_parser
 
-accepts = xgr.testing._is_grammar_accept_string
+
+@pytest.fixture(params=["xgrammar", "llguidance"])
+def tool_grammar(request):
+    return lambda *args, **kwargs: _tool_grammar(*args, lark=request.param == "llguidance", **kwargs)
+
+
+@pytest.fixture(scope="module")
+def llguidance_tokenizer(model_dir):
+    import llguidance.hf
+
+    from runtime.tokenizer import load_hf_tokenizer
+
+    hf = load_hf_tokenizer(model_dir)
+    return hf, llguidance.hf.from_tokenizer(hf, n_vocab=len(hf), eos_token=[hf.eos_token_id])
+
+
+@pytest.fixture
+def accepts(llguidance_tokenizer):
+    """Whether ``grammar`` (either engine's) takes ``text`` whole."""
+    import llguidance
+
+    hf, tokenizer = llguidance_tokenizer
+
+    def check(grammar: str, text: str) -> bool:
+        if not grammar.startswith("%llguidance"):
+            return xgr.testing._is_grammar_accept_string(grammar, text)
+        matcher = llguidance.LLMatcher(tokenizer, llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0)
+        for token in hf.encode(text, add_special_tokens=False):
+            if matcher.validate_tokens([token]) != 1:
+                return False
+            matcher.consume_token(token)
+        return matcher.is_accepting()
+
+    return check
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -40,7 +75,7 @@ def block(fmt: str, calls: list[tuple[str, dict]]) -> str:
 
 @pytest.mark.parametrize("fmt", ["hermes", "qwen25", "llama3_json", "mistral"])
 @pytest.mark.parametrize("parallel", [True, False])
-def test_required_allows_only_calls_and_parallel_allows_several(fmt, parallel):
+def test_required_allows_only_calls_and_parallel_allows_several(fmt, parallel, tool_grammar, accepts):
     grammar = tool_grammar(TOOLS, "required", fmt, parallel)
     one, two = block(fmt, [WEATHER]), block(fmt, [WEATHER, ADD])
     assert accepts(grammar, one)
@@ -57,7 +92,7 @@ def test_required_allows_only_calls_and_parallel_allows_several(fmt, parallel):
 
 @pytest.mark.parametrize("fmt", ["hermes", "llama3_json", "mistral"])
 @pytest.mark.parametrize("parallel", [True, False])
-def test_a_named_function_allows_exactly_one_call_of_it(fmt, parallel):
+def test_a_named_function_allows_exactly_one_call_of_it(fmt, parallel, tool_grammar, accepts):
     # OpenAI's forced function: "call exactly one specific function", parallel or not.
     grammar = tool_grammar(TOOLS, {"type": "function", "function": {"name": "add"}}, fmt, parallel)
     assert accepts(grammar, block(fmt, [ADD]))
@@ -66,7 +101,7 @@ def test_a_named_function_allows_exactly_one_call_of_it(fmt, parallel):
 
 
 @pytest.mark.parametrize("parallel", [True, False])
-def test_auto_allows_text_and_valid_calls_and_stops_after_one_unless_parallel(parallel):
+def test_auto_allows_text_and_valid_calls_and_stops_after_one_unless_parallel(parallel, tool_grammar, accepts):
     grammar = tool_grammar(TOOLS, "auto", "hermes", parallel)
     call, other = block("hermes", [WEATHER]), block("hermes", [ADD])
     assert accepts(grammar, "It is sunny in Paris today.")
@@ -75,12 +110,12 @@ def test_auto_allows_text_and_valid_calls_and_stops_after_one_unless_parallel(pa
     assert not accepts(grammar, '<tool_call>\n{"name": "get_weather", "arguments": {"town": "x"}}\n</tool_call>')
 
 
-def test_none_enforces_nothing():
+def test_none_enforces_nothing(tool_grammar):
     assert tool_grammar(TOOLS, "none", "hermes") is None
 
 
 @pytest.mark.parametrize("fmt", ["hermes", "qwen25", "llama3_json", "mistral"])
-def test_auto_with_an_answer_schema_allows_calls_or_that_json_only(fmt):
+def test_auto_with_an_answer_schema_allows_calls_or_that_json_only(fmt, tool_grammar, accepts):
     """tools + a JSON response_format (the Agents SDK's structured output beside tools): the
     answer either calls tools or is one value of the schema, never free text."""
     schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"],
@@ -96,7 +131,7 @@ def test_auto_with_an_answer_schema_allows_calls_or_that_json_only(fmt):
 
 
 @pytest.mark.parametrize("fmt", ["hermes", "llama3_json", "mistral"])
-def test_allowed_tools_limits_the_calls_to_those_tools(fmt):
+def test_allowed_tools_limits_the_calls_to_those_tools(fmt, tool_grammar, accepts):
     """allowed_tools: every tool stays in the prompt, only the listed ones may be called;
     mode ``required`` is calls only, ``auto`` also free text."""
     only_add = {"type": "allowed_tools", "allowed_tools": {
@@ -146,3 +181,54 @@ def test_the_call_rule_of_each_form():
     both = [{"type": "function", "function": {"name": n}} for n in ("add", "get_weather")]
     allowed = {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": both}}
     assert call_rule(TOOLS, allowed) == CallRule("auto", names)  # in the request's order
+
+
+# A strict tool whose schema has parts xgrammar would let through unenforced (a URL with a
+# length, as pydantic's HttpUrl writes it; a pattern with a length): the request's call
+# grammar is llguidance's, which keeps them.
+STRICT_TOOLS = [
+    {"type": "function", "function": {"name": "fetch", "strict": True, "parameters": {
+        "type": "object", "additionalProperties": False, "required": ["url", "tag"], "properties": {
+            "url": {"type": "string", "format": "uri", "minLength": 1, "maxLength": 24},
+            "tag": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 4}}}}},
+    # not strict, with a format neither engine checks (an annotation): left out, not refused
+    {"type": "function", "function": {"name": "save", "parameters": {
+        "type": "object", "properties": {"blob": {"type": "string", "format": "binary"}}, "required": ["blob"]}}},
+]
+FETCH = ("fetch", {"url": "https://a.io/x", "tag": "news"})
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "llama3_json", "mistral"])
+def test_a_strict_schema_xgrammar_would_not_keep_is_enforced_by_llguidance(fmt, accepts):
+    required = _tool_grammar(STRICT_TOOLS, "required", fmt)
+    assert required.startswith("%llguidance")
+    assert accepts(required, block(fmt, [FETCH]))
+    assert accepts(required, block(fmt, [FETCH, ("save", {"blob": "AAEC"})]))
+    for bad in ({"url": "https://a.io/" + "x" * 20, "tag": "news"},  # beyond maxLength
+                {"url": "not a url", "tag": "news"}, {"url": "https://a.io", "tag": "Upper"},
+                {"url": "https://a.io", "tag": "toolong"}):
+        assert not accepts(required, block(fmt, [("fetch", bad)])), bad
+    auto = _tool_grammar(STRICT_TOOLS, "auto", fmt)
+    assert accepts(auto, "No call needed.")
+    if fmt == "hermes":
+        assert accepts(auto, "Fetching. " + block(fmt, [FETCH]))
+        assert not accepts(auto, "Fetching. " + block(fmt, [("fetch", {"url": "https://a.io", "tag": "toolong"})]))
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "llama3_json"])
+def test_an_answer_schema_xgrammar_would_not_keep_is_enforced_beside_the_calls(fmt, accepts):
+    schema = {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]+$", "maxLength": 3}},
+              "required": ["code"]}
+    grammar = _tool_grammar(TOOLS, "auto", fmt, answer_schema=schema)
+    assert grammar.startswith("%llguidance")
+    assert accepts(grammar, '{"code": "ABC"}')
+    assert not accepts(grammar, '{"code": "ABCD"}')
+    assert accepts(grammar, block(fmt, [WEATHER, ADD]))  # llama3_json: the calls are JSON objects too
+
+
+def test_a_strict_schema_neither_engine_keeps_is_refused_naming_the_tool():
+    tool = {"type": "function", "function": {"name": "tag", "strict": True, "parameters": {
+        "type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}}}}}
+    with pytest.raises(InvalidField, match="strict tool 'tag' cannot be enforced.*uniqueItems.*without 'strict'") as err:
+        _tool_grammar([tool, *STRICT_TOOLS], "auto", "hermes")
+    assert err.value.field == "tools"

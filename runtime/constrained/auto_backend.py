@@ -1,7 +1,8 @@
 """The grammar engines the server runs, chosen per constraint (vLLM's ``auto``): xgrammar for
 every regex, EBNF and JSON schema it enforces whole; llguidance for a JSON schema with a
-part xgrammar would accept without enforcing (``schema_support``). Both fill the same int32
-bitmask, so a batch may mix them."""
+part xgrammar would accept without enforcing (``schema_support``) and for a grammar in
+llguidance's Lark dialect (``spec.is_lark``: a client's, or the tool-call grammar of such
+schemas). Both fill the same int32 bitmask, so a batch may mix them."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ from typing import Any
 
 from runtime.constrained.backend import Grammar, GrammarBackend
 from runtime.constrained.schema_support import unhonoured_feature
-from runtime.constrained.spec import GrammarSpec
+from runtime.constrained.spec import GrammarSpec, is_lark
 from runtime.constrained.xgrammar_backend import XGrammarBackend
 
 
 def needs_llguidance(spec: GrammarSpec) -> bool:
-    return spec.kind == "json_schema" and unhonoured_feature(json.loads(spec.text)) is not None
+    if spec.kind == "json_schema":
+        return unhonoured_feature(json.loads(spec.text)) is not None
+    return is_lark(spec)
 
 
 class AutoGrammarBackend(GrammarBackend):

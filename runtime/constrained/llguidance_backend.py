@@ -1,5 +1,5 @@
 """llguidance, the grammar engine for JSON schemas xgrammar would not enforce whole
-(``schema_support``): it keeps a ``pattern`` together with ``minLength`` / ``maxLength``,
+(``schema_support``) and for Lark grammars (``spec.is_lark``): it keeps a ``pattern`` together with ``minLength`` / ``maxLength``,
 ``allOf`` of several schemas, ``multipleOf`` on numbers, ``format`` with ``pattern``, and
 escapes what a pattern's matches hold; what it cannot keep it refuses by name. Imported on
 first use. JSON is written as the xgrammar backend writes it: ``{"a": 1, "b": [1, 2]}``."""
@@ -11,8 +11,8 @@ from typing import Any
 import torch
 
 from runtime.constrained.backend import Grammar, GrammarBackend, GrammarMatcher
-from runtime.constrained.llguidance_json import json_grammar, llguidance_refusal
-from runtime.constrained.spec import GrammarSpec
+from runtime.constrained.llguidance_grammar import json_grammar, lark_grammar, llguidance_refusal
+from runtime.constrained.spec import GrammarSpec, is_lark
 
 
 class LLGuidanceMatcher(GrammarMatcher):
@@ -71,7 +71,7 @@ class LLGuidanceGrammar(Grammar):
 
 
 class LLGuidanceBackend(GrammarBackend):
-    """JSON schemas only. ``hf_tokenizer``: the model's Hugging Face (fast) tokenizer;
+    """JSON schemas and Lark grammars. ``hf_tokenizer``: the model's Hugging Face (fast) tokenizer;
     ``vocab_size``: the width of the model's logits."""
 
     def __init__(self, hf_tokenizer: Any, vocab_size: int, stop_token_ids: tuple[int, ...]) -> None:
@@ -81,10 +81,13 @@ class LLGuidanceBackend(GrammarBackend):
         self._tokenizer = llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=vocab_size, eos_token=list(stop_token_ids))
 
     def compile(self, spec: GrammarSpec) -> Grammar:
-        if spec.kind != "json_schema":
-            raise ValueError("the llguidance backend here only compiles JSON schemas")
-        grammar = json_grammar(spec.text)
+        if spec.kind == "json_schema":
+            grammar = json_grammar(spec.text)
+        elif is_lark(spec):
+            grammar = lark_grammar(spec.text)
+        else:
+            raise ValueError("the llguidance backend here compiles JSON schemas and Lark grammars only")
         refusal = llguidance_refusal(grammar)
         if refusal is not None:
-            raise ValueError(f"json_schema cannot be compiled: {refusal}")
+            raise ValueError(f"{spec.kind} cannot be compiled: {refusal}")
         return LLGuidanceGrammar(self._tokenizer, grammar, self._stop_ids)

@@ -24,6 +24,13 @@ class GrammarSpec:
     text: str
 
 
+def is_lark(spec: GrammarSpec) -> bool:
+    """An ``ebnf`` written in llguidance's Lark dialect: one that starts with ``%llguidance``
+    (how SGLang's llguidance backend and llama.cpp tell one apart) or has no ``::=`` rule at
+    all (vLLM reads such a grammar as Lark). Compiled by llguidance; other EBNF by xgrammar."""
+    return spec.kind == "ebnf" and (spec.text.lstrip().startswith("%llguidance") or "::=" not in spec.text)
+
+
 def spec_of(params: Any) -> GrammarSpec | None:
     """The request's constraint, or None. ``params`` has ``regex``, ``json_schema``, ``ebnf``."""
     given = [(k, getattr(params, k)) for k in KINDS if getattr(params, k) is not None]
@@ -50,7 +57,16 @@ def check_spec(spec: GrammarSpec) -> None:
     """Raise ``InvalidField`` naming the field when the constraint cannot be compiled: a
     regex that does not parse, a schema that is not JSON or uses what neither grammar engine
     supports or enforces (xgrammar, or llguidance for what xgrammar would not enforce:
-    ``schema_support``), EBNF with a syntax error (no ``root`` rule included)."""
+    ``schema_support``), EBNF with a syntax error (no ``root`` rule included), a Lark grammar
+    (``is_lark``) llguidance refuses."""
+    if is_lark(spec):
+        from runtime.constrained.llguidance_grammar import lark_grammar, llguidance_refusal
+
+        refusal = llguidance_refusal(lark_grammar(spec.text))
+        if refusal is not None:
+            how = "" if spec.text.lstrip().startswith("%llguidance") else ", read as Lark (it has no '::=' rule)"
+            raise InvalidField("ebnf", f"ebnf cannot be compiled{how}: {refusal}")
+        return
     if spec.kind == "json_schema":
         try:
             schema = json.loads(spec.text)
@@ -60,7 +76,7 @@ def check_spec(spec: GrammarSpec) -> None:
             raise InvalidField("json_schema", f"json_schema must be a JSON object, got {type(schema).__name__}")
         problem = unhonoured_feature(schema)
         if problem is not None:  # compiled by llguidance instead (auto_backend), if it can keep it
-            from runtime.constrained.llguidance_json import json_grammar, llguidance_refusal
+            from runtime.constrained.llguidance_grammar import json_grammar, llguidance_refusal
 
             refusal = llguidance_refusal(json_grammar(spec.text))
             if refusal is None:

@@ -1,5 +1,6 @@
-"""The grammar that keeps a model's tool calls valid, as EBNF text for the ``ebnf`` sampling
-field (built from xgrammar's structural tags):
+"""The grammar that keeps a model's tool calls valid, as text for the ``ebnf`` sampling field:
+xgrammar's EBNF built from its structural tags, or, where a schema has a part xgrammar would
+not enforce, llguidance's Lark (``call_lark``):
 - ``tool_choice`` ``required`` (a named function, ``allowed_tools`` in mode ``required``):
   nothing but calls of the allowed tools, at least one (a named function: exactly one),
   each one's arguments matching its tool's JSON schema;
@@ -19,6 +20,7 @@ from typing import Any
 from runtime.constrained.schema_support import enforceable_part, unhonoured_feature
 from runtime.constrained.spec import GrammarSpec, check_spec, engine_message
 from runtime.sampling.params import InvalidField
+from runtime.server.tools.call_lark import call_lark
 from runtime.server.tools.choice import call_rule
 
 
@@ -55,30 +57,58 @@ MARKUP = {
 _MAX_WHITESPACE = 1
 
 
-def _functions(tools: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
-    """(name, parameters schema) of each tool. A ``strict`` tool's schema must be enforced
-    whole (a 400 otherwise, as OpenAI answers a strict schema it cannot keep); another's
-    calls follow the part of it the grammar engine enforces (``enforceable_part``): nothing
-    promised them more, and refusing a request over one tool's ``uniqueItems`` would fail
-    clients that send their functions' generated schemas with every call."""
+Function = tuple[str, dict[str, Any], bool]  # name, parameters schema, strict
+
+
+def _functions(tools: list[dict[str, Any]]) -> list[Function]:
+    """(name, parameters schema, strict) of each tool. A ``strict`` tool's schema is enforced whole
+    (by llguidance where xgrammar would not: ``call_lark``; a 400 where neither can, as
+    OpenAI answers a strict schema it cannot keep); another's calls follow the part of it
+    xgrammar enforces (``enforceable_part``): nothing promised them more, and refusing a
+    request over one tool's ``uniqueItems`` would fail clients that send their functions'
+    generated schemas with every call."""
     out = []
     for t in tools:
         fn = t.get("function") or {}
         params = fn.get("parameters") or {"type": "object", "properties": {}}
-        if fn.get("strict"):
-            problem = unhonoured_feature(params)
-            if problem is not None:
-                raise InvalidField("tools", f"the parameters of strict tool '{fn['name']}' cannot be enforced: "
-                                            f"{problem}; without 'strict' its calls follow the rest of the schema")
-        else:
-            params = enforceable_part(params)[0]
-        out.append((fn["name"], params))
+        strict = bool(fn.get("strict"))
+        out.append((fn["name"], params if strict else enforceable_part(params)[0], strict))
     return out
 
 
+def _llguidance_refusal(schema: Any) -> str | None:
+    from runtime.constrained.llguidance_grammar import json_grammar, llguidance_refusal
+
+    return llguidance_refusal(json_grammar(json.dumps(schema)))
+
+
+def _lark_tool_grammar(markup: CallMarkup, functions: list[Function], mode: str,
+                       parallel: bool, answer_schema: dict[str, Any] | None) -> str:
+    """The grammar for llguidance (``call_lark``), or a 400 naming the schema it refuses."""
+    from runtime.constrained.llguidance_grammar import lark_grammar, llguidance_refusal
+
+    text = call_lark(markup, [(name, schema) for name, schema, _ in functions], mode, parallel, answer_schema)
+    refusal = llguidance_refusal(lark_grammar(text))
+    if refusal is None:
+        return text
+    named = [("tools", f"the parameters of {'strict ' * strict}tool '{name}'", schema, strict)
+             for name, schema, strict in functions]
+    if mode == "auto" and answer_schema is not None:
+        named.append(("response_format", "the response_format schema", answer_schema, False))
+    for field, what, schema, strict in named:
+        why = _llguidance_refusal(schema)
+        if why is not None:
+            problem = unhonoured_feature(schema)
+            hint = "; without 'strict' its calls follow the rest of the schema" if strict and problem else ""
+            raise InvalidField(field, f"{what} cannot be enforced: {why}"
+                                      + (f" ({problem})" if problem else "") + hint)
+    raise InvalidField("tools", f"the tools' call grammar cannot be compiled: {refusal}")
+
+
 def tool_grammar(tools: list[dict[str, Any]], tool_choice: Any, parser_name: str, parallel: bool = True,
-                 answer_schema: dict[str, Any] | None = None) -> str | None:
-    """EBNF text, or None when nothing is enforced (``tool_choice`` ``none``)."""
+                 answer_schema: dict[str, Any] | None = None, lark: bool = False) -> str | None:
+    """Grammar text, or None when nothing is enforced (``tool_choice`` ``none``). ``lark``:
+    llguidance's Lark even where xgrammar's EBNF would do (tests hold both to the same rules)."""
     import xgrammar as xgr
     from xgrammar import structural_tag as st
 
@@ -88,16 +118,16 @@ def tool_grammar(tools: list[dict[str, Any]], tool_choice: Any, parser_name: str
         return None
     functions = _functions([t for t in tools if (t.get("function") or {}).get("name") in rule.names])
     parallel = parallel and not rule.single
-    problem = unhonoured_feature(answer_schema)
-    if problem is not None:
-        raise InvalidField("response_format", f"the response_format schema cannot be enforced: {problem}")
+    if lark or any(unhonoured_feature(schema) for _, schema, _ in functions) or (
+            rule.mode == "auto" and unhonoured_feature(answer_schema)):
+        return _lark_tool_grammar(markup, functions, rule.mode, parallel, answer_schema)
 
     def tag(begin: str, end: str, name: str, schema: dict[str, Any]) -> Any:
         args = st.JSONSchemaFormat(json_schema=schema, max_whitespace_cnt=_MAX_WHITESPACE)
         return st.TagFormat(begin=begin.format(name=name), content=args, end=end)
 
     fmt: Any = st.TagsWithSeparatorFormat(
-        tags=[tag(markup.item_begin, markup.item_end, n, p) for n, p in functions], separator=markup.separator,
+        tags=[tag(markup.item_begin, markup.item_end, n, p) for n, p, _ in functions], separator=markup.separator,
         at_least_one=True, stop_after_first=not parallel,
     )
     if markup.prefix or markup.suffix:
@@ -108,13 +138,13 @@ def tool_grammar(tools: list[dict[str, Any]], tool_choice: Any, parser_name: str
                                                              max_whitespace_cnt=_MAX_WHITESPACE)])
     elif rule.mode == "auto":
         fmt = st.TriggeredTagsFormat(
-            triggers=[markup.trigger], tags=[tag(markup.begin, markup.end, n, p) for n, p in functions],
+            triggers=[markup.trigger], tags=[tag(markup.begin, markup.end, n, p) for n, p, _ in functions],
             stop_after_first=not parallel,
         )
     try:
         return str(xgr.Grammar.from_structural_tag(st.StructuralTag(format=fmt)))
     except Exception as err:  # the engine's RuntimeError: find the schema that caused it
-        named = [("tools", f"the parameters of tool '{name}'", schema) for name, schema in functions]
+        named = [("tools", f"the parameters of tool '{name}'", schema) for name, schema, _ in functions]
         if answer_schema is not None:
             named.append(("response_format", "the response_format schema", answer_schema))
         for field, what, schema in named:
