@@ -18,6 +18,7 @@ from runtime.config import (
     args_from_namespace,
     fields_as_flags,
 )
+from runtime.log_setup import configure_logging
 from runtime.version import package_version
 
 
@@ -72,6 +73,7 @@ def _run_generate(ns: argparse.Namespace) -> int:
         return 2
     from runtime.engine import Engine  # after the flags are checked: it imports torch
 
+    configure_logging("generate", args.log_level)
     started = time.perf_counter()
     try:
         engine = Engine(**{k: v for k, v in vars(args).items()})
@@ -143,6 +145,7 @@ def _run_serve(ns: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"forkserve: {err}", file=sys.stderr)
         return 2
+    configure_logging("http" if dp.dp_size == 1 else "launcher", args.log_level)
     if dp.dp_size > 1:
         from runtime.server.dp_launcher import serve_data_parallel
 

@@ -15,6 +15,8 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
+from runtime.log_setup import LOG_LEVELS
+
 # Each captured size keeps its own graph; past a few hundred requests a decode step is long
 # enough that launch overhead no longer matters.
 _DEFAULT_MAX_GRAPH_BS = 256
@@ -152,9 +154,18 @@ class ServerArgs:
     num_threads: int | None = _arg(
         None, "CPU threads for torch (default: torch's own choice, usually one per core)."
     )
+    log_level: str = _arg(
+        "info",
+        "Log level of every forkserve process (HTTP, scheduler, detokenizer, tensor-parallel workers) and the "
+        "libraries they use: debug, info, warning, error or critical. An Engine made in a program of yours "
+        "leaves that program's logging as it is.",
+        choices=list(LOG_LEVELS),
+    )
 
     def __post_init__(self) -> None:
         _check_types(self)
+        if self.log_level not in LOG_LEVELS:
+            raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
         if self.dtype not in ("auto", "float32", "bfloat16"):
             raise ValueError(f"dtype must be auto, float32 or bfloat16, got {self.dtype!r}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
@@ -284,6 +295,29 @@ class HttpArgs:
         32 * 2**20,
         "Largest request body accepted, in bytes; a larger one gets 413 before it is parsed or tokenized.",
     )
+    log_level_http: str = _arg(
+        "warning",
+        "Log level of the HTTP server's own lines (uvicorn): info adds a line per HTTP request. Default "
+        "warning (SGLang's default is its --log-level).",
+        choices=list(LOG_LEVELS),
+    )
+    log_requests: bool = _arg(
+        False,
+        "Log every generation request when it arrives and when it ends (id, token counts, finish reason, "
+        "latency; more with --log-requests-level). POST /configure_logging changes this while serving.",
+    )
+    log_requests_level: int = _arg(
+        2,
+        "What --log-requests shows: 0 ids, token counts, finish reason and timings; 1 also the sampling "
+        "parameters; 2 also the prompt and output text, the first and last 1,000 characters of each; 3 all "
+        "of the text.",
+        choices=[0, 1, 2, 3],
+    )
+    log_requests_format: str = _arg(
+        "text",
+        "--log-requests lines as text, or json (one object per line, for log collectors).",
+        choices=["text", "json"],
+    )
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -298,6 +332,12 @@ class HttpArgs:
         for name in ("api_key", "served_model_name"):  # "$KEY" of an unset variable: not "no key"
             if getattr(self, name) == "":
                 raise ValueError(f"{name} is empty (leave it out for {'no key' if name == 'api_key' else 'the default'})")
+        if self.log_level_http not in LOG_LEVELS:
+            raise ValueError(f"log_level_http must be one of {', '.join(LOG_LEVELS)}, got {self.log_level_http!r}")
+        if self.log_requests_level not in (0, 1, 2, 3):
+            raise ValueError(f"log_requests_level must be 0, 1, 2 or 3, got {self.log_requests_level}")
+        if self.log_requests_format not in ("text", "json"):
+            raise ValueError(f"log_requests_format must be text or json, got {self.log_requests_format!r}")
         if self.tool_call_parser == "llama3":  # SGLang's name for the same format
             object.__setattr__(self, "tool_call_parser", "llama3_json")
 

@@ -8,7 +8,6 @@ same rule the offline engine uses (``Tokenizer.output_text``), so the two always
 
 from __future__ import annotations
 
-import logging
 import signal
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import zmq
 from runtime import ipc
 from runtime.incremental_text import IncrementalText
 from runtime.ipc.messages import BatchStrOut, BatchTokenOut, StrUpdate, TokenUpdate, split_ids
+from runtime.log_setup import configure_logging
 from runtime.sampling import stop_regex
 from runtime.tokenizer import Tokenizer
 
@@ -61,10 +61,10 @@ class Detokenizer:
         return visible_text(state.text, u.stop, u.stop_regex) if not u.no_stop_trim else state.text
 
 
-def run_detokenizer_process(model_dir: str, recv_from: str, send_to: str, parent_pid: int) -> None:
+def run_detokenizer_process(model_dir: str, recv_from: str, send_to: str, parent_pid: int, log_level: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
     ipc.exit_with_parent(parent_pid)  # the server is gone: do not linger as an orphan
-    logging.basicConfig(level=logging.INFO, format="[forkserve detokenizer] %(message)s")
+    configure_logging("detokenizer", log_level)
     ctx = zmq.Context()
     recv_sock = ipc.bind(ctx, zmq.PULL, recv_from)
     send_sock = ipc.connect(ctx, zmq.PUSH, send_to)

@@ -14,6 +14,7 @@ from runtime import ipc
 from runtime.ipc.messages import AbortReq, BatchStrOut, StrUpdate, TokenizedGenerateReq, TokenUpdate
 from runtime.sampling.params import SamplingParams
 from runtime.server.metrics import ServerMetrics
+from runtime.server.request_log import RequestLog
 from runtime.server.scheduler_client import ReqState, SchedulerClient
 
 
@@ -63,7 +64,7 @@ def test_an_error_set_by_the_server_is_not_wiped_by_a_late_token_update():
     # still send a token for it before its handler looks, which must not reopen it.
     state = ReqState("r", 3, False, 1, "r#0")
     client = SchedulerClient.__new__(SchedulerClient)  # no sockets: only the bookkeeping
-    client.states, client.by_wire_id = {"r": state}, {"r#0": state}
+    client.states, client.by_wire_id, client.request_log = {"r": state}, {"r#0": state}, RequestLog()
     client.end_open_requests("The server is shutting down.", 503)
     token = TokenUpdate("r#0", 1, None, prompt_tokens=3, cached_tokens=0, completion_tokens=1)
     state.apply(StrUpdate(token, "Hello"), np.asarray([5], dtype=np.int32))

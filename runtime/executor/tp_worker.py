@@ -23,6 +23,7 @@ from runtime import ipc
 from runtime.distributed import check_tp_size, destroy_tensor_parallel, init_tensor_parallel
 from runtime.executor.model_input import ForwardInput
 from runtime.executor.worker import ModelWorker, prepare_process
+from runtime.log_setup import configure_logging
 from runtime.model_loader.weights import load_hf_config
 from runtime.models.config import ModelConfig
 
@@ -102,6 +103,7 @@ def run_tp_worker_process(
 ) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0's process decides when we stop
     ipc.exit_with_parent(parent_pid)
+    configure_logging(f"tp rank {rank}", args.log_level)
     ctx = zmq.Context()
     sock = ipc.bind(ctx, zmq.PULL, endpoint)
     tp = init_tensor_parallel(rank, args.tp_size, init_method, args.resolved_device)

@@ -28,6 +28,7 @@ from runtime.ipc.messages import (
     TokenizedGenerateReq,
     TokenUpdate,
 )
+from runtime.log_setup import configure_logging
 from runtime.scheduler.core import EngineCore, RequestOutput
 from runtime.scheduler.req import Req
 
@@ -79,6 +80,9 @@ class SchedulerServer:
             return self.core.flush_cache()
         if kind == "end_program":
             return self.core.end_program(arg)
+        if kind == "log_level":  # POST /configure_logging
+            logging.getLogger().setLevel(arg.upper())
+            return True
         raise ValueError(f"unknown control call {kind!r}")
 
     # ------------------------------------------------------------------ output
@@ -119,7 +123,7 @@ def run_scheduler_process(args: ServerArgs, model_dir: str, recv_from: str, send
     """Entry point of the scheduler process: load the model, report ready, serve."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
     ipc.exit_with_parent(parent_pid)  # the server is gone: do not linger as an orphan
-    logging.basicConfig(level=logging.INFO, format="[forkserve scheduler] %(message)s")
+    configure_logging("scheduler", args.log_level)
     ctx = zmq.Context()
     recv_sock = ipc.bind(ctx, zmq.PULL, recv_from)
     send_sock = ipc.connect(ctx, zmq.PUSH, send_to)

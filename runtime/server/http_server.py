@@ -21,6 +21,7 @@ from fastapi.responses import (
 )
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from runtime.log_setup import LOG_LEVELS
 from runtime.request_builder import build_requests, parse_sampling_params
 from runtime.request_options import RequestOptions, cache_namespace
 from runtime.server import openai_api, openapi, tokenize_api
@@ -35,6 +36,7 @@ from runtime.server.context import (
 from runtime.server.protocol import (
     AbortRequestReq,
     ApiError,
+    ConfigureLoggingReq,
     EndProgramReq,
     GenerateReqInput,
     reject_unsupported,
@@ -162,6 +164,22 @@ def create_app(ctx: ServerContext) -> FastAPI:
             return PlainTextResponse("Cache flushed.\n")
         return PlainTextResponse("Cache not flushed: requests are queued or running.\n", status_code=400)
 
+    @app.post("/configure_logging")
+    async def configure_logging(request: Request) -> Response:
+        req: ConfigureLoggingReq = await read_body(request, ConfigureLoggingReq, ctx.http.max_request_bytes)
+        reject_unsupported(req, req.UNSUPPORTED)
+        checks = (("log_requests_level", (0, 1, 2, 3)), ("log_requests_format", ("text", "json")),
+                  ("log_level", LOG_LEVELS))
+        for name, allowed in checks:
+            if getattr(req, name) is not None and getattr(req, name) not in allowed:
+                raise ApiError(400, f"{name} must be one of {', '.join(map(str, allowed))}, got {getattr(req, name)!r}",
+                               param=name)
+        if req.log_level is not None:
+            await scheduler_call(ctx, "log_level", req.log_level)
+            logging.getLogger().setLevel(req.log_level.upper())
+        ctx.client.request_log.configure(req.log_requests, req.log_requests_level, req.log_requests_format)
+        return Response(status_code=200)
+
     @app.post("/end_program")
     async def end_program(request: Request) -> dict[str, Any]:
         req: EndProgramReq = await read_body(request, EndProgramReq, ctx.http.max_request_bytes)
@@ -206,7 +224,7 @@ async def probe_generate(ctx: ServerContext, timeout: float = 20.0) -> bool:
     if not ctx.is_ready or ctx.client.failure is not None or ctx.is_shutting_down:
         return False
     ids = ctx.tokenizer.encode("ping") or [0]
-    state = ctx.client.submit(f"health-{ctx.client.new_rid()}", ids, sampling_params({"max_new_tokens": 1}))
+    state = ctx.client.submit(f"health-{ctx.client.new_rid()}", ids, sampling_params({"max_new_tokens": 1}), log=False)
     try:
         await asyncio.wait_for(ctx.client.wait(state), timeout)
     except asyncio.TimeoutError:

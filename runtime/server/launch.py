@@ -132,7 +132,7 @@ class Launcher:
         )
         self.children["detokenizer"] = mp.Process(
             target=run_detokenizer_process,
-            args=(str(model_dir), to_detokenizer, self.ipc_names[2], pid),
+            args=(str(model_dir), to_detokenizer, self.ipc_names[2], pid, self.args.log_level),
             name="forkserve-detokenizer",
         )
         with ipc.children_ignore_sigint():
@@ -171,6 +171,8 @@ class Launcher:
 
         to_scheduler, _, to_tokenizer = self.ipc_names
         client = SchedulerClient(to_scheduler, to_tokenizer, ServerMetrics())
+        client.request_log.configure(self.http.log_requests, self.http.log_requests_level, self.http.log_requests_format)
+        client.request_log.decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=False)
         await client.wait_ready(self.http.startup_timeout, self.dead_child)
         name = self.http.served_model_name or default_model_name(self.args.model_path, model_dir)
         ctx = ServerContext(client, tokenizer, self.args, self.http, name, self.args.model_path or str(model_dir), client.info)
@@ -178,7 +180,7 @@ class Launcher:
         ctx.process_ids = {"http": os.getpid(), **{n: p.pid for n, p in self.children.items() if p.pid}}
         receiver = client.start()
         config = uvicorn.Config(
-            create_app(ctx), log_level="warning", timeout_graceful_shutdown=_GRACE_S + _ANSWER_S, timeout_keep_alive=30,
+            create_app(ctx), log_level=self.http.log_level_http, timeout_graceful_shutdown=_GRACE_S + _ANSWER_S, timeout_keep_alive=30,
             lifespan="off",
         )
         def answer_open_requests() -> None:  # a second Ctrl-C: no grace period

@@ -129,6 +129,7 @@ RESPONSES: dict[str, dict[str, dict[str, Any]]] = {
                            **_errors(*_GUARDED)}},
     "/abort_request": {"*": {"200": {"description": "Aborted (also when no request has that rid)"},
                              **_errors(*_GUARDED)}},
+    "/configure_logging": {"*": {"200": {"description": "Changed (no body)"}, **_errors(*_GUARDED)}},
     "/metrics": {"*": {"200": {"description": "Prometheus text format",
                                "content": {"text/plain": {"schema": _TEXT}}}, **_errors(401, 503)}},
     "/generate": {"*": {"200": {"description": "One result, a list for a batch, or SSE events when streaming",

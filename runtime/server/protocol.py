@@ -127,6 +127,23 @@ class AbortRequestReq(_Body):
     abort_all: bool = False
 
 
+class ConfigureLoggingReq(_Body):
+    """SGLang's ``POST /configure_logging``: what to change (unset: keep)."""
+
+    log_requests: bool | None = None
+    log_requests_level: int | None = None
+    log_requests_format: str | None = None
+    log_level: str | None = None  # the HTTP and scheduler processes'
+    # SGLang's request dumps: accepted when not set
+    dump_requests_folder: str | None = None
+    dump_requests_threshold: int | None = None
+    dump_requests_exclude_meta_keys: list[str] | None = None
+    crash_dump_folder: str | None = None
+
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("dump_requests_folder", "dump_requests_threshold",
+                                              "dump_requests_exclude_meta_keys", "crash_dump_folder")
+
+
 # ---------------------------------------------------------------- OpenAI API
 class StreamOptions(_Body):
     include_usage: bool = False

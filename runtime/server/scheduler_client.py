@@ -35,6 +35,7 @@ from runtime.ipc.messages import (
 from runtime.request_options import RequestOptions
 from runtime.sampling.params import SamplingParams
 from runtime.server.metrics import ServerMetrics
+from runtime.server.request_log import RequestLog
 
 
 class ServerUnavailable(Exception):
@@ -68,6 +69,8 @@ class ReqState:
     finished_at: float | None = None
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     client_rid: str | None = None  # the ``rid`` the client gave (``rid`` for ``rid_0``, ``rid_1``, ...)
+    log_end: bool = False  # its arrival was logged (--log-requests) and its end is not yet
+    stream: bool = False  # its tokens come as they are made (else all at its end)
 
     @property
     def is_finished(self) -> bool:
@@ -102,6 +105,7 @@ class SchedulerClient:
         self.send_sock = ipc.connect(self.ctx, zmq.PUSH, to_scheduler)
         self.recv_sock = ipc.bind(self.ctx, zmq.PULL, from_detokenizer)
         self.metrics = metrics
+        self.request_log = RequestLog()  # --log-requests: off until the server configures it
         self.states: dict[str, ReqState] = {}  # open requests by client rid
         self.by_wire_id: dict[str, ReqState] = {}  # the same, by the id the backend knows
         self._wire_ids = itertools.count()
@@ -144,6 +148,7 @@ class SchedulerClient:
         for state in self.states.values():
             state.error, state.error_status = reason, status
             state.changed.set()
+            self.request_log.ended(state)
 
     # ------------------------------------------------------------------ requests
     def new_rid(self) -> str:
@@ -161,15 +166,21 @@ class SchedulerClient:
         input_ids: list[int],
         params: SamplingParams,
         options: RequestOptions | None = None,
+        log: bool = True,
     ) -> ReqState:
+        """Send a request to the scheduler. ``log``: false for the server's own health probes,
+        which --log-requests leaves out."""
         if self.failure is not None:
             raise ServerUnavailable(self.failure)
         if rid in self.states:
             raise ValueError(f"request id {rid!r} is already in use")
         options = options or RequestOptions()
-        state = ReqState(rid, len(input_ids), options.return_logprob, input_ids[0], f"{rid}#{next(self._wire_ids)}")
+        state = ReqState(rid, len(input_ids), options.return_logprob, input_ids[0], f"{rid}#{next(self._wire_ids)}",
+                         stream=options.stream)
         self.states[rid] = self.by_wire_id[state.wire_id] = state
         self.metrics.on_submit(len(input_ids))
+        if log:
+            self.request_log.received(state, input_ids, params)
         msg = TokenizedGenerateReq(state.wire_id, np.asarray(input_ids, dtype=np.int32), params, options)
         self.send_sock.send_multipart(ipc.encode(msg), copy=False)
         return state
@@ -178,6 +189,7 @@ class SchedulerClient:
         if self._forget(state) and self.failure is None:
             self.send_sock.send_multipart(ipc.encode(AbortReq(state.wire_id)), copy=False)
             self.metrics.on_abort()
+            self.request_log.ended(state, "aborted: the client went away")
 
     def _forget(self, state: ReqState) -> bool:
         """Stop routing updates to ``state``; whether it was open."""
@@ -248,6 +260,7 @@ class SchedulerClient:
                     if state.is_finished:
                         self._forget(state)
                         self.metrics.on_finish(state)
+                        self.request_log.ended(state)
             elif isinstance(msg, ControlOut):
                 fut = self.calls.get(msg.call_id)
                 if fut is not None and not fut.done():
