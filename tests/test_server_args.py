@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from runtime.config import HttpArgs, ServerArgs
+from runtime.ipc import free_tcp_port
 from tests.proc_utils import pid_alive
 
 
@@ -212,3 +213,16 @@ def test_ctrl_c_in_generate_is_one_line_and_exit_130():
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "forkserve: interrupted" in err and "Traceback" not in err, err
+
+
+def test_ctrl_c_before_serve_is_ready_says_so_and_exits_130():
+    """While the model loads (the ready line, and with it 'shut down' and exit 0, come later)."""
+    proc = subprocess.Popen([sys.executable, "-m", "runtime.cli", "serve", "--port", str(free_tcp_port())],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(1.5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert "forkserve ready" not in out, out
+    assert proc.returncode == 130 and "forkserve: interrupted before the server was ready" in err, err
+    assert "Traceback" not in err, err

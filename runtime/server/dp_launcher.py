@@ -43,7 +43,12 @@ from runtime.server.data_parallel import (
     local_url,
     plan_replicas,
 )
-from runtime.server.launch import StartupError, bind_port
+from runtime.server.launch import (
+    StartupError,
+    bind_port,
+    raise_keyboard_interrupt,
+    stopped_by_signal,
+)
 
 _READY_LINE = "forkserve ready:"
 # What uvicorn logs when the gateway, registering a worker, also probes it for gRPC (it
@@ -81,6 +86,7 @@ class DataParallelLauncher:
         self.url = local_url(http.host, http.port)
         self.run_dir: str | None = None
         self.metrics_port = 0
+        self.announced_ready = False  # the ready line is out
 
     def run(self) -> int:
         if not gateway_installed():
@@ -165,6 +171,7 @@ class DataParallelLauncher:
         print(f"forkserve: gateway metrics (Prometheus) at http://{host}:{self.metrics_port}/metrics", flush=True)
         print(f"forkserve ready: http://{host}:{self.http.port} ({len(self.replicas)} replicas behind SGLang's model "
               f"gateway, policy {self.dp.router_policy}; OpenAI API under /v1)", flush=True)
+        self.announced_ready = True
 
     def _watch(self) -> int:
         assert self.gateway is not None
@@ -241,20 +248,15 @@ def _terminate(children: list[Child], timeout: float) -> None:
             c.proc.wait()
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def serve_data_parallel(args: ServerArgs, http: HttpArgs, dp: DataParallelArgs) -> int:
-    """Run replicas and gateway until SIGINT/SIGTERM (exit code 0) or until the gateway or
-    every replica dies (1)."""
-    signal.signal(signal.SIGTERM, _interrupt)
+    """Run replicas and gateway until SIGINT/SIGTERM (exit code 0; 130 before they were
+    ready) or until the gateway or every replica dies (1)."""
+    signal.signal(signal.SIGTERM, raise_keyboard_interrupt)
     launcher = DataParallelLauncher(args, http, dp)
     try:
         return launcher.run()
     except KeyboardInterrupt:
-        print("forkserve: shut down", file=sys.stderr, flush=True)
-        return 0
+        return stopped_by_signal(launcher.announced_ready)
     except (StartupError, ValueError) as err:
         print(f"forkserve: {err}", file=sys.stderr, flush=True)
         return 1

@@ -86,6 +86,7 @@ class Launcher:
         self.children: dict[str, multiprocessing.process.BaseProcess] = {}
         self.ipc_names = ipc.new_ipc_names(3)
         self.exit_code = 0
+        self.announced_ready = False  # the ready line is out
 
     def run(self) -> int:
         sock = bind_port(self.http.host, self.http.port)
@@ -199,6 +200,7 @@ class Launcher:
                 host = f"[{self.http.host}]" if ":" in self.http.host else self.http.host
                 key = "; requests need the --api-key bearer" if self.http.api_key else ""
                 print(f"forkserve ready: http://{host}:{self.http.port} (model {name}; OpenAI API under /v1{key})", flush=True)
+                self.announced_ready = True
             else:
                 print("forkserve: the first test generation failed; shutting down", file=sys.stderr, flush=True)
                 self.exit_code = 1
@@ -264,19 +266,30 @@ def _server(config: Any, answer_open_requests: Callable[[], None]) -> Any:
     return Server(config)
 
 
-def _interrupt(signum: int, frame: Any) -> None:
+def raise_keyboard_interrupt(signum: int, frame: Any) -> None:
+    """SIGTERM's handler: one shutdown path for SIGINT and SIGTERM."""
     raise KeyboardInterrupt
 
 
+def stopped_by_signal(was_ready: bool, exit_code: int = 0) -> int:
+    """What a server stopped by SIGINT/SIGTERM says, and its exit code: ``exit_code`` once it
+    was ready, 130 (an interrupted command) before."""
+    if not was_ready and exit_code == 0:
+        print("forkserve: interrupted before the server was ready", file=sys.stderr, flush=True)
+        return 130
+    print("forkserve: shut down", file=sys.stderr, flush=True)
+    return exit_code
+
+
 def serve(args: ServerArgs, http: HttpArgs) -> int:
-    """Run the server until SIGINT/SIGTERM (exit code 0) or a child process dies (1)."""
-    signal.signal(signal.SIGTERM, _interrupt)  # one shutdown path for both signals
+    """Run the server until SIGINT/SIGTERM (exit code 0; 130 before it was ready, as an
+    interrupted command) or a child process dies (1)."""
+    signal.signal(signal.SIGTERM, raise_keyboard_interrupt)
     launcher = Launcher(args, http)
     try:
         return launcher.run()
     except KeyboardInterrupt:
-        print("forkserve: shut down", file=sys.stderr, flush=True)
-        return launcher.exit_code
+        return stopped_by_signal(launcher.announced_ready, launcher.exit_code)
     except StartupError as err:
         print(f"forkserve: {err}", file=sys.stderr)
         return 1
