@@ -8,6 +8,8 @@ import json
 import re
 import sys
 import time
+from collections.abc import Iterator
+from typing import Any
 
 from runtime.cli_foreign_flags import hints
 from runtime.config import (
@@ -85,7 +87,10 @@ def _run_generate(ns: argparse.Namespace) -> int:
     if ns.chat:
         prompts = [engine.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
     try:
-        outs = engine.generate(prompts, params, progress=len(prompts) > 1 or sys.stderr.isatty())
+        if len(prompts) == 1 and not ns.json:  # one answer: shown as it is written
+            outs = [_print_streamed(ns.prompts[0], engine.generate(prompts[0], params, stream=True))]
+        else:
+            outs = engine.generate(prompts, params, progress=len(prompts) > 1 or sys.stderr.isatty())
     except ValueError as err:  # a prompt the engine refuses (empty, longer than the context)
         print(f"forkserve: {err}", file=sys.stderr)
         return 2
@@ -94,7 +99,8 @@ def _run_generate(ns: argparse.Namespace) -> int:
             print(json.dumps(out))
             continue
         meta = out["meta_info"]
-        print(f"### {prompt}\n{out['text']}")
+        if len(prompts) > 1:
+            print(f"### {prompt}\n{out['text']}")
         print(
             f"[{meta['completion_tokens']} tokens, finish: {(meta['finish_reason'] or {}).get('type')}, "
             f"{meta['e2e_latency']:.2f}s]",
@@ -102,6 +108,18 @@ def _run_generate(ns: argparse.Namespace) -> int:
         )
     engine.shutdown()
     return 0
+
+
+def _print_streamed(prompt: str, chunks: Iterator[dict[str, Any]]) -> dict[str, Any]:
+    """Print ``prompt``'s heading, then the answer's text as it grows; the last output."""
+    print(f"### {prompt}", flush=True)
+    shown, out = "", {}
+    for out in chunks:
+        if out["text"].startswith(shown):
+            print(out["text"][len(shown):], end="", flush=True)
+            shown = out["text"]
+    print(flush=True)
+    return out
 
 
 def _serve_parser(sub: argparse._SubParsersAction) -> None:

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from tqdm import tqdm
 
 from runtime.config import ServerArgs
+from runtime.detokenizer import visible_text
 from runtime.executor.worker import ModelWorker
+from runtime.incremental_text import IncrementalText
 from runtime.model_loader import resolve_model_path
 from runtime.output_format import logprob_meta
 from runtime.request_builder import RequestLimits, build_requests, parse_sampling_params
@@ -58,17 +61,21 @@ class Engine:
         namespace: Any = None,
         progress: bool = False,
         program_id: str | None = None,
-    ) -> dict[str, Any] | list[dict[str, Any]]:
+        stream: bool = False,
+    ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """Generate for one prompt (returns a dict) or a batch (returns a list of dicts),
         shaped like SGLang's ``/generate`` response. Invalid input raises ``ValueError``
         before anything is queued. ``program_id`` keeps the prompt cached until
-        ``end_program(program_id)``."""
+        ``end_program(program_id)``. ``stream``: an iterator of outputs instead (``_stream``),
+        as SGLang's ``Engine.generate(stream=True)``."""
         reqs, is_batch = self.build_requests(
             prompt, sampling_params, input_ids, return_logprob, logprob_start_len, top_logprobs_num, namespace,
-            program_id=program_id,
+            stream=stream, program_id=program_id,
         )
         for req in reqs:
             self.core.add_request(req)
+        if stream:
+            return self._stream(reqs, is_batch or len(reqs) > 1, return_text_in_logprobs)
         self._run_until_done(reqs, progress)
         failed = next((r for r in reqs if r.error is not None), None)
         if failed is not None:  # e.g. a grammar that did not compile in time
@@ -120,6 +127,37 @@ class Engine:
         self.shutdown()
 
     # ------------------------------------------------------------------ helpers
+    def _stream(self, reqs: list[Req], indexed: bool, text_in_logprobs: bool) -> Iterator[dict[str, Any]]:
+        """An output each time a step gives a request tokens: the text so far (SGLang's
+        cumulative form) without a partial character or a tail that may still become a stop
+        string; a request's last output is ``generate``'s whole one. ``index`` says whose, when
+        there are several. Closing the iterator early aborts the requests not yet finished."""
+        texts = {r.rid: IncrementalText() for r in reqs}
+        position = {r.rid: i for i, r in enumerate(reqs)}
+        try:
+            while texts:
+                for out in self.core.step():
+                    req = out.req
+                    text = texts.get(req.rid)
+                    if text is None or not (out.num_new or out.finished):
+                        continue
+                    if out.finished:
+                        del texts[req.rid]
+                        if req.error is not None:  # e.g. a grammar that did not compile in time
+                            raise ValueError(req.error)
+                        chunk = self.format_output(req, text_in_logprobs)
+                    else:
+                        skip = req.params.skip_special_tokens
+                        text.feed(lambda ids, skip=skip: self.tokenizer.decode(ids, skip), out.new_ids)
+                        chunk = {"text": visible_text(text.text, tuple(req.params.stop), tuple(req.params.stop_regex)),
+                                 "output_ids": list(req.output_ids), "meta_info": self._meta_info(req, text_in_logprobs)}
+                    if indexed:
+                        chunk["index"] = position[req.rid]
+                    yield chunk
+        finally:
+            for rid in texts:
+                self.core.abort(rid)
+
     def _run_until_done(self, reqs: list[Req], progress: bool) -> None:
         """The offline driver of the engine core: step until every request of this call is done.
         The progress bar counts tokens (a finished request: all it could have had), so one
@@ -153,6 +191,13 @@ class Engine:
         return ids, is_batch
 
     def format_output(self, req: Req, text_in_logprobs: bool = False) -> dict[str, Any]:
+        return {
+            "text": self.tokenizer.output_text(req.output_ids, req.finished_reason, req.params),
+            "output_ids": list(req.output_ids),
+            "meta_info": self._meta_info(req, text_in_logprobs),
+        }
+
+    def _meta_info(self, req: Req, text_in_logprobs: bool) -> dict[str, Any]:
         meta: dict[str, Any] = {
             "id": req.rid,
             "finish_reason": req.finished_reason,
@@ -173,9 +218,5 @@ class Engine:
                     self.tokenizer.id_to_text if text_in_logprobs else None,
                 )
             )
-        return {
-            "text": self.tokenizer.output_text(req.output_ids, req.finished_reason, req.params),
-            "output_ids": list(req.output_ids),
-            "meta_info": meta,
-        }
+        return meta
 

@@ -7,6 +7,7 @@ string / stop token are taken from one greedy reference answer computed once per
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import pytest
@@ -314,3 +315,38 @@ def test_flush_cache_refused_while_busy(engine):
         engine.scheduler.step()
     assert req.is_finished
     assert engine.flush_cache() is True
+
+
+# --------------------------------------------------------------------------- streaming
+
+
+def test_stream_grows_to_the_non_streamed_output(engine, chat_prompt):
+    """SGLang's ``Engine.generate(stream=True)``: outputs whose text only grows, never shows a
+    stop string's start before the end, and ends in the non-streamed output."""
+    params = {**GREEDY, "max_new_tokens": 24, "stop": "4."}
+    prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": "Count from 1 to 9."}])
+    whole = engine.generate(prompt, params)
+    chunks = list(engine.generate(prompt, params, stream=True))
+
+    def same(out: dict) -> dict:  # the second run has its own id and time, and finds the prompt cached
+        return {**out, "meta_info": {k: v for k, v in out["meta_info"].items() if k not in ("cached_tokens", "e2e_latency", "id")}}
+
+    assert whole["meta_info"]["finish_reason"] == {"type": "stop", "matched": "4."}
+    assert len(chunks) > 3 and same(chunks[-1]) == same(whole)
+    texts = [c["text"] for c in chunks]
+    assert all(later.startswith(earlier) for earlier, later in itertools.pairwise(texts))
+    assert not any("4" in t for t in texts)  # "4" may start the stop string: held back
+    assert [c["meta_info"]["completion_tokens"] for c in chunks] == sorted(c["meta_info"]["completion_tokens"] for c in chunks)
+
+
+def test_a_streamed_batch_tags_outputs_with_their_index_and_closing_early_aborts(engine, chat_prompt, ref):
+    prompts = [chat_prompt, engine.tokenizer.apply_chat_template([{"role": "user", "content": "Name a color."}])]
+    last: dict[int, dict] = {}
+    for chunk in engine.generate(prompts, {**GREEDY, "max_new_tokens": 12}, stream=True):
+        last[chunk["index"]] = chunk
+    assert last[0]["output_ids"] == ref["output_ids"][:12] and last[0]["meta_info"]["finish_reason"] is not None
+    assert last[1]["meta_info"]["finish_reason"] is not None
+    stream = engine.generate(chat_prompt, {**GREEDY, "max_new_tokens": 64, "ignore_eos": True}, stream=True)
+    next(stream)
+    stream.close()  # the consumer stops: the request must not stay in the engine
+    assert not engine.scheduler.has_work
