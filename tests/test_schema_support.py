@@ -221,3 +221,29 @@ def test_a_malformed_required_list_is_the_schemas_error_not_a_crash():
     with pytest.raises(InvalidField) as err:
         check_spec(GrammarSpec("json_schema", json.dumps(schema)))
     assert err.value.field == "json_schema"
+
+
+@pytest.mark.parametrize(("schema", "words"), [
+    ({"type": "number", "multipleOf": -0.5}, "'multipleOf' must be a number greater than 0, got -0.5 (at the top level)"),
+    ({"type": "integer", "multipleOf": 0}, "'multipleOf' must be a number greater than 0"),
+    (_string(minLength=-1), "'minLength' must be a non-negative integer, got -1 (at properties.s)"),
+    (_string(maxLength=2.5, pattern="^a+$"), "'maxLength' must be a non-negative integer, got 2.5"),
+    ({"type": "object", "properties": {"xs": {"type": "array", "anyOf": [{"minItems": -2}]}}},
+     "'minItems' must be a non-negative integer, got -2 (at properties.xs.anyOf[0])"),
+])
+def test_keyword_values_json_schema_forbids_are_refused_where_the_engines_would_take_them(schema, words):
+    """Values JSON Schema does not allow, which an engine reads as no bound (xgrammar takes
+    minLength -1; llguidance multipleOf -0.5), are a 400 naming the keyword and its place."""
+    with pytest.raises(InvalidField, match=re.escape(words)) as err:
+        check_spec(GrammarSpec("json_schema", json.dumps(schema)))
+    assert err.value.field == "json_schema" and "not a valid JSON Schema" in str(err.value)
+
+
+def test_a_tool_with_such_a_value_is_refused_naming_the_tool():
+    from runtime.server.tools.constraint import tool_grammar
+
+    tool = {"type": "function", "function": {"name": "pick", "parameters": {
+        "type": "object", "properties": {"k": {"type": "integer", "multipleOf": -3}}}}}
+    with pytest.raises(InvalidField, match="parameters of tool 'pick' are not a valid JSON Schema: 'multipleOf'") as err:
+        tool_grammar([tool], "auto", "hermes")
+    assert err.value.field == "tools"

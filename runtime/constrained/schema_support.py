@@ -138,6 +138,36 @@ def _number_problems(schema: dict[str, Any]) -> list[Problem]:
     return [(("multipleOf",), "'multipleOf' is supported only on integers, by a whole number")]
 
 
+_COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
+
+
+def invalid_keyword(schema: Any, path: str = "") -> str | None:
+    """A sentence naming the first keyword whose value JSON Schema does not allow, with its
+    place, or None: a count (``maxLength``, ``minItems``, ...) that is not a non-negative
+    integer, a ``multipleOf`` not above 0. The engines read some of these as no bound."""
+    if not isinstance(schema, dict):
+        return None
+    where = f" (at {path or 'the top level'})"
+    for key in _COUNTS:
+        value = schema.get(key)
+        if key in schema and not (_is_number(value) and value >= 0 and float(value).is_integer()):
+            return f"'{key}' must be a non-negative integer, got {value!r}{where}"
+    step = schema.get("multipleOf")
+    if "multipleOf" in schema and not (_is_number(step) and step > 0):
+        return f"'multipleOf' must be a number greater than 0, got {step!r}{where}"
+    prefix = f"{path}." if path else ""
+    subs = [(schema[k], prefix + k) for k in SUBSCHEMA if k in schema]
+    subs += [(sub, f"{prefix}{k}[{i}]") for k in SUBSCHEMA_LISTS if isinstance(schema.get(k), list)
+             for i, sub in enumerate(schema[k])]
+    subs += [(sub, f"{prefix}{k}.{name}") for k in SUBSCHEMA_MAPS if isinstance(schema.get(k), dict)
+             for name, sub in schema[k].items()]
+    return next((found for sub, at in subs if (found := invalid_keyword(sub, at)) is not None), None)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def pattern_problem(pattern: str) -> str | None:
     """Why a JSON string ``pattern`` cannot be kept, or None: look-around (the engine drops
     it), or no match without a quote, backslash or control character (the engine would write

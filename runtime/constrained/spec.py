@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Literal
 
-from runtime.constrained.schema_support import unhonoured_feature
+from runtime.constrained.schema_support import invalid_keyword, unhonoured_feature
 from runtime.sampling.params import InvalidField
 
 Kind = Literal["regex", "json_schema", "ebnf"]
@@ -74,6 +74,9 @@ def check_spec(spec: GrammarSpec) -> None:
             raise InvalidField("json_schema", f"json_schema is not valid JSON: {err}") from err
         if not isinstance(schema, (dict, bool)):
             raise InvalidField("json_schema", f"json_schema must be a JSON object, got {type(schema).__name__}")
+        invalid = invalid_keyword(schema)
+        if invalid is not None:
+            raise InvalidField("json_schema", f"json_schema is not a valid JSON Schema: {invalid}")
         problem = unhonoured_feature(schema)
         if problem is not None:  # compiled by llguidance instead (auto_backend), if it can keep it
             from runtime.constrained.llguidance_grammar import json_grammar, llguidance_refusal

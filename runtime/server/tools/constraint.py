@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.constrained.schema_support import enforceable_part, unhonoured_feature
+from runtime.constrained.schema_support import enforceable_part, invalid_keyword, unhonoured_feature
 from runtime.constrained.spec import GrammarSpec, check_spec, engine_message
 from runtime.sampling.params import InvalidField
 from runtime.server.tools.call_lark import call_lark
@@ -71,6 +71,9 @@ def _functions(tools: list[dict[str, Any]]) -> list[Function]:
     for t in tools:
         fn = t.get("function") or {}
         params = fn.get("parameters") or {"type": "object", "properties": {}}
+        invalid = invalid_keyword(params)
+        if invalid is not None:
+            raise InvalidField("tools", f"the parameters of tool '{fn['name']}' are not a valid JSON Schema: {invalid}")
         strict = bool(fn.get("strict"))
         out.append((fn["name"], params if strict else enforceable_part(params)[0], strict))
     return out
@@ -118,6 +121,9 @@ def tool_grammar(tools: list[dict[str, Any]], tool_choice: Any, parser_name: str
         return None
     functions = _functions([t for t in tools if (t.get("function") or {}).get("name") in rule.names])
     parallel = parallel and not rule.single
+    invalid = invalid_keyword(answer_schema)
+    if invalid is not None:
+        raise InvalidField("response_format", f"the response_format schema is not a valid JSON Schema: {invalid}")
     if lark or any(unhonoured_feature(schema) for _, schema, _ in functions) or (
             rule.mode == "auto" and unhonoured_feature(answer_schema)):
         return _lark_tool_grammar(markup, functions, rule.mode, parallel, answer_schema)
