@@ -131,41 +131,52 @@ class Engine:
         """An output each time a step gives a request tokens: the text so far (SGLang's
         cumulative form) without a partial character or a tail that may still become a stop
         string; a request's last output is ``generate``'s whole one. ``index`` says whose, when
-        there are several. Closing the iterator early aborts the requests not yet finished."""
+        there are several. Closing the iterator early aborts the requests not yet finished.
+        Progress is read from the requests themselves: another caller (a second stream, a
+        ``generate``) may run the steps, and the outputs they return, in between."""
         texts = {r.rid: IncrementalText() for r in reqs}
-        position = {r.rid: i for i, r in enumerate(reqs)}
+        open_reqs = list(enumerate(reqs))
         try:
-            while texts:
-                for out in self.core.step():
-                    req = out.req
-                    text = texts.get(req.rid)
-                    if text is None or not (out.num_new or out.finished):
-                        continue
-                    if out.finished:
-                        del texts[req.rid]
+            while open_reqs:
+                news = False  # whether this pass found something to report (else: a step)
+                for i, req in list(open_reqs):
+                    text = texts[req.rid]
+                    if req.is_finished:
+                        open_reqs.remove((i, req))
                         if req.error is not None:  # e.g. a grammar that did not compile in time
                             raise ValueError(req.error)
                         chunk = self.format_output(req, text_in_logprobs)
-                    else:
+                    elif len(req.output_ids) > len(text.ids):
                         skip = req.params.skip_special_tokens
-                        text.feed(lambda ids, skip=skip: self.tokenizer.decode(ids, skip), out.new_ids)
+                        text.feed(lambda ids, skip=skip: self.tokenizer.decode(ids, skip),
+                                  req.output_ids[len(text.ids):])
                         chunk = {"text": visible_text(text.text, tuple(req.params.stop), tuple(req.params.stop_regex)),
                                  "output_ids": list(req.output_ids), "meta_info": self._meta_info(req, text_in_logprobs)}
+                    else:
+                        continue
+                    news = True
                     if indexed:
-                        chunk["index"] = position[req.rid]
+                        chunk["index"] = i
                     yield chunk
+                if not news:
+                    self._step()
         finally:
-            for rid in texts:
-                self.core.abort(rid)
+            for _, req in open_reqs:
+                self.core.abort(req.rid)
+
+    def _step(self) -> None:
+        """One step of the engine core for requests not finished; their progress needs work."""
+        if not self.core.has_work:
+            raise RuntimeError("the engine has no work left while requests wait for it (a bug)")
+        self.core.step()
 
     def _run_until_done(self, reqs: list[Req], progress: bool) -> None:
         """The offline driver of the engine core: step until every request of this call is done.
         The progress bar counts tokens (a finished request: all it could have had), so one
         long answer shows progress too."""
         bar = tqdm(total=sum(r.params.max_new_tokens for r in reqs), desc="generate", unit="tok", disable=not progress)
-        mine, remaining = {r.rid for r in reqs}, len(reqs)
-        while remaining:
-            remaining -= sum(out.finished and out.req.rid in mine for out in self.core.step())
+        while not all(r.is_finished for r in reqs):  # read from the requests: see _stream
+            self._step()
             if progress:
                 bar.update(sum(r.params.max_new_tokens if r.is_finished else len(r.output_ids) for r in reqs) - bar.n)
         bar.close()

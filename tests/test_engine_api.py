@@ -350,3 +350,26 @@ def test_a_streamed_batch_tags_outputs_with_their_index_and_closing_early_aborts
     next(stream)
     stream.close()  # the consumer stops: the request must not stay in the engine
     assert not engine.scheduler.has_work
+
+
+def test_streams_and_generate_calls_may_interleave(engine, chat_prompt, ref):
+    """Whoever steps the engine, each stream sees its own request through: a ``generate``
+    between two chunks runs the stream's request too (it used to wait for an output that
+    call had taken, forever), and two streams read in turns both end."""
+    params = {**GREEDY, "max_new_tokens": 12}
+    stream = engine.generate(chat_prompt, {**params, "ignore_eos": True}, stream=True)
+    next(stream)
+    assert engine.generate(chat_prompt, params)["output_ids"] == ref["output_ids"][:12]
+    rest = list(stream)
+    assert rest and rest[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 12}
+    streams = [engine.generate(chat_prompt, params, stream=True), engine.generate("Hello", params, stream=True)]
+    last: list[dict] = [{}, {}]
+    while streams[0] is not None or streams[1] is not None:  # one chunk of each in turn
+        for k, s in enumerate(streams):
+            if s is not None:
+                chunk = next(s, None)
+                streams[k] = None if chunk is None else s
+                last[k] = chunk or last[k]
+    assert last[0]["output_ids"] == ref["output_ids"][:12]
+    assert all(out["meta_info"]["finish_reason"] is not None for out in last)
+    assert not engine.scheduler.has_work
