@@ -68,6 +68,14 @@ def test_text_lines_errors_and_aborts(caplog):
         log.received(gone, PROMPT_IDS, SamplingParams())
         log.ended(gone, "aborted: the client went away")
     assert "request gone ended: ended='aborted: the client went away'" in caplog.records[-1].getMessage()
+    caplog.clear()
+    whole = ReqState("whole", 10, False, 0, "whole#0")  # not streamed: its tokens come at its end
+    with caplog.at_level(logging.INFO, logger="forkserve.requests"):
+        RequestLog(enabled=True, level=2).received(whole, PROMPT_IDS, SamplingParams())
+        whole.log_end = True
+        RequestLog(enabled=True, level=2).ended(whole, "aborted: the client went away")
+    line = caplog.records[-1].getMessage()  # what it had made when its client left is not known here
+    assert "completion_tokens" not in line and "output" not in line and "first_token_s" not in line, line
 
 
 def test_nothing_is_written_when_off_or_for_a_request_that_arrived_while_off(caplog):
@@ -107,8 +115,7 @@ def test_a_server_logs_requests_and_configure_logging_changes_it():
     text_lines = [line for line in output.splitlines() if "[forkserve http] request " in line]
     assert any(" received: prompt_tokens=" in line and "sampling_params={'max_new_tokens': 3" in line for line in text_lines)
     assert any("ended: finish_reason={'type': 'length', 'length': 3}" in line for line in text_lines), output
-    events = [json.loads(line.split("] ", 1)[1]) for line in output.splitlines()
-              if "[forkserve http] {" in line]
+    events = [json.loads(line) for line in output.splitlines() if line.startswith("{")]  # JSON lines: objects alone
     received = next(e for e in events if e["event"] == "request.received" and e["rid"] == "mine")
     assert received["prompt"] == "The sky is"  # level 3: all of it
     ended = next(e for e in events if e["event"] == "request.ended" and e["rid"] == "mine")
@@ -117,14 +124,23 @@ def test_a_server_logs_requests_and_configure_logging_changes_it():
 
 
 @pytest.mark.slow
-def test_log_level_warning_leaves_out_the_info_lines_of_every_process():
+def test_log_level_sets_what_each_process_logs_and_requests_are_logged_when_asked():
+    """At debug the scheduler writes a line per step and, at info, one every 10 s that saw
+    work; at warning neither, while --log-requests lines are still written (they were asked for)."""
     from runtime.server.server_process import ServerProcess
 
-    proc = ServerProcess("--log-requests", "--log-level", "warning", "--max-total-tokens", "4096").wait_ready()
-    try:
-        gen = {"text": "Hello", "sampling_params": {"max_new_tokens": 2}}
-        assert httpx.post(proc.url + "/generate", json=gen, timeout=60).status_code == 200
-    finally:
-        proc.stop()
-    output = proc.read_output()
-    assert "forkserve ready:" in output and "[forkserve" not in output  # no request line, no info line
+    gen = {"text": "Hello", "sampling_params": {"max_new_tokens": 2}}
+    outputs = {}
+    for level in ("debug", "warning"):
+        proc = ServerProcess("--log-requests", "--log-level", level, "--max-total-tokens", "4096").wait_ready()
+        try:
+            assert httpx.post(proc.url + "/generate", json=gen, timeout=60).status_code == 200
+            time.sleep(11 if level == "debug" else 0)  # the periodic line comes when its 10 s end
+        finally:
+            proc.stop()
+        outputs[level] = proc.read_output()
+    assert "[forkserve scheduler] step: prefill" in outputs["debug"]
+    assert "[forkserve scheduler] last 10 s: " in outputs["debug"]
+    assert "[forkserve scheduler]" not in outputs["warning"], outputs["warning"]
+    for output in outputs.values():
+        assert " received: prompt_tokens=" in output and " ended: finish_reason=" in output

@@ -232,3 +232,21 @@ def test_a_strict_schema_neither_engine_keeps_is_refused_naming_the_tool():
     with pytest.raises(InvalidField, match="strict tool 'tag' cannot be enforced.*uniqueItems.*without 'strict'") as err:
         _tool_grammar([tool, *STRICT_TOOLS], "auto", "hermes")
     assert err.value.field == "tools"
+
+
+def _one_tool(strict: bool, pattern: str) -> list[dict]:
+    return [{"type": "function", "function": {"name": "f", "strict": strict, "parameters": {
+        "type": "object", "properties": {"u": {"type": "string", "pattern": pattern, "maxLength": 5}}}}}]
+
+
+def test_a_broken_pattern_is_a_compile_error_and_the_strict_hint_only_where_it_holds():
+    """An invalid pattern is the schema's own error, strict or not (it used to be reported as
+    llguidance's refusal of pattern + maxLength, with a hint that dropping strict would help);
+    look-around is kept by neither engine: strict, a 400 whose hint holds, as without strict
+    the calls follow the rest (the pattern and the length both taken out)."""
+    for strict in (True, False):
+        with pytest.raises(InvalidField, match=r"cannot be compiled: .*Unclosed '\['$"):
+            _tool_grammar(_one_tool(strict, "[a-"), "required", "hermes")
+    with pytest.raises(InvalidField, match="cannot be enforced: .*look-around.*without 'strict' its calls follow"):
+        _tool_grammar(_one_tool(True, "^(?=a)a+$"), "required", "hermes")
+    assert not _tool_grammar(_one_tool(False, "^(?=a)a+$"), "required", "hermes").startswith("%llguidance")

@@ -42,7 +42,18 @@ def unhonoured_feature(schema: Any) -> str | None:
 
 def enforceable_part(schema: Any, path: str = "") -> tuple[Any, list[str]]:
     """``schema`` without what the engine would not enforce (a looser schema, every part of
-    which is enforced), and a sentence for each part taken out, with its JSON path."""
+    which is enforced), and a sentence for each part taken out, with its JSON path. Taken out
+    until nothing is left to take: one pass names one problem of a string schema (a pattern
+    with a length, then the same pattern's look-around)."""
+    kept, problems = _enforceable_once(schema, path)
+    while True:
+        again, more = _enforceable_once(kept, path)
+        if not more:
+            return kept, problems
+        kept, problems = again, problems + more
+
+
+def _enforceable_once(schema: Any, path: str) -> tuple[Any, list[str]]:
     if not isinstance(schema, dict):
         return schema, []
     where = f" (at {path or 'the top level'})"

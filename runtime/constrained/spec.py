@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Literal
 
-from runtime.constrained.schema_support import invalid_keyword, unhonoured_feature
+from runtime.constrained.schema_support import enforceable_part, invalid_keyword
 from runtime.sampling.params import InvalidField
 
 Kind = Literal["regex", "json_schema", "ebnf"]
@@ -64,7 +64,9 @@ def check_spec(spec: GrammarSpec) -> None:
 
         refusal = llguidance_refusal(lark_grammar(spec.text))
         if refusal is not None:
-            how = "" if spec.text.lstrip().startswith("%llguidance") else ", read as Lark (it has no '::=' rule)"
+            how = ", read as Lark (it has no '::=' rule)"
+            if spec.text.lstrip().startswith("%llguidance"):
+                how = " (with %llguidance it is Lark: rules are 'name: ...')" if "::=" in spec.text else ""
             raise InvalidField("ebnf", f"ebnf cannot be compiled{how}: {refusal}")
         return
     if spec.kind == "json_schema":
@@ -74,17 +76,10 @@ def check_spec(spec: GrammarSpec) -> None:
             raise InvalidField("json_schema", f"json_schema is not valid JSON: {err}") from err
         if not isinstance(schema, (dict, bool)):
             raise InvalidField("json_schema", f"json_schema must be a JSON object, got {type(schema).__name__}")
-        invalid = invalid_keyword(schema)
-        if invalid is not None:
-            raise InvalidField("json_schema", f"json_schema is not a valid JSON Schema: {invalid}")
-        problem = unhonoured_feature(schema)
-        if problem is not None:  # compiled by llguidance instead (auto_backend), if it can keep it
-            from runtime.constrained.llguidance_grammar import json_grammar, llguidance_refusal
-
-            refusal = llguidance_refusal(json_grammar(spec.text))
-            if refusal is None:
-                return
-            raise InvalidField("json_schema", f"json_schema cannot be enforced: {refusal} ({problem})")
+        error = json_schema_error(schema)
+        if error is not None:
+            raise InvalidField("json_schema", f"json_schema {error}")
+        return
     import xgrammar as xgr  # imported on first use: it takes a second or two
 
     build = {"regex": xgr.Grammar.from_regex, "json_schema": xgr.Grammar.from_json_schema,
@@ -93,6 +88,38 @@ def check_spec(spec: GrammarSpec) -> None:
         build(spec.text)
     except Exception as err:  # the engine's parse errors are RuntimeErrors with a C++ location
         raise InvalidField(spec.kind, f"{spec.kind} cannot be compiled: {engine_message(err)}") from err
+
+
+def json_schema_error(schema: Any) -> str | None:
+    """Why ``schema`` cannot be a constraint, as the end of a sentence (``is not a valid JSON
+    Schema: ...``, ``cannot be compiled: ...``, ``cannot be enforced: ...``), or None. A
+    schema with a part xgrammar would not enforce goes to llguidance (``auto_backend``); what
+    llguidance refuses in such a schema is "cannot be enforced", unless xgrammar cannot
+    compile the rest either (an invalid pattern, say): then the schema is broken in itself."""
+    invalid = invalid_keyword(schema)
+    if invalid is not None:
+        return f"is not a valid JSON Schema: {invalid}"
+    rest, problems = enforceable_part(schema)
+    if problems:
+        from runtime.constrained.llguidance_grammar import json_grammar, llguidance_refusal
+
+        refusal = llguidance_refusal(json_grammar(json.dumps(schema)))
+        if refusal is None:
+            return None
+        broken = _xgrammar_error(rest)
+        return f"cannot be compiled: {broken}" if broken else f"cannot be enforced: {refusal} ({'; '.join(problems)})"
+    broken = _xgrammar_error(schema)
+    return f"cannot be compiled: {broken}" if broken else None
+
+
+def _xgrammar_error(schema: Any) -> str | None:
+    import xgrammar as xgr
+
+    try:
+        xgr.Grammar.from_json_schema(json.dumps(schema))
+    except Exception as err:  # the engine's parse errors are RuntimeErrors with a C++ location
+        return engine_message(err)
+    return None
 
 
 def engine_message(err: BaseException) -> str:

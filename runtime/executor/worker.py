@@ -37,7 +37,7 @@ from runtime.model_loader.load_model import load_model
 from runtime.models.cpu_decoder_layers import CpuDecoderLayers
 from runtime.sampling.sampler import sample, torch_argmax
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("forkserve")
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

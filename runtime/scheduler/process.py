@@ -28,11 +28,12 @@ from runtime.ipc.messages import (
     TokenizedGenerateReq,
     TokenUpdate,
 )
-from runtime.log_setup import configure_logging
+from runtime.log_setup import configure_logging, set_log_level
+from runtime.scheduler.activity_log import ActivityLog
 from runtime.scheduler.core import EngineCore, RequestOutput
 from runtime.scheduler.req import Req
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("forkserve")
 
 class SchedulerServer:
     """The multi-process driver of ``EngineCore``: requests in from the HTTP server process,
@@ -46,14 +47,20 @@ class SchedulerServer:
     def loop(self) -> None:
         poller = zmq.Poller()
         poller.register(self.recv_sock, zmq.POLLIN)
+        activity = ActivityLog(self.core)
         while True:
             if not self.core.has_work:
                 self.core.step()  # idle: checks the KV invariant once
-                poller.poll()
+                activity.maybe_log()  # idle after work: its last line comes when its interval ends
+                poller.poll(int(1000 * activity.seconds_to_next()) + 1 if activity.pending else None)
             for msg in ipc.recv_all(self.recv_sock):
                 self.handle(msg)
             if self.core.has_work:
-                self.send_updates(self.core.step())
+                activity.step_starting()
+                outputs = self.core.step()
+                activity.record(outputs)
+                self.send_updates(outputs)
+                activity.maybe_log()
 
     # ------------------------------------------------------------------ input
     def handle(self, msg: Any) -> None:
@@ -81,7 +88,7 @@ class SchedulerServer:
         if kind == "end_program":
             return self.core.end_program(arg)
         if kind == "log_level":  # POST /configure_logging
-            logging.getLogger().setLevel(arg.upper())
+            set_log_level(arg)
             return True
         raise ValueError(f"unknown control call {kind!r}")
 

@@ -29,7 +29,7 @@ from runtime.scheduler.scheduler_stats import scheduler_report
 from runtime.scheduler.step_stats import StepStats
 from runtime.scheduler.stop import check_stop, grammar_stop
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("forkserve")
 
 # Reserve for running requests' future decode tokens, as a fraction of what they may still
 # generate: optimistic by default (finished requests free memory), raised after a retraction.

@@ -53,7 +53,7 @@ from runtime.server.launch import (
 _READY_LINE = "forkserve ready:"
 # What uvicorn logs when the gateway, registering a worker, also probes it for gRPC (it
 # tries HTTP and gRPC at once); only dropped until the gateway is up.
-_GRPC_PROBE_LINE = "WARNING:  Invalid HTTP request received."
+_GRPC_PROBE_LINE = "Invalid HTTP request received."
 _REPLICA_STOP_S = 12.0  # a replica's own shutdown: 1.5 s grace, 3 s to answer, 3 s for its children
 _GATEWAY_READY_S = 60.0
 
@@ -71,7 +71,7 @@ class Child:
         for line in stream:
             if line.startswith(_READY_LINE):
                 self.ready.set()
-            if line.startswith(_GRPC_PROBE_LINE) and not self.registered.is_set():
+            if _GRPC_PROBE_LINE in line and not self.registered.is_set():
                 continue
             sys.stderr.write(f"[{self.name}] {line}")
             sys.stderr.flush()

@@ -21,7 +21,7 @@ from fastapi.responses import (
 )
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from runtime.log_setup import LOG_LEVELS
+from runtime.log_setup import LOG_LEVELS, set_log_level
 from runtime.request_builder import build_requests, parse_sampling_params
 from runtime.request_options import RequestOptions, cache_namespace
 from runtime.server import openai_api, openapi, tokenize_api
@@ -176,7 +176,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
                                param=name)
         if req.log_level is not None:
             await scheduler_call(ctx, "log_level", req.log_level)
-            logging.getLogger().setLevel(req.log_level.upper())
+            set_log_level(req.log_level)
         ctx.client.request_log.configure(req.log_requests, req.log_requests_level, req.log_requests_format)
         return Response(status_code=200)
 

@@ -181,7 +181,8 @@ class Launcher:
         ctx.process_ids = {"http": os.getpid(), **{n: p.pid for n, p in self.children.items() if p.pid}}
         receiver = client.start()
         config = uvicorn.Config(
-            create_app(ctx), log_level=self.http.log_level_http, timeout_graceful_shutdown=_GRACE_S + _ANSWER_S, timeout_keep_alive=30,
+            # log_config None: uvicorn's lines go through this process's setup (log_setup.py)
+            create_app(ctx), log_level=self.http.log_level_http, log_config=None, timeout_graceful_shutdown=_GRACE_S + _ANSWER_S, timeout_keep_alive=30,
             lifespan="off",
         )
         def answer_open_requests() -> None:  # a second Ctrl-C: no grace period

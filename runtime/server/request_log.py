@@ -1,7 +1,8 @@
 """``--log-requests``: a line when a generation request reaches the scheduler and one when it
 ends, written by the HTTP process's ``SchedulerClient`` (so every route is covered, and the
 requests a ``/generate`` batch or ``n`` expands into are each one). ``/configure_logging``
-changes the settings while serving. What a line holds grows with the level:
+changes the settings while serving. The lines are written whatever ``--log-level`` says (they
+were asked for); in JSON, each line is the object alone. What a line holds grows with the level:
 
 - 0: request id, prompt tokens; at the end the finish reason (or error), cached and
   completion tokens, seconds to the first token (streamed requests) and in all;
@@ -42,6 +43,14 @@ class RequestLog:
         self.enabled = self.enabled if enabled is None else enabled
         self.level = self.level if level is None else level
         self.format = self.format if format is None else format
+        logger.setLevel(logging.INFO)
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+        logger.propagate = self.format != "json"  # text: the process's own line format
+        if self.format == "json":
+            handler = logging.StreamHandler()
+            handler.setFormatter(logging.Formatter("%(message)s"))
+            logger.addHandler(handler)
 
     def received(self, state: ReqState, input_ids: list[int], params: SamplingParams) -> None:
         if not self.enabled:
@@ -65,13 +74,16 @@ class RequestLog:
             end = {"error": state.error, "status": state.error_status}
         else:
             end = {"finish_reason": state.finished_reason}
-        fields = {**end, "prompt_tokens": state.prompt_tokens, "cached_tokens": state.cached_tokens,
-                  "completion_tokens": len(state.output_ids)}
-        if state.stream:  # a request that does not stream gets its tokens at its end
+        fields = {**end, "prompt_tokens": state.prompt_tokens, "cached_tokens": state.cached_tokens}
+        # A request that does not stream gets its tokens at its end: ended before, they are unknown here.
+        known = state.stream or state.finished_reason is not None
+        if known:
+            fields["completion_tokens"] = len(state.output_ids)
+        if state.stream:
             first = state.first_token_at
             fields["first_token_s"] = None if first is None else round(first - state.created_at, 4)
         fields["total_s"] = round((state.finished_at or time.perf_counter()) - state.created_at, 4)
-        if self.level >= 2:
+        if self.level >= 2 and known:
             fields["output"] = self._cut(state.text)
         self._write("ended", state.rid, fields)
 

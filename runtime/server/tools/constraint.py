@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.constrained.schema_support import enforceable_part, invalid_keyword, unhonoured_feature
-from runtime.constrained.spec import GrammarSpec, check_spec, engine_message
+from runtime.constrained.spec import GrammarSpec, check_spec, engine_message, json_schema_error
 from runtime.sampling.params import InvalidField
 from runtime.server.tools.call_lark import call_lark
 from runtime.server.tools.choice import call_rule
@@ -79,12 +79,6 @@ def _functions(tools: list[dict[str, Any]]) -> list[Function]:
     return out
 
 
-def _llguidance_refusal(schema: Any) -> str | None:
-    from runtime.constrained.llguidance_grammar import json_grammar, llguidance_refusal
-
-    return llguidance_refusal(json_grammar(json.dumps(schema)))
-
-
 def _lark_tool_grammar(markup: CallMarkup, functions: list[Function], mode: str,
                        parallel: bool, answer_schema: dict[str, Any] | None) -> str:
     """The grammar for llguidance (``call_lark``), or a 400 naming the schema it refuses."""
@@ -99,12 +93,12 @@ def _lark_tool_grammar(markup: CallMarkup, functions: list[Function], mode: str,
     if mode == "auto" and answer_schema is not None:
         named.append(("response_format", "the response_format schema", answer_schema, False))
     for field, what, schema, strict in named:
-        why = _llguidance_refusal(schema)
+        why = json_schema_error(schema)
         if why is not None:
-            problem = unhonoured_feature(schema)
-            hint = "; without 'strict' its calls follow the rest of the schema" if strict and problem else ""
-            raise InvalidField(field, f"{what} cannot be enforced: {why}"
-                                      + (f" ({problem})" if problem else "") + hint)
+            # a part only llguidance would keep: without strict, xgrammar keeps the rest
+            hint = "; without 'strict' its calls follow the rest of the schema" \
+                if strict and why.startswith("cannot be enforced") else ""
+            raise InvalidField(field, f"{what} {why}{hint}")
     raise InvalidField("tools", f"the tools' call grammar cannot be compiled: {refusal}")
 
 
