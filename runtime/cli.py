@@ -7,6 +7,7 @@ import gc
 import json
 import os
 import re
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -119,6 +120,8 @@ def _print_streamed(prompt: str, chunks: Iterator[dict[str, Any]]) -> dict[str, 
         if out["text"].startswith(shown):
             print(out["text"][len(shown):], end="", flush=True)
             shown = out["text"]
+    if out and not out["text"].startswith(shown):  # the final text differs from what was shown: all of it
+        print(f"\n{out['text']}", end="")
     print(flush=True)
     return out
 
@@ -150,6 +153,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_serve(ns: argparse.Namespace) -> int:
+    from runtime.ipc import raise_keyboard_interrupt
+
+    signal.signal(signal.SIGTERM, raise_keyboard_interrupt)  # from here SIGTERM stops the start as Ctrl-C does
     from runtime.server.launch import serve
 
     if ns.model is not None:
@@ -216,8 +222,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.commands[ns.command].error(message)
     try:
         return ns.func(ns)
-    except KeyboardInterrupt:  # Ctrl-C in generate or bench (serve says "shut down" itself)
-        print("forkserve: interrupted", file=sys.stderr)
+    except KeyboardInterrupt:  # Ctrl-C in generate or bench, or in serve before it runs its own handling
+        print("forkserve: interrupted" + " before the server was ready" * (ns.command == "serve"), file=sys.stderr)
         return 130
     except BrokenPipeError:  # output piped into a reader that stopped (| head): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit

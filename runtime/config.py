@@ -304,8 +304,9 @@ class HttpArgs:
     )
     log_requests: bool = _arg(
         False,
-        "Log every generation request when it arrives and when it ends (id, token counts, finish reason, "
-        "latency; more with --log-requests-level). POST /configure_logging changes this while serving.",
+        "Log every generation request when it arrives and when it ends: id, token counts, finish reason, "
+        "latency and, at the default --log-requests-level 2, the ends of its prompt and output text. POST "
+        "/configure_logging changes this while serving.",
     )
     log_requests_level: int = _arg(
         2,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import zmq
@@ -36,6 +37,13 @@ def visible_text(text: str, stop: tuple[str, ...], regexes: tuple[str, ...] = ()
     return text[:end]
 
 
+def shown_text(text: str, params: Any) -> str:
+    """What a stream shows of ``text`` (a request's output so far): all of it with
+    ``no_stop_trim``, else without a tail that may still become a stop. ``params``: the
+    request's ``SamplingParams`` or a ``TokenUpdate`` (both carry the fields read here)."""
+    return text if params.no_stop_trim else visible_text(text, tuple(params.stop), tuple(params.stop_regex))
+
+
 class Detokenizer:
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
@@ -58,7 +66,7 @@ class Detokenizer:
         if state is None:
             state = self.states[u.rid] = IncrementalText()
         state.feed(lambda ids: self.tokenizer.decode(ids, u.skip_special_tokens), new_ids.tolist())
-        return visible_text(state.text, u.stop, u.stop_regex) if not u.no_stop_trim else state.text
+        return shown_text(state.text, u)
 
 
 def run_detokenizer_process(model_dir: str, recv_from: str, send_to: str, parent_pid: int, log_level: str) -> None:

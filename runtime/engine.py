@@ -9,6 +9,7 @@ Where things happen: a request enters in ``Engine.generate`` (tokenized here, ch
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ from typing import Any
 from tqdm import tqdm
 
 from runtime.config import ServerArgs
-from runtime.detokenizer import visible_text
+from runtime.detokenizer import shown_text
 from runtime.executor.worker import ModelWorker
 from runtime.incremental_text import IncrementalText
 from runtime.model_loader import resolve_model_path
@@ -28,6 +29,28 @@ from runtime.scheduler.core import EngineCore
 from runtime.scheduler.req import Req
 from runtime.scheduler.scheduler import Scheduler
 from runtime.tokenizer import Tokenizer
+
+
+class RequestStream(Iterator[dict[str, Any]]):
+    """What ``Engine.generate(stream=True)`` returns: its outputs, one at a time. Closing it
+    (or dropping it) before its end aborts its requests, also before the first output, where
+    a bare generator would skip its cleanup and leave them for later calls to compute."""
+
+    def __init__(self, engine: Engine, reqs: list[Req], outputs: Iterator[dict[str, Any]]) -> None:
+        self._engine, self._reqs, self._outputs = engine, reqs, outputs
+
+    def __next__(self) -> dict[str, Any]:
+        return next(self._outputs)
+
+    def close(self) -> None:
+        self._outputs.close()  # type: ignore[attr-defined]  # a generator
+        for req in self._reqs:
+            if not req.is_finished:
+                self._engine.core.abort(req.rid)
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # at interpreter exit the engine may be gone
+            self.close()
 
 
 class Engine:
@@ -75,7 +98,7 @@ class Engine:
         for req in reqs:
             self.core.add_request(req)
         if stream:
-            return self._stream(reqs, is_batch or len(reqs) > 1, return_text_in_logprobs)
+            return RequestStream(self, reqs, self._stream(reqs, is_batch or len(reqs) > 1, return_text_in_logprobs))
         self._run_until_done(reqs, progress)
         failed = next((r for r in reqs if r.error is not None), None)
         if failed is not None:  # e.g. a grammar that did not compile in time
@@ -150,7 +173,7 @@ class Engine:
                         skip = req.params.skip_special_tokens
                         text.feed(lambda ids, skip=skip: self.tokenizer.decode(ids, skip),
                                   req.output_ids[len(text.ids):])
-                        chunk = {"text": visible_text(text.text, tuple(req.params.stop), tuple(req.params.stop_regex)),
+                        chunk = {"text": shown_text(text.text, req.params),
                                  "output_ids": list(req.output_ids), "meta_info": self._meta_info(req, text_in_logprobs)}
                     else:
                         continue

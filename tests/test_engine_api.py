@@ -350,6 +350,10 @@ def test_a_streamed_batch_tags_outputs_with_their_index_and_closing_early_aborts
     next(stream)
     stream.close()  # the consumer stops: the request must not stay in the engine
     assert not engine.scheduler.has_work
+    never_read = engine.generate(chat_prompt, {**GREEDY, "max_new_tokens": 64}, stream=True)
+    assert engine.scheduler.has_work
+    del never_read  # dropped before its first output: aborted all the same
+    assert not engine.scheduler.has_work
 
 
 def test_streams_and_generate_calls_may_interleave(engine, chat_prompt, ref):

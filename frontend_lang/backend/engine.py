@@ -17,7 +17,7 @@ from typing import Any
 from frontend_lang.backend.base import Backend, BackendError
 from frontend_lang.backend.engine_driver import EngineCall, EngineDriver
 from frontend_lang.tools import RenderedChat, ToolUse
-from runtime.detokenizer import visible_text
+from runtime.detokenizer import shown_text
 from runtime.incremental_text import IncrementalText
 from runtime.scheduler.req import Req
 
@@ -70,7 +70,7 @@ class EngineBackend(Backend):
         text = IncrementalText()
         while (ids := updates.get()) is not None:
             text.feed(lambda part: tok.decode(part, req.params.skip_special_tokens), ids[len(text.ids) :])
-            yield {"text": visible_text(text.text, tuple(req.params.stop)), "output_ids": list(ids), "meta_info": {"id": req.rid}}
+            yield {"text": shown_text(text.text, req.params), "output_ids": list(ids), "meta_info": {"id": req.rid}}
         if call.error is not None:
             raise BackendError(str(call.error)) from call.error
         yield self.engine.format_output(req)

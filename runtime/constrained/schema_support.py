@@ -42,18 +42,7 @@ def unhonoured_feature(schema: Any) -> str | None:
 
 def enforceable_part(schema: Any, path: str = "") -> tuple[Any, list[str]]:
     """``schema`` without what the engine would not enforce (a looser schema, every part of
-    which is enforced), and a sentence for each part taken out, with its JSON path. Taken out
-    until nothing is left to take: one pass names one problem of a string schema (a pattern
-    with a length, then the same pattern's look-around)."""
-    kept, problems = _enforceable_once(schema, path)
-    while True:
-        again, more = _enforceable_once(kept, path)
-        if not more:
-            return kept, problems
-        kept, problems = again, problems + more
-
-
-def _enforceable_once(schema: Any, path: str) -> tuple[Any, list[str]]:
+    which is enforced), and a sentence for each part taken out, with its JSON path."""
     if not isinstance(schema, dict):
         return schema, []
     where = f" (at {path or 'the top level'})"
@@ -67,8 +56,11 @@ def _enforceable_once(schema: Any, path: str) -> tuple[Any, list[str]]:
     for key in IGNORED_KEYWORDS:
         if key in schema and not (key == "uniqueItems" and schema[key] is False):
             drop((key,), f"'{key}' is not supported")
-    for keys, why in _string_problems(schema) + _object_problems(schema) + _number_problems(schema):
+    for keys, why in _object_problems(schema) + _number_problems(schema):
         drop(keys, why)
+    while found := _string_problems(kept):  # one at a time: a pattern with a length, then its look-around
+        for keys, why in found:
+            drop(keys, why)
     if isinstance(schema.get("allOf"), list) and len(schema["allOf"]) > 1:
         drop(("allOf",), "'allOf' with more than one schema is not supported")
     ref = schema.get("$ref")
@@ -161,7 +153,7 @@ def invalid_keyword(schema: Any, path: str = "") -> str | None:
     where = f" (at {path or 'the top level'})"
     for key in _COUNTS:
         value = schema.get(key)
-        if key in schema and not (_is_number(value) and value >= 0 and float(value).is_integer()):
+        if key in schema and not (_is_number(value) and value >= 0 and (isinstance(value, int) or value.is_integer())):
             return f"'{key}' must be a non-negative integer, got {value!r}{where}"
     step = schema.get("multipleOf")
     if "multipleOf" in schema and not (_is_number(step) and step > 0):

@@ -107,7 +107,9 @@ def json_schema_error(schema: Any) -> str | None:
         if refusal is None:
             return None
         broken = _xgrammar_error(rest)
-        return f"cannot be compiled: {broken}" if broken else f"cannot be enforced: {refusal} ({'; '.join(problems)})"
+        if broken:
+            return f"cannot be compiled: {broken}"
+        return f"cannot be enforced: {refusal} (the schema goes to llguidance for: {'; '.join(problems)})"
     broken = _xgrammar_error(schema)
     return f"cannot be compiled: {broken}" if broken else None
 

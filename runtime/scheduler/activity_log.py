@@ -39,10 +39,10 @@ class ActivityLog:
                 self._finished += 1
                 self._prompt += len(out.req.input_ids)
                 self._cached += out.req.cached_tokens
+        counts = self._step_counts()
+        prefill, mixed, decode = (counts[k] - self._last[k] for k in _STEP_KEYS)
+        self._last = counts
         if logger.isEnabledFor(logging.DEBUG):
-            counts = self._step_counts()
-            prefill, mixed, decode = (counts[k] - self._last[k] for k in _STEP_KEYS)
-            self._last = counts
             stats = self.core.stats()
             kind = f"prefill {prefill} prompt tokens" + (f" + {mixed} running" if mixed else "") if prefill \
                 else f"decode {decode} request" + "s" * (decode != 1)

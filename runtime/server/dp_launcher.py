@@ -32,6 +32,7 @@ from typing import IO
 
 import httpx
 
+from runtime import ipc
 from runtime.config import DataParallelArgs, HttpArgs, ServerArgs
 from runtime.server.data_parallel import (
     INSTALL_HINT,
@@ -46,7 +47,6 @@ from runtime.server.data_parallel import (
 from runtime.server.launch import (
     StartupError,
     bind_port,
-    raise_keyboard_interrupt,
     stopped_by_signal,
 )
 
@@ -67,13 +67,14 @@ class Child:
     reported: bool = False
 
     def forward_output(self, stream: IO[str]) -> None:
-        """Copy the child's output to our stderr, each line tagged with its name."""
+        """Copy the child's output to our stderr, each line tagged with its name but the JSON
+        lines of --log-requests-format json (objects alone, for log collectors; each has its rid)."""
         for line in stream:
             if line.startswith(_READY_LINE):
                 self.ready.set()
             if _GRPC_PROBE_LINE in line and not self.registered.is_set():
                 continue
-            sys.stderr.write(f"[{self.name}] {line}")
+            sys.stderr.write(line if line.startswith("{") else f"[{self.name}] {line}")
             sys.stderr.flush()
 
 
@@ -251,7 +252,7 @@ def _terminate(children: list[Child], timeout: float) -> None:
 def serve_data_parallel(args: ServerArgs, http: HttpArgs, dp: DataParallelArgs) -> int:
     """Run replicas and gateway until SIGINT/SIGTERM (exit code 0; 130 before they were
     ready) or until the gateway or every replica dies (1)."""
-    signal.signal(signal.SIGTERM, raise_keyboard_interrupt)
+    signal.signal(signal.SIGTERM, ipc.raise_keyboard_interrupt)
     launcher = DataParallelLauncher(args, http, dp)
     try:
         return launcher.run()

@@ -202,7 +202,7 @@ class Launcher:
                 key = "; requests need the --api-key bearer" if self.http.api_key else ""
                 print(f"forkserve ready: http://{host}:{self.http.port} (model {name}; OpenAI API under /v1{key})", flush=True)
                 self.announced_ready = True
-            else:
+            elif not server.should_exit:  # (a signal during the test ends it too: that is no failure)
                 print("forkserve: the first test generation failed; shutting down", file=sys.stderr, flush=True)
                 self.exit_code = 1
                 server.should_exit = True
@@ -267,11 +267,6 @@ def _server(config: Any, answer_open_requests: Callable[[], None]) -> Any:
     return Server(config)
 
 
-def raise_keyboard_interrupt(signum: int, frame: Any) -> None:
-    """SIGTERM's handler: one shutdown path for SIGINT and SIGTERM."""
-    raise KeyboardInterrupt
-
-
 def stopped_by_signal(was_ready: bool, exit_code: int = 0) -> int:
     """What a server stopped by SIGINT/SIGTERM says, and its exit code: ``exit_code`` once it
     was ready, 130 (an interrupted command) before."""
@@ -285,7 +280,7 @@ def stopped_by_signal(was_ready: bool, exit_code: int = 0) -> int:
 def serve(args: ServerArgs, http: HttpArgs) -> int:
     """Run the server until SIGINT/SIGTERM (exit code 0; 130 before it was ready, as an
     interrupted command) or a child process dies (1)."""
-    signal.signal(signal.SIGTERM, raise_keyboard_interrupt)
+    signal.signal(signal.SIGTERM, ipc.raise_keyboard_interrupt)
     launcher = Launcher(args, http)
     try:
         return launcher.run()

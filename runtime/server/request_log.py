@@ -57,8 +57,9 @@ class RequestLog:
             return
         state.log_end = True
         fields: dict[str, Any] = {"prompt_tokens": len(input_ids)}
-        if self.level >= 1:
-            fields["sampling_params"] = changed_sampling_params(params)
+        if self.level >= 1:  # a grammar (a tool call's is the server's own) cut as texts are
+            fields["sampling_params"] = {k: self._cut(v) if isinstance(v, str) else v
+                                         for k, v in changed_sampling_params(params).items()}
         if self.level >= 2:
             fields["prompt"] = self._cut(self.decode(input_ids))
         self._write("received", state.rid, fields)

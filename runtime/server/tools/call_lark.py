@@ -35,9 +35,9 @@ def call_lark(markup: CallMarkup, functions: list[tuple[str, Any]], mode: str, p
               answer_schema: Any = None) -> str:
     """``mode`` is ``required`` or ``auto`` (``constraint.tool_grammar`` handles ``none``)."""
     rules = ["%llguidance {}"]
-    for i, (_, schema) in enumerate(functions):
-        rules.append(f"args_{i}: {lark_json(schema)}")
+    args = [f"args_{i}: {lark_json(schema)}" for i, (_, schema) in enumerate(functions)]
     if mode == "auto" and answer_schema is None:
+        rules += args
         # Text, then (at the trigger) a call, as often as parallel calls allow.
         rules += ["TEXT: /(.|\\n)*/", f"trigger[lazy]: TEXT {_lit(markup.trigger)}"]
         for i, (name, _) in enumerate(functions):
@@ -49,8 +49,10 @@ def call_lark(markup: CallMarkup, functions: list[tuple[str, Any]], mode: str, p
     else:
         # A block of calls; in auto with an answer schema, or one JSON value of that schema.
         for i, (name, schema) in enumerate(functions):
-            call = _json_call(markup, name, schema) or \
-                f"{_lit(markup.item_begin.format(name=name))} args_{i} {_lit(markup.item_end)}"
+            call = _json_call(markup, name, schema)
+            if call is None:  # literal text around the arguments
+                rules.append(args[i])
+                call = f"{_lit(markup.item_begin.format(name=name))} args_{i} {_lit(markup.item_end)}"
             rules.append(f"call_{i}: {call}")
         rules.append("call: " + " | ".join(f"call_{i}" for i in range(len(functions))))
         calls = f"call ({_lit(markup.separator)} call)*" if parallel else "call"

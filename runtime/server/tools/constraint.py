@@ -66,7 +66,8 @@ def _functions(tools: list[dict[str, Any]]) -> list[Function]:
     OpenAI answers a strict schema it cannot keep); another's calls follow the part of it
     xgrammar enforces (``enforceable_part``): nothing promised them more, and refusing a
     request over one tool's ``uniqueItems`` would fail clients that send their functions'
-    generated schemas with every call."""
+    generated schemas with every call. A schema with a value JSON Schema forbids
+    (``invalid_keyword``) is refused either way: it is not a schema."""
     out = []
     for t in tools:
         fn = t.get("function") or {}
