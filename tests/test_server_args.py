@@ -224,5 +224,9 @@ def test_ctrl_c_before_serve_is_ready_says_so_and_exits_130():
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert "forkserve ready" not in out, out
-    assert proc.returncode == 130 and "forkserve: interrupted before the server was ready" in err, err
+    # 130, or death by SIGINT (what a shell shows as 130 too): CPython ends so, after the
+    # handler has run, when the interrupt landed in code an extension module ran through
+    # PyRun_String; a clean clone's first run (slow imports) ended so once.
+    assert proc.returncode in (130, -signal.SIGINT), (proc.returncode, err)
+    assert "forkserve: interrupted before the server was ready" in err, err
     assert "Traceback" not in err, err
