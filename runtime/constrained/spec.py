@@ -80,14 +80,9 @@ def check_spec(spec: GrammarSpec) -> None:
         if error is not None:
             raise InvalidField("json_schema", f"json_schema {error}")
         return
-    import xgrammar as xgr  # imported on first use: it takes a second or two
-
-    build = {"regex": xgr.Grammar.from_regex, "json_schema": xgr.Grammar.from_json_schema,
-             "ebnf": xgr.Grammar.from_ebnf}[spec.kind]
-    try:
-        build(spec.text)
-    except Exception as err:  # the engine's parse errors are RuntimeErrors with a C++ location
-        raise InvalidField(spec.kind, f"{spec.kind} cannot be compiled: {engine_message(err)}") from err
+    error = _xgrammar_error(spec.kind, spec.text)
+    if error is not None:
+        raise InvalidField(spec.kind, f"{spec.kind} cannot be compiled: {error}")
 
 
 def json_schema_error(schema: Any) -> str | None:
@@ -106,19 +101,22 @@ def json_schema_error(schema: Any) -> str | None:
         refusal = llguidance_refusal(json_grammar(json.dumps(schema)))
         if refusal is None:
             return None
-        broken = _xgrammar_error(rest)
+        broken = _xgrammar_error("json_schema", json.dumps(rest))
         if broken:
             return f"cannot be compiled: {broken}"
         return f"cannot be enforced: {refusal} (the schema goes to llguidance for: {'; '.join(problems)})"
-    broken = _xgrammar_error(schema)
+    broken = _xgrammar_error("json_schema", json.dumps(schema))
     return f"cannot be compiled: {broken}" if broken else None
 
 
-def _xgrammar_error(schema: Any) -> str | None:
-    import xgrammar as xgr
+def _xgrammar_error(kind: Kind, text: str) -> str | None:
+    """What xgrammar says against compiling ``text`` as ``kind``, or None."""
+    import xgrammar as xgr  # imported on first use: it takes a second or two
 
+    build = {"regex": xgr.Grammar.from_regex, "json_schema": xgr.Grammar.from_json_schema,
+             "ebnf": xgr.Grammar.from_ebnf}[kind]
     try:
-        xgr.Grammar.from_json_schema(json.dumps(schema))
+        build(text)
     except Exception as err:  # the engine's parse errors are RuntimeErrors with a C++ location
         return engine_message(err)
     return None

@@ -13,12 +13,11 @@ is the structured one."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from runtime.constrained.schema_support import enforceable_part, invalid_keyword, unhonoured_feature
-from runtime.constrained.spec import GrammarSpec, check_spec, engine_message, json_schema_error
+from runtime.constrained.spec import engine_message, json_schema_error
 from runtime.sampling.params import InvalidField
 from runtime.server.tools.call_lark import call_lark
 from runtime.server.tools.choice import call_rule
@@ -89,6 +88,13 @@ def _lark_tool_grammar(markup: CallMarkup, functions: list[Function], mode: str,
     refusal = llguidance_refusal(lark_grammar(text))
     if refusal is None:
         return text
+    raise _schema_at_fault(functions, mode, answer_schema) or \
+        InvalidField("tools", f"the tools' call grammar cannot be compiled: {refusal}")
+
+
+def _schema_at_fault(functions: list[Function], mode: str, answer_schema: dict[str, Any] | None) -> InvalidField | None:
+    """The 400 naming the first schema of a call grammar an engine refused that cannot be a
+    constraint on its own (``spec.json_schema_error``), or None: the grammar as a whole is."""
     named = [("tools", f"the parameters of {'strict ' * strict}tool '{name}'", schema, strict)
              for name, schema, strict in functions]
     if mode == "auto" and answer_schema is not None:
@@ -99,8 +105,8 @@ def _lark_tool_grammar(markup: CallMarkup, functions: list[Function], mode: str,
             # a part only llguidance would keep: without strict, xgrammar keeps the rest
             hint = "; without 'strict' its calls follow the rest of the schema" \
                 if strict and why.startswith("cannot be enforced") else ""
-            raise InvalidField(field, f"{what} {why}{hint}")
-    raise InvalidField("tools", f"the tools' call grammar cannot be compiled: {refusal}")
+            return InvalidField(field, f"{what} {why}{hint}")
+    return None
 
 
 def tool_grammar(tools: list[dict[str, Any]], tool_choice: Any, parser_name: str, parallel: bool = True,
@@ -145,13 +151,5 @@ def tool_grammar(tools: list[dict[str, Any]], tool_choice: Any, parser_name: str
     try:
         return str(xgr.Grammar.from_structural_tag(st.StructuralTag(format=fmt)))
     except Exception as err:  # the engine's RuntimeError: find the schema that caused it
-        named = [("tools", f"the parameters of tool '{name}'", schema) for name, schema, _ in functions]
-        if answer_schema is not None:
-            named.append(("response_format", "the response_format schema", answer_schema))
-        for field, what, schema in named:
-            try:
-                check_spec(GrammarSpec("json_schema", json.dumps(schema)))
-            except InvalidField as bad:
-                raise InvalidField(field, f"{what} cannot be compiled: "
-                                          f"{str(bad).split('cannot be compiled: ', 1)[-1]}") from err
-        raise InvalidField("tools", f"the tools' call grammar cannot be compiled: {engine_message(err)}") from err
+        raise _schema_at_fault(functions, rule.mode, answer_schema) or \
+            InvalidField("tools", f"the tools' call grammar cannot be compiled: {engine_message(err)}") from err
