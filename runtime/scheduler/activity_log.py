@@ -14,15 +14,14 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("forkserve")
 
-_STEP_KEYS = ("step_prefill_tokens", "step_prefill_mixed_decodes", "step_decode_tokens")
-
 
 class ActivityLog:
     def __init__(self, core: EngineCore, interval_s: float = 10.0) -> None:
         self.core, self.interval_s = core, interval_s
+        self.steps = core.scheduler.steps  # the step counters (StepStats) it reads
         self._since = time.monotonic()
         self._last = self._step_counts()
-        self._window_prefill = self._last["step_prefill_tokens"]
+        self._window_prefill = self.steps.prefill_tokens
         self._generated = self._finished = self._prompt = self._cached = 0
 
     def step_starting(self) -> None:
@@ -40,7 +39,7 @@ class ActivityLog:
                 self._prompt += len(out.req.input_ids)
                 self._cached += out.req.cached_tokens
         counts = self._step_counts()
-        prefill, mixed, decode = (counts[k] - self._last[k] for k in _STEP_KEYS)
+        prefill, mixed, decode = (now - before for now, before in zip(counts, self._last, strict=True))
         self._last = counts
         if logger.isEnabledFor(logging.DEBUG):
             stats = self.core.stats()
@@ -51,7 +50,7 @@ class ActivityLog:
     @property
     def pending(self) -> bool:
         """Whether work since the last line waits to be reported."""
-        return self._generated > 0 or self._finished > 0 or self._step_counts()["step_prefill_tokens"] > self._window_prefill
+        return self._generated > 0 or self._finished > 0 or self.steps.prefill_tokens > self._window_prefill
 
     def seconds_to_next(self) -> float:
         return max(0.0, self._since + self.interval_s - time.monotonic())
@@ -62,7 +61,7 @@ class ActivityLog:
             return
         now, stats = time.monotonic(), self.core.stats()
         elapsed = now - self._since
-        computed = stats["step_prefill_tokens"] - self._window_prefill
+        computed = self.steps.prefill_tokens - self._window_prefill
         hit = f", {self._cached / self._prompt:.0%} of the prompt tokens of {self._finished} finished requests cached" \
             if self._prompt else ""
         cap = stats["kv_capacity"] or 1
@@ -71,10 +70,8 @@ class ActivityLog:
                     hit, self._generated, self._generated / elapsed, stats["num_running_reqs"], stats["num_waiting_reqs"],
                     100 * (stats["kv_held_by_requests"] + stats["kv_protected"]) / cap,
                     100 * stats["kv_evictable"] / cap)
-        self._since, self._window_prefill = now, stats["step_prefill_tokens"]
+        self._since, self._window_prefill = now, self.steps.prefill_tokens
         self._generated = self._finished = self._prompt = self._cached = 0
 
-    def _step_counts(self) -> dict[str, int]:
-        steps = self.core.scheduler.steps
-        return {"step_prefill_tokens": steps.prefill_tokens, "step_prefill_mixed_decodes": steps.prefill_mixed_decodes,
-                "step_decode_tokens": steps.decode_tokens}
+    def _step_counts(self) -> tuple[int, int, int]:
+        return self.steps.prefill_tokens, self.steps.prefill_mixed_decodes, self.steps.decode_tokens
