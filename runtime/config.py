@@ -30,8 +30,9 @@ def _arg(default: Any, help: str, **extra: Any) -> Any:
 
 def _check_types(args: Any) -> None:
     """``ValueError`` naming the field unless each field holds its annotated type (``int``
-    excludes ``bool``; ``float`` takes an ``int`` and must be finite), so that a wrong
-    ``Engine(...)`` keyword fails here rather than deep inside a process."""
+    excludes ``bool``; ``float`` takes an ``int`` and must be finite) and, where it lists
+    ``choices`` (its flag's), one of them, so that a wrong ``Engine(...)`` keyword fails here
+    rather than deep inside a process."""
     for f in dataclasses.fields(args):
         value, kind = getattr(args, f.name), str(f.type)
         if value is None and kind.endswith("| None"):
@@ -46,6 +47,9 @@ def _check_types(args: Any) -> None:
         if not ok:
             what = {"float": "a finite number", "int": "an integer", "bool": "True or False", "str": "a string"}[base]
             raise ValueError(f"{f.name} must be {what}{' or None' if base != kind else ''}, got {value!r}")
+        choices = f.metadata.get("choices")
+        if choices is not None and value is not None and value not in choices:
+            raise ValueError(f"{f.name} must be one of {', '.join(map(str, choices))}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -165,10 +169,6 @@ class ServerArgs:
 
     def __post_init__(self) -> None:
         _check_types(self)
-        if self.log_level not in LOG_LEVELS:
-            raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
-        if self.dtype not in ("auto", "float32", "bfloat16"):
-            raise ValueError(f"dtype must be auto, float32 or bfloat16, got {self.dtype!r}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.chunked_prefill_size != -1 and self.chunked_prefill_size < 1:
@@ -183,12 +183,6 @@ class ServerArgs:
             raise ValueError(f"grammar_compile_timeout must be positive, got {self.grammar_compile_timeout}")
         if self.max_context_len is not None and self.max_context_len < 2:
             raise ValueError("max_context_len must be at least 2")
-        if self.schedule_policy not in ("lpm", "fcfs"):
-            raise ValueError(f"schedule_policy must be lpm or fcfs, got {self.schedule_policy!r}")
-        if self.attention_backend not in (None, "cpu", "torch_native", "triton", "flashinfer"):
-            raise ValueError(
-                f"attention_backend must be cpu, torch_native, triton or flashinfer, got {self.attention_backend!r}"
-            )
         if self.page_size < 1:
             raise ValueError("page_size must be at least 1")
         if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs < 1:
@@ -334,12 +328,6 @@ class HttpArgs:
         for name in ("api_key", "served_model_name"):  # "$KEY" of an unset variable: not "no key"
             if getattr(self, name) == "":
                 raise ValueError(f"{name} is empty (leave it out for {'no key' if name == 'api_key' else 'the default'})")
-        if self.log_level_http not in LOG_LEVELS:
-            raise ValueError(f"log_level_http must be one of {', '.join(LOG_LEVELS)}, got {self.log_level_http!r}")
-        if self.log_requests_level not in (0, 1, 2, 3):
-            raise ValueError(f"log_requests_level must be 0, 1, 2 or 3, got {self.log_requests_level}")
-        if self.log_requests_format not in ("text", "json"):
-            raise ValueError(f"log_requests_format must be text or json, got {self.log_requests_format!r}")
         if self.tool_call_parser == "llama3":  # SGLang's name for the same format
             object.__setattr__(self, "tool_call_parser", "llama3_json")
 
@@ -385,8 +373,6 @@ class DataParallelArgs:
         _check_types(self)
         if self.dp_size < 1:
             raise ValueError(f"dp_size must be at least 1, got {self.dp_size}")
-        if self.router_policy not in ROUTER_POLICIES:
-            raise ValueError(f"router_policy must be one of {', '.join(ROUTER_POLICIES)}, got {self.router_policy!r}")
         if self.router_health_check_interval < 1:
             raise ValueError(f"router_health_check_interval must be at least 1, got {self.router_health_check_interval}")
         try:
