@@ -87,7 +87,8 @@ def _label(base: str, flags: str) -> str:
 
 def engine_kwargs(flags: str) -> dict[str, Any]:
     """Engine keyword arguments from server-style flags (one parser for both)."""
-    from runtime.config import ServerArgs, add_cli_args, args_from_namespace
+    from runtime.arg_fields import add_cli_args, args_from_namespace
+    from runtime.config import ServerArgs
 
     parser = argparse.ArgumentParser(prog="--server-args", add_help=False)
     add_cli_args(parser, ServerArgs)

@@ -77,7 +77,8 @@ def run_capacity(ns: argparse.Namespace) -> int:
 
 def checked_args(ns: argparse.Namespace) -> Any:
     """The flags as ``ServerArgs`` (checked as serve checks them)."""
-    from runtime.config import ServerArgs, fields_as_flags
+    from runtime.arg_fields import fields_as_flags
+    from runtime.config import ServerArgs
 
     if ns.context_tokens <= ns.shared_prefix_tokens:
         raise ValueError("--context-tokens must exceed --shared-prefix-tokens")

@@ -13,16 +13,11 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from runtime.arg_fields import add_cli_args, args_from_namespace, field_names, fields_as_flags
 from runtime.cli_foreign_flags import hints
-from runtime.config import (
-    DataParallelArgs,
-    HttpArgs,
-    ServerArgs,
-    add_cli_args,
-    args_from_namespace,
-    fields_as_flags,
-)
+from runtime.config import ServerArgs
 from runtime.log_setup import configure_logging
+from runtime.serve_args import DataParallelArgs, HttpArgs
 from runtime.version import package_version
 
 
@@ -82,7 +77,7 @@ def _run_generate(ns: argparse.Namespace) -> int:
     try:
         engine = Engine(**{k: v for k, v in vars(args).items()})
     except (ValueError, OSError) as err:  # a bad model path or a flag the model cannot take
-        print(f"forkserve: {fields_as_flags(str(err))}", file=sys.stderr)
+        print(f"forkserve: {fields_as_flags(str(err), field_names(ServerArgs))}", file=sys.stderr)
         return 1
     print(f"forkserve: model loaded in {time.perf_counter() - started:.1f}s", file=sys.stderr)
     prompts = ns.prompts

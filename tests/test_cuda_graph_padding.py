@@ -65,9 +65,9 @@ def test_graph_flags():
 def test_graph_flags_on_the_cli():
     import argparse
 
-    from runtime.config import add_cli_args, args_from_namespace
+    from runtime.arg_fields import add_cli_args, args_from_namespace
 
     parser = argparse.ArgumentParser()
-    add_cli_args(parser)
-    args = args_from_namespace(parser.parse_args(["--disable-cuda-graph", "--cuda-graph-max-bs", "32"]))
+    add_cli_args(parser, ServerArgs)
+    args = args_from_namespace(parser.parse_args(["--disable-cuda-graph", "--cuda-graph-max-bs", "32"]), ServerArgs)
     assert args.disable_cuda_graph and args.cuda_graph_max_bs == 32

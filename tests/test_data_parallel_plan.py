@@ -10,14 +10,9 @@ import signal
 
 import pytest
 
-from runtime.config import (
-    DataParallelArgs,
-    HttpArgs,
-    ServerArgs,
-    add_cli_args,
-    args_from_namespace,
-    cli_flags,
-)
+from runtime.arg_fields import add_cli_args, args_from_namespace, cli_flags
+from runtime.config import ServerArgs
+from runtime.serve_args import DataParallelArgs, HttpArgs
 from runtime.server import data_parallel, dp_launcher
 from runtime.server.data_parallel import PlanError, gateway_command, local_url, plan_replicas
 

@@ -90,7 +90,7 @@ def test_a_server_with_a_reasoning_parser_splits_reasoning():
 def test_the_flag_offers_every_parser():
     import dataclasses
 
-    from runtime.config import HttpArgs
+    from runtime.serve_args import HttpArgs
 
     flag = {f.name: f for f in dataclasses.fields(HttpArgs)}["reasoning_parser"]
     assert flag.metadata["choices"] == list(PARSERS)

@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from runtime.config import HttpArgs, ServerArgs
+from runtime.config import ServerArgs
 from runtime.ipc import free_tcp_port
+from runtime.serve_args import HttpArgs
 from tests.proc_utils import pid_alive
 
 
@@ -87,14 +88,16 @@ def test_bad_flags_are_one_line_errors(argv, code, words):
 
 
 def test_errors_name_flags_not_words_or_paths():
-    from runtime.config import fields_as_flags
+    from runtime.arg_fields import field_names, fields_as_flags
+    from runtime.serve_args import DataParallelArgs
 
-    assert fields_as_flags("kv_cache_memory 1 GiB holds 0 tokens; raise max_total_tokens.") == (
+    names = field_names(ServerArgs, HttpArgs, DataParallelArgs)
+    assert fields_as_flags("kv_cache_memory 1 GiB holds 0 tokens; raise max_total_tokens.", names) == (
         "--kv-cache-memory 1 GiB holds 0 tokens; raise --max-total-tokens.")
-    assert fields_as_flags("device 'cuda' was asked for, but torch finds no CUDA device") == (
+    assert fields_as_flags("device 'cuda' was asked for, but torch finds no CUDA device", names) == (
         "--device 'cuda' was asked for, but torch finds no CUDA device")
     path = "model path '/srv/port/device/max_total_tokens.d' is neither a folder nor a file"
-    assert fields_as_flags(path) == path
+    assert fields_as_flags(path, names) == path
 
 
 def test_version():

@@ -21,8 +21,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from frontend_lang.backend.runtime_endpoint import RuntimeEndpoint
+from runtime.arg_fields import args_from_namespace
 from runtime.cli import SERVE_ARGS, add_serve_args
-from runtime.config import args_from_namespace
 from runtime.ipc import free_tcp_port
 from runtime.server.server_process import ServerProcess
 

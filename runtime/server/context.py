@@ -20,9 +20,10 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
-from runtime.config import HttpArgs, ServerArgs
+from runtime.config import ServerArgs
 from runtime.request_builder import GenerateRequest, RequestLimits
 from runtime.sampling.params import InvalidField, SamplingParams
+from runtime.serve_args import HttpArgs
 from runtime.server.protocol import ApiError
 from runtime.server.request_ids import ArrivingRequests
 from runtime.server.scheduler_client import ReqState, SchedulerClient, ServerUnavailable

@@ -16,8 +16,10 @@ import shlex
 import sys
 from dataclasses import dataclass
 
+from runtime.arg_fields import cli_flags
 from runtime.capacity import available_memory_bytes
-from runtime.config import MIN_KV_TOKENS, DataParallelArgs, HttpArgs, ServerArgs, cli_flags
+from runtime.config import MIN_KV_TOKENS, ServerArgs
+from runtime.serve_args import DataParallelArgs, HttpArgs
 
 GATEWAY_MODULE = "sglang_router.launch_router"
 INSTALL_HINT = "pip install sglang-router (from a checkout: pip install -e '.[router]')"

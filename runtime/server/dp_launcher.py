@@ -33,7 +33,8 @@ from typing import IO
 import httpx
 
 from runtime import ipc
-from runtime.config import DataParallelArgs, HttpArgs, ServerArgs
+from runtime.config import ServerArgs
+from runtime.serve_args import DataParallelArgs, HttpArgs
 from runtime.server.data_parallel import (
     INSTALL_HINT,
     REPLICA_HOST,

@@ -26,7 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from runtime import ipc
-from runtime.config import HttpArgs, ServerArgs, fields_as_flags
+from runtime.arg_fields import field_names, fields_as_flags
+from runtime.config import ServerArgs
+from runtime.serve_args import HttpArgs
 from runtime.server.response_store import SqliteTable
 from runtime.server.tools.template import load_chat_template
 
@@ -290,5 +292,5 @@ def serve(args: ServerArgs, http: HttpArgs) -> int:
         print(f"forkserve: {err}", file=sys.stderr)
         return 1
     except RuntimeError as err:  # the model failed to load, a process died during startup
-        print(f"forkserve: {fields_as_flags(str(err))}", file=sys.stderr)
+        print(f"forkserve: {fields_as_flags(str(err), field_names(ServerArgs, HttpArgs))}", file=sys.stderr)
         return 1
