@@ -104,4 +104,18 @@ def __getattr__(name: str) -> Any:
         from runtime.engine import Engine
 
         return Engine
-    raise AttributeError(name)
+    if name in _OTHER_BACKENDS:
+        raise AttributeError(
+            f"sgl.{name}: forkserve's frontend runs programs on a forkserve (or SGLang) server, "
+            "RuntimeEndpoint(url), or in this process, Engine(); it has no backend for other APIs"
+        )
+    if name == "global_config":
+        raise AttributeError(
+            "sgl.global_config: not in forkserve's frontend; use set_default_backend() / "
+            "get_default_backend() for the default backend"
+        )
+    raise AttributeError(f"module 'frontend_lang' has no attribute {name!r}")
+
+
+# SGLang's frontend backends for hosted APIs (sglang/lang/backend/).
+_OTHER_BACKENDS = ("OpenAI", "Anthropic", "LiteLLM", "VertexAI", "Crusoe")

@@ -128,6 +128,7 @@ def gen(
     name: str | None = None,
     max_tokens: int | None = None,
     min_tokens: int | None = None,
+    n: int | None = None,
     stop: str | list[str] | None = None,
     stop_token_ids: list[int] | None = None,
     stop_regex: str | list[str] | None = None,
@@ -137,22 +138,22 @@ def gen(
     min_p: float | None = None,
     frequency_penalty: float | None = None,
     presence_penalty: float | None = None,
-    repetition_penalty: float | None = None,
     ignore_eos: bool | None = None,
     return_logprob: bool | None = None,
     logprob_start_len: int | None = None,
     top_logprobs_num: int | None = None,
     return_text_in_logprobs: bool | None = None,
+    dtype: type | str | None = None,
     choices: list[str] | None = None,
+    choices_method: ChoicesMethod | None = None,
     regex: str | None = None,
     json_schema: str | dict[str, Any] | type | None = None,
-    dtype: type | str | None = None,
+    *,
+    repetition_penalty: float | None = None,
     seed: int | None = None,
-    choices_method: ChoicesMethod | None = None,
     tools: list[dict[str, Any]] | None = None,
     tool_choice: str | dict[str, Any] | None = None,
     parallel_tool_calls: bool | None = None,
-    n: int | None = None,
 ) -> Expr:
     """Generate text into variable ``name``. With ``choices`` it is ``select``.
 
@@ -162,7 +163,10 @@ def gen(
     holds the text either way. With ``tools`` (OpenAI's function tools, ``tool_choice``,
     ``parallel_tool_calls``) the gen is a whole assistant turn that may call them, and the
     variable holds the calls (``frontend_lang/tools.py``). With ``n`` > 1 (as SGLang's) the
-    variable holds ``n`` samples of one request and the text goes on with the first."""
+    variable holds ``n`` samples of one request and the text goes on with the first.
+
+    The parameters up to ``json_schema`` are SGLang's, in its order (a program may pass them
+    by position); forkserve's own come after and are keyword-only."""
     if n is not None and (not isinstance(n, int) or n < 1):
         raise ValueError(f"gen(): n must be a positive integer, got {n!r}")
     uses = tool_use(tools, tool_choice, parallel_tool_calls)
@@ -238,7 +242,7 @@ _DTYPE_NAMES: dict[str, type] = {"int": int, "float": float, "bool": bool, "str"
 # gen(dtype=...): a literal of the type, optionally followed by the space or newline that ends it
 DTYPE_REGEX: dict[type, str] = {
     int: r"[-+]?[0-9]+[ \n]?",
-    float: r"[-+]?[0-9]+(\.[0-9]+)?[ \n]?",
+    float: r"[-+]?([0-9]+(\.[0-9]+)?|\.[0-9]+)[ \n]?",
     bool: r"(True|False)",
     str: r"\"[^\"\n]*\"",
 }
@@ -287,12 +291,35 @@ def video(path: str, num_frames: int = -1) -> Expr:
     raise ValueError("sgl.video(): videos are not supported: the models served here read text only")
 
 
-def gen_int(name: str | None = None, **kwargs: Any) -> Expr:
-    return gen(name, dtype=int, **kwargs)
+# gen_int / gen_string's parameters after the name, in SGLang's order (a program may pass
+# them by position); each is gen()'s parameter of that name.
+_TYPED_GEN_ORDER = (
+    "max_tokens", "n", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
+    "frequency_penalty", "presence_penalty", "ignore_eos", "return_logprob", "logprob_start_len",
+    "top_logprobs_num", "return_text_in_logprobs",
+)
 
 
-def gen_string(name: str | None = None, **kwargs: Any) -> Expr:
-    return gen(name, dtype=str, **kwargs)
+def gen_int(name: str | None = None, *args: Any, **kwargs: Any) -> Expr:
+    """``gen(name, ..., dtype=int)``; positional arguments after the name in SGLang's order:
+    max_tokens, n, stop, stop_token_ids, stop_regex, temperature, top_p, top_k, min_p,
+    frequency_penalty, presence_penalty, ignore_eos, return_logprob, logprob_start_len,
+    top_logprobs_num, return_text_in_logprobs."""
+    return gen(name, **_typed_gen_args("gen_int", args, kwargs), dtype=int)
+
+
+def gen_string(name: str | None = None, *args: Any, **kwargs: Any) -> Expr:
+    """``gen(name, ..., dtype=str)``, with ``gen_int``'s positional arguments."""
+    return gen(name, **_typed_gen_args("gen_string", args, kwargs), dtype=str)
+
+
+def _typed_gen_args(caller: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    if len(args) > len(_TYPED_GEN_ORDER):
+        raise TypeError(f"{caller}() takes at most {len(_TYPED_GEN_ORDER) + 1} positional arguments")
+    named = dict(zip(_TYPED_GEN_ORDER, args, strict=False))
+    if twice := sorted(set(named) & set(kwargs)):
+        raise TypeError(f"{caller}() got multiple values for argument {twice[0]!r}")
+    return {**named, **kwargs}
 
 
 def _schema_text(schema: str | dict[str, Any] | type | None) -> str | None:

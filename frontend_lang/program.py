@@ -58,6 +58,7 @@ def _as_backend(backend: Any) -> Backend:
 
 def _run_defaults(
     max_new_tokens: int = 128,
+    n: int = 1,
     stop: str | list[str] | None = None,
     stop_token_ids: list[int] | None = None,
     stop_regex: str | list[str] | None = None,
@@ -73,9 +74,12 @@ def _run_defaults(
     top_logprobs_num: int = 0,
     return_text_in_logprobs: bool = False,
 ) -> dict[str, Any]:
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"run(): n must be a positive integer, got {n!r}")
     return {
         "sampling": {
             "max_new_tokens": max_new_tokens,
+            "n": n,
             "stop": stop,
             "stop_token_ids": stop_token_ids,
             "stop_regex": stop_regex,

@@ -339,3 +339,38 @@ class _NoPrefill(sgl.RuntimeEndpoint):  # what cache() asks of a backend that ca
 
     def cache_prefix(self, prompt, program_id=None):
         raise AssertionError("nothing to prefill here")
+
+
+def test_gen_takes_sglang_positional_order_and_run_takes_n():
+    # SGLang's gen(name, max_tokens, min_tokens, n, stop, ...): a program passing them by
+    # position must get the same request
+    expr = sgl.gen("x", 16, 2, 3, ["\n"])
+    assert (expr.sampling["max_new_tokens"], expr.sampling["min_new_tokens"], expr.sampling["n"],
+            expr.sampling["stop"]) == (16, 2, 3, ["\n"])
+    with pytest.raises(TypeError):  # forkserve's own parameters are keyword-only
+        sgl.gen("x", 16, 0, 1, None, None, None, 0.0, 1.0, -1, 0.0, 0.0, 0.0, False, False, -1, 0, False,
+                None, None, None, None, None, 1.1)
+    as_int = sgl.gen_int("k", 4, 2, "!")  # gen_int(name, max_tokens, n, stop, ...)
+    assert (as_int.sampling["max_new_tokens"], as_int.sampling["n"], as_int.sampling["stop"][0]) == (4, 2, "!")
+    assert sgl.gen_string("t", 8, temperature=0.5).sampling["temperature"] == 0.5
+    with pytest.raises(TypeError):
+        sgl.gen_int("k", dtype=str)
+    with pytest.raises(AttributeError, match="no backend for other APIs"):
+        sgl.OpenAI  # noqa: B018
+    with pytest.raises(AttributeError, match="get_default_backend"):
+        sgl.global_config  # noqa: B018
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        sgl.nope  # noqa: B018
+
+
+def test_run_n_is_every_gens_default_sample_count(local):
+    @sgl.function
+    def two(s, topic):
+        s += f"A word about {topic}:" + sgl.gen("x", max_tokens=2, ignore_eos=True)
+        s += " and" + sgl.gen("y", max_tokens=2, ignore_eos=True, n=1)
+
+    state = two.run("cats", n=2, temperature=1.0, backend=local)
+    assert isinstance(state["x"], list) and len(state["x"]) == 2  # SGLang's run(n=...)
+    assert isinstance(state["y"], str)  # a gen's own n wins
+    with pytest.raises(ValueError, match="n must be a positive integer"):
+        two.run("cats", n=0, backend=local)
