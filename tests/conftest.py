@@ -123,6 +123,14 @@ def server():
     assert not left, f"processes left behind after SIGTERM: {left}"
 
 
+@pytest.fixture(scope="session")
+def sglang_python():
+    """The python of a venv with SGLang's own package (``tests/sglang_venv.py``)."""
+    from tests.sglang_venv import sglang_venv
+
+    return sglang_venv() / "bin" / "python"
+
+
 @pytest.fixture(scope="module")
 def local(engine):
     """The DSL's in-process backend on the shared engine (its driver stops with the module)."""

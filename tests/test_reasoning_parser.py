@@ -76,6 +76,14 @@ def test_a_server_with_a_reasoning_parser_splits_reasoning():
         assert pieces == ["I should greet them."]  # one delta, not token by token
         whole = client.chat.completions.create(**{**kw, "extra_body": {**kw["extra_body"], "separate_reasoning": False}})
         assert whole.choices[0].message.content == "I should greet them.</think>Hello there."
+        # vLLM's include_reasoning false: split off and dropped, whole or streamed
+        hidden = {**kw, "extra_body": {**kw["extra_body"], "include_reasoning": False}}
+        msg = client.chat.completions.create(**hidden).choices[0].message
+        assert (msg.reasoning_content, msg.content) == (None, "Hello there.")
+        deltas = [choice.delta for chunk in client.chat.completions.create(**hidden, stream=True)
+                  for choice in chunk.choices]
+        assert not any(getattr(d, "reasoning_content", None) for d in deltas)
+        assert "".join(d.content or "" for d in deltas) == "Hello there."
         # a reasoning model whose template has no effort cannot honour one: a 400 naming it, on both routes
         with pytest.raises(openai.BadRequestError, match="reasoning_effort is not supported") as err:
             client.chat.completions.create(**kw, reasoning_effort="low")

@@ -1,10 +1,7 @@
 """SGLang's own frontend package runs a program with ``gen(regex=...)``, ``fork`` and
 ``select`` against ``forkserve serve``, unchanged.
 
-SGLang's package pins its own xgrammar, torch and server dependencies, so it lives in a
-venv of its own (over this environment's packages for torch and numpy, ``--no-deps`` for
-sglang itself plus the few modules ``sglang.lang`` imports); the venv is kept under the
-user cache and reused. Creating it needs PyPI.
+SGLang runs from a venv of its own (``tests/sglang_venv.py``, the ``sglang_python`` fixture).
 """
 
 from __future__ import annotations
@@ -13,16 +10,10 @@ import json
 import os
 import re
 import subprocess
-import venv
-from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.slow
-
-SGLANG = "sglang==0.5.23"
-# what `import sglang` needs beyond this environment's packages (found by importing it)
-SGLANG_IMPORTS = ["psutil", "pybase64", "msgspec", "aiohttp", "pillow", "requests", "orjson"]
 
 PROGRAM = r'''
 import json, sys
@@ -42,20 +33,6 @@ sgl.set_default_backend(sgl.RuntimeEndpoint(sys.argv[1]))
 state = prog.run(temperature=0)
 print(json.dumps({"date": state["date"], "ans": state["ans"], "colour": state["colour"], "text": state.text()}))
 '''
-
-
-@pytest.fixture(scope="module")
-def sglang_python() -> Path:
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "forkserve" / "test-venvs"
-    home = cache / SGLANG.replace("==", "-")
-    python = home / "bin" / "python"
-    if not (home / ".complete").exists():
-        venv.EnvBuilder(system_site_packages=True, with_pip=True, clear=True).create(home)
-        for args in (["--no-deps", SGLANG], SGLANG_IMPORTS):
-            done = subprocess.run([str(python), "-m", "pip", "install", "-q", *args], capture_output=True, text=True)
-            assert done.returncode == 0, f"installing {args} into {home} failed:\n{done.stderr[-2000:]}"
-        (home / ".complete").write_text("ok\n")
-    return python
 
 
 def test_sglang_frontend_program_runs_unchanged(sglang_python, server, tmp_path):

@@ -1,5 +1,6 @@
 """What the chat route makes of a choice's text besides plain content: the reasoning split off
-(``--reasoning-parser``, unless ``separate_reasoning`` is false) and the tool calls parsed out
+(``--reasoning-parser``, unless ``separate_reasoning`` is false; dropped where
+``include_reasoning`` is false) and the tool calls parsed out
 (``tools``), for the whole answer (``message``) and as streaming deltas (``delta``; with
 ``stream_reasoning`` false the reasoning comes in one delta once it is complete)."""
 
@@ -13,8 +14,9 @@ from runtime.server.tools.parsers import StreamingToolParser, ToolCallParser
 
 class ChatAnswer:
     def __init__(self, tool_parser: ToolCallParser | None, reasoning: ReasoningParser | None,
-                 stream_reasoning: bool = True, calls_finish: str = "tool_calls") -> None:
+                 stream_reasoning: bool = True, calls_finish: str = "tool_calls", include_reasoning: bool = True) -> None:
         self.tool_parser, self.reasoning, self.stream_reasoning = tool_parser, reasoning, stream_reasoning
+        self.include_reasoning = include_reasoning  # false (vLLM's): the reasoning is split off and dropped
         # an answer that stopped on its own after calls finishes so: "tool_calls", or "stop"
         # where tool_choice named the function (OpenAI's forced function; vLLM does the same)
         self.calls_finish = calls_finish
@@ -32,7 +34,7 @@ class ChatAnswer:
         message: dict[str, Any] = {"role": "assistant", "content": text}
         if self.reasoning is not None:
             reasoning, message["content"], _ = self.reasoning.split(text)
-            message["reasoning_content"] = reasoning or None
+            message["reasoning_content"] = (reasoning or None) if self.include_reasoning else None
         if self.tool_parser is not None:
             content, calls = self.tool_parser.parse(message["content"])
             if calls:
@@ -50,7 +52,7 @@ class ChatAnswer:
         if self.reasoning is not None:
             thinking = self.reasoning_streams.setdefault(index, StreamingReasoning(self.reasoning, self.stream_reasoning))
             reasoning, content = thinking.feed(text, finished)
-            answer = thinking.content
+            reasoning, answer = reasoning if self.include_reasoning else "", thinking.content
         if self.tool_parser is not None:
             stream = self.tool_streams.setdefault(index, StreamingToolParser(self.tool_parser))
             content, calls = stream.feed(answer, finished, cut_off=finish == "length")

@@ -12,7 +12,7 @@ from runtime.server.context import bad_input_as_400
 from runtime.server.openai_handler import OpenAIHandler, api_logprob, finish_reason_of
 from runtime.server.protocol import ApiError, reject_unsupported
 from runtime.server.reasoning import PARSERS as REASONING_PARSERS
-from runtime.server.responses import JsonResponse
+from runtime.server.responses import JsonResponse, native_output
 from runtime.server.scheduler_client import ReqState
 from runtime.server.tools.chat_prompt import ChatPrompt, render_chat
 from runtime.server.tools.choice import call_rule
@@ -29,7 +29,8 @@ class ChatCompletion(OpenAIHandler):
         super().__init__(*args)
         name = self.ctx.http.reasoning_parser
         self.reasoning = REASONING_PARSERS[name] if name and self.req.separate_reasoning else None
-        self.answer = ChatAnswer(None, self.reasoning, self.req.stream_reasoning)
+        self.answer = ChatAnswer(None, self.reasoning, self.req.stream_reasoning, include_reasoning=self.req.include_reasoning)
+        self.prompt_text = ""
 
     async def run(self) -> Response:
         return await self.respond(await self.start())
@@ -43,8 +44,15 @@ class ChatCompletion(OpenAIHandler):
         return self.submit(prompts, max_tokens, (r.top_logprobs or 0) if r.logprobs else None)
 
     async def prompt_ids(self) -> list[int]:
-        """The prompt's token ids."""
-        return (await self.ctx.encode([self.prompt().text]))[0]
+        """The prompt's token ids: the rendered chat's, encoded as the template wrote it (its
+        own BOS, no second one: ``add_special_tokens`` false unless asked for, as SGLang and
+        vLLM do), or SGLang's ``input_ids`` as given (the messages still give the tool
+        grammar and parser)."""
+        text = self.prompt().text
+        if self.req.input_ids is not None:
+            self.prompt_text = self.ctx.tokenizer.decode(self.req.input_ids, False)
+            return list(self.req.input_ids)
+        return (await self.ctx.encode([text], bool(self.req.add_special_tokens)))[0]
 
     def render(self) -> Response:
         """``/v1/chat/completions/render``: what ``run`` would send to the engine, without
@@ -82,6 +90,12 @@ class ChatCompletion(OpenAIHandler):
                 raise ApiError(400, f"messages[{i}] ({m.role}) has no 'content'", param=f"messages[{i}].content")
         if r.top_logprobs and not r.logprobs:
             raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+        for name in ("return_prompt_token_ids", "return_meta_info"):  # SGLang's rule: whole answers only
+            if r.stream and getattr(r, name):
+                raise ApiError(400, f"'{name}' is not supported with streaming (ask for stream: false, or "
+                                    "'return_token_ids', which streams)", param=name)
+        if r.input_ids is not None and not r.input_ids:
+            raise ApiError(400, "'input_ids' is empty", param="input_ids")
 
     def prompt(self) -> ChatPrompt:
         """The prompt text; with tools (or tool turns in the history) through a template that
@@ -100,9 +114,10 @@ class ChatCompletion(OpenAIHandler):
                 template_kwargs=r.chat_template_kwargs, reasoning_effort=r.reasoning_effort,
                 reasoning_model=self.ctx.http.reasoning_parser is not None,
             )
-        self.tool_ebnf = prompt.tool_ebnf
+        self.tool_ebnf, self.prompt_text = prompt.tool_ebnf, prompt.text
         self.answer = ChatAnswer(prompt.tool_parser, self.reasoning, self.req.stream_reasoning,
-                                 calls_finish="stop" if self.named_function else "tool_calls")
+                                 calls_finish="stop" if self.named_function else "tool_calls",
+                                 include_reasoning=self.req.include_reasoning)
         return prompt
 
     def constraint(self) -> dict[str, Any]:
@@ -119,6 +134,45 @@ class ChatCompletion(OpenAIHandler):
             "logprobs": self.logprobs(state, 0, len(state.output_token_logprobs), 0),
             "finish_reason": finish,
         }
+
+    @property
+    def prompt_field(self) -> str:
+        return "messages" if self.req.input_ids is None else "input_ids"
+
+    def with_ids(self, index: int, state: ReqState, choice: dict[str, Any]) -> dict[str, Any]:
+        """Token ids as vLLM's ``return_token_ids`` gives them (``token_ids``) and as SGLang's
+        chat route does (``prompt_token_ids``, ``response_token_ids``; its ``meta_info``: the
+        ``/generate`` one)."""
+        r = self.req
+        super().with_ids(index, state, choice)
+        if r.return_token_ids or r.return_prompt_token_ids:
+            choice["prompt_token_ids"] = self.prompt_ids_of(index)
+        if r.return_token_ids:
+            choice["response_token_ids"] = list(state.output_ids)
+        if r.return_meta_info:
+            choice["meta_info"] = native_output(state, self.ctx.tokenizer, True, -1)["meta_info"]
+        return choice
+
+    def answer_fields(self, states: list[ReqState]) -> dict[str, Any]:
+        return self.opening_fields(0)
+
+    def opening_fields(self, index: int) -> dict[str, Any]:
+        """vLLM's: the prompt's ids (``return_token_ids``) and text (``return_prompt_text``)
+        beside the choices, in a stream with each choice's opening chunk."""
+        fields: dict[str, Any] = {}
+        if self.req.return_token_ids:
+            fields["prompt_token_ids"] = self.prompt_ids_of(index)
+        if self.req.return_prompt_text:
+            fields["prompt_text"] = self.prompt_text
+        return fields
+
+    def sglext(self, states: list[ReqState]) -> dict[str, Any]:
+        out = super().sglext(states)
+        if self.req.return_input_ids_in_sglext:
+            out["input_ids"] = self.prompt_ids_of(0)
+        if self.req.return_output_ids_in_sglext:
+            out["output_ids"] = [list(s.output_ids) for s in states]
+        return out
 
     def stream_choice(self, index: int, state: ReqState, text: str, finish: str | None,
                       logprobs: Any) -> dict[str, Any] | None:
@@ -145,7 +199,7 @@ class ChatCompletion(OpenAIHandler):
         token_bytes = self.ctx.tokenizer.token_bytes
 
         def entry(lp: float, tid: int) -> dict[str, Any]:  # a token with part of a character: its own bytes
-            return {"token": token_bytes.name(tid), "logprob": api_logprob(lp), "bytes": list(token_bytes.of(tid))}
+            return {"token": self.token_name(tid), "logprob": api_logprob(lp), "bytes": list(token_bytes.of(tid))}
 
         content = []
         for k in range(start, end):

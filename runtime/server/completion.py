@@ -16,18 +16,18 @@ from runtime.token_bytes import MAX_CHAR_BYTES
 class Completion(OpenAIHandler):
     object_name = "text_completion"
     id_prefix = "cmpl"
-    echoed: set[int]  # streamed choices whose echoed prompt went out (echo with logprobs)
+    opened: set[int]  # streamed choices whose first chunk went out (with the echoed prompt, its ids)
 
     async def run(self) -> Response:
         r = self.req
-        self.echoed = set()
+        self.opened = set()
         self.check_common()
-        reject_unsupported(r, ("suffix",))
+        reject_unsupported(r, ("suffix", "prompt_embeds"))
         prompt = r.prompt
         texts: list[str] | None = None
         if isinstance(prompt, str) or (prompt and isinstance(prompt[0], str)):
             texts = [prompt] if isinstance(prompt, str) else list(prompt)
-            prompts = await self.ctx.encode(texts)
+            prompts = await self.ctx.encode(texts, r.add_special_tokens is not False)
         else:
             prompts = list(prompt) if prompt and isinstance(prompt[0], list) else [list(prompt)]
         if not prompts:
@@ -45,7 +45,11 @@ class Completion(OpenAIHandler):
         echo = self.echo(index)
         logprobs = self.logprobs(state, 0, len(state.output_token_logprobs), len(echo))
         return {"index": index, "text": echo + state.text, "logprobs": self.with_prompt(index, state, logprobs),
-                "finish_reason": finish_reason_of(state)}
+                "finish_reason": finish_reason_of(state), **self.prompt_ids_field(index)}
+
+    def prompt_ids_field(self, index: int) -> dict[str, Any]:
+        """``return_token_ids``: a choice (streamed: its first chunk) names its prompt's ids."""
+        return {"prompt_token_ids": self.prompt_ids_of(index)} if self.req.return_token_ids else {}
 
     def with_prompt(self, index: int, state: ReqState, logprobs: dict[str, list[Any]] | None) -> dict[str, list[Any]] | None:
         """``logprobs`` after the echoed prompt's own (the first token has none), when both
@@ -64,17 +68,20 @@ class Completion(OpenAIHandler):
     def stream_start(self, num_choices: int) -> list[dict[str, Any]]:
         if not self.req.echo or self.req.logprobs is not None:  # with logprobs: echoed with the first chunk
             return []
-        return [{"index": i, "text": self.echo(i), "logprobs": None, "finish_reason": None} for i in range(num_choices)]
+        self.opened.update(range(num_choices))
+        return [{"index": i, "text": self.echo(i), "logprobs": None, "finish_reason": None, **self.prompt_ids_field(i)}
+                for i in range(num_choices)]
 
     def stream_choice(self, index: int, state: ReqState, text: str, finish: str | None,
                       logprobs: Any) -> dict[str, Any] | None:
+        opening = index not in self.opened
+        self.opened.add(index)
         if self.req.echo and logprobs is not None:  # the prompt's scores arrive with the first update
             echo = self.echo(index)
             logprobs = {**logprobs, "text_offset": [o + len(echo) for o in logprobs["text_offset"]]}
-            if index not in self.echoed:
-                self.echoed.add(index)
+            if opening:
                 text, logprobs = echo + text, self.with_prompt(index, state, logprobs)
-        return self.delta_choice(index, text, finish, logprobs)
+        return {**self.delta_choice(index, text, finish, logprobs), **(self.prompt_ids_field(index) if opening else {})}
 
     def delta_choice(self, index: int, text: str, finish: str | None, logprobs: Any) -> dict[str, Any]:
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
@@ -94,7 +101,7 @@ class Completion(OpenAIHandler):
         text, from ``text_offset`` on (the tokens ``before`` precede these). As OpenAI has
         it, each top map also holds the chosen token ("up to logprobs + 1 entries")."""
         token_bytes = self.ctx.tokenizer.token_bytes
-        names = token_bytes.name  # a token with part of a character is named by its bytes, as OpenAI does
+        names = self.token_name
         tokens, lps, top_maps = [], [], []
         for (lp, tid), top in zip(pairs, tops, strict=True):
             tokens.append(names(tid))

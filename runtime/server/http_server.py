@@ -278,9 +278,13 @@ async def handle_generate(ctx: ServerContext, req: GenerateReqInput, request: Re
     is_batch = is_batch or len(requests) > 1
     states = ctx.submit_group(requests, request_ids(req.rid, [p.n for p in params]), request)
     starts = {id(s): r.options.logprob_start_len for s, r in zip(states, requests, strict=True)}
+    prompt_of = {id(s): r.input_ids for s, r in zip(states, requests, strict=True)}
 
     def render(state: Any, logprobs_from: int = 0) -> dict[str, Any]:
-        return native_output(state, ctx.tokenizer, req.return_text_in_logprobs, starts[id(state)], logprobs_from)
+        out = native_output(state, ctx.tokenizer, req.return_text_in_logprobs, starts[id(state)], logprobs_from)
+        if req.return_prompt_token_ids:  # SGLang's: in every output, every event too
+            out["prompt_token_ids"] = list(prompt_of[id(state)])
+        return out
 
     if not req.stream:
         await wait_all(ctx.client, states, request)

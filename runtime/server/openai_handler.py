@@ -56,8 +56,9 @@ class OpenAIHandler:
 
     def __init__(self, ctx: ServerContext, req: Any, request: Request) -> None:
         self.ctx, self.req, self.request = ctx, req, request
-        self.id = f"{self.id_prefix}-{uuid.uuid4().hex}"
+        self.id = f"{self.id_prefix}-{getattr(req, 'request_id', None) or uuid.uuid4().hex}"
         self.created = int(time.time())
+        self.prompts: list[list[int]] = []  # the submitted prompts' token ids
 
     def params(self, max_new_tokens: int) -> SamplingParams:
         r = self.req
@@ -182,6 +183,10 @@ class OpenAIHandler:
             raise ApiError(400, "'best_of' greater than 'n' is not supported by this server", param="best_of")
         if self.req.stream_options is not None and not self.req.stream:  # as OpenAI and vLLM answer
             raise ApiError(400, "'stream_options' is only allowed when 'stream' is true", param="stream_options")
+        if self.req.thinking_token_budget not in (None, -1):
+            raise ApiError(400, "'thinking_token_budget' is not supported by this server", param="thinking_token_budget")
+        if self.req.request_id is not None and self.req.rid not in (None, self.req.request_id):
+            raise ApiError(400, "give rid or request_id (vLLM's name for it), not two different ids", param="request_id")
 
     def submit(self, prompts: list[list[int]], max_tokens: int | None, top_logprobs: int | None,
                prompt_logprobs: bool = False) -> list[ReqState]:
@@ -198,10 +203,27 @@ class OpenAIHandler:
             if max_new < 0:
                 raise ApiError(400, "max_tokens must be >= 0", param="max_tokens")
             params = dataclasses.replace(self.params(max_new), n=self.req.n)  # n checked in check_common
-            with bad_input_as_400("prompt", self.api_names):
-                requests += build_requests([ids], [params], options, ctx.limits, prompt_field="prompt")
-        self.num_prompts = len(prompts)
-        return ctx.submit_group(requests, request_ids(self.req.rid, [self.req.n] * len(prompts)), self.request)
+            with bad_input_as_400(self.prompt_field, self.api_names):
+                requests += build_requests([ids], [params], options, ctx.limits, prompt_field=self.prompt_field)
+        self.num_prompts, self.prompts = len(prompts), prompts
+        rid = self.req.rid if self.req.rid is not None else self.req.request_id
+        return ctx.submit_group(requests, request_ids(rid, [self.req.n] * len(prompts)), self.request)
+
+    @property
+    def prompt_field(self) -> str:
+        """The request field the prompt came in, for its errors."""
+        return "prompt"
+
+    def prompt_ids_of(self, index: int) -> list[int]:
+        """The token ids of choice ``index``'s prompt."""
+        return self.prompts[index // self.req.n]
+
+    def token_name(self, token_id: int) -> str:
+        """A token as logprobs name it: its text (a token holding part of a character, its
+        bytes), or with vLLM's ``return_tokens_as_token_ids`` ``token_id:N``."""
+        if self.req.return_tokens_as_token_ids:
+            return f"token_id:{token_id}"
+        return self.ctx.tokenizer.token_bytes.name(token_id)
 
     def usage(self, states: list[ReqState]) -> dict[str, Any]:
         n = self.req.n
@@ -223,7 +245,7 @@ class OpenAIHandler:
                 err = error_of(s, self.api_names)
                 if err is not None:
                     raise err
-            choices = [self.choice(i, s) for i, s in enumerate(states)]
+            choices = [self.with_ids(i, s, self.choice(i, s)) for i, s in enumerate(states)]
             body = {
                 "id": self.id,
                 "object": self.object_name,
@@ -231,17 +253,39 @@ class OpenAIHandler:
                 "model": self.ctx.model_name,
                 "choices": choices,
                 "usage": self.usage(states),
+                **self.answer_fields(states),
             }
+            if sglext := self.sglext(states):
+                body["sglext"] = sglext
             return JsonResponse(body)
         return StreamingResponse(self.events(states), media_type="text/event-stream")
 
-    def chunk(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> bytes:
+    def with_ids(self, index: int, state: ReqState, choice: dict[str, Any]) -> dict[str, Any]:
+        """A whole answer's choice with the token ids asked for (``return_token_ids``)."""
+        if self.req.return_token_ids:
+            choice["token_ids"] = list(state.output_ids)
+        return choice
+
+    def answer_fields(self, states: list[ReqState]) -> dict[str, Any]:
+        """Fields of a whole answer besides OpenAI's (the routes add theirs)."""
+        return {}
+
+    def sglext(self, states: list[ReqState]) -> dict[str, Any]:
+        """SGLang's ``sglext`` object of the answer (empty: none): the cache hit of the first
+        choice's prompt, where there was one (``return_cached_tokens_details``)."""
+        cached = states[0].cached_tokens if states else 0
+        if self.req.return_cached_tokens_details and cached:
+            return {"cached_tokens_details": {"device": cached, "host": 0}}
+        return {}
+
+    def chunk(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None, **fields: Any) -> bytes:
         body: dict[str, Any] = {
             "id": self.id,
             "object": self.object_name + ".chunk" if self.object_name == "chat.completion" else self.object_name,
             "created": self.created,
             "model": self.ctx.model_name,
             "choices": choices,
+            **fields,
         }
         if self.include_usage:
             body["usage"] = usage
@@ -261,11 +305,12 @@ class OpenAIHandler:
     async def events(self, states: list[ReqState]) -> AsyncIterator[bytes]:
         sent_text = [0] * len(states)
         sent_tokens = [0] * len(states)
+        sent_ids = [0] * len(states)  # return_token_ids: each chunk carries the ids new since the last
         def so_far() -> dict[str, Any] | None:
             return self.usage(states) if self.continuous_usage else None
 
         for head in self.stream_start(len(states)):
-            yield self.chunk([head], so_far())
+            yield self.chunk([head], so_far(), **self.opening_fields(head["index"]))
         async with contextlib.aclosing(merged_updates(self.ctx.client, states)) as updates:
             async for i, s in updates:
                 err = error_of(s, self.api_names)
@@ -281,10 +326,19 @@ class OpenAIHandler:
                 choice = self.stream_choice(i, s, text, finish, logprobs)
                 if choice is not None:  # None: text held back; its tokens' logprobs go with the next chunk
                     sent_tokens[i] = len(s.output_token_logprobs)
+                    if self.req.return_token_ids:
+                        choice["token_ids"] = list(s.output_ids[sent_ids[i]:])
+                        sent_ids[i] = len(s.output_ids)
                     yield self.chunk([choice], so_far())
+        if sglext := self.sglext(states):  # SGLang sends it in a chunk of its own, after the choices
+            yield self.chunk([], so_far(), sglext=sglext)
         if self.include_usage:
             yield self.chunk([], self.usage(states))
         yield SSE_DONE
+
+    def opening_fields(self, index: int) -> dict[str, Any]:
+        """Fields of the chunk that opens choice ``index``'s stream besides OpenAI's."""
+        return {}
 
     # subclass hooks
     def choice(self, index: int, state: ReqState) -> dict[str, Any]:

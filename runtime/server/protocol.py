@@ -109,11 +109,61 @@ class GenerateReqInput(_Body):
     bootstrap_room: Any = None
     data_parallel_rank: Any = None
     priority: Any = None
+    routed_dp_rank: Any = None
+    disagg_prefill_dp_rank: Any = None
+    bootstrap_pair_key: Any = None
+    decode_tp_size: Any = None
+    modalities: Any = None
+    images_config: Any = None
+    video_config: Any = None
+    mm_processor_kwargs: Any = None
+    mm_hashes: Any = None
+    mm_content_hashes: Any = None
+    max_dynamic_patch: Any = None
+    min_dynamic_patch: Any = None
+    image_max_dynamic_patch: Any = None
+    video_max_dynamic_patch: Any = None
+    use_audio_in_video: bool = False
+    positional_embed_overrides: Any = None
+    need_wait_for_mm_inputs: Any = None
+    num_items_assigned: Any = None
+    encoder_urls: Any = None
+    watermark: Any = None
+    return_sampling_mask: bool = False
+    sampling_logprobs_mode: Any = None
+    return_flat_raw_top_logprobs: bool = False
+    return_flat_raw_output_top_logprobs: bool = False
+    return_flat_raw_top_logprobs_b64: bool = False
+    return_indexer_topk: bool = False
+    max_thinking_tokens: Any = None
+    require_reasoning: bool = False
+    multi_item_delimiter_indices: Any = None
+    token_indices_to_pool: Any = None
+    # SGLang's: each output also carries the prompt's token ids
+    return_prompt_token_ids: bool = False
+    # accepted and ignored: routing, tracing and metrics hints, SGLang's internal bookkeeping
+    session_id: str | None = None
+    routing_key: str | None = None
+    conversation_id: str | None = None
+    custom_labels: dict[str, Any] | None = None
+    kv_hints: Any = None
+    external_trace_header: Any = None
+    http_worker_ipc: Any = None
+    received_time: Any = None
+    routed_experts_start_len: int = 0
 
-    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("image_data", "video_data", "audio_data", "lora_path", "lora_id", "input_embeds",
-                   "token_ids_logprob", "session_params", "custom_logit_processor", "return_hidden_states",
-                   "return_routed_experts", "return_bytes", "return_entropy", "background", "bootstrap_host",
-                   "bootstrap_port", "bootstrap_room", "data_parallel_rank", "priority")
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = (
+        "image_data", "video_data", "audio_data", "lora_path", "lora_id", "input_embeds", "token_ids_logprob",
+        "session_params", "custom_logit_processor", "return_hidden_states", "return_routed_experts", "return_bytes",
+        "return_entropy", "background", "bootstrap_host", "bootstrap_port", "bootstrap_room", "data_parallel_rank",
+        "priority", "routed_dp_rank", "disagg_prefill_dp_rank", "bootstrap_pair_key", "decode_tp_size", "modalities",
+        "images_config", "video_config", "mm_processor_kwargs", "mm_hashes", "mm_content_hashes", "max_dynamic_patch",
+        "min_dynamic_patch", "image_max_dynamic_patch", "video_max_dynamic_patch", "use_audio_in_video",
+        "positional_embed_overrides", "need_wait_for_mm_inputs", "num_items_assigned", "encoder_urls", "watermark",
+        "return_sampling_mask", "sampling_logprobs_mode", "return_flat_raw_top_logprobs",
+        "return_flat_raw_output_top_logprobs", "return_flat_raw_top_logprobs_b64", "return_indexer_topk",
+        "max_thinking_tokens", "require_reasoning", "multi_item_delimiter_indices", "token_indices_to_pool",
+    )
 
 
 class EndProgramReq(_Body):
@@ -234,8 +284,27 @@ class _OpenAISampling(SharedSampling):
     structured_outputs: StructuredOutputs | None = None
     # SGLang's: the requests' ids, as on /generate (so /abort_request can end them)
     rid: str | list[str] | None = None
+    # token ids in the answer (vLLM's return_token_ids; SGLang's are the chat route's own)
+    return_token_ids: bool = False
+    return_tokens_as_token_ids: bool = False  # vLLM's: logprobs name tokens "token_id:N"
+    return_cached_tokens_details: bool = False  # SGLang's: sglext.cached_tokens_details
+    add_special_tokens: bool | None = None  # vLLM's: unset = true for completions, false for chat
+    request_id: str | None = None  # vLLM's name for rid; the response's id too
     # accepted and ignored (SGLang's gateway sends it)
     return_text_in_logprobs: bool = False
+    # accepted and ignored: routing, tracing and metrics hints, chunk pacing, and options of
+    # features that are refused here anyway (beam search, routed experts, prompt truncation)
+    session_id: str | None = None
+    custom_labels: dict[str, Any] | None = None
+    stream_interval: int | None = None
+    return_spec_tokens_details: bool = False
+    length_penalty: float | None = None
+    routed_experts_start_len: int = 0
+    routed_experts_prompt_start: int = 0
+    truncation_side: str | None = None
+    return_token_offsets: bool | None = None
+    mm_payload: str | None = None
+    return_mm_kwargs: bool | None = None
     # accepted at their neutral value only
     logit_bias: dict[str, float] | None = None
     best_of: int | None = None
@@ -257,12 +326,27 @@ class _OpenAISampling(SharedSampling):
     prompt_logprobs: Any = None
     truncate_prompt_tokens: Any = None
     use_beam_search: bool = False
+    routed_dp_rank: Any = None
+    disagg_prefill_dp_rank: Any = None
+    watermark: Any = None
+    watermarking: Any = None
+    images_config: Any = None
+    mm_processor_kwargs: Any = None
+    kv_transfer_params: Any = None
+    ec_transfer_params: Any = None
+    vllm_xargs: Any = None
+    repetition_detection: Any = None
+    logprob_token_ids: Any = None
+    thinking_token_budget: int | None = None  # -1 (no budget) too
 
     UNSUPPORTED: ClassVar[tuple[str, ...]] = (
         "logit_bias", "lora_path", "session_params", "custom_logit_processor", "custom_params",
         "return_hidden_states", "return_routed_experts", "bootstrap_host", "bootstrap_port", "bootstrap_room",
         "data_parallel_rank", "priority", "structural_tag", "allowed_token_ids", "bad_words", "logits_processors",
         "prompt_logprobs", "truncate_prompt_tokens", "use_beam_search", "guided_whitespace_pattern",
+        "routed_dp_rank", "disagg_prefill_dp_rank", "watermark", "watermarking", "images_config",
+        "mm_processor_kwargs", "kv_transfer_params", "ec_transfer_params", "vllm_xargs", "repetition_detection",
+        "logprob_token_ids",
     )
 
 
@@ -272,6 +356,7 @@ class CompletionRequest(_OpenAISampling):
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
     suffix: str | None = None
+    prompt_embeds: Any = None  # accepted unset only
 
 
 class TextPart(_Body):
@@ -380,9 +465,39 @@ class ChatCompletionRequest(_OpenAISampling):
     moderation: Any = None
     # passed to the chat template, where the template reads it (a 400 where it does not)
     reasoning_effort: str | None = None
+    # vLLM's: false drops the reasoning --reasoning-parser splits off
+    include_reasoning: bool = True
+    # SGLang's: these token ids are the prompt (the messages still give the tool grammar)
+    input_ids: list[int] | None = None
+    # what the answer carries besides the message: SGLang's per choice (not streamed), its
+    # sglext ids (streamed in a last chunk), vLLM's rendered prompt
+    return_prompt_token_ids: bool = False
+    return_meta_info: bool = False
+    return_input_ids_in_sglext: bool = False
+    return_output_ids_in_sglext: bool = False
+    return_prompt_text: bool = False
+    # accepted and ignored: it only changes flags refused here
+    return_flat_raw_top_logprobs_b64: bool = True
+    # accepted at their neutral value only
+    echo: bool = False
+    documents: Any = None
+    chat_template: Any = None
+    media_io_kwargs: Any = None
+    max_dynamic_patch: Any = None
+    min_dynamic_patch: Any = None
+    use_audio_in_video: bool = False
+    video_config: Any = None
+    task: Any = None
+    thinking: Any = None
+    return_sampling_mask: bool = False
+    sampling_logprobs_mode: Any = None
+    return_flat_raw_output_top_logprobs: bool = False
 
     CHAT_UNSUPPORTED: ClassVar[tuple[str, ...]] = (
-        "functions", "function_call", "audio", "prediction", "web_search_options", "moderation",
+        "functions", "function_call", "audio", "prediction", "web_search_options", "moderation", "echo",
+        "documents", "chat_template", "media_io_kwargs", "max_dynamic_patch", "min_dynamic_patch",
+        "use_audio_in_video", "video_config", "task", "thinking", "return_sampling_mask", "sampling_logprobs_mode",
+        "return_flat_raw_output_top_logprobs",
     )
 
 
@@ -398,7 +513,7 @@ class TokenizeRequest(_Body):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
-    add_special_tokens: bool = True  # on the rendered chat too: the chat route encodes it so
+    add_special_tokens: bool | None = None  # unset: true for a prompt, false for a chat (as the chat route)
     return_token_strs: bool = False
 
 

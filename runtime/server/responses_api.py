@@ -61,6 +61,7 @@ class ResponseCreation(OutputItems, ChatCompletion):
 
     FIELD_NAMES = {"reasoning_effort": "reasoning.effort"}
     api_names = NAMES  # text.format is the only JSON schema field here
+    prompt_field = "input"  # type: ignore[assignment]  # where the prompt came from, for its errors
 
     def __init__(self, ctx: ServerContext, req: ResponsesRequest, request: Request, store: ResponseStore,
                  conversations: ConversationStore) -> None:

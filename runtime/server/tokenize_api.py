@@ -23,7 +23,8 @@ from runtime.server.protocol import (
 )
 from runtime.server.responses import JsonResponse
 
-CHAT_FIELDS = ("messages", "tools", "add_generation_prompt", "continue_final_message", "chat_template_kwargs")
+CHAT_FIELDS = ("messages", "tools", "add_generation_prompt", "continue_final_message", "chat_template_kwargs",
+               "add_special_tokens")
 
 
 async def tokenize(ctx: ServerContext, req: TokenizeRequest, request: Request) -> dict[str, Any]:
@@ -36,10 +37,10 @@ async def tokenize(ctx: ServerContext, req: TokenizeRequest, request: Request) -
             {"model": ctx.model_name, **req.model_dump(include=set(CHAT_FIELDS), exclude_none=True)})
         handler = ChatCompletion(ctx, chat, request)
         handler.check_request()
-        texts = [handler.prompt().text]
+        ids = [await handler.prompt_ids()]
     else:
         texts = [req.prompt] if isinstance(req.prompt, str) else list(req.prompt or [])
-    ids = await ctx.encode(texts, req.add_special_tokens)
+        ids = await ctx.encode(texts, req.add_special_tokens is not False)
     one = not isinstance(req.prompt, list)
     out: dict[str, Any] = {"tokens": ids[0] if one else ids, "count": len(ids[0]) if one else [len(i) for i in ids],
                            "max_model_len": ctx.max_context_len}
