@@ -105,3 +105,18 @@ def test_reasoning_effort_goes_to_a_template_that_reads_it(hf):
     with pytest.raises(InvalidField, match="does not read it") as err:
         render_chat(hf, hi, chat_template=THINKING_TEMPLATE, reasoning_effort="low", reasoning_model=True)
     assert err.value.field == "reasoning_effort"
+
+
+@pytest.mark.parametrize("switch", ["enable_thinking", "thinking"])
+def test_effort_none_turns_a_templates_thinking_switch_off(hf, switch):
+    """SGLang's reading of ``reasoning_effort: "none"`` for templates with a switch and no
+    effort (Qwen3's ``enable_thinking``, DeepSeek's ``thinking``); other efforts stay refused."""
+    template = ("{% if " + switch + " is defined and not " + switch + " %}<no-think>{% endif %}" + THINKING_TEMPLATE)
+    hi = [{"role": "user", "content": "Hi"}]
+    off = render_chat(hf, hi, chat_template=template, reasoning_effort="none", reasoning_model=True).text
+    assert off == "<no-think><|user|>Hi|<|assistant|>"
+    kept = render_chat(hf, hi, chat_template=template, reasoning_effort="none", reasoning_model=True,
+                       template_kwargs={switch: True}).text  # the client's own switch wins
+    assert kept == "<|user|>Hi|<|assistant|>"
+    with pytest.raises(InvalidField, match="does not read it"):
+        render_chat(hf, hi, chat_template=template, reasoning_effort="low", reasoning_model=True)

@@ -230,3 +230,28 @@ def test_a_request_failed_by_the_scheduler_names_its_field_in_the_route_s_words(
     assert error_of(state, _OPENAI_NAMES).param == "response_format"
     assert error_of(state, _OPENAI_NAMES).status == 400
     assert error_of(ReqState("q", 5, False, 1)) is None
+
+
+@pytest.mark.parametrize(("method", "path", "words"), [
+    ("POST", "/v1/embeddings", "text-generation model"),
+    ("POST", "/v1/audio/transcriptions", "text only"),
+    ("GET", "/v1/files", "not served here"),
+    ("GET", "/v1/chat/completions", "not stored here"),
+    ("GET", "/v1/chat/completions/chatcmpl-1/messages", "not stored here"),
+    ("POST", "/v1/messages", "Anthropic"),
+    ("POST", "/load_lora_adapter", "LoRA"),
+    ("POST", "/update_weights_from_disk", "restart it"),
+    ("POST", "/open_session", "sessions"),
+])
+def test_routes_other_servers_have_say_what_to_use(server, method, path, words):
+    resp = httpx.request(method, server.url + path, json={})
+    assert resp.status_code in (404, 405)
+    assert words in resp.json()["error"]["message"] and path in resp.json()["error"]["message"]
+
+
+def test_sglang_health_aliases_and_sagemaker_invocations(server):
+    assert httpx.get(server.url + "/ping").status_code == 200
+    assert httpx.get(server.url + "/ready").status_code == 200
+    resp = httpx.post(server.url + "/invocations", json={"model": MODEL, "max_tokens": 2,
+                                                          "messages": [{"role": "user", "content": "Hi"}]})
+    assert resp.status_code == 200 and resp.json()["object"] == "chat.completion"

@@ -440,3 +440,21 @@ def test_what_the_server_cannot_do_is_a_400_naming_the_field(server, body, param
 def test_an_unknown_model_is_a_404(server):
     r = httpx.post(server.url + "/v1/responses", json={"model": "gpt-9", "input": "hi"}, timeout=60)
     assert r.status_code == 404 and r.json()["error"]["param"] == "model"
+
+
+def test_input_tokens_count_the_prompt_a_response_would_take(server, client):
+    body = {"instructions": "Answer in one line.", "input": "Name three planets.", "tools": [TOOL]}
+    counted = httpx.post(server.url + "/v1/responses/input_tokens", json=body).json()  # model may be left out
+    r = client.responses.create(model=MODEL, max_output_tokens=1, **body)
+    assert counted == {"object": "response.input_tokens", "input_tokens": r.usage.input_tokens}
+    assert client.responses.input_tokens.count(model=MODEL, **body).input_tokens == r.usage.input_tokens
+    resp = httpx.post(server.url + "/v1/responses/compact", json={"model": MODEL, "input": "Hi"})
+    assert resp.status_code == 501 and "truncation" in resp.json()["error"]["message"]
+
+
+def test_input_may_be_left_out_after_a_previous_response(client):
+    first = client.responses.create(model=MODEL, input="Name a planet.", temperature=0, max_output_tokens=8)
+    again = client.responses.create(model=MODEL, previous_response_id=first.id, temperature=0, max_output_tokens=8)
+    assert again.usage.input_tokens > first.usage.input_tokens  # the stored turns, the answer included
+    with pytest.raises(openai.BadRequestError, match="may be left out only after"):
+        client.responses.create(model=MODEL, max_output_tokens=8)

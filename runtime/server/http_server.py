@@ -25,6 +25,7 @@ from runtime.log_setup import LOG_LEVELS, set_log_level
 from runtime.request_builder import build_requests, parse_sampling_params
 from runtime.request_options import RequestOptions, cache_namespace
 from runtime.server import openai_api, openapi, tokenize_api
+from runtime.server.absent_routes import absent_route_message
 from runtime.server.context import (
     ServerContext,
     bad_input_as_400,
@@ -53,7 +54,7 @@ from runtime.server.responses import (
 )
 
 # Open without --api-key's bearer, as on SGLang's server: health checks and Prometheus' scrape.
-_OPEN_PATHS = ("/health", "/health_generate", "/metrics")
+_OPEN_PATHS = ("/health", "/health_generate", "/metrics", "/ping", "/ready")
 logger = logging.getLogger("forkserve")
 
 
@@ -106,14 +107,20 @@ def create_app(ctx: ServerContext) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
-        # Unknown routes (404) and methods (405) in the same shape as every other error.
-        return JsonResponse(ApiError(err.status_code, str(err.detail)).body(), status_code=err.status_code,
+        # Unknown routes (404) and methods (405) in the same shape as every other error; a
+        # route another server has says what to use instead.
+        message = str(err.detail)
+        if err.status_code in (404, 405):
+            message = absent_route_message(request.method, request.url.path) or message
+        return JsonResponse(ApiError(err.status_code, message).body(), status_code=err.status_code,
                             headers=getattr(err, "headers", None))
 
     app.add_middleware(UnexpectedErrorAsJson)
 
     # ------------------------------------------------------------------ health and info
     @app.get("/health")
+    @app.get("/ping")  # SGLang's, for SageMaker
+    @app.get("/ready")  # SGLang's readiness probe: up and taking requests
     async def health() -> Response:
         return Response(status_code=200 if ctx.is_healthy else 503)
 

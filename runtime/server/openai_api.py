@@ -15,8 +15,8 @@ from runtime.server import conversations_api
 from runtime.server.chat_completion import ChatCompletion
 from runtime.server.completion import Completion
 from runtime.server.context import ServerContext, read_body
-from runtime.server.protocol import ChatCompletionRequest, CompletionRequest
-from runtime.server.protocol_responses import ResponsesRequest
+from runtime.server.protocol import ApiError, ChatCompletionRequest, CompletionRequest
+from runtime.server.protocol_responses import InputTokensRequest, ResponsesRequest
 from runtime.server.response_store import ConversationStore, ResponseStore, open_tables
 from runtime.server.responses import JsonResponse
 from runtime.server.responses_api import ResponseCreation
@@ -56,6 +56,7 @@ def add_routes(app: FastAPI, ctx: ServerContext) -> None:
         return await Completion(ctx, req, request).run()
 
     @app.post("/v1/chat/completions")
+    @app.post("/invocations")  # SGLang's, for SageMaker: a chat completion
     async def chat_completions(request: Request) -> Response:
         req: ChatCompletionRequest = await read_body(request, ChatCompletionRequest, ctx.http.max_request_bytes)
         return await ChatCompletion(ctx, req, request).run()
@@ -69,6 +70,24 @@ def add_routes(app: FastAPI, ctx: ServerContext) -> None:
     async def create_response(request: Request) -> Response:
         req: ResponsesRequest = await read_body(request, ResponsesRequest, ctx.http.max_request_bytes)
         return await ResponseCreation(ctx, req, request, stored_responses, conversations).run(background)
+
+    @app.post("/v1/responses/input_tokens")
+    async def count_input_tokens(request: Request) -> Response:
+        """OpenAI's: the tokens a response with this body would take as its prompt (its
+        conversation, instructions and tools rendered as ``/v1/responses`` renders them)."""
+        req: InputTokensRequest = await read_body(request, InputTokensRequest, ctx.http.max_request_bytes)
+        req.model, req.stream, req.background, req.store = req.model or ctx.model_name, False, False, False
+        handler = ResponseCreation(ctx, req, request, stored_responses, conversations)
+        try:
+            ids = await handler.prompt_ids()
+        finally:
+            handler.release_hold()
+        return JsonResponse({"object": "response.input_tokens", "input_tokens": len(ids)})
+
+    @app.post("/v1/responses/compact")
+    async def compact_response() -> Response:
+        raise ApiError(501, "POST /v1/responses/compact is not supported by this server; with truncation: auto a "
+                            "response drops the oldest turns that do not fit instead")
 
     @app.get("/v1/responses/{response_id}")
     async def get_response(response_id: str, stream: bool = False, starting_after: int | None = None) -> Response:

@@ -45,8 +45,9 @@ class ResponsesRequest(SharedSampling):
     that names the item."""
 
     model: str
-    input: str | list[dict[str, Any]]
+    input: str | list[dict[str, Any]] = Field(default_factory=list)  # may be left out after a conversation
     instructions: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # SGLang's, as on the chat route
     previous_response_id: str | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
@@ -85,3 +86,10 @@ class ResponsesRequest(SharedSampling):
 
     UNSUPPORTED: ClassVar[tuple[str, ...]] = ("prompt", "context_management",
                                               "moderation", "priority")
+
+
+class InputTokensRequest(ResponsesRequest):
+    """``POST /v1/responses/input_tokens``: a response's body, whose model may be left out."""
+
+    model: str | None = None  # type: ignore[assignment]
+

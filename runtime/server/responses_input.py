@@ -214,7 +214,8 @@ def chat_request(req: ResponsesRequest, history: list[dict[str, Any]]) -> tuple[
     new = input_messages(req.input)
     conversation = [*history, *new]
     if not conversation:
-        raise ApiError(400, "input must hold at least one item", param="input")
+        raise ApiError(400, "input must hold at least one item (it may be left out only after "
+                            "previous_response_id or a conversation with items)", param="input")
     _check_call_outputs(history, new)
     messages = ([{"role": "system", "content": req.instructions}] if req.instructions else []) + conversation
     logprobs = LOGPROBS_INCLUDE in (req.include or []) or bool(req.top_logprobs)
@@ -226,7 +227,7 @@ def chat_request(req: ResponsesRequest, history: list[dict[str, Any]]) -> tuple[
         # far and its events grow as it goes
         "stream": req.stream or req.background, "response_format": response_format(req), "logprobs": logprobs,
         "top_logprobs": req.top_logprobs if logprobs else None,
-        "reasoning_effort": (req.reasoning or {}).get("effort"),
+        "reasoning_effort": (req.reasoning or {}).get("effort"), "chat_template_kwargs": req.chat_template_kwargs,
         **{name: getattr(req, name) for name in SAMPLING_EXTRAS},
     }
     if isinstance(req.prompt_cache_options, dict) and req.prompt_cache_options.get("prewarm"):

@@ -23,6 +23,10 @@ class ChatPrompt:
     tool_ebnf: str | None = None  # None: nothing enforced
 
 
+# The switches reasoning models' chat templates read to think or not (Qwen3's, DeepSeek's).
+THINKING_SWITCHES = ("enable_thinking", "thinking")
+
+
 def render_chat(
     hf_tokenizer: Any,
     messages: list[dict[str, Any]],
@@ -47,8 +51,9 @@ def render_chat(
     refused them), ``tools`` (tools together with ``other_constraint``, a regex or grammar
     constraint), ``tool_choice`` or ``reasoning_effort``. ``reasoning_effort`` goes to a
     template that reads it; for a model that does not reason (``reasoning_model`` false: no
-    reasoning parser) any effort holds as it is, with no reasoning; a reasoning model whose
-    template has no effort cannot honour it (a 400)."""
+    reasoning parser) any effort holds as it is, with no reasoning; ``none`` sets a template's
+    thinking switch (``enable_thinking``, ``thinking``) off; a reasoning model whose template
+    has neither cannot honour it (a 400)."""
     rule = call_rule(tools, tool_choice)
     uses_tools = bool(tools) or any(m.get("tool_calls") or m["role"] == "tool" for m in messages)
     kwargs = dict(add_generation_prompt=add_generation_prompt and not continue_final_message,
@@ -57,8 +62,11 @@ def render_chat(
         template = tool_template(hf_tokenizer, chat_template) if uses_tools else (chat_template or hf_tokenizer.chat_template)
         if not template:
             raise ValueError("this model has no chat template; use completions instead of chat")
+        switch = next((name for name in THINKING_SWITCHES if name in template), None)
         if reasoning_effort is not None and "reasoning_effort" in template:
             kwargs["reasoning_effort"] = reasoning_effort
+        elif reasoning_effort == "none" and switch is not None:  # as SGLang: thinking off by the template's switch
+            kwargs.setdefault(switch, False)
         elif reasoning_effort is not None and reasoning_model:
             raise InvalidField("reasoning_effort", "reasoning_effort is not supported by this model: its chat "
                                                    "template does not read it (chat_template_kwargs may have a "
