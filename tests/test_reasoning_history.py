@@ -120,3 +120,17 @@ def test_effort_none_turns_a_templates_thinking_switch_off(hf, switch):
     assert kept == "<|user|>Hi|<|assistant|>"
     with pytest.raises(InvalidField, match="does not read it"):
         render_chat(hf, hi, chat_template=template, reasoning_effort="low", reasoning_model=True)
+
+
+def test_an_assistant_refusal_in_the_history_is_what_it_said():
+    """OpenAI's answer that refused comes back as a ``refusal`` part or field: the template
+    gets its text; a non-text part of any other kind is a 400."""
+    from runtime.server.protocol import ApiError, ChatMessage
+
+    part = ChatMessage.model_validate({"role": "assistant", "content": [{"type": "refusal", "refusal": "I can't."}]})
+    assert part.as_template_dict()["content"] == "I can't."
+    field = ChatMessage.model_validate({"role": "assistant", "refusal": "No."})
+    assert field.as_template_dict()["content"] == "No."
+    image = ChatMessage.model_validate({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]})
+    with pytest.raises(ApiError, match="'image_url' is not supported"):
+        image.as_template_dict()

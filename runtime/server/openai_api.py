@@ -86,7 +86,9 @@ def add_routes(app: FastAPI, ctx: ServerContext) -> None:
 
     @app.post("/v1/responses/compact")
     async def compact_response() -> Response:
-        raise ApiError(501, "POST /v1/responses/compact is not supported by this server; with truncation: auto a "
+        # a 404 as for the other routes this server lacks (absent_routes.py), not the 405 the
+        # GET /v1/responses/{response_id} route would give
+        raise ApiError(404, "POST /v1/responses/compact is not supported by this server; with truncation: auto a "
                             "response drops the oldest turns that do not fit instead")
 
     @app.get("/v1/responses/{response_id}")

@@ -160,6 +160,9 @@ class OpenAIHandler:
             return None
         if fmt.type == "json_object":
             return {"type": "object"}
+        if fmt.type == "structural_tag":
+            raise ApiError(400, "response_format of type structural_tag is not supported by this server (json_schema "
+                                "is; tool calls are kept to their schemas with 'tools')", param="response_format")
         if fmt.json_schema is None:
             raise ApiError(400, "response_format of type json_schema needs a 'json_schema' object", param="response_format")
         schema = fmt.json_schema.schema_

@@ -29,6 +29,7 @@ from runtime.server.protocol_responses import (
     ConversationCreateRequest,
     ConversationItemsRequest,
     ConversationUpdateRequest,
+    InputTokensRequest,
     ResponsesRequest,
 )
 
@@ -37,6 +38,8 @@ BODIES: dict[str, type[BaseModel]] = {
     "/v1/chat/completions/render": ChatCompletionRequest,
     "/v1/completions": CompletionRequest,
     "/v1/responses": ResponsesRequest,
+    "/v1/responses/input_tokens": InputTokensRequest,
+    "/invocations": ChatCompletionRequest,
     "/generate": GenerateReqInput,
     "/end_program": EndProgramReq,
     "/abort_request": AbortRequestReq,

@@ -212,3 +212,12 @@ RESPONSES["/v1/conversations/{conversation_id}/items/{item_id}"] = {
 }
 RESPONSES["/model_info"] = RESPONSES["/get_model_info"]  # SGLang's newer names for the same answers
 RESPONSES["/server_info"] = RESPONSES["/get_server_info"]
+RESPONSES["/ping"] = RESPONSES["/ready"] = RESPONSES["/health"]
+RESPONSES["/invocations"] = RESPONSES["/v1/chat/completions"]
+RESPONSES["/v1/responses/input_tokens"] = {"*": {
+    "200": {"description": "The tokens the response's prompt would take", "content": _json({
+        "type": "object", "required": ["object", "input_tokens"],
+        "properties": {"object": {"const": "response.input_tokens"}, "input_tokens": {"type": "integer"}}})},
+    **_errors(*_GUARDED, 404)}}
+RESPONSES["/v1/responses/compact"] = {"*": {**_errors(401, 404)}}
+

@@ -208,7 +208,7 @@ class JsonSchemaFormat(_Body):
 
 
 class ResponseFormat(_Body):
-    type: Literal["text", "json_object", "json_schema"]
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]  # the last: SGLang's, refused
     json_schema: JsonSchemaFormat | None = None
 
 
@@ -390,8 +390,8 @@ class FunctionDef(_Body):
 
 
 class Tool(_Body):
-    type: Literal["function"]
-    function: FunctionDef
+    type: str  # "function"; another kind (OpenAI's "custom") is a 400 naming it (``check_tools``)
+    function: FunctionDef | None = None
 
 
 class ChatMessage(_Body):
@@ -412,11 +412,9 @@ class ChatMessage(_Body):
     def as_template_dict(self) -> dict[str, Any]:
         content = self.content
         if isinstance(content, list):
-            other = next((p.type for p in content if not isinstance(p, TextPart)), None)
-            if other is not None:
-                raise ApiError(400, f"message content of type '{other}' is not supported (text only)",
-                               param="messages")
-            content = "".join(p.text for p in content)  # type: ignore[union-attr]
+            content = "".join(self._part_text(p) for p in content)
+        elif content is None and self.role == "assistant" and self.refusal:  # OpenAI's answer that refused
+            content = self.refusal
         role = "system" if self.role == "developer" else self.role
         out: dict[str, Any] = {"role": role, "content": content or ""}
         if self.tool_calls:
@@ -428,6 +426,16 @@ class ChatMessage(_Body):
         if self.reasoning_content and self.role == "assistant":
             out["reasoning_content"] = self.reasoning_content
         return out
+
+    def _part_text(self, part: TextPart | ContentPart) -> str:
+        """A content part's text: a text part's, or an assistant's refusal part's (what it
+        said when it refused); any other kind is a 400 (text only)."""
+        if isinstance(part, TextPart):
+            return part.text
+        refusal = (part.model_extra or {}).get("refusal")
+        if part.type == "refusal" and self.role == "assistant" and isinstance(refusal, str):
+            return refusal
+        raise ApiError(400, f"message content of type '{part.type}' is not supported (text only)", param="messages")
 
 
 class ChatCompletionRequest(_OpenAISampling):
