@@ -3,6 +3,8 @@ server keeps serving afterwards."""
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -259,3 +261,24 @@ def test_sglang_health_aliases_and_sagemaker_invocations(server):
     resp = httpx.post(server.url + "/invocations", json={"model": MODEL, "max_tokens": 2,
                                                           "messages": [{"role": "user", "content": "Hi"}]})
     assert resp.status_code == 200 and resp.json()["object"] == "chat.completion"
+
+
+def test_sglang_parse_routes_use_the_chat_routes_parsers(server):
+    """``/parse_function_call`` and ``/separate_reasoning`` in SGLang's shapes; the oracle is
+    the text as written (the calls' JSON, the split at ``</think>``)."""
+    tools = [GOOD_TOOL, {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]
+    text = 'Let me check.<tool_call>\n{"name": "weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    for parser in ("hermes", None):  # the default model's: hermes, from its template
+        body = {"text": text, "tools": tools, **({"tool_call_parser": parser} if parser else {})}
+        out = call(server, "/parse_function_call", body).json()
+        assert out["normal_text"] == "Let me check."
+        assert [(c["tool_index"], c["name"], json.loads(c["parameters"])) for c in out["calls"]] == [
+            (1, "weather", {"city": "Paris"})]
+    assert_error(call(server, "/parse_function_call", {"text": "x", "tool_call_parser": "nope"}), 400, "nope",
+                 param="tool_call_parser")
+    out = call(server, "/separate_reasoning", {"text": "I think so.</think>Yes.", "reasoning_parser": "deepseek-r1",
+                                               "return_blocks": True}).json()
+    assert (out["reasoning_text"], out["text"]) == ("I think so.", "Yes.")
+    assert out["blocks"] == [{"type": "reasoning", "text": "I think so."}, {"type": "text", "text": "Yes."}]
+    assert_error(call(server, "/separate_reasoning", {"text": "x", "reasoning_parser": "nope"}), 400,
+                 param="reasoning_parser")

@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from runtime.log_setup import LOG_LEVELS, set_log_level
 from runtime.request_builder import build_requests, parse_sampling_params
 from runtime.request_options import RequestOptions, cache_namespace
-from runtime.server import openai_api, openapi, tokenize_api
+from runtime.server import openai_api, openapi, parse_api, tokenize_api
 from runtime.server.absent_routes import absent_route_message
 from runtime.server.context import (
     ServerContext,
@@ -212,6 +212,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
 
     openai_api.add_routes(app, ctx)
     tokenize_api.add_routes(app, ctx)
+    parse_api.add_routes(app, ctx)
     openapi.install(app)
     return app
 

@@ -23,6 +23,8 @@ from runtime.server.protocol import (
     DetokenizeRequest,
     EndProgramReq,
     GenerateReqInput,
+    ParseFunctionCallReq,
+    SeparateReasoningReq,
     TokenizeRequest,
 )
 from runtime.server.protocol_responses import (
@@ -44,6 +46,8 @@ BODIES: dict[str, type[BaseModel]] = {
     "/end_program": EndProgramReq,
     "/abort_request": AbortRequestReq,
     "/configure_logging": ConfigureLoggingReq,
+    "/parse_function_call": ParseFunctionCallReq,
+    "/separate_reasoning": SeparateReasoningReq,
     "/v1/conversations": ConversationCreateRequest,
     "/v1/conversations/{conversation_id}": ConversationUpdateRequest,
     "/v1/conversations/{conversation_id}/items": ConversationItemsRequest,

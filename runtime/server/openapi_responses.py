@@ -220,4 +220,12 @@ RESPONSES["/v1/responses/input_tokens"] = {"*": {
         "properties": {"object": {"const": "response.input_tokens"}, "input_tokens": {"type": "integer"}}})},
     **_errors(*_GUARDED, 404)}}
 RESPONSES["/v1/responses/compact"] = {"*": {**_errors(401, 404)}}
+RESPONSES["/parse_function_call"] = {"*": {
+    "200": {"description": "The text besides the calls, and the calls (tool_index, name, parameters as JSON text)",
+            "content": _json({"type": "object", "required": ["normal_text", "calls"]})},
+    **_errors(400, 401, 413)}}
+RESPONSES["/separate_reasoning"] = {"*": {
+    "200": {"description": "The reasoning and the answer (with return_blocks, as blocks too)",
+            "content": _json({"type": "object", "required": ["reasoning_text", "text"]})},
+    **_errors(400, 401, 413)}}
 

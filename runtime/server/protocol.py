@@ -166,6 +166,22 @@ class GenerateReqInput(_Body):
     )
 
 
+class ParseFunctionCallReq(_Body):
+    """SGLang's ``POST /parse_function_call``: the calls a model wrote in ``text``."""
+
+    text: str
+    tools: list[dict[str, Any]] = Field(default_factory=list)  # OpenAI's function tools: for tool_index
+    tool_call_parser: str | None = None  # unset: the chat route's
+
+
+class SeparateReasoningReq(_Body):
+    """SGLang's ``POST /separate_reasoning``: ``text``'s reasoning and answer."""
+
+    text: str
+    reasoning_parser: str
+    return_blocks: bool = False
+
+
 class EndProgramReq(_Body):
     program_id: str
 
