@@ -144,3 +144,21 @@ def test_log_level_sets_what_each_process_logs_and_requests_are_logged_when_aske
     assert "[forkserve scheduler]" not in outputs["warning"], outputs["warning"]
     for output in outputs.values():
         assert " received: prompt_tokens=" in output and " ended: finish_reason=" in output
+
+
+@pytest.mark.slow
+def test_configure_logging_reaches_the_tensor_parallel_ranks():
+    """``POST /configure_logging``'s level goes to every process, the ranks of ``--tp-size``
+    too (each says so in its own line)."""
+    from runtime.server.server_process import ServerProcess
+
+    proc = ServerProcess("--tp-size", "2", "--max-total-tokens", "2048").wait_ready()
+    try:
+        assert httpx.post(proc.url + "/configure_logging", json={"log_level": "debug"}, timeout=30).status_code == 200
+        gen = {"text": "Hello", "sampling_params": {"max_new_tokens": 2}}
+        assert httpx.post(proc.url + "/generate", json=gen, timeout=60).status_code == 200
+    finally:
+        proc.stop()
+    output = proc.read_output()
+    assert "[forkserve tp rank 1] log level set to debug" in output, output[-3000:]
+    assert "[forkserve scheduler] step: prefill" in output  # the scheduler's own, now at debug

@@ -8,6 +8,7 @@ the request-to-token table), so a rank needs no scheduler state of its own.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import signal
@@ -23,7 +24,7 @@ from runtime import ipc
 from runtime.distributed import check_tp_size, destroy_tensor_parallel, init_tensor_parallel
 from runtime.executor.model_input import ForwardInput
 from runtime.executor.worker import ModelWorker, prepare_process
-from runtime.log_setup import configure_logging
+from runtime.log_setup import configure_logging, set_log_level
 from runtime.model_loader.weights import load_hf_config
 from runtime.models.config import ModelConfig
 
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
 
 _STOP_TIMEOUT_S = 10.0
 
+
+logger = logging.getLogger("forkserve")
 
 @dataclass
 class TPStep:
@@ -42,6 +45,11 @@ class TPStep:
 @dataclass
 class TPStop:
     pass
+
+
+@dataclass
+class TPLogLevel:
+    level: str  # POST /configure_logging's log_level
 
 
 class TPPeers:
@@ -76,6 +84,10 @@ class TPPeers:
         frames = ipc.encode(TPStep(cpu, slots.cpu().numpy()))
         for sock in self.socks:
             sock.send_multipart(frames, copy=False)
+
+    def set_log_level(self, level: str) -> None:
+        for sock in self.socks:
+            ipc.send(sock, TPLogLevel(level))
 
     def stop(self) -> None:
         for sock in self.socks:
@@ -115,6 +127,10 @@ def run_tp_worker_process(
             msg = ipc.recv(sock)
             if isinstance(msg, TPStop):
                 break
+            if isinstance(msg, TPLogLevel):
+                set_log_level(msg.level)
+                logger.info("log level set to %s", msg.level)
+                continue
             fwd, offset = msg.forward, 0
             for r, p, e in zip(fwd.rows.tolist(), fwd.prefix_lens, fwd.extend_lens, strict=True):
                 table[r, : p + e] = torch.from_numpy(msg.row_slots[offset : offset + p + e])

@@ -87,8 +87,10 @@ class SchedulerServer:
             return self.core.flush_cache()
         if kind == "end_program":
             return self.core.end_program(arg)
-        if kind == "log_level":  # POST /configure_logging
+        if kind == "log_level":  # POST /configure_logging: this process and the tensor-parallel ranks
             set_log_level(arg)
+            if self.core.worker.peers is not None:
+                self.core.worker.peers.set_log_level(arg)
             return True
         raise ValueError(f"unknown control call {kind!r}")
 
