@@ -312,7 +312,7 @@ class ProgramState(RoleForms, ToolTurns):
         params.update({k: v for k, v in expr.sampling.items() if v is not None})
         if expr.tools is not None or has_tool_turns(self.messages_):
             if params.get("n", 1) > 1:
-                raise ValueError("gen(n=...) with more than one sample cannot be part of a chat with tools")
+                raise ValueError("more than one sample (gen(n=...) or run(n=...)) cannot be part of a chat with tools")
             if expr.reasoning is not None:
                 raise ValueError("separate_reasoning(): a gen after tool turns is a chat turn; the server's "
                                  "--reasoning-parser splits its reasoning")

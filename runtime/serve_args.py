@@ -18,8 +18,8 @@ class HttpArgs:
     host: str = flag_field("127.0.0.1", "Address to bind. The default serves this machine only; 0.0.0.0 serves all interfaces.")
     port: int = flag_field(30000, "HTTP port.")
     api_key: str | None = flag_field(
-        None, "Require 'Authorization: Bearer <key>' on every endpoint except /health, /health_generate and "
-        "/metrics (as SGLang's server). Default: no key."
+        None, "Require 'Authorization: Bearer <key>' on every endpoint except /health, /health_generate, /ping, "
+        "/ready and /metrics (as SGLang's server). Default: no key."
     )
     served_model_name: str | None = flag_field(
         None, "Model name in the OpenAI API (default: the model folder's name, or SmolLM2-135M-Instruct)."

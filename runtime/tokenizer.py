@@ -49,7 +49,14 @@ class Tokenizer:
         return len(self.hf)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self.hf.encode(text, add_special_tokens=add_special_tokens)
+        """Token ids of ``text``; with ``add_special_tokens``, the tokenizer's own (a BOS),
+        except a second BOS where the text starts with one already (a rendered chat template,
+        a DSL program's role markers): no model is trained on two."""
+        ids = self.hf.encode(text, add_special_tokens=add_special_tokens)
+        bos, bos_text = self.hf.bos_token_id, self.hf.bos_token
+        if add_special_tokens and bos is not None and ids[:2] == [bos, bos] and bos_text and text.startswith(bos_text):
+            return ids[1:]
+        return ids
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                             continue_final_message: bool = False, **template_kwargs: Any) -> str:

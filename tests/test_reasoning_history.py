@@ -113,11 +113,17 @@ def test_effort_none_turns_a_templates_thinking_switch_off(hf, switch):
     effort (Qwen3's ``enable_thinking``, DeepSeek's ``thinking``); other efforts stay refused."""
     template = ("{% if " + switch + " is defined and not " + switch + " %}<no-think>{% endif %}" + THINKING_TEMPLATE)
     hi = [{"role": "user", "content": "Hi"}]
-    off = render_chat(hf, hi, chat_template=template, reasoning_effort="none", reasoning_model=True).text
-    assert off == "<no-think><|user|>Hi|<|assistant|>"
+    off = render_chat(hf, hi, chat_template=template, reasoning_effort="none", reasoning_model=True)
+    assert off.text == "<no-think><|user|>Hi|<|assistant|>"
+    assert off.thinking is False  # the answer then has no reasoning for the parser to split off
+    assert render_chat(hf, hi, chat_template=template, template_kwargs={switch: False}).thinking is False
     kept = render_chat(hf, hi, chat_template=template, reasoning_effort="none", reasoning_model=True,
-                       template_kwargs={switch: True}).text  # the client's own switch wins
-    assert kept == "<|user|>Hi|<|assistant|>"
+                       template_kwargs={switch: True})  # the client's own switch wins
+    assert kept.text == "<|user|>Hi|<|assistant|>" and kept.thinking is True
+    # a word in the template's text, or a longer name, is no switch: "none" is refused there
+    with pytest.raises(InvalidField, match="does not read it"):
+        render_chat(hf, hi, chat_template="Be thinking. {{ is_" + switch + " }}" + THINKING_TEMPLATE,
+                    reasoning_effort="none", reasoning_model=True)
     with pytest.raises(InvalidField, match="does not read it"):
         render_chat(hf, hi, chat_template=template, reasoning_effort="low", reasoning_model=True)
 

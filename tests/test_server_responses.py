@@ -442,12 +442,16 @@ def test_an_unknown_model_is_a_404(server):
     assert r.status_code == 404 and r.json()["error"]["param"] == "model"
 
 
-def test_input_tokens_count_the_prompt_a_response_would_take(server, client):
-    body = {"instructions": "Answer in one line.", "input": "Name three planets.", "tools": [TOOL]}
+def test_input_tokens_count_the_prompt_a_response_would_take(server, client, engine):
+    body = {"instructions": "Answer in one line.", "input": "Name three planets."}
     counted = httpx.post(server.url + "/v1/responses/input_tokens", json=body).json()  # model may be left out
-    r = client.responses.create(model=MODEL, max_output_tokens=1, **body)
-    assert counted == {"object": "response.input_tokens", "input_tokens": r.usage.input_tokens}
-    assert client.responses.input_tokens.count(model=MODEL, **body).input_tokens == r.usage.input_tokens
+    messages = [{"role": "system", "content": body["instructions"]}, {"role": "user", "content": body["input"]}]
+    hf_ids = engine.tokenizer.hf.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+    hf_ids = hf_ids if isinstance(hf_ids, list) else hf_ids["input_ids"]
+    assert counted == {"object": "response.input_tokens", "input_tokens": len(hf_ids)}  # HF's own tokenization
+    with_tools = {**body, "tools": [TOOL]}
+    r = client.responses.create(model=MODEL, max_output_tokens=1, **with_tools)
+    assert client.responses.input_tokens.count(model=MODEL, **with_tools).input_tokens == r.usage.input_tokens
     resp = httpx.post(server.url + "/v1/responses/compact", json={"model": MODEL, "input": "Hi"})
     assert resp.status_code == 404 and "truncation" in resp.json()["error"]["message"]
 

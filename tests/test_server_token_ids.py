@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 
 import httpx
 import pytest
@@ -69,6 +70,38 @@ def test_chat_answers_carry_vllm_and_sglang_token_ids(server, engine):
         assert r.status_code == 400 and r.json()["error"]["param"] == name
 
 
+def test_streamed_ids_held_back_with_text_go_with_the_next_chunk(server, engine):
+    """A stop string's possible start is held back (no chunk), its tokens' ids must come with
+    a later chunk: all of them, once, in order, as the whole answer has them."""
+    body = {"messages": MESSAGES, "max_tokens": 24, "temperature": 0, "return_token_ids": True,
+            "stop": ["zzz never", " the"]}
+    whole = post(server, "/v1/chat/completions", body).json()["choices"][0]
+    events = sse_events(server, "/v1/chat/completions", {**body, "stream_options": {"include_usage": True}})
+    streamed = [t for e in events for c in e["choices"] for t in c.get("token_ids", [])]
+    assert streamed == whole["token_ids"] and streamed
+    assert "".join(c["delta"].get("content") or "" for e in events for c in e["choices"]) == whole["message"]["content"]
+    assert events[-1]["usage"]["completion_tokens"] == len(streamed)
+
+
+def test_a_request_id_can_be_aborted(server):
+    """vLLM's request_id is the request's id here: SGLang's /abort_request ends it by it."""
+    import threading
+
+    out: dict = {}
+
+    def run() -> None:
+        out["body"] = post(server, "/v1/completions", {"prompt": "Count: 1, 2,", "max_tokens": 2000, "ignore_eos": True,
+                                                       "request_id": "abort-me"}).json()
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    deadline = time.monotonic() + 60
+    while worker.is_alive() and time.monotonic() < deadline:  # an abort before it arrives is kept for it
+        assert httpx.post(server.url + "/abort_request", json={"rid": "abort-me"}, timeout=10).status_code == 200
+        worker.join(0.5)
+    assert out["body"]["choices"][0]["finish_reason"] == "abort", out["body"]
+
+
 def test_chat_input_ids_are_the_prompt(server, engine):
     other = [{"role": "user", "content": "What is 2 + 2?"}]
     other_ids = hf_chat_ids(engine.tokenizer.hf, other)
@@ -78,8 +111,9 @@ def test_chat_input_ids_are_the_prompt(server, engine):
     asked = post(server, "/v1/chat/completions", {"messages": other, "max_tokens": 10, "temperature": 0}).json()
     assert given["choices"][0]["message"]["content"] == asked["choices"][0]["message"]["content"]
     assert given["choices"][0]["prompt_token_ids"] == other_ids
-    r = post(server, "/v1/chat/completions", {"messages": MESSAGES, "input_ids": [10**7]})
-    assert r.status_code == 400 and "input_ids" in r.json()["error"]["message"]
+    for bad in ([10**7], [-1], []):
+        r = post(server, "/v1/chat/completions", {"messages": MESSAGES, "input_ids": bad})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "input_ids", r.text
 
 
 def test_completions_token_ids_and_tokens_named_by_id(server, engine):
@@ -222,11 +256,17 @@ def test_a_chat_gets_the_templates_bos_only(bos_model):
         assert call("/tokenize", {"messages": MESSAGES})["tokens"] == expected  # the chat route's count
         asked = call("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 1, "return_token_ids": True,
                                               "add_special_tokens": True})
-        assert asked["prompt_token_ids"] == [0, *expected]  # vLLM's add_special_tokens, when asked for
+        assert asked["prompt_token_ids"] == expected  # vLLM's add_special_tokens: the template wrote the BOS already
         text = call("/v1/completions", {"prompt": "Hi", "max_tokens": 1, "return_token_ids": True})
         assert text["choices"][0]["prompt_token_ids"] == hf.encode("Hi")  # a text prompt gets it
         bare = call("/v1/completions", {"prompt": "Hi", "max_tokens": 1, "return_token_ids": True,
                                         "add_special_tokens": False})
         assert bare["choices"][0]["prompt_token_ids"] == hf.encode("Hi", add_special_tokens=False)
+        # a text that starts with the BOS (a rendered template, as the DSL sends it) gets no second one
+        rendered = hf.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+        assert hf.encode(rendered)[:2] == [0, 0]  # what the tokenizer alone would do
+        native = call("/generate", {"text": rendered, "sampling_params": {"max_new_tokens": 1},
+                                    "return_prompt_token_ids": True})
+        assert native["prompt_token_ids"] == expected
     finally:
         assert proc.stop() == 0

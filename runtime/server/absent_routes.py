@@ -18,7 +18,7 @@ _ABSENT: tuple[tuple[str, str], ...] = (
     (r"/v1/(files|batches|fine_tuning|uploads|vector_stores|assistants|threads|realtime|containers|evals)(/.*)?",
      "this part of the OpenAI platform is not served here; this server generates (/v1/chat/completions, "
      "/v1/completions, /v1/responses)"),
-    (r"/v1/chat/completions(/[^/]+(/messages)?)?",
+    (r"/v1/chat/completions(/(?!render$)[^/]+(/messages)?)?",
      "chat completions are not stored here ('store' is ignored), so they cannot be listed, read, updated or "
      "deleted; /v1/responses stores what it answers (GET /v1/responses/{id})"),
     (r"/v1/messages(/count_tokens)?",

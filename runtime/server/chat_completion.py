@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 
 from fastapi.responses import Response
 
+from runtime.request_builder import check_prompt
 from runtime.server.chat_answer import ChatAnswer
 from runtime.server.context import bad_input_as_400
 from runtime.server.openai_handler import OpenAIHandler, api_logprob, finish_reason_of
@@ -49,8 +50,9 @@ class ChatCompletion(OpenAIHandler):
         vLLM do), or SGLang's ``input_ids`` as given (the messages still give the tool
         grammar and parser)."""
         text = self.prompt().text
-        if self.req.input_ids is not None:
-            self.prompt_text = self.ctx.tokenizer.decode(self.req.input_ids, False)
+        if self.req.input_ids is not None:  # checked by check_request
+            if self.req.return_prompt_text:
+                self.prompt_text = self.ctx.tokenizer.decode(self.req.input_ids, False)
             return list(self.req.input_ids)
         return (await self.ctx.encode([text], bool(self.req.add_special_tokens)))[0]
 
@@ -101,8 +103,15 @@ class ChatCompletion(OpenAIHandler):
             if r.stream and getattr(r, name):
                 raise ApiError(400, f"'{name}' is not supported with streaming (ask for stream: false, or "
                                     "'return_token_ids', which streams)", param=name)
-        if r.input_ids is not None and not r.input_ids:
-            raise ApiError(400, "'input_ids' is empty", param="input_ids")
+        if r.input_ids is not None:
+            with bad_input_as_400("input_ids"):
+                check_prompt(r.input_ids, self.ctx.limits, "input_ids")
+        if not r.include_reasoning and self.reasoning is not None:  # vLLM hides them; here: say so
+            shown = [name for name in ("logprobs", "return_token_ids", "return_meta_info", "return_output_ids_in_sglext")
+                     if getattr(r, name)]
+            if shown:
+                raise ApiError(400, f"include_reasoning false drops the reasoning, whose tokens '{shown[0]}' would "
+                                    "show: ask for one or the other", param="include_reasoning")
 
     def prompt(self) -> ChatPrompt:
         """The prompt text; with tools (or tool turns in the history) through a template that
@@ -122,6 +131,8 @@ class ChatCompletion(OpenAIHandler):
                 reasoning_model=self.ctx.http.reasoning_parser is not None,
             )
         self.tool_ebnf, self.prompt_text = prompt.tool_ebnf, prompt.text
+        if not prompt.thinking:  # the template was told not to think: nothing to split off (as SGLang)
+            self.reasoning = None
         self.answer = ChatAnswer(prompt.tool_parser, self.reasoning, self.req.stream_reasoning,
                                  calls_finish="stop" if self.named_function else "tool_calls",
                                  include_reasoning=self.req.include_reasoning)

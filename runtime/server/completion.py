@@ -69,8 +69,8 @@ class Completion(OpenAIHandler):
         if not self.req.echo or self.req.logprobs is not None:  # with logprobs: echoed with the first chunk
             return []
         self.opened.update(range(num_choices))
-        return [{"index": i, "text": self.echo(i), "logprobs": None, "finish_reason": None, **self.prompt_ids_field(i)}
-                for i in range(num_choices)]
+        return [{"index": i, "text": self.echo(i), "logprobs": None, "finish_reason": None, **self.prompt_ids_field(i),
+                 **({"token_ids": []} if self.req.return_token_ids else {})} for i in range(num_choices)]
 
     def stream_choice(self, index: int, state: ReqState, text: str, finish: str | None,
                       logprobs: Any) -> dict[str, Any] | None:

@@ -77,11 +77,9 @@ def add_routes(app: FastAPI, ctx: ServerContext) -> None:
         conversation, instructions and tools rendered as ``/v1/responses`` renders them)."""
         req: InputTokensRequest = await read_body(request, InputTokensRequest, ctx.http.max_request_bytes)
         req.model, req.stream, req.background, req.store = req.model or ctx.model_name, False, False, False
-        handler = ResponseCreation(ctx, req, request, stored_responses, conversations)
-        try:
-            ids = await handler.prompt_ids()
-        finally:
-            handler.release_hold()
+        handler = ResponseCreation(ctx, req, request, stored_responses, conversations, counting=True)
+        handler.check_request()
+        ids = await handler.prompt_ids()
         return JsonResponse({"object": "response.input_tokens", "input_tokens": len(ids)})
 
     @app.post("/v1/responses/compact")

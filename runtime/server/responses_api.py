@@ -64,7 +64,9 @@ class ResponseCreation(OutputItems, ChatCompletion):
     prompt_field = "input"  # type: ignore[assignment]  # where the prompt came from, for its errors
 
     def __init__(self, ctx: ServerContext, req: ResponsesRequest, request: Request, store: ResponseStore,
-                 conversations: ConversationStore) -> None:
+                 conversations: ConversationStore, counting: bool = False) -> None:
+        """``counting``: only for its prompt (``/v1/responses/input_tokens``): a conversation's
+        items are read without holding it, as a response running on it may hold it."""
         ctx.check_model(req.model)
         reject_unsupported(req, req.UNSUPPORTED)
         self.conversation_id = conversation_id(req.conversation)
@@ -72,10 +74,14 @@ class ResponseCreation(OutputItems, ChatCompletion):
             raise ApiError(400, "give 'conversation' or 'previous_response_id', not both", param="conversation")
         hex_id = uuid.uuid4().hex
         self.hold: ConversationHold | None = None
-        if self.conversation_id is not None:  # held from here until its items are added (or it fails)
+        items: list[dict[str, Any]] | None = None  # the conversation's
+        if self.conversation_id is not None and counting:
+            items = conversations.items(self.conversation_id, param="conversation")
+        elif self.conversation_id is not None:  # held from here until its items are added (or it fails)
             self.hold = ConversationHold(conversations, self.conversation_id, f"resp_{hex_id}")
+            items = self.hold.items
         try:
-            history = (input_messages(self.hold.items, field="conversation") if self.hold else
+            history = (input_messages(items, field="conversation") if items is not None else
                        store.conversation(req.previous_response_id) if req.previous_response_id else [])
             chat, self.conversation = chat_request(req, history)  # checks the input items
             super().__init__(ctx, chat, request)
@@ -83,8 +89,8 @@ class ResponseCreation(OutputItems, ChatCompletion):
             self.hex, self.id = hex_id, f"resp_{hex_id}"  # (in place of the chat handler's own id)
             # the input as the store and a conversation keep it (GET .../input_items)
             self.input_items = stored_input_items(req.input, self.hex)
-            if self.hold:
-                check_new_ids(self.hold.items, self.input_items, "input")
+            if items is not None:
+                check_new_ids(items, self.input_items, "input")
         except BaseException:
             self.release_hold()
             raise

@@ -5,6 +5,7 @@ the chat route, its render route and the DSL's in-process backend all build prom
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,10 +22,19 @@ class ChatPrompt:
     # set when the answer may hold calls: tools given and tool_choice not "none"
     tool_parser: ToolCallParser | None = None
     tool_ebnf: str | None = None  # None: nothing enforced
+    # false where the template's thinking switch was turned off: the answer has no reasoning
+    # to split off (the reasoning parser would take a whole answer without its end marker)
+    thinking: bool = True
 
 
 # The switches reasoning models' chat templates read to think or not (Qwen3's, DeepSeek's).
 THINKING_SWITCHES = ("enable_thinking", "thinking")
+
+
+def thinking_switch(template: str) -> str | None:
+    """The thinking switch ``template`` reads (as a variable inside a Jinja tag), if any."""
+    return next((name for name in THINKING_SWITCHES
+                 if re.search(r"\{[{%][^}]*(?<![\w.'\"])" + name + r"(?![\w'\"])", template)), None)
 
 
 def render_chat(
@@ -62,7 +72,7 @@ def render_chat(
         template = tool_template(hf_tokenizer, chat_template) if uses_tools else (chat_template or hf_tokenizer.chat_template)
         if not template:
             raise ValueError("this model has no chat template; use completions instead of chat")
-        switch = next((name for name in THINKING_SWITCHES if name in template), None)
+        switch = thinking_switch(template)
         if reasoning_effort is not None and "reasoning_effort" in template:
             kwargs["reasoning_effort"] = reasoning_effort
         elif reasoning_effort == "none" and switch is not None:  # as SGLang: thinking off by the template's switch
@@ -72,6 +82,7 @@ def render_chat(
                                                    "template does not read it (chat_template_kwargs may have a "
                                                    "switch of its own, e.g. enable_thinking)")
         text = render(hf_tokenizer, template, messages, tools, **kwargs)
+        thinking = not (switch is not None and kwargs.get(switch) is False)
     except InvalidField:
         raise
     except ValueError as err:
@@ -79,10 +90,10 @@ def render_chat(
     except Exception as err:  # jinja errors name the template's complaint
         raise InvalidField("messages", f"the chat template rejected the messages: {err}") from err
     if rule.mode == "none":
-        return ChatPrompt(text)
+        return ChatPrompt(text, thinking=thinking)
     if other_constraint:
         raise InvalidField("tools", "'tools' cannot be combined with another output constraint")
     parser = get_parser(tool_call_parser) if tool_call_parser != "auto" else parser_for_template(template)
     ebnf = tool_grammar(tools, tool_choice, parser.name, parallel=parallel_tool_calls is not False,
                         answer_schema=answer_schema)
-    return ChatPrompt(text, parser, ebnf)
+    return ChatPrompt(text, parser, ebnf, thinking)
