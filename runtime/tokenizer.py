@@ -53,10 +53,16 @@ class Tokenizer:
         except a second BOS where the text starts with one already (a rendered chat template,
         a DSL program's role markers): no model is trained on two."""
         ids = self.hf.encode(text, add_special_tokens=add_special_tokens)
-        bos, bos_text = self.hf.bos_token_id, self.hf.bos_token
-        if add_special_tokens and bos is not None and ids[:2] == [bos, bos] and bos_text and text.startswith(bos_text):
+        if add_special_tokens and self.adds_bos and ids[:2] == [self.hf.bos_token_id] * 2 and \
+                text.startswith(self.hf.bos_token):
             return ids[1:]
         return ids
+
+    @cached_property
+    def adds_bos(self) -> bool:
+        """Whether the tokenizer puts a BOS before text (Llama 3's does, SmolLM2's does not)."""
+        bos = self.hf.bos_token_id
+        return bos is not None and self.hf.encode("a")[:1] == [bos] and self.hf.encode("a", add_special_tokens=False)[:1] != [bos]
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                             continue_final_message: bool = False, **template_kwargs: Any) -> str:

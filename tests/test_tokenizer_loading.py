@@ -28,3 +28,17 @@ def test_the_tokenizer_equals_autotokenizers_own(model_dir):
     chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": TEXTS[1]}]
     assert ours.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == theirs.apply_chat_template(
         chat, tokenize=False, add_generation_prompt=True)
+
+
+def test_a_text_keeps_its_own_repeated_bos_where_the_tokenizer_adds_none(model_dir):
+    """Only a BOS the tokenizer itself adds is dropped when the text starts with one (see
+    ``tests/test_server_token_ids.py`` for a tokenizer that adds it); SmolLM2's adds none, so
+    a text's own leading markers all stay, as AutoTokenizer encodes them."""
+    from transformers import AutoTokenizer
+
+    from runtime.tokenizer import Tokenizer
+
+    ours, theirs = Tokenizer(model_dir), AutoTokenizer.from_pretrained(str(model_dir))
+    assert ours.adds_bos is False
+    text = theirs.bos_token * 2 + "hi"
+    assert ours.encode(text) == theirs.encode(text) and ours.encode(text)[:2] == [theirs.bos_token_id] * 2
