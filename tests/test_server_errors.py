@@ -276,6 +276,8 @@ def test_sglang_parse_routes_use_the_chat_routes_parsers(server):
             (1, "weather", {"city": "Paris"})]
     assert_error(call(server, "/parse_function_call", {"text": "x", "tool_call_parser": "nope"}), 400, "nope",
                  param="tool_call_parser")
+    assert_error(call(server, "/parse_function_call", {"text": text, "tools": [{"function": "str"}]}), 400,
+                 param="tools.0.function")
     out = call(server, "/separate_reasoning", {"text": "I think so.</think>Yes.", "reasoning_parser": "deepseek-r1",
                                                "return_blocks": True}).json()
     assert (out["reasoning_text"], out["text"]) == ("I think so.", "Yes.")

@@ -155,8 +155,9 @@ def test_request_id_is_the_rid_and_the_answer_id(server):
     assert body["id"] == "chatcmpl-job-7"
     body = post(server, "/v1/completions", {"prompt": "Hi", "max_tokens": 2, "request_id": "job-8"}).json()
     assert body["id"] == "cmpl-job-8"
-    r = post(server, "/v1/completions", {"prompt": "Hi", "max_tokens": 2, "request_id": "a", "rid": "b"})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "request_id"
+    for ids in ({"request_id": "a", "rid": "b"}, {"request_id": ""}):
+        r = post(server, "/v1/completions", {"prompt": "Hi", "max_tokens": 2, **ids})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "request_id"
 
 
 def test_generate_returns_prompt_token_ids_in_every_output(server, engine):

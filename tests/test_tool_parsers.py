@@ -136,3 +136,23 @@ def test_auto_picks_the_format_from_the_template():
     assert parser_for_template("<tool_call>").name == "hermes"
     with pytest.raises(ValueError, match="unknown tool-call parser"):
         get_parser("pythonic")
+
+
+@pytest.mark.parametrize("name", ["hermes", "mistral"])
+def test_an_answer_cut_off_inside_its_start_marker_drops_it_streamed_or_not(name):
+    """max_tokens may end an answer before its start marker is whole (``<tool``): it is the
+    same unfinished call as one cut inside the call, dropped whole or streamed; a finish of
+    its own keeps such text."""
+    parser = get_parser(name)
+    for before in ("", "Let me check. "):
+        for k in range(1, len(parser.start)):
+            end = before + parser.start[:k]
+            message, _ = ChatAnswer(get_parser(name), None).message(end, "length")
+            assert message["content"] == (before.rstrip() or None), (end, message)
+            answer, streamed = ChatAnswer(get_parser(name), None), ""
+            for i in range(1, len(end) + 1):
+                delta, _ = answer.delta(0, end[:i], "length" if i == len(end) else None)
+                streamed += (delta or {}).get("content", "")
+            assert streamed == before.rstrip(), (end, streamed)
+    kept = "I print <t"
+    assert ChatAnswer(get_parser(name), None).message(kept, "stop")[0]["content"] == kept

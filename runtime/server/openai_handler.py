@@ -188,6 +188,8 @@ class OpenAIHandler:
             raise ApiError(400, "'stream_options' is only allowed when 'stream' is true", param="stream_options")
         if self.req.thinking_token_budget not in (None, -1):
             raise ApiError(400, "'thinking_token_budget' is not supported by this server", param="thinking_token_budget")
+        if self.req.request_id == "":
+            raise ApiError(400, "request_id is empty (leave it out for an id of the server's)", param="request_id")
         if self.req.request_id is not None and self.req.rid not in (None, self.req.request_id):
             raise ApiError(400, "give rid or request_id (vLLM's name for it), not two different ids", param="request_id")
 

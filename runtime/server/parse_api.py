@@ -34,7 +34,7 @@ def _tool_parser(ctx: ServerContext, name: str | None) -> ToolCallParser:
 
 def parse_function_call(ctx: ServerContext, req: ParseFunctionCallReq) -> dict[str, Any]:
     normal_text, calls = _tool_parser(ctx, req.tool_call_parser).parse(req.text)
-    names = [(t.get("function") or {}).get("name") for t in req.tools]
+    names = [t.function.name if t.function is not None else None for t in req.tools]
     return {
         "normal_text": normal_text,
         "calls": [{"tool_index": names.index(c.name) if c.name in names else -1, "name": c.name,

@@ -170,7 +170,7 @@ class ParseFunctionCallReq(_Body):
     """SGLang's ``POST /parse_function_call``: the calls a model wrote in ``text``."""
 
     text: str
-    tools: list[dict[str, Any]] = Field(default_factory=list)  # OpenAI's function tools: for tool_index
+    tools: list[Tool] = Field(default_factory=list)  # OpenAI's function tools: for tool_index
     tool_call_parser: str | None = None  # unset: the chat route's
 
 
@@ -406,7 +406,7 @@ class FunctionDef(_Body):
 
 
 class Tool(_Body):
-    type: str  # "function"; another kind (OpenAI's "custom") is a 400 naming it (``check_tools``)
+    type: str = "function"  # (vLLM's and SGLang's default); another kind (OpenAI's "custom") is a 400 naming it
     function: FunctionDef | None = None
 
 

@@ -101,8 +101,20 @@ class ToolCallParser(ABC):
 
     def markup_start(self, text: str) -> int:
         """Where call markup begins in ``text``, or -1: what an answer cut off by
-        ``max_tokens`` inside its first call drops (the grammar let nothing else follow it)."""
-        return text.find(self.start) if self.start else -1
+        ``max_tokens`` inside its first call drops (the grammar let nothing else follow it);
+        also where such an answer ends in the start marker's first characters only."""
+        if not self.start:
+            return -1
+        found = text.find(self.start)
+        return found if found >= 0 else partial_marker_at(text, self.start)
+
+
+def partial_marker_at(text: str, marker: str) -> int:
+    """Where ``text`` ends in the first characters of ``marker`` (not all of it), or -1."""
+    for k in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:k]):
+            return len(text) - k
+    return -1
 
 
 class HermesParser(ToolCallParser):
@@ -251,12 +263,12 @@ class StreamingToolParser:
         if isinstance(self.parser, Llama3JsonParser) and text.lstrip().startswith("{"):
             cut = 0
         content_end = cut if cut >= 0 else len(text)
-        if cut < 0 and not finished:  # hold back a tail that may grow into the start marker,
-            for k in range(min(len(start) - 1, len(text)), 0, -1):
-                if text.endswith(start[:k]):
-                    content_end = len(text) - k
-                    break
-            content_end = len(text[:content_end].rstrip())  # and whitespace that may precede it
+        # hold back a tail that may grow into the start marker (and the whitespace that may
+        # precede it); an answer cut off there drops it, as the whole answer does
+        if cut < 0 and (not finished or cut_off) and (partial := partial_marker_at(text, start)) >= 0:
+            content_end = len(text[:partial].rstrip())
+        elif cut < 0 and not finished:
+            content_end = len(text.rstrip())
         delta = text[self.shown:content_end] if content_end > self.shown else ""
         if cut >= 0:  # the whitespace before the markup is not content (unless the markup never parses)
             delta = delta.rstrip()
