@@ -284,3 +284,13 @@ def test_sglang_parse_routes_use_the_chat_routes_parsers(server):
     assert out["blocks"] == [{"type": "reasoning", "text": "I think so."}, {"type": "text", "text": "Yes."}]
     assert_error(call(server, "/separate_reasoning", {"text": "x", "reasoning_parser": "nope"}), 400,
                  param="reasoning_parser")
+
+
+def test_a_request_without_model_is_for_the_served_one(server):
+    """SGLang and vLLM take a request with no ``model`` (a curl written for them) as for the
+    served model; a model named is still checked."""
+    chat = {k: v for k, v in CHAT.items() if k != "model"}
+    assert call(server, "/v1/chat/completions", chat).json()["model"] == MODEL
+    assert call(server, "/v1/completions", {"prompt": "Hi", "max_tokens": 2}).json()["model"] == MODEL
+    assert call(server, "/v1/responses", {"input": "Hi", "max_output_tokens": 2}).json()["model"] == MODEL
+    assert_error(call(server, "/v1/completions", {"prompt": "Hi", "model": "gpt-9"}), 404, "gpt-9", param="model")

@@ -81,8 +81,9 @@ class ServerContext:
         return self.is_ready and not self.is_shutting_down and self.client.failure is None
 
     # ------------------------------------------------------------------ checks
-    def check_model(self, model: str) -> None:
-        if model not in (self.model_name, self.model_path):
+    def check_model(self, model: str | None) -> None:
+        """A 404 unless ``model`` names the served model (None: left out, the served one)."""
+        if model is not None and model not in (self.model_name, self.model_path):
             raise ApiError(404, f"The model '{model}' does not exist; this server serves '{self.model_name}'", param="model")
 
     def check_capacity(self, num_new: int) -> None:

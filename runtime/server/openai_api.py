@@ -16,7 +16,7 @@ from runtime.server.chat_completion import ChatCompletion
 from runtime.server.completion import Completion
 from runtime.server.context import ServerContext, read_body
 from runtime.server.protocol import ApiError, ChatCompletionRequest, CompletionRequest
-from runtime.server.protocol_responses import InputTokensRequest, ResponsesRequest
+from runtime.server.protocol_responses import ResponsesRequest
 from runtime.server.response_store import ConversationStore, ResponseStore, open_tables
 from runtime.server.responses import JsonResponse
 from runtime.server.responses_api import ResponseCreation
@@ -75,8 +75,8 @@ def add_routes(app: FastAPI, ctx: ServerContext) -> None:
     async def count_input_tokens(request: Request) -> Response:
         """OpenAI's: the tokens a response with this body would take as its prompt (its
         conversation, instructions and tools rendered as ``/v1/responses`` renders them)."""
-        req: InputTokensRequest = await read_body(request, InputTokensRequest, ctx.http.max_request_bytes)
-        req.model, req.stream, req.background, req.store = req.model or ctx.model_name, False, False, False
+        req: ResponsesRequest = await read_body(request, ResponsesRequest, ctx.http.max_request_bytes)
+        req.stream, req.background, req.store = False, False, False
         handler = ResponseCreation(ctx, req, request, stored_responses, conversations, counting=True)
         handler.check_request()
         ids = await handler.prompt_ids()

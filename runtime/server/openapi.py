@@ -31,7 +31,6 @@ from runtime.server.protocol_responses import (
     ConversationCreateRequest,
     ConversationItemsRequest,
     ConversationUpdateRequest,
-    InputTokensRequest,
     ResponsesRequest,
 )
 
@@ -40,7 +39,7 @@ BODIES: dict[str, type[BaseModel]] = {
     "/v1/chat/completions/render": ChatCompletionRequest,
     "/v1/completions": CompletionRequest,
     "/v1/responses": ResponsesRequest,
-    "/v1/responses/input_tokens": InputTokensRequest,
+    "/v1/responses/input_tokens": ResponsesRequest,
     "/invocations": ChatCompletionRequest,
     "/generate": GenerateReqInput,
     "/end_program": EndProgramReq,

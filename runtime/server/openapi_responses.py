@@ -20,7 +20,11 @@ ERROR = {
 }
 _OBJECT = {"type": "object"}
 _TEXT = {"type": "string"}
-_SSE = {"text/event-stream": {"schema": _TEXT}}
+# An SSE event: its data line's text, or (events with a name, as the Responses API's) the
+# fields of the event.
+_SSE = {"text/event-stream": {"schema": {"anyOf": [_TEXT, {
+    "type": "object", "required": ["data"],
+    "properties": {"data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"}}}]}}}
 
 USAGE = {
     "type": "object",

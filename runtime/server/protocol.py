@@ -269,7 +269,7 @@ class _OpenAISampling(SharedSampling):
     """Fields shared by completions and chat: OpenAI's, then the extras of vLLM and SGLang
     (besides ``SharedSampling``'s)."""
 
-    model: str
+    model: str | None = None  # unset: the served model (as SGLang and vLLM take it)
     n: int = 1
     temperature: float | None = None
     top_p: float | None = None

@@ -44,7 +44,7 @@ class ResponsesRequest(SharedSampling):
     checked as it is turned into a chat message or tool (``responses_api.py``), with a 400
     that names the item."""
 
-    model: str
+    model: str | None = None  # unset: the served model (as SGLang and vLLM take it)
     input: str | list[dict[str, Any]] = Field(default_factory=list)  # may be left out after a conversation
     instructions: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # SGLang's, as on the chat route
@@ -86,10 +86,3 @@ class ResponsesRequest(SharedSampling):
 
     UNSUPPORTED: ClassVar[tuple[str, ...]] = ("prompt", "context_management",
                                               "moderation", "priority")
-
-
-class InputTokensRequest(ResponsesRequest):
-    """``POST /v1/responses/input_tokens``: a response's body, whose model may be left out."""
-
-    model: str | None = None  # type: ignore[assignment]
-
