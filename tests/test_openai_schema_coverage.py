@@ -13,7 +13,7 @@ from openai.types.chat import ChatCompletionContentPartTextParam, ChatCompletion
 from openai.types.chat import completion_create_params as chat_create_params
 from openai.types.responses import response_create_params
 
-from runtime.server import protocol, protocol_responses
+from runtime.server import protocol_native, protocol_openai, protocol_responses
 
 
 def declared(model: type) -> set[str]:
@@ -24,11 +24,11 @@ def declared(model: type) -> set[str]:
 @pytest.mark.parametrize(
     ("params", "model"),
     [
-        (chat_create_params.CompletionCreateParamsBase, protocol.ChatCompletionRequest),
-        (completion_create_params.CompletionCreateParamsBase, protocol.CompletionRequest),
+        (chat_create_params.CompletionCreateParamsBase, protocol_openai.ChatCompletionRequest),
+        (completion_create_params.CompletionCreateParamsBase, protocol_openai.CompletionRequest),
         (response_create_params.ResponseCreateParamsBase, protocol_responses.ResponsesRequest),
-        *[(message, protocol.ChatMessage) for message in typing.get_args(ChatCompletionMessageParam)],
-        (ChatCompletionContentPartTextParam, protocol.TextPart),
+        *[(message, protocol_openai.ChatMessage) for message in typing.get_args(ChatCompletionMessageParam)],
+        (ChatCompletionContentPartTextParam, protocol_openai.TextPart),
     ],
     ids=lambda x: x.__name__,
 )
@@ -58,9 +58,9 @@ def dataclass_fields(source: str, name: str) -> set[str]:
 @pytest.mark.parametrize(
     ("source", "cls", "model"),
     [
-        ("srt/entrypoints/openai/protocol.py", "ChatCompletionRequest", protocol.ChatCompletionRequest),
-        ("srt/entrypoints/openai/protocol.py", "CompletionRequest", protocol.CompletionRequest),
-        ("srt/managers/io_struct.py", "GenerateReqInput", protocol.GenerateReqInput),
+        ("srt/entrypoints/openai/protocol.py", "ChatCompletionRequest", protocol_openai.ChatCompletionRequest),
+        ("srt/entrypoints/openai/protocol.py", "CompletionRequest", protocol_openai.CompletionRequest),
+        ("srt/managers/io_struct.py", "GenerateReqInput", protocol_native.GenerateReqInput),
     ],
     ids=lambda x: x if isinstance(x, str) else x.__name__,
 )

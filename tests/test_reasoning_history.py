@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from runtime.sampling.params import InvalidField
-from runtime.server.protocol import ChatMessage
+from runtime.server.protocol_openai import ChatMessage
 from runtime.server.responses_input import input_messages
 from runtime.server.tools.chat_prompt import render_chat
 
@@ -131,7 +131,8 @@ def test_effort_none_turns_a_templates_thinking_switch_off(hf, switch):
 def test_an_assistant_refusal_in_the_history_is_what_it_said():
     """OpenAI's answer that refused comes back as a ``refusal`` part or field: the template
     gets its text; a non-text part of any other kind is a 400."""
-    from runtime.server.protocol import ApiError, ChatMessage
+    from runtime.server.protocol import ApiError
+    from runtime.server.protocol_openai import ChatMessage
 
     part = ChatMessage.model_validate({"role": "assistant", "content": [{"type": "refusal", "refusal": "I can't."}]})
     assert part.as_template_dict()["content"] == "I can't."

@@ -12,6 +12,7 @@ from runtime.server.chat_answer import ChatAnswer
 from runtime.server.context import bad_input_as_400
 from runtime.server.openai_handler import OpenAIHandler, api_logprob, finish_reason_of
 from runtime.server.protocol import ApiError, reject_unsupported
+from runtime.server.protocol_openai import ChatCompletionRequest
 from runtime.server.reasoning import PARSERS as REASONING_PARSERS
 from runtime.server.responses import JsonResponse, native_output
 from runtime.server.scheduler_client import ReqState
@@ -22,6 +23,7 @@ from runtime.server.tools.choice import call_rule
 class ChatCompletion(OpenAIHandler):
     object_name = "chat.completion"
     id_prefix = "chatcmpl"
+    req: ChatCompletionRequest
     tool_ebnf: str | None = None
     named_function = False  # tool_choice names one function: its call ends with "stop", as OpenAI's does
     FIELD_NAMES: ClassVar[dict[str, str]] = {}  # a chat field -> its name in the request (see ResponseCreation)

@@ -9,6 +9,7 @@ from fastapi.responses import Response
 
 from runtime.server.openai_handler import OpenAIHandler, api_logprob, finish_reason_of
 from runtime.server.protocol import ApiError, reject_unsupported
+from runtime.server.protocol_openai import CompletionRequest
 from runtime.server.scheduler_client import ReqState
 from runtime.token_bytes import MAX_CHAR_BYTES
 
@@ -16,6 +17,7 @@ from runtime.token_bytes import MAX_CHAR_BYTES
 class Completion(OpenAIHandler):
     object_name = "text_completion"
     id_prefix = "cmpl"
+    req: CompletionRequest
     opened: set[int]  # streamed choices whose first chunk went out (with the echoed prompt, its ids)
 
     async def run(self) -> Response:

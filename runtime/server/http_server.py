@@ -34,13 +34,12 @@ from runtime.server.context import (
     unknown_sampling_field_warner,
     validation_400,
 )
-from runtime.server.protocol import (
+from runtime.server.protocol import ApiError, reject_unsupported
+from runtime.server.protocol_native import (
     AbortRequestReq,
-    ApiError,
     ConfigureLoggingReq,
     EndProgramReq,
     GenerateReqInput,
-    reject_unsupported,
 )
 from runtime.server.request_ids import request_ids
 from runtime.server.responses import (

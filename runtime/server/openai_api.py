@@ -15,7 +15,8 @@ from runtime.server import conversations_api
 from runtime.server.chat_completion import ChatCompletion
 from runtime.server.completion import Completion
 from runtime.server.context import ServerContext, read_body
-from runtime.server.protocol import ApiError, ChatCompletionRequest, CompletionRequest
+from runtime.server.protocol import ApiError
+from runtime.server.protocol_openai import ChatCompletionRequest, CompletionRequest
 from runtime.server.protocol_responses import ResponsesRequest
 from runtime.server.response_store import ConversationStore, ResponseStore, open_tables
 from runtime.server.responses import JsonResponse

@@ -21,7 +21,8 @@ from runtime.request_builder import build_requests
 from runtime.request_options import RequestOptions, cache_namespace
 from runtime.sampling.params import MAX_N, SamplingParams
 from runtime.server.context import ServerContext, bad_input_as_400, sampling_params
-from runtime.server.protocol import ApiError, StructuredOutputs, reject_unsupported
+from runtime.server.protocol import ApiError, reject_unsupported
+from runtime.server.protocol_openai import OpenAISampling, StructuredOutputs
 from runtime.server.request_ids import request_ids
 from runtime.server.responses import SSE_DONE, JsonResponse, error_of, merged_updates, sse, wait_all
 from runtime.server.scheduler_client import ReqState
@@ -54,9 +55,9 @@ class OpenAIHandler:
     object_name = ""
     id_prefix = ""
 
-    def __init__(self, ctx: ServerContext, req: Any, request: Request) -> None:
+    def __init__(self, ctx: ServerContext, req: OpenAISampling, request: Request) -> None:
         self.ctx, self.req, self.request = ctx, req, request
-        self.id = f"{self.id_prefix}-{getattr(req, 'request_id', None) or uuid.uuid4().hex}"
+        self.id = f"{self.id_prefix}-{req.request_id or uuid.uuid4().hex}"
         self.created = int(time.time())
         self.prompts: list[list[int]] = []  # the submitted prompts' token ids
 

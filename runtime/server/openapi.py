@@ -15,10 +15,8 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
 from runtime.server.openapi_responses import RESPONSES
-from runtime.server.protocol import (
+from runtime.server.protocol_native import (
     AbortRequestReq,
-    ChatCompletionRequest,
-    CompletionRequest,
     ConfigureLoggingReq,
     DetokenizeRequest,
     EndProgramReq,
@@ -27,6 +25,7 @@ from runtime.server.protocol import (
     SeparateReasoningReq,
     TokenizeRequest,
 )
+from runtime.server.protocol_openai import ChatCompletionRequest, CompletionRequest
 from runtime.server.protocol_responses import (
     ConversationCreateRequest,
     ConversationItemsRequest,

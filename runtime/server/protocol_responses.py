@@ -8,7 +8,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from runtime.server.protocol import SharedSampling, _Body
+from runtime.server.protocol import _Body
+from runtime.server.protocol_openai import SharedSampling
 
 
 # ---------------------------------------------------------------- OpenAI Conversations API

@@ -15,11 +15,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from runtime.server.context import validation_400
-from runtime.server.protocol import (
-    ApiError,
-    ChatCompletionRequest,
-    SharedSampling,
-)
+from runtime.server.protocol import ApiError
+from runtime.server.protocol_openai import ChatCompletionRequest, SharedSampling
 from runtime.server.protocol_responses import ResponsesRequest
 
 TEXT_PARTS = ("input_text", "output_text", "text")

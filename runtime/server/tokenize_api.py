@@ -15,12 +15,9 @@ from fastapi.responses import Response
 from runtime.request_builder import check_token_ids
 from runtime.server.chat_completion import ChatCompletion
 from runtime.server.context import ServerContext, bad_input_as_400, read_body
-from runtime.server.protocol import (
-    ApiError,
-    ChatCompletionRequest,
-    DetokenizeRequest,
-    TokenizeRequest,
-)
+from runtime.server.protocol import ApiError
+from runtime.server.protocol_native import DetokenizeRequest, TokenizeRequest
+from runtime.server.protocol_openai import ChatCompletionRequest
 from runtime.server.responses import JsonResponse
 
 CHAT_FIELDS = ("messages", "tools", "add_generation_prompt", "continue_final_message", "chat_template_kwargs",
