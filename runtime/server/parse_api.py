@@ -10,11 +10,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from runtime.server.context import ServerContext, read_body
-from runtime.server.protocol import ApiError, ParseFunctionCallReq, SeparateReasoningReq
+from runtime.server.protocol import ApiError
+from runtime.server.protocol_native import ParseFunctionCallReq, SeparateReasoningReq
 from runtime.server.reasoning import PARSERS as REASONING_PARSERS
 from runtime.server.responses import JsonResponse
 from runtime.server.tools.parsers import PARSERS as TOOL_PARSERS
-from runtime.server.tools.parsers import ToolCallParser, get_parser, parser_for_template
+from runtime.server.tools.parsers import ToolCallParser, get_parser
 from runtime.server.tools.template import tool_template
 
 _SGLANG_NAMES = {"llama3": "llama3_json"}  # SGLang's names for our parsers
@@ -24,12 +25,14 @@ def _tool_parser(ctx: ServerContext, name: str | None) -> ToolCallParser:
     """The parser named (SGLang's names too), or the chat route's: ``--tool-call-parser``,
     or the one its template implies."""
     name = _SGLANG_NAMES.get(name, name) if name else ctx.http.tool_call_parser
-    if name == "auto":
-        return parser_for_template(tool_template(ctx.tokenizer.hf, ctx.chat_template_override))
-    if name not in TOOL_PARSERS:
+    if name != "auto" and name not in TOOL_PARSERS:
         raise ApiError(400, f"unknown tool_call_parser {name!r}; this server has {', '.join(TOOL_PARSERS)} "
                             "(and llama3 for llama3_json)", param="tool_call_parser")
-    return get_parser(name)
+    try:
+        template = tool_template(ctx.tokenizer.hf, ctx.chat_template_override) if name == "auto" else None
+    except ValueError as err:  # no template to infer the format from: the client has to name it
+        raise ApiError(400, f"{err}; or name the format with tool_call_parser", param="tool_call_parser") from err
+    return get_parser(name, template)
 
 
 def parse_function_call(ctx: ServerContext, req: ParseFunctionCallReq) -> dict[str, Any]:

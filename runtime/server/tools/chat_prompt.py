@@ -12,7 +12,7 @@ from typing import Any
 from runtime.sampling.params import InvalidField
 from runtime.server.tools.choice import call_rule
 from runtime.server.tools.constraint import tool_grammar
-from runtime.server.tools.parsers import ToolCallParser, get_parser, parser_for_template
+from runtime.server.tools.parsers import ToolCallParser, get_parser
 from runtime.server.tools.template import render, tool_template
 
 
@@ -93,7 +93,7 @@ def render_chat(
         return ChatPrompt(text, thinking=thinking)
     if other_constraint:
         raise InvalidField("tools", "'tools' cannot be combined with another output constraint")
-    parser = get_parser(tool_call_parser) if tool_call_parser != "auto" else parser_for_template(template)
+    parser = get_parser(tool_call_parser, template)
     ebnf = tool_grammar(tools, tool_choice, parser.name, parallel=parallel_tool_calls is not False,
                         answer_schema=answer_schema)
     return ChatPrompt(text, parser, ebnf, thinking)

@@ -210,7 +210,10 @@ PARSERS: dict[str, type[ToolCallParser]] = {
 }
 
 
-def get_parser(name: str) -> ToolCallParser:
+def get_parser(name: str, chat_template: str | None = None) -> ToolCallParser:
+    """The parser ``name`` (``--tool-call-parser``); ``auto``: the one ``chat_template`` implies."""
+    if name == "auto":
+        return parser_for_template(chat_template)
     if name not in PARSERS:
         raise ValueError(f"unknown tool-call parser {name!r}; choose from {', '.join(PARSERS)}")
     return PARSERS[name]()
