@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from radix_cache import ReqToTokenTable
 from runtime.constrained.bitmask import allocate_bitmask, clear_bits
 from runtime.executor.model_input import ForwardInput, ModelInput, PromptLogprobs, SamplingRow
 from runtime.scheduler.req import Req
@@ -32,6 +33,51 @@ class ScheduledBatch:
     # The last this many requests of an extend batch are running requests decoding one token
     # each (mixed into a prefill step).
     num_mixed_decodes: int = 0
+
+    def append_decodes(self, decodes: ScheduledBatch) -> None:
+        """Mix a decode batch into this extend batch: each running request's next token as
+        a one-token extend at the end, so the step decodes them too."""
+        self.reqs += decodes.reqs
+        self.input_ids = torch.cat([self.input_ids, decodes.input_ids])
+        self.positions = torch.cat([self.positions, decodes.positions])
+        self.prefix_lens += decodes.prefix_lens
+        self.extend_lens += decodes.extend_lens
+        self.out_cache_loc = torch.cat([self.out_cache_loc, decodes.out_cache_loc])
+        self.logit_starts += decodes.logit_starts
+        self.samples += decodes.samples
+        self.num_mixed_decodes = len(decodes.reqs)
+
+
+def extend_batch(picked: list[tuple[Req, int]], table: ReqToTokenTable) -> ScheduledBatch:
+    """A prefill (extend) step: request ``req`` computes its next ``n`` prompt (or forced)
+    tokens, into the slots ``table`` already holds for them; it samples after its last chunk."""
+    reqs, ids, positions, prefix_lens, extend_lens, locs, logit_starts, samples = [], [], [], [], [], [], [], []
+    for req, n in picked:
+        start, end = req.kv_len, req.kv_len + n
+        is_last_chunk = end == len(req.fill_ids)
+        wants_sample = is_last_chunk and req.params.max_new_tokens > 0
+        if req.wants_input_logprobs:  # logits at p give the logprob of prompt token p + 1
+            logit_start = min(max(start, max(req.options.logprob_start_len, 1) - 1), end)
+        else:
+            logit_start = end - 1 if wants_sample else end
+        reqs.append(req)
+        ids.extend(req.fill_ids[start:end])
+        positions.append(torch.arange(start, end))
+        prefix_lens.append(start)
+        extend_lens.append(n)
+        locs.append(table.read(req.row, end, start))  # type: ignore[arg-type]
+        logit_starts.append(logit_start)
+        samples.append(wants_sample)
+    return ScheduledBatch(False, reqs, torch.tensor(ids, dtype=torch.int64), torch.cat(positions), prefix_lens,
+                          extend_lens, torch.cat(locs), logit_starts, samples)
+
+
+def decode_batch(reqs: list[Req], out_cache_loc: torch.Tensor) -> ScheduledBatch:
+    """A decode step: each request's last token at its last position, written to its new slot."""
+    last = [r.alloc_len - 1 for r in reqs]
+    return ScheduledBatch(True, reqs, torch.tensor([r.output_ids[-1] for r in reqs], dtype=torch.int64),
+                          torch.tensor(last, dtype=torch.int64), last, [1] * len(reqs), out_cache_loc, list(last),
+                          [True] * len(reqs))
 
 
 def lower(batch: ScheduledBatch, eos_token_ids: tuple[int, ...], vocab_size: int) -> ModelInput:

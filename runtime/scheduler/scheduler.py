@@ -11,13 +11,11 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-import torch
-
 from radix_cache import RadixCache, SlotAllocator
 from runtime.config import ServerArgs
 from runtime.constrained.backend import GrammarBackend
 from runtime.executor.worker import BatchResult, ModelWorker
-from runtime.scheduler.batch import ScheduledBatch, lower
+from runtime.scheduler.batch import ScheduledBatch, decode_batch, extend_batch, lower
 from runtime.scheduler.cache_manager import CacheManager
 from runtime.scheduler.grammar_queue import GrammarQueue
 from runtime.scheduler.jump_forward import is_eligible, jump_forward
@@ -250,52 +248,16 @@ class Scheduler:
         extend), so running requests decode in this step too; unchanged when the pool has
         no slot for each of them (the next decode step makes room)."""
         decodes = self._next_tokens(list(self.running))
-        if decodes is None:
-            return
-        batch.reqs += decodes.reqs
-        batch.input_ids = torch.cat([batch.input_ids, decodes.input_ids])
-        batch.positions = torch.cat([batch.positions, decodes.positions])
-        batch.prefix_lens += decodes.prefix_lens
-        batch.extend_lens += decodes.extend_lens
-        batch.out_cache_loc = torch.cat([batch.out_cache_loc, decodes.out_cache_loc])
-        batch.logit_starts += decodes.logit_starts
-        batch.samples += decodes.samples
-        batch.num_mixed_decodes = len(decodes.reqs)
+        if decodes is not None:
+            batch.append_decodes(decodes)
 
     def _build_extend_batch(self, picked: list[tuple[Req, int]]) -> ScheduledBatch:
-        reqs, ids, positions, prefix_lens, extend_lens, locs, logit_starts, samples = [], [], [], [], [], [], [], []
         for req, n in picked:
-            start, end = req.kv_len, req.kv_len + n
-            fill = req.fill_ids
-            is_last_chunk = end == len(fill)
-            wants_sample = is_last_chunk and req.params.max_new_tokens > 0
-            if not is_last_chunk:
+            if req.kv_len + n < len(req.fill_ids):
                 # A chunk that is not the last uses the whole budget, so there is only one.
                 assert self.chunked is None, "two chunked requests in one batch"
                 self.chunked = req
-            if req.wants_input_logprobs:  # logits at p give the logprob of prompt token p + 1
-                logit_start = min(max(start, max(req.options.logprob_start_len, 1) - 1), end)
-            else:
-                logit_start = end - 1 if wants_sample else end
-            reqs.append(req)
-            ids.extend(fill[start:end])
-            positions.append(torch.arange(start, end))
-            prefix_lens.append(start)
-            extend_lens.append(n)
-            locs.append(self.cache.table.read(req.row, end, start))  # type: ignore[arg-type]
-            logit_starts.append(logit_start)
-            samples.append(wants_sample)
-        return ScheduledBatch(
-            is_decode=False,
-            reqs=reqs,
-            input_ids=torch.tensor(ids, dtype=torch.int64),
-            positions=torch.cat(positions),
-            prefix_lens=prefix_lens,
-            extend_lens=extend_lens,
-            out_cache_loc=torch.cat(locs),
-            logit_starts=logit_starts,
-            samples=samples,
-        )
+        return extend_batch(picked, self.cache.table)
 
     # ------------------------------------------------------------------ decode
     def _decode_batch(self) -> ScheduledBatch | None:
@@ -334,18 +296,7 @@ class Scheduler:
         out_cache_loc = self.cache.grant_one_each(reqs)
         if out_cache_loc is None:
             return None
-        seq_lens = [r.alloc_len for r in reqs]
-        return ScheduledBatch(
-            is_decode=True,
-            reqs=reqs,
-            input_ids=torch.tensor([r.output_ids[-1] for r in reqs], dtype=torch.int64),
-            positions=torch.tensor([s - 1 for s in seq_lens], dtype=torch.int64),
-            prefix_lens=[s - 1 for s in seq_lens],
-            extend_lens=[1] * len(reqs),
-            out_cache_loc=out_cache_loc,
-            logit_starts=[s - 1 for s in seq_lens],
-            samples=[True] * len(reqs),
-        )
+        return decode_batch(reqs, out_cache_loc)
 
     def _retract_one(self) -> None:
         """Free memory by sending the request with the least progress back to the queue;
