@@ -3,6 +3,9 @@
     python -m bench_agent.bench_dsl              # ~10 min on 2 cores
     python -m bench_agent.bench_dsl --quick      # a smoke check
 
+Run from the repository root: the programs are the ones in ``examples/``, which is not an
+installed package.
+
 Part 1 (issue target: >= 3x programs/s): the tree-of-thought and self-critique examples
 run as DSL programs (all programs at once, forks in parallel, shared prefixes reused) on a
 server with the radix cache, against the same programs sent as naive sequential HTTP
@@ -26,8 +29,12 @@ import time
 from typing import Any
 
 import frontend_lang as sgl
-from examples.self_critique import self_critique
-from examples.tree_of_thought import tree_of_thought
+
+try:
+    from examples.self_critique import self_critique
+    from examples.tree_of_thought import tree_of_thought
+except ModuleNotFoundError as err:  # run from elsewhere: examples/ is not installed
+    raise SystemExit("bench_dsl runs the programs in examples/: run it from the repository root") from err
 from frontend_lang.backend.runtime_endpoint import RuntimeEndpoint
 from runtime.server.server_process import ServerProcess
 

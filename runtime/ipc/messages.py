@@ -1,9 +1,11 @@
 """Messages between the server's processes: small typed dataclasses, one codec (``runtime.ipc``).
 
-Flow::
+Flow (the HTTP process also tokenizes; the detokenizer passes ``ControlOut`` and ``ReadyOut``
+on unchanged)::
 
-    tokenizer ──TokenizedGenerateReq / AbortReq / ControlReq──► scheduler
-    scheduler ──BatchTokenOut / ControlOut──► detokenizer ──BatchStrOut / ControlOut──► tokenizer
+    HTTP ──TokenizedGenerateReq / AbortReq / ControlReq──► scheduler
+    scheduler ──BatchTokenOut / ControlOut / ReadyOut──► detokenizer
+    detokenizer ──BatchStrOut / ControlOut / ReadyOut──► HTTP
 
 Token ids travel as numpy arrays, which the codec sends as raw buffers.
 """
@@ -36,8 +38,11 @@ class AbortReq:
 
 @dataclass
 class ControlReq:
-    """A request/response call into the scheduler: ``kind`` is ``stats``, ``flush_cache`` or
-    ``end_program`` (``arg``: the program id)."""
+    """A request/response call into the scheduler (``SchedulerServer.control``): ``kind`` is
+    ``stats`` (the scheduler's figures), ``flush_cache`` (False while requests are queued or
+    running), ``end_program`` (``arg``: the program id; how many pinned nodes it released) or
+    ``log_level`` (``arg``: the level, set in the scheduler process and the tensor-parallel
+    ranks)."""
 
     call_id: int
     kind: str

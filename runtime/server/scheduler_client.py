@@ -232,7 +232,9 @@ class SchedulerClient:
         return state
 
     async def call(self, kind: str, arg: Any = None, timeout: float = 30.0) -> Any:
-        """A request/response call into the scheduler (``stats``, ``flush_cache``)."""
+        """A request/response call into the scheduler: ``kind`` is ``stats``, ``flush_cache``,
+        ``end_program`` (``arg``: the program id) or ``log_level`` (``arg``: the level); see
+        ``ControlReq``."""
         if self.failure is not None:
             raise ServerUnavailable(self.failure)
         call_id = next(self._call_ids)
