@@ -156,3 +156,42 @@ def test_an_answer_cut_off_inside_its_start_marker_drops_it_streamed_or_not(name
             assert streamed == before.rstrip(), (end, streamed)
     kept = "I print <t"
     assert ChatAnswer(get_parser(name), None).message(kept, "stop")[0]["content"] == kept
+
+
+def _streamed_answer(name: str, text: str, finish: str) -> tuple[str, list[tuple[str, str]]]:
+    """The content and the calls (name, arguments) a stream of ``text`` sent, fed a
+    character at a time and ending with ``finish``."""
+    answer, content, calls = ChatAnswer(get_parser(name), None), "", {}
+    for i in range(1, len(text) + 1):
+        delta, _ = answer.delta(0, text[:i], finish if i == len(text) else None)
+        content += (delta or {}).get("content", "")
+        for part in (delta or {}).get("tool_calls", []):
+            name_and_args = calls.setdefault(part["index"], ["", ""])
+            name_and_args[0] += part["function"].get("name") or ""
+            name_and_args[1] += part["function"].get("arguments") or ""
+    return content, [(n, a) for n, a in (calls[k] for k in sorted(calls))]
+
+
+def _is_json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except json.JSONDecodeError:
+        return False
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_an_answer_cut_anywhere_is_the_same_streamed_or_not(name):
+    """max_tokens may end an answer at any character: the whole answer's content and calls
+    are what the stream sent, less a last call whose arguments were cut off (a stream has
+    sent that one as far as it went); a call cut off after its arguments (only ``}`` or
+    ``</tool_call>`` missing) is a call either way."""
+    text = CASES[name]
+    for k in range(1, len(text) + 1):
+        message, finish = ChatAnswer(get_parser(name), None).message(text[:k], "length")
+        whole = [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls", [])]
+        content, calls = _streamed_answer(name, text[:k], "length")
+        assert finish == "length"
+        assert (message["content"] or "", whole) == (content, [c for c in calls if _is_json_object(c[1])]), text[:k]
+    closer_cut = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call'
+    message, _ = ChatAnswer(get_parser("hermes"), None).message(closer_cut, "length")
+    assert message["tool_calls"][0]["function"]["arguments"] == '{"city": "Paris"}'

@@ -53,6 +53,23 @@ def _call_from(obj: object, args_key: str, text: str | None = None) -> ParsedCal
     return ParsedCall(obj["name"], raw if raw is not None else json.dumps(args, ensure_ascii=False))
 
 
+def call_cut_after_arguments(text: str) -> ParsedCall | None:
+    """A call object that ``max_tokens`` cut off after its arguments object was whole (only
+    its closing brace or end marker missing): the call, as a stream has sent it."""
+    body = text.lstrip()
+    head = _HEAD.match(body)
+    if head is None or not body.startswith("{", head.end()):
+        return None
+    end = json_value_end(body, head.end())
+    if end is None:
+        return None
+    try:
+        name, args = json.loads(f'"{head.group(1)}"'), json.loads(body[head.end():end])
+    except json.JSONDecodeError:
+        return None
+    return ParsedCall(name, body[head.end():end]) if isinstance(args, dict) else None
+
+
 def _raw_arguments(text: str) -> str | None:
     """The arguments object of a call object's JSON ``text`` as written, if it is an object
     after the name (the order the grammars write)."""
@@ -133,9 +150,11 @@ class HermesParser(ToolCallParser):
                 call = _call_from(json.loads(m.group(1)), "arguments", m.group(1))
             except json.JSONDecodeError:
                 call = None
-            if call is None:
-                if not m.group(2) and calls:  # a last call cut off (max_tokens): the others stand
+            if call is None and not m.group(2):  # the last call, cut off (max_tokens)
+                call = call_cut_after_arguments(m.group(1))
+                if call is None and calls:  # cut inside its arguments: the others stand
                     break
+            if call is None:
                 return text, []
             calls.append(call)
         return text[:cut].rstrip(), calls
@@ -152,15 +171,18 @@ class Llama3JsonParser(ToolCallParser):
 
     def markup_start(self, text: str) -> int:
         """Calls are bare JSON objects: markup only where an object begins as a call (JSON
-        content, a ``response_format`` answer beside tools, stays)."""
-        return 0 if self._call_head.match(text) else -1
+        content, a ``response_format`` answer beside tools, stays), or where the answer is the
+        first characters of the python tag."""
+        stripped = text.strip()
+        return 0 if self._call_head.match(text) or stripped and self.start.startswith(stripped) else -1
 
     def parse(self, text: str) -> tuple[str, list[ParsedCall]]:
         body = text.strip()
         body = body[len(self.start):] if body.startswith(self.start) else body
         if not body.startswith("{"):
             return text, []
-        calls = [_call_from(obj, "parameters", raw) for obj, raw in _leading_objects(body, 0, " \n\t;")]
+        found, rest = _leading_objects(body, 0, " \n\t;")
+        calls = [_call_from(obj, "parameters", raw) for obj, raw in found] + _cut_off(body[rest:])
         if not calls or any(c is None for c in calls):  # a last call cut off (max_tokens) is left out
             return text, []
         return "", calls  # type: ignore[return-value]
@@ -176,23 +198,23 @@ class MistralParser(ToolCallParser):
             return text, []
         body = text[cut + len(self.start):].strip()
         # the calls one by one (with their text), as far as they are whole (max_tokens may cut the list)
-        found = _leading_objects(body, 1, " \n\t,") if body.startswith("[") else []
+        found, rest = _leading_objects(body, 1, " \n\t,") if body.startswith("[") else ([], len(body))
         try:
-            items = json.loads(body)
+            items, cut_off = json.loads(body), []
         except json.JSONDecodeError:
-            items = [obj for obj, _ in found]
+            items, cut_off = [obj for obj, _ in found], _cut_off(body[rest:])
         items = items if isinstance(items, list) else [items]
         texts = [raw for _, raw in found] if len(found) == len(items) else [None] * len(items)
-        calls = [_call_from(obj, "arguments", raw) for obj, raw in zip(items, texts, strict=True)]
+        calls = [_call_from(obj, "arguments", raw) for obj, raw in zip(items, texts, strict=True)] + cut_off
         if not calls or any(c is None for c in calls):
             return text, []
         return text[:cut].rstrip(), calls  # type: ignore[return-value]
 
 
-def _leading_objects(body: str, pos: int, separators: str) -> list[tuple[object, str]]:
+def _leading_objects(body: str, pos: int, separators: str) -> tuple[list[tuple[object, str]], int]:
     """The JSON values written one after another from ``body[pos]``, any of ``separators``
     between them, up to the first that does not decode (the end, or a value cut off); each
-    with its text."""
+    with its text; and where that first undecoded one begins."""
     decoder, items = json.JSONDecoder(), []
     while True:
         while pos < len(body) and body[pos] in separators:
@@ -200,9 +222,18 @@ def _leading_objects(body: str, pos: int, separators: str) -> list[tuple[object,
         try:
             obj, end = decoder.raw_decode(body, pos)
         except json.JSONDecodeError:
-            return items
+            return items, pos
         items.append((obj, body[pos:end]))
         pos = end
+
+
+def _cut_off(rest: str) -> list[ParsedCall | None]:
+    """What follows the whole calls: nothing, a call cut off after its arguments (kept), or
+    one cut off before (left out)."""
+    if not rest.strip():
+        return []
+    call = call_cut_after_arguments(rest)
+    return [call] if call is not None else []
 
 
 PARSERS: dict[str, type[ToolCallParser]] = {
