@@ -280,12 +280,34 @@ def test_a_call_cut_off_by_max_output_tokens_is_left_out_of_the_stored_conversat
     incomplete = events[-1]
     assert incomplete.type == "response.incomplete"
     calls = [item for item in incomplete.response.output if item.type == "function_call"]
-    assert calls and all(item.status == "incomplete" for item in calls)
+    assert calls and calls[-1].status == "incomplete"
+    assert all(item.status == "completed" for item in calls[:-1])  # whole ones
     with pytest.raises(ValueError):
         json.loads(calls[-1].arguments)  # streamed as far as it got
     follow = client.responses.create(model=MODEL, input="Never mind.", previous_response_id=incomplete.response.id,
                                      temperature=0, max_output_tokens=8)
     assert follow.status in ("completed", "incomplete")
+
+
+@pytest.mark.parametrize("max_output_tokens", [14, 22, 30, 38])
+def test_an_answer_cut_by_max_output_tokens_is_the_same_streamed_or_not(client, max_output_tokens):
+    """Whole or streamed, the same items with the same statuses: the item the limit cut is
+    incomplete, the ones before it completed, a call whose arguments are whole is completed
+    (its closing markup may be what was cut); the stream has also sent, incomplete, a last
+    call cut inside its arguments, which the whole answer leaves out."""
+    kw = dict(model=MODEL, input="What is the weather in Paris and in Rome?", tools=[TOOL], tool_choice="required",
+              temperature=0, max_output_tokens=max_output_tokens)
+    whole = client.responses.create(**kw)
+    with client.responses.stream(**kw) as stream:
+        streamed = list(stream)[-1].response
+
+    def items(response, drop_cut_call: bool):
+        return [(o.type, o.status, getattr(o, "arguments", None)) for o in response.output
+                if not (drop_cut_call and o.type == "function_call" and o.status == "incomplete")]
+
+    assert whole.status == streamed.status
+    assert items(whole, False) == items(streamed, True)
+    assert all(status == "completed" for kind, status, _ in items(whole, False) if kind == "function_call")
 
 
 def test_structured_output_beside_tools_is_calls_or_that_json(client):

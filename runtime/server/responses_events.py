@@ -116,11 +116,13 @@ class StreamedOutput:
     def close(self, only_text: bool = False, incomplete: bool = False,
               logprobs: list[dict[str, Any]] | None = None) -> list[bytes]:
         """Close the open items (or only the text ones), in output order: ``incomplete`` when
-        the answer ran out of tokens; ``logprobs``: the message's, whole."""
+        the answer ran out of tokens, except a call whose arguments are whole (only its
+        closing markup was cut); ``logprobs``: the message's, whole."""
         chunks: list[bytes] = []
-        for key, _ in sorted(self.open.items(), key=lambda kv: kv[1]):
+        for key, index in sorted(self.open.items(), key=lambda kv: kv[1]):
             if not only_text or key in TEXT_ITEMS:
-                chunks += self.close_item(key, "incomplete" if incomplete else "completed", logprobs)
+                cut = incomplete and (key in TEXT_ITEMS or not _whole_object(self.items[index]["arguments"]))
+                chunks += self.close_item(key, "incomplete" if cut else "completed", logprobs)
         return chunks
 
     def close_item(self, key: str, status: str, logprobs: list[dict[str, Any]] | None = None) -> list[bytes]:
