@@ -163,3 +163,19 @@ def test_a_chat_template_that_is_not_there_fails_at_startup(tmp_path):
     proc = ServerProcess("--chat-template", str(tmp_path / "missing.jinja"))
     with pytest.raises(RuntimeError, match="--chat-template: .*neither a file nor a shipped template"):
         proc.wait_ready(timeout=120)
+
+
+@pytest.mark.parametrize("name", ["tojson", *FORMATS])
+def test_call_arguments_that_are_not_a_json_object_render_as_written(name, hf):
+    """Arguments a client sends back as it got them: cut off by max_tokens (not JSON) or
+    empty render, not a 400 (OpenAI accepts any string): a cut-off text as the model wrote
+    it, empty arguments as an empty object (as vLLM)."""
+    own = {"tojson": TOJSON_TEMPLATE}
+    template = own[name] if name in own else SHIPPED[name].read_text()
+    calls = assistant_with_calls(CALLS)
+    calls["tool_calls"][0]["function"]["arguments"] = '{"city": "Par'
+    calls["tool_calls"][1]["function"]["arguments"] = ""
+    tool_results = [{"role": "tool", "tool_call_id": f"call_{i}", "content": "ok"} for i in range(2)]
+    text = render_chat(hf, [USER, calls, *tool_results], TOOLS, chat_template=template).text
+    assert '{"city": "Par' in text or '{\\"city\\": \\"Par' in text
+    assert "{}" in text

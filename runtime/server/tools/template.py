@@ -101,24 +101,32 @@ def _quotes_argument_strings(template: str, hf_tokenizer: Any) -> bool:
 
 def render(hf_tokenizer: Any, template: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
            add_generation_prompt: bool = True, **kwargs: Any) -> str:
-    for m in messages:  # OpenAI sends arguments as a JSON string
-        for call in m.get("tool_calls") or []:
-            json.loads(call["function"]["arguments"])  # a 400 upstream if not JSON
-    if any(m.get("tool_calls") for m in messages) and _quotes_argument_strings(template, hf_tokenizer):
-        messages = [_with_argument_objects(m) for m in messages]
+    if any(m.get("tool_calls") for m in messages):
+        as_objects = _quotes_argument_strings(template, hf_tokenizer)
+        messages = [_with_arguments(m, as_objects) for m in messages]
     return hf_tokenizer.apply_chat_template(messages, tools=tools or None, chat_template=template, tokenize=False,
                                             add_generation_prompt=add_generation_prompt, **kwargs)
 
 
-def _with_argument_objects(message: dict[str, Any]) -> dict[str, Any]:
+def _with_arguments(message: dict[str, Any], as_objects: bool) -> dict[str, Any]:
+    """``message`` with its calls' arguments as the template takes them: no arguments
+    (``""``) as an empty object (as vLLM); JSON objects as objects where ``as_objects``."""
     calls = message.get("tool_calls")
     if not calls:
         return message
-    return {**message, "tool_calls": [{**c, "function": {**c["function"], "arguments": _as_object(c["function"]["arguments"])}}
+    def arguments(text: str) -> Any:
+        text = text if text.strip() else "{}"
+        return _as_object(text) if as_objects else text
+    return {**message, "tool_calls": [{**c, "function": {**c["function"], "arguments": arguments(c["function"]["arguments"])}}
                                       for c in calls]}
 
 
 def _as_object(arguments: str) -> Any:
-    """A JSON object's text as the object; other JSON (a list, a number) stays text."""
-    value = json.loads(arguments)
+    """OpenAI's arguments string as the object it holds; anything else (a list, a number,
+    arguments that ``max_tokens`` cut off and a client sends back) stays text, as the model
+    wrote it."""
+    try:
+        value = json.loads(arguments)
+    except json.JSONDecodeError:
+        return arguments
     return value if isinstance(value, dict) else arguments
