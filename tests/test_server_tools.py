@@ -91,6 +91,10 @@ def test_streaming_gives_the_same_calls(client):
     assert [names[i] for i in sorted(names)] == [c.function.name for c in whole]
     assert [args[i] for i in sorted(args)] == [c.function.arguments for c in whole]
     assert all(n > 1 for n in fragments.values()), fragments
+    with client.chat.completions.stream(**kw) as stream:  # the client's own adding up: content null, as whole
+        final = stream.get_final_completion().choices[0].message
+    assert final.content is None and client.chat.completions.create(**kw).choices[0].message.content is None
+    assert [c.function.arguments for c in final.tool_calls] == [c.function.arguments for c in whole]
 
 
 def test_streamed_logprobs_cover_every_token_while_the_parser_holds_text_back(client):

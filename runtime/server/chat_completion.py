@@ -204,8 +204,11 @@ class ChatCompletion(OpenAIHandler):
         return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
 
     def stream_start(self, num_choices: int) -> list[dict[str, Any]]:
+        # as OpenAI's: no content yet where the answer may be tool calls (a client that adds
+        # the deltas up keeps null for an answer that is calls only, as the whole answer has)
+        content = None if self.answer.tool_parser is not None else ""
         return [
-            {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+            {"index": i, "delta": {"role": "assistant", "content": content}, "logprobs": None, "finish_reason": None}
             for i in range(num_choices)
         ]
 
