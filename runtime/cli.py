@@ -205,7 +205,11 @@ def _add_registered_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    try:
+        parser = build_parser()  # a quarter of a second: it imports the registered commands
+    except KeyboardInterrupt:
+        print("forkserve: interrupted", file=sys.stderr)
+        return 130
     ns, unrecognized = parser.parse_known_args(argv)
     words = sys.argv[1:] if argv is None else argv
     model = getattr(ns, "model", None)  # serve's MODEL may be the value of a flag it does not know

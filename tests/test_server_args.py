@@ -218,6 +218,18 @@ def test_ctrl_c_in_generate_is_one_line_and_exit_130():
     assert proc.returncode == 130 and "forkserve: interrupted" in err and "Traceback" not in err, err
 
 
+def test_ctrl_c_while_the_command_line_is_built_is_one_line_and_exit_130(monkeypatch, capsys):
+    """The first quarter second of any command imports the registered subcommands."""
+    from runtime import cli
+
+    def interrupted(sub):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_add_registered_commands", interrupted)
+    assert cli.main(["serve"]) == 130
+    assert capsys.readouterr().err == "forkserve: interrupted\n"
+
+
 def test_ctrl_c_before_serve_is_ready_says_so_and_exits_130():
     """While the model loads (the ready line, and with it 'shut down' and exit 0, come later)."""
     proc = subprocess.Popen([sys.executable, "-m", "runtime.cli", "serve", "--port", str(free_tcp_port())],
