@@ -34,6 +34,8 @@ try:
     from examples.self_critique import self_critique
     from examples.tree_of_thought import tree_of_thought
 except ModuleNotFoundError as err:  # run from elsewhere: examples/ is not installed
+    if err.name != "examples":
+        raise
     raise SystemExit("bench_dsl runs the programs in examples/: run it from the repository root") from err
 from frontend_lang.backend.runtime_endpoint import RuntimeEndpoint
 from runtime.server.server_process import ServerProcess

@@ -1,11 +1,17 @@
 """The Responses API's streamed output items and their events (no model): items end in
-order, as OpenAI streams them; a call whose arguments are not yet whole stays open."""
+order, as OpenAI streams them; a call whose arguments are not yet whole stays open; an
+answer cut by max_output_tokens ends with the same items whole as streamed."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
+
+from runtime.server.chat_answer import ChatAnswer
+from runtime.server.reasoning import PARSERS as REASONING_PARSERS
 from runtime.server.responses_events import OutputItems, StreamedOutput
+from runtime.server.tools.parsers import get_parser
 
 
 class _Items(OutputItems):
@@ -60,3 +66,41 @@ def test_items_end_in_output_order_when_an_earlier_calls_arguments_come_last():
               *out.calls([_args(0, '{"city": "Paris"}')]), *out.close()]
     done = [i for kind, i in _events(chunks) if kind == "output_item.done"]
     assert done == [0, 1, 2]
+
+
+def _streamed_items(answer, text: str) -> list[dict]:
+    """The items a stream of ``text`` ends with under max_output_tokens, fed a character at a
+    time through the chat answer's deltas as the Responses route feeds them."""
+    out = StreamedOutput(_Items())
+    for k in range(1, len(text) + 1):
+        delta, _ = answer.delta(0, text[:k], "length" if k == len(text) else None)
+        delta = delta or {}
+        out.text("reasoning", delta.get("reasoning_content"), None)
+        out.text("message", delta.get("content"), None)
+        out.calls(delta.get("tool_calls") or [])
+    out.close(incomplete=True)
+    return out.items
+
+
+@pytest.mark.parametrize("text", [
+    'Let me check. <tool_call>\n{"name": "weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+    '<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>',
+    '<think>The user wants weather.</think>Sure. <tool_call>{"name": "weather", "arguments": {"city": "Rome"}}',
+])
+def test_an_answer_cut_anywhere_has_the_same_items_and_statuses_streamed_or_not(text):
+    """Cut by max_output_tokens at every character: the whole answer's items (kind, status,
+    text or arguments) are the stream's, less a last call the limit cut inside its
+    arguments, which only the stream has sent (incomplete); the item the limit cut is the
+    one incomplete."""
+    for k in range(1, len(text) + 1):
+        cut = text[:k]
+        answer = ChatAnswer(get_parser("hermes"), REASONING_PARSERS["deepseek-r1"])
+        message, finish = answer.message(cut, "length")
+        whole = _Items().whole_items(message, None, finish, answer.dropped_cut_call)
+        streamed = _streamed_items(ChatAnswer(get_parser("hermes"), REASONING_PARSERS["deepseek-r1"]), cut)
+
+        def summary(items, drop_cut_call):
+            return [(i["type"], i["status"], i.get("arguments") or i.get("content", [{}])[0].get("text"))
+                    for i in items if not (drop_cut_call and i["type"] == "function_call" and i["status"] == "incomplete")]
+
+        assert summary(whole, False) == summary(streamed, True), cut

@@ -179,13 +179,18 @@ def _is_json_object(text: str) -> bool:
         return False
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_an_answer_cut_anywhere_is_the_same_streamed_or_not(name):
+CUT_CASES = [*CASES.items(), ("mistral", '[TOOL_CALLS]{"name": "f", "arguments": {"a":1}}'),
+             ("llama3_json", '<|python_tag|>\n{"name": "f", "parameters": {"a":1}}'), ("llama3_json", " < a <\n"),
+             ("llama3_json", "Hi <|python_tag|>"),
+             ("mistral", 'a [TOOL_CALLS] [{"name": "f", "arguments": {"a":1}}, {"name": "g", "arguments": {}}]')]
+
+
+@pytest.mark.parametrize("name,text", CUT_CASES)
+def test_an_answer_cut_anywhere_is_the_same_streamed_or_not(name, text):
     """max_tokens may end an answer at any character: the whole answer's content and calls
     are what the stream sent, less a last call whose arguments were cut off (a stream has
     sent that one as far as it went); a call cut off after its arguments (only ``}`` or
     ``</tool_call>`` missing) is a call either way."""
-    text = CASES[name]
     for k in range(1, len(text) + 1):
         message, finish = ChatAnswer(get_parser(name), None).message(text[:k], "length")
         whole = [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls", [])]

@@ -94,13 +94,18 @@ NINE_CHAR_IDS_TEMPLATE = TOJSON_TEMPLATE.replace(
     "{% for c in m.tool_calls or [] %}",
     "{% for c in m.tool_calls or [] %}{% if c.id|length != 9 %}{{ raise_exception('ids have 9 characters') }}{% endif %}")
 
+# Templates that write each argument (Qwen3-Coder's, GLM's) fail on a string.
+ITEMS_TEMPLATE = TOJSON_TEMPLATE.replace(
+    "{{ c.function.arguments | tojson }}",
+    "{{ '{' }}{% for k, v in c.function.arguments | items %}\"{{ k }}\": {{ v | tojson }}{% endfor %}{{ '}' }}")
 
-@pytest.mark.parametrize("name", ["tojson", "tojson, 9-character ids", *FORMATS])
+
+@pytest.mark.parametrize("name", ["tojson", "tojson, 9-character ids", "items", *FORMATS])
 def test_call_arguments_are_written_as_json_objects_by_every_template(name, hf):
     """OpenAI sends a call's arguments as a JSON string: a template that applies tojson to
     them gets them as an object (as vLLM and SGLang give them); the shipped ones, which write
     the string as it is, get the model's own text."""
-    own = {"tojson": TOJSON_TEMPLATE, "tojson, 9-character ids": NINE_CHAR_IDS_TEMPLATE}
+    own = {"tojson": TOJSON_TEMPLATE, "tojson, 9-character ids": NINE_CHAR_IDS_TEMPLATE, "items": ITEMS_TEMPLATE}
     template = own[name] if name in own else SHIPPED[name].read_text()
     calls = assistant_with_calls(CALLS)
     for k, call in enumerate(calls["tool_calls"]):

@@ -22,6 +22,8 @@ class ChatAnswer:
         self.calls_finish = calls_finish
         self.tool_streams: dict[int, StreamingToolParser] = {}
         self.reasoning_streams: dict[int, StreamingReasoning] = {}
+        # whether the last ``message`` left out a call max_tokens cut (one a stream has shown)
+        self.dropped_cut_call = False
 
     @property
     def is_plain(self) -> bool:
@@ -32,6 +34,7 @@ class ChatAnswer:
         """The assistant message for the whole ``text``, and the finish reason (``calls_finish``
         when the answer stopped on its own after calls)."""
         message: dict[str, Any] = {"role": "assistant", "content": text}
+        self.dropped_cut_call = False
         if self.reasoning is not None:
             reasoning, message["content"], _ = self.reasoning.split(text)
             message["reasoning_content"] = (reasoning or None) if self.include_reasoning else None
@@ -42,6 +45,9 @@ class ChatAnswer:
                 finish = self.calls_finish if finish == "stop" else finish
             elif finish == "length" and (start := self.tool_parser.markup_start(content)) >= 0:
                 message["content"] = content[:start].rstrip() or None  # its only call, cut off: dropped
+                shown = StreamingToolParser(self.tool_parser)  # had a stream shown it (its name written)?
+                shown.feed(content, finished=True, cut_off=True)
+                self.dropped_cut_call = shown.sent_calls > 0
         return message, finish
 
     def delta(self, index: int, text: str, finish: str | None) -> tuple[dict[str, Any] | None, str | None]:

@@ -1,8 +1,9 @@
 """What every request body of the HTTP API shares, and the one error type handlers raise.
 
 The bodies themselves: ``protocol_openai.py`` (chat, completions), ``protocol_responses.py``
-(the Responses API), ``protocol_native.py`` (SGLang's native routes, tokenize). Every field of OpenAI's request schemas and of SGLang's (its frontend and its gateway send
-them) is declared: each is implemented, accepted and ignored where it changes nothing here
+(the Responses API), ``protocol_native.py`` (SGLang's native routes, tokenize). Every field
+of OpenAI's request schemas and of SGLang's (its frontend and its gateway send them) is
+declared: each is implemented, accepted and ignored where it changes nothing here
 (``user``, ``metadata``, ``store``...), or accepted only at its neutral value and otherwise a
 400 that says it is not supported. ``null`` means "not given". Fields outside all of these
 are ignored with one warning in the log per name (vLLM's behaviour); wrong JSON types stay

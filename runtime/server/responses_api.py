@@ -161,15 +161,7 @@ class ResponseCreation(OutputItems, ChatCompletion):
             raise err
         message, finish = self.answer.message(state.text, finish_reason_of(state))
         logprobs = self.all_logprobs(state)
-        output = []
-        if message.get("reasoning_content"):
-            output.append(self.text_item("reasoning", message["reasoning_content"]))
-        if message["content"]:
-            output.append(self.text_item("message", message["content"], logprobs or []))
-        for k, call in enumerate(message.get("tool_calls") or []):
-            output.append(self.call_item(k, call["id"], call["function"]["name"], call["function"]["arguments"]))
-        if finish == "length" and output and output[-1]["type"] != "function_call":
-            output[-1]["status"] = "incomplete"  # the item max_output_tokens cut (a call here is whole)
+        output = self.whole_items(message, logprobs, finish, self.answer.dropped_cut_call)
         return JsonResponse(self.finish(output, finish, states))
 
     def all_logprobs(self, state: ReqState) -> list[dict[str, Any]] | None:

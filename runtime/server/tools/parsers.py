@@ -53,15 +53,20 @@ def _call_from(obj: object, args_key: str, text: str | None = None) -> ParsedCal
     return ParsedCall(obj["name"], raw if raw is not None else json.dumps(args, ensure_ascii=False))
 
 
-def call_cut_after_arguments(text: str) -> ParsedCall | None:
+def call_cut_after_arguments(text: str, end_marker: str = "") -> ParsedCall | None:
     """A call object that ``max_tokens`` cut off after its arguments object was whole (only
-    its closing brace or end marker missing): the call, as a stream has sent it."""
+    its closing brace and the first characters of ``end_marker`` follow): the call, as a
+    stream has sent it."""
     body = text.lstrip()
     head = _HEAD.match(body)
     if head is None or not body.startswith("{", head.end()):
         return None
     end = json_value_end(body, head.end())
     if end is None:
+        return None
+    tail = body[end:].strip()
+    tail = tail[1:].lstrip() if tail.startswith("}") else tail
+    if tail and not end_marker.startswith(tail):
         return None
     try:
         name, args = json.loads(f'"{head.group(1)}"'), json.loads(body[head.end():end])
@@ -151,7 +156,7 @@ class HermesParser(ToolCallParser):
             except json.JSONDecodeError:
                 call = None
             if call is None and not m.group(2):  # the last call, cut off (max_tokens)
-                call = call_cut_after_arguments(m.group(1))
+                call = call_cut_after_arguments(m.group(1), self.end)
                 if call is None and calls:  # cut inside its arguments: the others stand
                     break
             if call is None:
@@ -172,18 +177,17 @@ class Llama3JsonParser(ToolCallParser):
     def markup_start(self, text: str) -> int:
         """Calls are bare JSON objects: markup only where an object begins as a call (JSON
         content, a ``response_format`` answer beside tools, stays), or where the answer is the
-        first characters of the python tag."""
-        stripped = text.strip()
-        return 0 if self._call_head.match(text) or stripped and self.start.startswith(stripped) else -1
+        python tag or its first characters at the end."""
+        return 0 if self._call_head.match(text) else super().markup_start(text)
 
     def parse(self, text: str) -> tuple[str, list[ParsedCall]]:
         body = text.strip()
-        body = body[len(self.start):] if body.startswith(self.start) else body
+        body = body[len(self.start):].lstrip() if body.startswith(self.start) else body
         if not body.startswith("{"):
             return text, []
         found, rest = _leading_objects(body, 0, " \n\t;")
         calls = [_call_from(obj, "parameters", raw) for obj, raw in found] + _cut_off(body[rest:])
-        if not calls or any(c is None for c in calls):  # a last call cut off (max_tokens) is left out
+        if not calls or any(c is None for c in calls):  # (a last call cut inside its arguments is left out)
             return text, []
         return "", calls  # type: ignore[return-value]
 
@@ -198,7 +202,7 @@ class MistralParser(ToolCallParser):
             return text, []
         body = text[cut + len(self.start):].strip()
         # the calls one by one (with their text), as far as they are whole (max_tokens may cut the list)
-        found, rest = _leading_objects(body, 1, " \n\t,") if body.startswith("[") else ([], len(body))
+        found, rest = _leading_objects(body, 1 if body.startswith("[") else 0, " \n\t,")
         try:
             items, cut_off = json.loads(body), []
         except json.JSONDecodeError:
@@ -227,7 +231,7 @@ def _leading_objects(body: str, pos: int, separators: str) -> tuple[list[tuple[o
         pos = end
 
 
-def _cut_off(rest: str) -> list[ParsedCall | None]:
+def _cut_off(rest: str) -> list[ParsedCall]:
     """What follows the whole calls: nothing, a call cut off after its arguments (kept), or
     one cut off before (left out)."""
     if not rest.strip():
@@ -273,8 +277,9 @@ class StreamingToolParser:
     as soon as its name is written, then its arguments follow in fragments as the model
     writes them. At the end the whole parse has the last word: a call it has that the
     stream has not shown completely (arguments first, or written as a string) is sent then.
-    A last call cut off by max_tokens stays as far as it was streamed (finish_reason
-    ``length``), where the whole answer leaves it out. Markup that never parses as a call
+    A last call cut off by max_tokens inside its arguments stays as far as it was streamed
+    (finish_reason ``length``), where the whole answer leaves it out (one cut after its
+    arguments is a call in both). Markup that never parses as a call
     (no call announced) is content in the end, as in the whole parse, unless max_tokens cut
     the answer inside it (``markup_start``): then, as in the whole answer, it is dropped. A call announced
     that the whole parse then rejects cannot be taken back."""
@@ -329,7 +334,10 @@ class StreamingToolParser:
             if head is None:
                 break  # not (yet) a call written name first: the whole parse will tell
             if index == len(self.calls):
-                name = json.loads('"' + head.group(1) + '"')
+                try:
+                    name = json.loads('"' + head.group(1) + '"')
+                except json.JSONDecodeError:
+                    break  # a name that is no JSON string: no call (the whole parse drops it too)
                 self.calls.append(_StreamedCall(f"call_{uuid.uuid4().hex[:24]}"))
                 out.append({"index": index, "id": self.calls[index].id, "type": "function",
                             "function": {"name": name, "arguments": ""}})

@@ -84,18 +84,24 @@ _PROBE_ARGUMENTS = '{"probe_arg_9c1": 1}'
 
 @lru_cache(maxsize=8)
 def _quotes_argument_strings(template: str, hf_tokenizer: Any) -> bool:
-    """Whether ``template`` writes a call's arguments given as a JSON string as a quoted
-    string (``arguments | tojson`` with no string check, as Qwen2.5's and Llama 3.1's do):
-    such a template needs the arguments as an object, as vLLM and SGLang give them."""
-    # a 9-character id: Mistral's own templates refuse any other length
-    call = {"id": "a1b2c3d4e", "type": "function", "function": {"name": "probe_tool_7f3a", "arguments": _PROBE_ARGUMENTS}}
-    messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [call]},
-                {"role": "tool", "tool_call_id": "a1b2c3d4e", "content": "y"}]
-    try:
-        text = hf_tokenizer.apply_chat_template(messages, tools=[_PROBE_TOOL], chat_template=template, tokenize=False,
-                                                add_generation_prompt=True)
-    except Exception:
-        return False
+    """Whether ``template`` needs a call's arguments as an object, as vLLM and SGLang give
+    them: it writes them given as a JSON string as a quoted string (``arguments | tojson``
+    with no string check, as Qwen2.5's and Llama 3.1's do), or fails on a string (it
+    iterates over their items)."""
+    def probe(arguments: Any) -> str | None:
+        # a 9-character id: Mistral's own templates refuse any other length
+        call = {"id": "a1b2c3d4e", "type": "function", "function": {"name": "probe_tool_7f3a", "arguments": arguments}}
+        messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+                    {"role": "tool", "tool_call_id": "a1b2c3d4e", "content": "y"}]
+        try:
+            return hf_tokenizer.apply_chat_template(messages, tools=[_PROBE_TOOL], chat_template=template,
+                                                    tokenize=False, add_generation_prompt=True)
+        except Exception:
+            return None
+
+    text = probe(_PROBE_ARGUMENTS)
+    if text is None:  # a string fails: objects, if they render
+        return probe(json.loads(_PROBE_ARGUMENTS)) is not None
     return json.dumps(_PROBE_ARGUMENTS)[1:-1] in text  # the string's escaped form: {\"probe_arg_9c1\": 1}
 
 
