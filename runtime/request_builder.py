@@ -75,7 +75,7 @@ def build_requests(prompts: list[list[int]], params: list[SamplingParams],
                                f"the prompt's length ({len(ids)} tokens), or -1 for output tokens only")
         p.check_vocab(limits.vocab_size)
         check_constraint(p)
-        room = limits.max_context_len - len(ids)
+        room = min(limits.max_context_len, limits.max_total_tokens) - len(ids)
         if 0 < room < p.max_new_tokens and (limits.auto_truncate or p.max_new_tokens_unset):
             p = dataclasses.replace(p, max_new_tokens=room)  # it runs to the context, no further
         check_lengths(len(ids), p.max_new_tokens, limits, prompt_field)
@@ -109,6 +109,9 @@ def check_lengths(prompt_len: int, max_new: int, limits: RequestLimits, prompt_f
     if prompt_len >= ctx:
         raise InvalidField(prompt_field, f"This model's maximum context length is {ctx} tokens, and the prompt alone has "
                                      f"{prompt_len}: it must leave room for at least one generated token.")
+    if prompt_len >= pool:
+        raise InvalidField(prompt_field, f"The KV cache holds {pool} tokens, and the prompt alone has {prompt_len}: it "
+                                         "must leave room for at least one generated token.")
     if not limits.auto_truncate and prompt_len + max_new > ctx:
         raise InvalidField(
             "max_new_tokens",

@@ -68,6 +68,9 @@ def test_the_completion_must_fit_the_context_unless_auto_truncated():
     with pytest.raises(InvalidField, match="the prompt alone has 50") as err:
         check_lengths(50, 0, truncating)
     assert err.value.field == "prompt"
+    with pytest.raises(InvalidField, match="KV cache holds 80 tokens, and the prompt alone has 80") as err:
+        check_lengths(80, 0, dataclasses.replace(LIMITS, max_context_len=100))  # not an empty answer
+    assert err.value.field == "prompt"
 
 
 def test_max_new_tokens_left_out_or_auto_truncated_is_cut_to_the_room_left():
@@ -80,6 +83,9 @@ def test_max_new_tokens_left_out_or_auto_truncated_is_cut_to_the_room_left():
     assert req.params.max_new_tokens == 5
     with pytest.raises(InvalidField, match="maximum context length"):
         _build([[1] * 45], [SamplingParams.from_dict({"max_new_tokens": 128})])
+    pool_first = dataclasses.replace(LIMITS, max_context_len=100)  # the pool (80) is the smaller limit
+    [req] = build_requests([[1] * 70], [unset], RequestOptions(), pool_first, prompt_field="input_ids")
+    assert req.params.max_new_tokens == 10
     truncating = dataclasses.replace(LIMITS, auto_truncate=True, max_context_len=70)
     [req] = build_requests([[1] * 10], [SamplingParams(max_new_tokens=10**6)], RequestOptions(), truncating,
                            prompt_field="input_ids")

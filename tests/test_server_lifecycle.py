@@ -74,6 +74,10 @@ def test_queue_limit_returns_503_with_retry_after(guarded):
     busy = next(r for r in responses if r.status_code == 503)
     assert busy.headers["retry-after"] == "1"
     assert "capacity" in busy.json()["error"]["message"]
+    # more sequences than the server ever admits at once: no retry helps, so a 400 that says so
+    too_many = httpx.post(guarded.url + "/generate", headers=KEY, timeout=60,
+                          json={**body, "sampling_params": {"max_new_tokens": 1, "n": 3}})
+    assert too_many.status_code == 400 and "send fewer" in too_many.json()["error"]["message"], too_many.text
 
 
 def test_scheduler_death_fails_requests_and_exits_nonzero(guarded):

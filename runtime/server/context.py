@@ -90,7 +90,12 @@ class ServerContext:
         limit = self.http.max_queued_requests
         if limit is None:
             return
-        if self.client.num_open_requests + num_new > self.args.max_running_requests + limit:
+        most = self.args.max_running_requests + limit
+        if num_new > most:  # never admitted, however long the client waits: no "retry shortly"
+            raise ApiError(400, f"The request is {num_new} sequences (n times the prompts), more than this server "
+                                f"admits at once ({self.args.max_running_requests} running + {limit} queued, "
+                                "--max-running-requests and --max-queued-requests); send fewer.")
+        if self.client.num_open_requests + num_new > most:
             raise ApiError(
                 503,
                 f"The server is at capacity ({self.client.num_open_requests} requests open, at most "
