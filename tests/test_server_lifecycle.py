@@ -7,6 +7,7 @@ import concurrent.futures
 import os
 import re
 import signal
+import socket
 import time
 
 import httpx
@@ -103,7 +104,8 @@ def test_scheduler_death_fails_requests_and_exits_nonzero(guarded):
                          ids=["SIGTERM", "SIGINT", "SIGINT twice"])
 def test_stopping_answers_requests_in_flight_then_exits_cleanly(signals):
     """A request still running when the server is told to stop gets a JSON 503 (a stream:
-    an error event, then [DONE]) instead of a cut connection, and the server exits 0 with
+    an error event, then [DONE]) instead of a cut connection, as does one whose body is
+    still arriving, and the server exits 0 with
     no process left behind; a second Ctrl-C (quit now) answers them so too, at once."""
     proc = ServerProcess().wait_ready()
     pids = proc.info()["process_ids"]
@@ -119,6 +121,9 @@ def test_stopping_answers_requests_in_flight_then_exits_cleanly(signals):
             assert resp.status_code == 200
             return [line for line in resp.iter_lines() if line]
 
+    uploading = socket.create_connection(("127.0.0.1", proc.port))
+    uploading.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 100\r\n\r\n{\"text\": ")  # a body still arriving when the server stops
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         futures = pool.submit(plain), pool.submit(streamed)
         time.sleep(2.0)
@@ -131,9 +136,12 @@ def test_stopping_answers_requests_in_flight_then_exits_cleanly(signals):
             assert time.monotonic() - last_signal < 1.0
     assert resp.status_code == 503 and "shutting down" in resp.json()["error"]["message"]
     assert events[-1] == "data: [DONE]" and "shutting down" in events[-2], events[-3:]
+    uploading.settimeout(30)
+    assert uploading.recv(4096).startswith(b"HTTP/1.1 503"), "a half-sent request: the 503 too, not a 500"
+    uploading.close()
     assert proc.proc.wait(20) == 0
     assert not any(pid_alive(p) for p in pids.values())
-    assert "Traceback" not in proc.read_output(), proc.output
+    assert "Traceback" not in proc.read_output() and "Exception in ASGI" not in proc.output, proc.output
     # What ran was stated before the ready line: dtype, backend, threads, KV pool, GEMM.
     assert re.search(r"^forkserve: \w+ on cpu, attention backend \w+( \(extends on float32 FMAs\))?, \d+ compute threads, KV pool [\d,]+ tokens, "
                      r"(bf16 GEMM on|float32 GEMM of our own|oneDNN GEMM|F\.linear)", proc.output, re.MULTILINE), proc.output

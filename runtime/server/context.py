@@ -51,6 +51,15 @@ class ServerContext:
     is_shutting_down: bool = False
     started_at: float = field(default_factory=time.time)
     arrivals: ArrivingRequests = field(default_factory=ArrivingRequests)
+    # set when a stopping server answers what is still open with its 503 (the grace is over)
+    grace_over: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def end_open_requests(self) -> None:
+        """Shutting down, past the grace period: every open request gets a 503 now, and
+        requests whose body is still arriving stop waiting for it (``read_body``)."""
+        self.is_shutting_down = True
+        self.grace_over.set()
+        self.client.end_open_requests("The server is shutting down.", 503)
 
     @functools.cached_property
     def chat_template_override(self) -> str | None:
@@ -184,6 +193,34 @@ def sampling_params(d: dict[str, Any] | None, param: str = "sampling_params",
         return SamplingParams.from_dict(d)
 
 
+async def _body_bytes(request: Request, max_bytes: int | None) -> bytes:
+    raw = bytearray()
+    try:
+        async for chunk in request.stream():
+            raw += chunk
+            if max_bytes is not None and len(raw) > max_bytes:
+                raise ApiError(413, f"The request body is over {max_bytes} bytes, the most this server accepts")
+    except ClientDisconnect as err:  # nobody to answer; not a server error (no traceback in the log)
+        raise ApiError(400, "The client closed the connection before sending the whole request body") from err
+    return bytes(raw)
+
+
+async def _body_unless_stopped(request: Request, max_bytes: int | None, ctx: ServerContext) -> bytes:
+    """The body, or a 503 when the server stops while it is still arriving (else the
+    handler would be cancelled at the end of the graceful shutdown: a 500 and a traceback)."""
+    reading = asyncio.ensure_future(_body_bytes(request, max_bytes))
+    stopped = asyncio.ensure_future(ctx.grace_over.wait())
+    try:
+        await asyncio.wait((reading, stopped), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        if not reading.done():
+            reading.cancel()
+    if not reading.done() or reading.cancelled():
+        raise ApiError(503, "The server is shutting down.")
+    return reading.result()
+
+
 async def read_body(request: Request, model: type[BaseModel], max_bytes: int | None = None) -> Any:
     """Parse the JSON body into ``model``; a 400 naming the field otherwise, a 413 for a
     body over ``max_bytes`` (checked before reading when the client declares its length)."""
@@ -193,14 +230,7 @@ async def read_body(request: Request, model: type[BaseModel], max_bytes: int | N
     declared = request.headers.get("content-length")
     if max_bytes is not None and declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise ApiError(413, f"The request body has {int(declared)} bytes; this server accepts at most {max_bytes}")
-    raw = bytearray()
-    try:
-        async for chunk in request.stream():
-            raw += chunk
-            if max_bytes is not None and len(raw) > max_bytes:
-                raise ApiError(413, f"The request body is over {max_bytes} bytes, the most this server accepts")
-    except ClientDisconnect as err:  # nobody to answer; not a server error (no traceback in the log)
-        raise ApiError(400, "The client closed the connection before sending the whole request body") from err
+    raw = await _body_bytes(request, max_bytes) if ctx is None else await _body_unless_stopped(request, max_bytes, ctx)
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as err:

@@ -188,8 +188,7 @@ class Launcher:
             lifespan="off",
         )
         def answer_open_requests() -> None:  # a second Ctrl-C: no grace period
-            ctx.is_shutting_down = True  # requests arriving now get the 503 too
-            ctx.client.end_open_requests("The server is shutting down.", 503)
+            ctx.end_open_requests()  # requests arriving now get the 503 too
 
         server = _server(config, answer_open_requests)
         serving = asyncio.create_task(server.serve(sockets=[sock]))
@@ -221,7 +220,7 @@ class Launcher:
                 # Requests still running after the grace period get a JSON 503 (streams an
                 # error event and [DONE]) before uvicorn cancels their handlers.
                 await asyncio.sleep(_GRACE_S)
-                ctx.client.end_open_requests("The server is shutting down.", 503)
+                ctx.end_open_requests()
                 return
             dead = self.dead_child()
             if dead:
