@@ -11,7 +11,7 @@ import re
 
 import pytest
 import regex
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
@@ -260,3 +260,26 @@ def test_a_stop_string_hidden_by_special_tokens_is_not_where_the_text_is_cut(tok
     assert finish == {"type": "stop", "matched": next(iter(rule.values()))[0]} and len(shown) == len(ids)
     assert shown[-1] == "Paris.\nuser\nAnd Spain?\nassistant\nMadrid."
 
+
+
+@settings(max_examples=60, deadline=None)
+@example(text=" omega", stops=["a", "e"])  # one token holds both: " omeg" held "e"
+@given(text=st.text(alphabet="abcde omg\n", min_size=1, max_size=40),
+       stops=st.lists(st.text(alphabet="abcde omg", min_size=1, max_size=3), min_size=2, max_size=4, unique=True))
+def test_several_stop_strings_cut_at_the_first_in_the_text(tok, text, stops):
+    """Whatever their order in the list: the answer is cut where the first stop string in
+    the text begins (it holds none of them), as OpenAI's are; Python's ``find`` the oracle."""
+    ids = tok.hf.encode(text, add_special_tokens=False)
+    params = SamplingParams(max_new_tokens=10**6, stop=stops)
+    req = _Req(params, [])
+    for token in ids:
+        req.output_ids.append(token)
+        if (reason := check_stop(req, (), 10**9, tok.hf.decode)) is not None:
+            break
+    seen = tok.hf.decode(req.output_ids)
+    starts = [at for s in stops if (at := seen.find(s)) >= 0]
+    if reason is None:
+        assert not starts
+    else:
+        got = tok.output_text(req.output_ids, reason, params)
+        assert got == seen[:min(starts)] and not any(s in got for s in stops), (seen, stops, reason)

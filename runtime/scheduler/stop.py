@@ -28,9 +28,11 @@ def check_stop(
             # (a character may take several byte-level tokens).
             tail_ids = req.output_ids[-stop_regex.tokens_for_chars(max(len(s) for s in p.stop)) :]
             tail, new_from = _tail_text(tail_ids, decode, p.min_new_tokens > 0)
-            for s in p.stop:
-                if stop_regex.find_ending_after(tail, s, new_from) >= 0:
-                    return {"type": "stop", "matched": s}
+            # the one that starts first, where several end in the newest token (as OpenAI
+            # cuts: the text holds none of them)
+            hits = [(at, s) for s in p.stop if (at := stop_regex.find_ending_after(tail, s, new_from)) >= 0]
+            if hits:
+                return {"type": "stop", "matched": min(hits, key=lambda hit: hit[0])[1]}
         if p.stop_regex:
             n = stop_regex.tail_tokens(p.stop_regex)
             if n is None:  # the whole output, decoded a few tokens a step (not all of it again)
