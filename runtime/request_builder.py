@@ -77,7 +77,7 @@ def build_requests(prompts: list[list[int]], params: list[SamplingParams],
         check_constraint(p)
         room = min(limits.max_context_len, limits.max_total_tokens) - len(ids)
         if 0 < room < p.max_new_tokens and (limits.auto_truncate or p.max_new_tokens_unset):
-            p = dataclasses.replace(p, max_new_tokens=room)  # it runs to the context, no further
+            p = dataclasses.replace(p, max_new_tokens=room)  # it runs to the context (or the pool), no further
         check_lengths(len(ids), p.max_new_tokens, limits, prompt_field)
         requests += [GenerateRequest(ids, _nth_sample(p, k), opts) for k in range(p.n)]
     return requests
@@ -120,7 +120,7 @@ def check_lengths(prompt_len: int, max_new: int, limits: RequestLimits, prompt_f
         )
     if prompt_len + max_new > pool:
         raise InvalidField(
-            "max_new_tokens" if prompt_len < pool else prompt_field,
+            "max_new_tokens",
             f"The request needs {prompt_len + max_new} tokens ({prompt_len} in the prompt, {max_new} "
             f"for the completion) but the KV cache holds {pool}.",
         )

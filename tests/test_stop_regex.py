@@ -283,3 +283,14 @@ def test_several_stop_strings_cut_at_the_first_in_the_text(tok, text, stops):
     else:
         got = tok.output_text(req.output_ids, reason, params)
         assert got == seen[:min(starts)] and not any(s in got for s in stops), (seen, stops, reason)
+
+
+def test_a_stop_regex_that_starts_before_a_stop_string_wins(tok):
+    """One token (" omega") completes both: the match that starts first cuts the answer."""
+    ids = tok.hf.encode(" omega", add_special_tokens=False)
+    for params, cut in ((SamplingParams(max_new_tokens=99, stop=["a"], stop_regex=["e"]), " om"),
+                        (SamplingParams(max_new_tokens=99, stop=["e"], stop_regex=["g+a"]), " om"),
+                        (SamplingParams(max_new_tokens=99, stop=["ga"], stop_regex=["a$"]), " ome")):
+        req = _Req(params, list(ids))
+        reason = check_stop(req, (), 10**9, tok.hf.decode)
+        assert tok.output_text(req.output_ids, reason, params) == cut, (params, reason)

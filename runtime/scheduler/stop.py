@@ -23,16 +23,16 @@ def check_stop(
     if num_out >= p.min_new_tokens:
         if token in p.stop_token_ids or (not p.ignore_eos and token in eos_token_ids):
             return {"type": "stop", "matched": token}
+        # Where several stop strings or patterns match in the newest token, the one that
+        # starts first stops it (as OpenAI cuts: the text holds none of them). Positions are
+        # counted back from each tail's end, the tails being different spans of the output.
+        hits: list[tuple[int, str]] = []
         if p.stop:
             # A stop string can only end in the newest token: decode just enough of the tail
             # (a character may take several byte-level tokens).
             tail_ids = req.output_ids[-stop_regex.tokens_for_chars(max(len(s) for s in p.stop)) :]
             tail, new_from = _tail_text(tail_ids, decode, p.min_new_tokens > 0)
-            # the one that starts first, where several end in the newest token (as OpenAI
-            # cuts: the text holds none of them)
-            hits = [(at, s) for s in p.stop if (at := stop_regex.find_ending_after(tail, s, new_from)) >= 0]
-            if hits:
-                return {"type": "stop", "matched": min(hits, key=lambda hit: hit[0])[1]}
+            hits += [(len(tail) - at, s) for s in p.stop if (at := stop_regex.find_ending_after(tail, s, new_from)) >= 0]
         if p.stop_regex:
             n = stop_regex.tail_tokens(p.stop_regex)
             if n is None:  # the whole output, decoded a few tokens a step (not all of it again)
@@ -42,7 +42,9 @@ def check_stop(
                 tail, new_from = _tail_text(req.output_ids[-n:], decode, p.min_new_tokens > 0)
             found = stop_regex.first_match(p.stop_regex, tail, ends_after=new_from)
             if found:
-                return {"type": "stop", "matched": found[0]}
+                hits.append((len(tail) - found[1], found[0]))
+        if hits:
+            return {"type": "stop", "matched": max(hits, key=lambda hit: hit[0])[1]}
     if num_out >= p.max_new_tokens:
         return {"type": "length", "length": num_out}
     if len(req.input_ids) + num_out >= max_context_len:

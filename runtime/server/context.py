@@ -209,8 +209,9 @@ async def _body_unless_stopped(request: Request, max_bytes: int | None, ctx: Ser
     """The body, or a 503 when the server stops while it is still arriving (else the
     handler would be cancelled at the end of the graceful shutdown: a 500 and a traceback)."""
     reading = asyncio.ensure_future(_body_bytes(request, max_bytes))
+    reading.add_done_callback(lambda t: t.cancelled() or t.exception())  # never an unretrieved error
     stopped = asyncio.ensure_future(ctx.grace_over.wait())
-    try:
+    try:  # (~30 us a request for the two tasks)
         await asyncio.wait((reading, stopped), return_when=asyncio.FIRST_COMPLETED)
     finally:
         stopped.cancel()

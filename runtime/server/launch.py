@@ -227,6 +227,7 @@ class Launcher:
                 msg = f"the {dead} process died"
                 print(f"forkserve: {msg}; failing open requests and exiting", file=sys.stderr, flush=True)
                 ctx.client.fail_all(msg)
+                ctx.grace_over.set()  # bodies still arriving: answered too, not left to the shutdown's cancel
                 self.exit_code = 1
                 await asyncio.sleep(0.2)  # let handlers answer before the server stops
                 server.should_exit = True
