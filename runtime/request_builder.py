@@ -31,6 +31,12 @@ class RequestLimits:
     max_total_tokens: int  # the KV pool
     auto_truncate: bool = False  # generation may stop at the context instead of a 400
 
+    @property
+    def max_sequence_len(self) -> int:
+        """The most tokens one request can hold, prompt and answer together: the context
+        length, or the KV pool where that is smaller."""
+        return min(self.max_context_len, self.max_total_tokens)
+
 
 @dataclass
 class GenerateRequest:
@@ -75,7 +81,7 @@ def build_requests(prompts: list[list[int]], params: list[SamplingParams],
                                f"the prompt's length ({len(ids)} tokens), or -1 for output tokens only")
         p.check_vocab(limits.vocab_size)
         check_constraint(p)
-        room = min(limits.max_context_len, limits.max_total_tokens) - len(ids)
+        room = limits.max_sequence_len - len(ids)
         if 0 < room < p.max_new_tokens and (limits.auto_truncate or p.max_new_tokens_unset):
             p = dataclasses.replace(p, max_new_tokens=room)  # it runs to the context (or the pool), no further
         check_lengths(len(ids), p.max_new_tokens, limits, prompt_field)

@@ -76,9 +76,7 @@ class ServerContext:
 
     @property
     def max_sequence_len(self) -> int:
-        """The most tokens one request can hold, prompt and answer together: the context
-        length, or the KV pool where that is smaller."""
-        return min(self.max_context_len, self.max_total_tokens)
+        return self.limits.max_sequence_len
 
     @property
     def limits(self) -> RequestLimits:
