@@ -77,13 +77,9 @@ def test_an_answer_cut_off_inside_its_first_call_drops_it_streamed_or_not(name):
         message, finish = ChatAnswer(get_parser(name), None).message(end, "length")
         assert finish == "length" and "tool_calls" not in message
         assert message["content"] == (CONTENT[name] or None)
-        answer, streamed, calls = ChatAnswer(get_parser(name), None), "", []
-        for k in range(1, len(end) + 1):
-            delta, _ = answer.delta(0, end[:k], "length" if k == len(end) else None)
-            streamed += (delta or {}).get("content", "")
-            calls += (delta or {}).get("tool_calls", [])
+        streamed, calls = _streamed_answer(name, end, "length")
         assert streamed == CONTENT[name]
-        assert all(c["function"]["name"] == "get_weather" for c in calls)  # as far as it was announced
+        assert all(call_name == "get_weather" for call_name, _ in calls)  # as far as it was announced
     json_answer = '{"city": "Paris", "temper'  # JSON content (a response_format answer), not a call
     assert ChatAnswer(get_parser("llama3_json"), None).message(json_answer, "length")[0]["content"] == json_answer
 
@@ -149,10 +145,7 @@ def test_an_answer_cut_off_inside_its_start_marker_drops_it_streamed_or_not(name
             end = before + parser.start[:k]
             message, _ = ChatAnswer(get_parser(name), None).message(end, "length")
             assert message["content"] == (before.rstrip() or None), (end, message)
-            answer, streamed = ChatAnswer(get_parser(name), None), ""
-            for i in range(1, len(end) + 1):
-                delta, _ = answer.delta(0, end[:i], "length" if i == len(end) else None)
-                streamed += (delta or {}).get("content", "")
+            streamed, _ = _streamed_answer(name, end, "length")
             assert streamed == before.rstrip(), (end, streamed)
     kept = "I print <t"
     assert ChatAnswer(get_parser(name), None).message(kept, "stop")[0]["content"] == kept
