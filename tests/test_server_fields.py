@@ -117,6 +117,19 @@ def test_values_we_cannot_honour_are_400s_naming_the_field(server, field, value)
     assert resp.json()["error"]["param"] == field
 
 
+@pytest.mark.parametrize(("route", "field", "value"), [
+    ("/v1/completions", "suffix", " the end."), ("/v1/completions", "prompt_embeds", "AAAA"),
+    ("/generate", "token_ids_logprob", [1, 2]), ("/v1/responses", "context_management", [{"type": "compaction"}]),
+])
+def test_each_route_refuses_what_it_cannot_honour(server, route, field, value):
+    body = {"/v1/completions": {"model": MODEL, "prompt": "Hello", "max_tokens": 2},
+            "/generate": {"text": "Hello", "sampling_params": {"max_new_tokens": 2}},
+            "/v1/responses": {"model": MODEL, "input": "Hello", "max_output_tokens": 2}}[route]
+    resp = post(server, route, {**body, field: value})
+    assert resp.status_code == 400, resp.text
+    assert field in resp.text
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [

@@ -11,7 +11,7 @@ from runtime.request_builder import check_prompt
 from runtime.server.chat_answer import ChatAnswer
 from runtime.server.context import bad_input_as_400
 from runtime.server.openai_handler import OpenAIHandler, api_logprob, finish_reason_of
-from runtime.server.protocol import ApiError, reject_unsupported
+from runtime.server.protocol import ApiError
 from runtime.server.protocol_openai import ChatCompletionRequest
 from runtime.server.reasoning import PARSERS as REASONING_PARSERS
 from runtime.server.responses import JsonResponse, native_output
@@ -74,7 +74,6 @@ class ChatCompletion(OpenAIHandler):
     def check_request(self) -> None:
         r = self.req
         self.check_common()
-        reject_unsupported(r, r.CHAT_UNSUPPORTED)
         for i, tool in enumerate(r.tools or []):  # paths written as the body's validation errors write them
             if tool.type != "function":
                 raise ApiError(400, f"tools.{i}.type: only function tools are supported by this server, got "

@@ -8,7 +8,7 @@ from typing import Any
 from fastapi.responses import Response
 
 from runtime.server.openai_handler import OpenAIHandler, api_logprob, finish_reason_of
-from runtime.server.protocol import ApiError, reject_unsupported
+from runtime.server.protocol import ApiError
 from runtime.server.protocol_openai import CompletionRequest
 from runtime.server.scheduler_client import ReqState
 from runtime.token_bytes import MAX_CHAR_BYTES
@@ -24,7 +24,6 @@ class Completion(OpenAIHandler):
         r = self.req
         self.opened = set()
         self.check_common()
-        reject_unsupported(r, ("suffix", "prompt_embeds"))
         prompt = r.prompt
         texts: list[str] | None = None
         if isinstance(prompt, str) or (prompt and isinstance(prompt[0], str)):

@@ -173,7 +173,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
     @app.post("/configure_logging")
     async def configure_logging(request: Request) -> Response:
         req: ConfigureLoggingReq = await read_body(request, ConfigureLoggingReq, ctx.http.max_request_bytes)
-        reject_unsupported(req, req.UNSUPPORTED)
+        reject_unsupported(req)
         checks = (("log_requests_level", (0, 1, 2, 3)), ("log_requests_format", ("text", "json")),
                   ("log_level", LOG_LEVELS))
         for name, allowed in checks:
@@ -262,7 +262,7 @@ def _version() -> str:
 
 
 async def handle_generate(ctx: ServerContext, req: GenerateReqInput, request: Request) -> Response:
-    reject_unsupported(req, req.UNSUPPORTED)
+    reject_unsupported(req)
     if (req.text is None) == (req.input_ids is None):
         raise ApiError(400, "give exactly one of 'text' or 'input_ids'", param="text")
     if req.text is not None:

@@ -171,10 +171,10 @@ class OpenAIHandler:
 
     def check_common(self) -> None:
         self.ctx.check_model(self.req.model)
-        reject_unsupported(self.req, self.req.UNSUPPORTED)
+        reject_unsupported(self.req)
         if self.req.structured_outputs is not None:
             try:
-                reject_unsupported(self.req.structured_outputs, StructuredOutputs.UNSUPPORTED)
+                reject_unsupported(self.req.structured_outputs)
             except ApiError as err:
                 raise ApiError(400, f"'structured_outputs.{err.param}' is not supported by this server",
                                param=f"structured_outputs.{err.param}") from err

@@ -90,7 +90,7 @@ def _narrowed(model: type[BaseModel], body: dict[str, Any]) -> dict[str, Any]:
     """``body`` with each field the route refuses unless neutral (``UNSUPPORTED``) allowed only
     its neutral values, and ``/generate``'s rule that a request has ``text`` or ``input_ids``."""
     props = body.get("properties", {})
-    for name in (*getattr(model, "UNSUPPORTED", ()), *getattr(model, "CHAT_UNSUPPORTED", ())):
+    for name in getattr(model, "UNSUPPORTED", ()):
         if name in props:
             props[name] = {**_NEUTRAL, "description": "not supported: only its neutral value is accepted"}
     if model is GenerateReqInput:

@@ -4,8 +4,8 @@ The bodies themselves: ``protocol_openai.py`` (chat, completions), ``protocol_re
 (the Responses API), ``protocol_native.py`` (SGLang's native routes, tokenize). Every field
 of OpenAI's request schemas and of SGLang's (its frontend and its gateway send them) is
 declared: each is implemented, accepted and ignored where it changes nothing here
-(``user``, ``metadata``, ``store``...), or accepted only at its neutral value and otherwise a
-400 that says it is not supported. ``null`` means "not given". Fields outside all of these
+(``user``, ``metadata``, ``store``...), or declared ``NeutralOnly[...]``: accepted only at its
+neutral value, otherwise a 400 that says it is not supported. ``null`` means "not given". Fields outside all of these
 are ignored with one warning in the log per name (vLLM's behaviour); wrong JSON types stay
 400s naming the field.
 """
@@ -13,9 +13,25 @@ are ignored with one warning in the log per name (vLLM's behaviour); wrong JSON 
 from __future__ import annotations
 
 import typing
-from typing import Any
+from typing import Annotated, Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, model_validator
+
+T = TypeVar("T")
+
+
+class _NeutralOnlyMarker:
+    """Annotation metadata: the field is accepted only at its neutral value."""
+
+    def __repr__(self) -> str:
+        return "NEUTRAL_ONLY"
+
+
+NEUTRAL_ONLY = _NeutralOnlyMarker()
+# A field declared so that clients may send it, that the server cannot honour: accepted unset,
+# false or empty, otherwise a 400 naming it (``reject_unsupported``); OpenAPI shows only those
+# values (``openapi.py``).
+NeutralOnly = Annotated[T, NEUTRAL_ONLY]
 
 
 class ApiError(Exception):
@@ -40,6 +56,13 @@ class _Body(BaseModel):
     (``model_extra``) for ``read_body`` to log once and ignore, as vLLM does."""
 
     model_config = ConfigDict(extra="allow", strict=True, populate_by_name=True)
+    # the fields declared ``NeutralOnly[...]``, this class's and its bases' (set per subclass)
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        cls.UNSUPPORTED = tuple(name for name, field in cls.model_fields.items() if NEUTRAL_ONLY in field.metadata)
 
     @model_validator(mode="before")
     @classmethod
@@ -59,10 +82,10 @@ def _takes_int_not_float(annotation: Any) -> bool:
     return int in kinds and float not in kinds
 
 
-def reject_unsupported(req: BaseModel, names: tuple[str, ...]) -> None:
-    """A 400 for each of ``names`` given a value other than its neutral one (unset, false,
-    empty): something the server cannot do."""
-    for name in names:
+def reject_unsupported(req: _Body) -> None:
+    """A 400 for the first ``NeutralOnly`` field of ``req`` given a value other than its neutral
+    one (unset, false, empty): something the server cannot do."""
+    for name in req.UNSUPPORTED:
         value = getattr(req, name)
         if value not in (None, False, [], {}):
             raise ApiError(400, f"'{name}' is not supported by this server", param=name)

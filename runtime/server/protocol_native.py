@@ -4,11 +4,11 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 from pydantic import Field
 
-from runtime.server.protocol import _Body
+from runtime.server.protocol import NeutralOnly, _Body
 from runtime.server.protocol_openai import ChatMessage, Tool
 
 
@@ -35,55 +35,55 @@ class GenerateReqInput(_Body):
     log_metrics: bool = True
     no_logs: bool = False
     # accepted at their neutral value only
-    image_data: Any = None
-    video_data: Any = None
-    audio_data: Any = None
-    lora_path: Any = None
-    lora_id: Any = None
-    input_embeds: Any = None
-    token_ids_logprob: Any = None
-    session_params: Any = None
-    custom_logit_processor: Any = None
-    return_hidden_states: bool = False
-    return_routed_experts: bool = False
-    return_bytes: bool = False
-    return_entropy: bool = False
-    background: bool = False
-    bootstrap_host: Any = None
-    bootstrap_port: Any = None
-    bootstrap_room: Any = None
-    data_parallel_rank: Any = None
-    priority: Any = None
-    routed_dp_rank: Any = None
-    disagg_prefill_dp_rank: Any = None
-    bootstrap_pair_key: Any = None
-    decode_tp_size: Any = None
-    modalities: Any = None
-    images_config: Any = None
-    video_config: Any = None
-    mm_processor_kwargs: Any = None
-    mm_hashes: Any = None
-    mm_content_hashes: Any = None
-    max_dynamic_patch: Any = None
-    min_dynamic_patch: Any = None
-    image_max_dynamic_patch: Any = None
-    video_max_dynamic_patch: Any = None
-    use_audio_in_video: bool = False
-    positional_embed_overrides: Any = None
-    need_wait_for_mm_inputs: Any = None
-    num_items_assigned: Any = None
-    encoder_urls: Any = None
-    watermark: Any = None
-    return_sampling_mask: bool = False
-    sampling_logprobs_mode: Any = None
-    return_flat_raw_top_logprobs: bool = False
-    return_flat_raw_output_top_logprobs: bool = False
-    return_flat_raw_top_logprobs_b64: bool = False
-    return_indexer_topk: bool = False
-    max_thinking_tokens: Any = None
-    require_reasoning: bool = False
-    multi_item_delimiter_indices: Any = None
-    token_indices_to_pool: Any = None
+    image_data: NeutralOnly[Any] = None
+    video_data: NeutralOnly[Any] = None
+    audio_data: NeutralOnly[Any] = None
+    lora_path: NeutralOnly[Any] = None
+    lora_id: NeutralOnly[Any] = None
+    input_embeds: NeutralOnly[Any] = None
+    token_ids_logprob: NeutralOnly[Any] = None
+    session_params: NeutralOnly[Any] = None
+    custom_logit_processor: NeutralOnly[Any] = None
+    return_hidden_states: NeutralOnly[bool] = False
+    return_routed_experts: NeutralOnly[bool] = False
+    return_bytes: NeutralOnly[bool] = False
+    return_entropy: NeutralOnly[bool] = False
+    background: NeutralOnly[bool] = False
+    bootstrap_host: NeutralOnly[Any] = None
+    bootstrap_port: NeutralOnly[Any] = None
+    bootstrap_room: NeutralOnly[Any] = None
+    data_parallel_rank: NeutralOnly[Any] = None
+    priority: NeutralOnly[Any] = None
+    routed_dp_rank: NeutralOnly[Any] = None
+    disagg_prefill_dp_rank: NeutralOnly[Any] = None
+    bootstrap_pair_key: NeutralOnly[Any] = None
+    decode_tp_size: NeutralOnly[Any] = None
+    modalities: NeutralOnly[Any] = None
+    images_config: NeutralOnly[Any] = None
+    video_config: NeutralOnly[Any] = None
+    mm_processor_kwargs: NeutralOnly[Any] = None
+    mm_hashes: NeutralOnly[Any] = None
+    mm_content_hashes: NeutralOnly[Any] = None
+    max_dynamic_patch: NeutralOnly[Any] = None
+    min_dynamic_patch: NeutralOnly[Any] = None
+    image_max_dynamic_patch: NeutralOnly[Any] = None
+    video_max_dynamic_patch: NeutralOnly[Any] = None
+    use_audio_in_video: NeutralOnly[bool] = False
+    positional_embed_overrides: NeutralOnly[Any] = None
+    need_wait_for_mm_inputs: NeutralOnly[Any] = None
+    num_items_assigned: NeutralOnly[Any] = None
+    encoder_urls: NeutralOnly[Any] = None
+    watermark: NeutralOnly[Any] = None
+    return_sampling_mask: NeutralOnly[bool] = False
+    sampling_logprobs_mode: NeutralOnly[Any] = None
+    return_flat_raw_top_logprobs: NeutralOnly[bool] = False
+    return_flat_raw_output_top_logprobs: NeutralOnly[bool] = False
+    return_flat_raw_top_logprobs_b64: NeutralOnly[bool] = False
+    return_indexer_topk: NeutralOnly[bool] = False
+    max_thinking_tokens: NeutralOnly[Any] = None
+    require_reasoning: NeutralOnly[bool] = False
+    multi_item_delimiter_indices: NeutralOnly[Any] = None
+    token_indices_to_pool: NeutralOnly[Any] = None
     # SGLang's: each output also carries the prompt's token ids
     return_prompt_token_ids: bool = False
     # accepted and ignored: routing, tracing and metrics hints, SGLang's internal bookkeeping
@@ -96,19 +96,6 @@ class GenerateReqInput(_Body):
     http_worker_ipc: Any = None
     received_time: Any = None
     routed_experts_start_len: int = 0
-
-    UNSUPPORTED: ClassVar[tuple[str, ...]] = (
-        "image_data", "video_data", "audio_data", "lora_path", "lora_id", "input_embeds", "token_ids_logprob",
-        "session_params", "custom_logit_processor", "return_hidden_states", "return_routed_experts", "return_bytes",
-        "return_entropy", "background", "bootstrap_host", "bootstrap_port", "bootstrap_room", "data_parallel_rank",
-        "priority", "routed_dp_rank", "disagg_prefill_dp_rank", "bootstrap_pair_key", "decode_tp_size", "modalities",
-        "images_config", "video_config", "mm_processor_kwargs", "mm_hashes", "mm_content_hashes", "max_dynamic_patch",
-        "min_dynamic_patch", "image_max_dynamic_patch", "video_max_dynamic_patch", "use_audio_in_video",
-        "positional_embed_overrides", "need_wait_for_mm_inputs", "num_items_assigned", "encoder_urls", "watermark",
-        "return_sampling_mask", "sampling_logprobs_mode", "return_flat_raw_top_logprobs",
-        "return_flat_raw_output_top_logprobs", "return_flat_raw_top_logprobs_b64", "return_indexer_topk",
-        "max_thinking_tokens", "require_reasoning", "multi_item_delimiter_indices", "token_indices_to_pool",
-    )
 
 
 class ParseFunctionCallReq(_Body):
@@ -146,13 +133,10 @@ class ConfigureLoggingReq(_Body):
     log_requests_format: str | None = None
     log_level: str | None = None  # the HTTP and scheduler processes'
     # SGLang's request dumps: accepted when not set
-    dump_requests_folder: str | None = None
-    dump_requests_threshold: int | None = None
-    dump_requests_exclude_meta_keys: list[str] | None = None
-    crash_dump_folder: str | None = None
-
-    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("dump_requests_folder", "dump_requests_threshold",
-                                              "dump_requests_exclude_meta_keys", "crash_dump_folder")
+    dump_requests_folder: NeutralOnly[str | None] = None
+    dump_requests_threshold: NeutralOnly[int | None] = None
+    dump_requests_exclude_meta_keys: NeutralOnly[list[str] | None] = None
+    crash_dump_folder: NeutralOnly[str | None] = None
 
 
 class TokenizeRequest(_Body):

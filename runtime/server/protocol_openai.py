@@ -3,11 +3,11 @@ vLLM and SGLang take on them (``protocol.py`` says how fields are declared)."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
-from runtime.server.protocol import ApiError, _Body
+from runtime.server.protocol import ApiError, NeutralOnly, _Body
 
 
 class StreamOptions(_Body):
@@ -54,14 +54,10 @@ class StructuredOutputs(_Body):
     json_object: bool | None = None
     disable_fallback: bool = False  # accepted and ignored: there is one grammar engine here
     # accepted at their neutral value only
-    structural_tag: Any = None
-    whitespace_pattern: str | None = None
-    disable_any_whitespace: bool = False
-    disable_additional_properties: bool = False
-
-    UNSUPPORTED: ClassVar[tuple[str, ...]] = (
-        "structural_tag", "whitespace_pattern", "disable_any_whitespace", "disable_additional_properties",
-    )
+    structural_tag: NeutralOnly[Any] = None
+    whitespace_pattern: NeutralOnly[str | None] = None
+    disable_any_whitespace: NeutralOnly[bool] = False
+    disable_additional_properties: NeutralOnly[bool] = False
 
 
 class OpenAISampling(SharedSampling):
@@ -94,7 +90,7 @@ class OpenAISampling(SharedSampling):
     guided_grammar: str | None = None
     guided_choice: list[str] | None = None
     guided_decoding_backend: str | None = None  # accepted and ignored: there is one grammar engine here
-    guided_whitespace_pattern: str | None = None  # accepted at its neutral value only
+    guided_whitespace_pattern: NeutralOnly[str | None] = None
     json_schema: str | dict[str, Any] | None = None  # SGLang's name on both routes
     structured_outputs: StructuredOutputs | None = None
     # SGLang's: the requests' ids, as on /generate (so /abort_request can end them)
@@ -121,48 +117,38 @@ class OpenAISampling(SharedSampling):
     mm_payload: str | None = None
     return_mm_kwargs: bool | None = None
     # accepted at their neutral value only
-    logit_bias: dict[str, float] | None = None
+    logit_bias: NeutralOnly[dict[str, float] | None] = None
     best_of: int | None = None
-    lora_path: Any = None
-    session_params: Any = None
-    custom_logit_processor: Any = None
-    custom_params: Any = None
-    return_hidden_states: bool = False
-    return_routed_experts: bool = False
-    bootstrap_host: Any = None
-    bootstrap_port: Any = None
-    bootstrap_room: Any = None
-    data_parallel_rank: Any = None
-    priority: Any = None
-    structural_tag: Any = None
-    allowed_token_ids: Any = None
-    bad_words: Any = None
-    logits_processors: Any = None
-    prompt_logprobs: Any = None
-    truncate_prompt_tokens: Any = None
-    use_beam_search: bool = False
-    routed_dp_rank: Any = None
-    disagg_prefill_dp_rank: Any = None
-    watermark: Any = None
-    watermarking: Any = None
-    images_config: Any = None
-    mm_processor_kwargs: Any = None
-    kv_transfer_params: Any = None
-    ec_transfer_params: Any = None
-    vllm_xargs: Any = None
-    repetition_detection: Any = None
-    logprob_token_ids: Any = None
+    lora_path: NeutralOnly[Any] = None
+    session_params: NeutralOnly[Any] = None
+    custom_logit_processor: NeutralOnly[Any] = None
+    custom_params: NeutralOnly[Any] = None
+    return_hidden_states: NeutralOnly[bool] = False
+    return_routed_experts: NeutralOnly[bool] = False
+    bootstrap_host: NeutralOnly[Any] = None
+    bootstrap_port: NeutralOnly[Any] = None
+    bootstrap_room: NeutralOnly[Any] = None
+    data_parallel_rank: NeutralOnly[Any] = None
+    priority: NeutralOnly[Any] = None
+    structural_tag: NeutralOnly[Any] = None
+    allowed_token_ids: NeutralOnly[Any] = None
+    bad_words: NeutralOnly[Any] = None
+    logits_processors: NeutralOnly[Any] = None
+    prompt_logprobs: NeutralOnly[Any] = None
+    truncate_prompt_tokens: NeutralOnly[Any] = None
+    use_beam_search: NeutralOnly[bool] = False
+    routed_dp_rank: NeutralOnly[Any] = None
+    disagg_prefill_dp_rank: NeutralOnly[Any] = None
+    watermark: NeutralOnly[Any] = None
+    watermarking: NeutralOnly[Any] = None
+    images_config: NeutralOnly[Any] = None
+    mm_processor_kwargs: NeutralOnly[Any] = None
+    kv_transfer_params: NeutralOnly[Any] = None
+    ec_transfer_params: NeutralOnly[Any] = None
+    vllm_xargs: NeutralOnly[Any] = None
+    repetition_detection: NeutralOnly[Any] = None
+    logprob_token_ids: NeutralOnly[Any] = None
     thinking_token_budget: int | None = None  # -1 (no budget) too
-
-    UNSUPPORTED: ClassVar[tuple[str, ...]] = (
-        "logit_bias", "lora_path", "session_params", "custom_logit_processor", "custom_params",
-        "return_hidden_states", "return_routed_experts", "bootstrap_host", "bootstrap_port", "bootstrap_room",
-        "data_parallel_rank", "priority", "structural_tag", "allowed_token_ids", "bad_words", "logits_processors",
-        "prompt_logprobs", "truncate_prompt_tokens", "use_beam_search", "guided_whitespace_pattern",
-        "routed_dp_rank", "disagg_prefill_dp_rank", "watermark", "watermarking", "images_config",
-        "mm_processor_kwargs", "kv_transfer_params", "ec_transfer_params", "vllm_xargs", "repetition_detection",
-        "logprob_token_ids",
-    )
 
 
 class CompletionRequest(OpenAISampling):
@@ -170,8 +156,8 @@ class CompletionRequest(OpenAISampling):
     max_tokens: int | None = 16
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
-    suffix: str | None = None
-    prompt_embeds: Any = None  # accepted unset only
+    suffix: NeutralOnly[str | None] = None
+    prompt_embeds: NeutralOnly[Any] = None
 
 
 class TextPart(_Body):
@@ -280,12 +266,12 @@ class ChatCompletionRequest(OpenAISampling):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     # accepted at their neutral value only
-    functions: Any = None
-    function_call: Any = None
-    audio: Any = None
-    prediction: Any = None
-    web_search_options: Any = None
-    moderation: Any = None
+    functions: NeutralOnly[Any] = None
+    function_call: NeutralOnly[Any] = None
+    audio: NeutralOnly[Any] = None
+    prediction: NeutralOnly[Any] = None
+    web_search_options: NeutralOnly[Any] = None
+    moderation: NeutralOnly[Any] = None
     # passed to the chat template, where the template reads it (a 400 where it does not)
     reasoning_effort: str | None = None
     # vLLM's: false drops the reasoning --reasoning-parser splits off
@@ -302,23 +288,16 @@ class ChatCompletionRequest(OpenAISampling):
     # accepted and ignored: it only changes flags refused here
     return_flat_raw_top_logprobs_b64: bool = True
     # accepted at their neutral value only
-    echo: bool = False
-    documents: Any = None
-    chat_template: Any = None
-    media_io_kwargs: Any = None
-    max_dynamic_patch: Any = None
-    min_dynamic_patch: Any = None
-    use_audio_in_video: bool = False
-    video_config: Any = None
-    task: Any = None
-    thinking: Any = None
-    return_sampling_mask: bool = False
-    sampling_logprobs_mode: Any = None
-    return_flat_raw_output_top_logprobs: bool = False
-
-    CHAT_UNSUPPORTED: ClassVar[tuple[str, ...]] = (
-        "functions", "function_call", "audio", "prediction", "web_search_options", "moderation", "echo",
-        "documents", "chat_template", "media_io_kwargs", "max_dynamic_patch", "min_dynamic_patch",
-        "use_audio_in_video", "video_config", "task", "thinking", "return_sampling_mask", "sampling_logprobs_mode",
-        "return_flat_raw_output_top_logprobs",
-    )
+    echo: NeutralOnly[bool] = False
+    documents: NeutralOnly[Any] = None
+    chat_template: NeutralOnly[Any] = None
+    media_io_kwargs: NeutralOnly[Any] = None
+    max_dynamic_patch: NeutralOnly[Any] = None
+    min_dynamic_patch: NeutralOnly[Any] = None
+    use_audio_in_video: NeutralOnly[bool] = False
+    video_config: NeutralOnly[Any] = None
+    task: NeutralOnly[Any] = None
+    thinking: NeutralOnly[Any] = None
+    return_sampling_mask: NeutralOnly[bool] = False
+    sampling_logprobs_mode: NeutralOnly[Any] = None
+    return_flat_raw_output_top_logprobs: NeutralOnly[bool] = False

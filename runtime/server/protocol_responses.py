@@ -4,11 +4,11 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
-from runtime.server.protocol import _Body
+from runtime.server.protocol import NeutralOnly, _Body
 from runtime.server.protocol_openai import SharedSampling
 
 
@@ -80,10 +80,7 @@ class ResponsesRequest(SharedSampling):
     background: bool = False  # run on after the answer to this request (responses_background.py)
     conversation: str | dict[str, Any] | None = None  # its id, or {"id": ...}
     # accepted at their neutral value only
-    prompt: Any = None
-    context_management: Any = None
-    moderation: Any = None
-    priority: Any = None
-
-    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("prompt", "context_management",
-                                              "moderation", "priority")
+    prompt: NeutralOnly[Any] = None
+    context_management: NeutralOnly[Any] = None
+    moderation: NeutralOnly[Any] = None
+    priority: NeutralOnly[Any] = None

@@ -68,7 +68,7 @@ class ResponseCreation(OutputItems, ChatCompletion):
         """``counting``: only for its prompt (``/v1/responses/input_tokens``): a conversation's
         items are read without holding it, as a response running on it may hold it."""
         ctx.check_model(req.model)
-        reject_unsupported(req, req.UNSUPPORTED)
+        reject_unsupported(req)
         self.conversation_id = conversation_id(req.conversation)
         if self.conversation_id is not None and req.previous_response_id:
             raise ApiError(400, "give 'conversation' or 'previous_response_id', not both", param="conversation")
