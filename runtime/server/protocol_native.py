@@ -32,6 +32,7 @@ class GenerateReqInput(_Body):
     program_id: str | None = None
     # accepted and ignored: they change nothing here
     model: str | None = None
+    priority: int | None = None  # SGLang without --enable-priority-scheduling ignores it too
     log_metrics: bool = True
     no_logs: bool = False
     # accepted at their neutral value only
@@ -53,7 +54,6 @@ class GenerateReqInput(_Body):
     bootstrap_port: NeutralOnly[Any] = None
     bootstrap_room: NeutralOnly[Any] = None
     data_parallel_rank: NeutralOnly[Any] = None
-    priority: NeutralOnly[Any] = None
     routed_dp_rank: NeutralOnly[Any] = None
     disagg_prefill_dp_rank: NeutralOnly[Any] = None
     bootstrap_pair_key: NeutralOnly[Any] = None
