@@ -247,8 +247,6 @@ class Engine:
                     req.input_top_logprobs,
                     req.output_token_logprobs,
                     req.output_top_logprobs,
-                    req.options.logprob_start_len,
-                    req.input_ids[0],
                     self.tokenizer.id_to_text if text_in_logprobs else None,
                 )
             )

@@ -76,8 +76,8 @@ def build_requests(prompts: list[list[int]], params: list[SamplingParams],
             raise InvalidField("return_logprob", f"return_logprob must be True or False, got {opts.return_logprob!r}")
         check_logprob_options(opts.logprob_start_len, opts.top_logprobs_num, limits.vocab_size)
         check_prompt(ids, limits, prompt_field)
-        if opts.return_logprob and opts.logprob_start_len >= len(ids):
-            raise InvalidField("logprob_start_len", f"logprob_start_len ({opts.logprob_start_len}) must be below "
+        if opts.return_logprob and opts.logprob_start_len > len(ids):  # the length itself: none of the prompt's
+            raise InvalidField("logprob_start_len", f"logprob_start_len ({opts.logprob_start_len}) must be at most "
                                f"the prompt's length ({len(ids)} tokens), or -1 for output tokens only")
         p.check_vocab(limits.vocab_size)
         check_constraint(p)

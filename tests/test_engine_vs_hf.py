@@ -160,7 +160,7 @@ def test_logprobs_match_transformers(engine, hf_model, prompts):
         assert [t for _, t, _ in top] == ref_top.indices.tolist()
 
 
-def test_logprob_start_len_limits_prefix_reuse(engine, prompts):
+def test_logprob_start_len_limits_prefix_reuse(engine, hf_model, prompts):
     ids = prompts[5]
     engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 0})  # now fully cached
     start = len(ids) - 4
@@ -172,8 +172,13 @@ def test_logprob_start_len_limits_prefix_reuse(engine, prompts):
     )
     lps = out["meta_info"]["input_token_logprobs"]
     assert [t for _, t, _ in lps] == ids[start:]
-    assert all(lp is not None for lp, _, _ in lps)
-    assert out["meta_info"]["cached_tokens"] <= start
+    # as SGLang: the token at logprob_start_len has none (the positions before it are reused)
+    assert lps[0][0] is None and all(lp is not None for lp, _, _ in lps[1:])
+    assert out["meta_info"]["cached_tokens"] == start
+    with torch.inference_mode():
+        ref = torch.log_softmax(hf_model(torch.tensor([ids])).logits[0].float(), dim=-1)
+    for pos in range(start + 1, len(ids)):
+        assert abs(lps[pos - start][0] - ref[pos - 1, ids[pos]].item()) < 1e-3
 
 
 def test_shared_prefix_is_reused_and_output_unchanged(engine):

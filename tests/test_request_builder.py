@@ -40,7 +40,7 @@ def test_n_expands_prompt_major_and_every_request_carries_its_options():
     ([[1]], [SamplingParams(max_new_tokens=80)], RequestOptions(), "max_new_tokens"),  # beyond the context
     ([[1]], [SamplingParams(min_new_tokens=1, stop_token_ids=[100])], RequestOptions(), "stop_token_ids"),
     ([[1]], None, RequestOptions(return_logprob=True, logprob_start_len=-2), "logprob_start_len"),
-    ([[1, 2]], None, RequestOptions(return_logprob=True, logprob_start_len=2), "logprob_start_len"),  # past the prompt
+    ([[1, 2]], None, RequestOptions(return_logprob=True, logprob_start_len=3), "logprob_start_len"),  # past the prompt
     ([[1]], None, RequestOptions(return_logprob=True, top_logprobs_num=101), "top_logprobs_num"),
     ([[1]], None, RequestOptions(return_logprob="yes"), "return_logprob"),
 ])

@@ -71,9 +71,10 @@ def test_a_part_way_prefill_gives_way_to_a_decoding_request(tiny_gqa_llama):
     assert [a.finished_reason["type"], b.finished_reason["type"]] == ["length", "length"]
     want_a, want_b = _reference(tiny_gqa_llama, [long_run, late], [650, 1])
     assert [a.output_ids, b.output_ids] == [want_a["output_ids"], want_b["output_ids"]]
-    want = want_b["meta_info"]["input_token_logprobs"][1:]  # [0]: the first token, no logprob
-    assert [t for _, t in b.input_token_logprobs] == [t for _, t, _ in want] == late[1:]
-    assert all(abs(x - y) < 1e-4 for (x, _), (y, _, _) in zip(b.input_token_logprobs, want, strict=True))
+    want = want_b["meta_info"]["input_token_logprobs"]
+    assert [t for _, t in b.input_token_logprobs] == [t for _, t, _ in want] == late
+    assert b.input_token_logprobs[0][0] is None is want[0][0]  # the first token has no logprob
+    assert all(abs(x - y) < 1e-4 for (x, _), (y, _, _) in zip(b.input_token_logprobs[1:], want[1:], strict=True))
 
 
 def test_program_pins_give_way_to_a_decoding_request(tiny_gqa_llama):

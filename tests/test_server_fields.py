@@ -65,6 +65,9 @@ def test_completion_and_generate_bodies_with_nulls_and_gateway_fields(server):
     assert post(server, "/v1/completions", body).status_code == 200
     resp = post(server, "/generate", {"text": "Hello", "sampling_params": {"max_new_tokens": 3}, **GATEWAY_GENERATE})
     assert resp.status_code == 200, resp.text
+    # as SGLang without --enable-priority-scheduling: served in its turn (vLLM refuses it on its routes)
+    resp = post(server, "/generate", {"text": "Hello", "sampling_params": {"max_new_tokens": 3}, "priority": 5})
+    assert resp.status_code == 200, resp.text
 
 
 def test_whole_floats_for_integer_fields_are_those_integers(server):
@@ -119,11 +122,12 @@ def test_values_we_cannot_honour_are_400s_naming_the_field(server, field, value)
 
 @pytest.mark.parametrize(("route", "field", "value"), [
     ("/v1/completions", "suffix", " the end."), ("/v1/completions", "prompt_embeds", "AAAA"),
-    ("/generate", "token_ids_logprob", [1, 2]), ("/v1/responses", "context_management", [{"type": "compaction"}]),
+    ("/generate", "token_ids_logprob", [1, 2]), ("/v1/chat/completions", "priority", 5), ("/v1/responses", "context_management", [{"type": "compaction"}]),
 ])
 def test_each_route_refuses_what_it_cannot_honour(server, route, field, value):
     body = {"/v1/completions": {"model": MODEL, "prompt": "Hello", "max_tokens": 2},
             "/generate": {"text": "Hello", "sampling_params": {"max_new_tokens": 2}},
+            "/v1/chat/completions": {"model": MODEL, "messages": MESSAGES, "max_tokens": 2},
             "/v1/responses": {"model": MODEL, "input": "Hello", "max_output_tokens": 2}}[route]
     resp = post(server, route, {**body, field: value})
     assert resp.status_code == 400, resp.text
@@ -252,9 +256,12 @@ def test_unknown_sampling_params_are_ignored_with_one_warning_and_known_ones_che
 
 
 def test_logprob_start_len_past_the_prompt_is_400(server):
-    resp = post(server, "/generate", {"input_ids": [1, 2, 3], "return_logprob": True, "logprob_start_len": 3,
-                                      "sampling_params": {"max_new_tokens": 1}})
+    body = {"input_ids": [1, 2, 3], "return_logprob": True, "sampling_params": {"max_new_tokens": 1}}
+    resp = post(server, "/generate", {**body, "logprob_start_len": 4})
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "logprob_start_len"
+    at_the_end = post(server, "/generate", {**body, "logprob_start_len": 3})  # SGLang's: none of the prompt's
+    assert at_the_end.status_code == 200, at_the_end.text
+    assert at_the_end.json()["meta_info"]["input_token_logprobs"] == []
 
 
 def test_openapi_documents_every_request_body(server):

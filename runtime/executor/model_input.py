@@ -53,10 +53,13 @@ class SamplingRow:
 @dataclass
 class PromptLogprobs:
     """Report the logprobs of ``targets`` (the prompt tokens after the logits' positions),
-    with the ``top_k`` most likely tokens at each when above 0."""
+    with the ``top_k`` most likely tokens at each when above 0; first ``unscored``, where
+    this step starts the request's report: the token at its ``logprob_start_len``, which
+    gets no logprob (the logits before it are not computed; SGLang reports it so too)."""
 
     targets: list[int]
     top_k: int
+    unscored: int | None = None
 
 
 @dataclass

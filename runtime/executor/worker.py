@@ -48,7 +48,7 @@ class BatchResult:
     output_logprobs: list[float | None]
     output_top_logprobs: list[list[tuple[float, int]] | None]
     # per request: (logprob, token id) of prompt tokens covered this step, and their top-k
-    input_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    input_logprobs: list[list[tuple[float | None, int]]] = field(default_factory=list)
     input_top_logprobs: list[list[list[tuple[float, int]] | None]] = field(default_factory=list)
 
 
@@ -339,19 +339,24 @@ def plain_greedy(inp: ModelInput) -> bool:
 
 def _prompt_logprobs(
     span: PromptLogprobs | None, logits: torch.Tensor
-) -> tuple[list[tuple[float, int]], list[list[tuple[float, int]] | None]]:
-    """Logprobs of ``span.targets`` from the logits at the positions before each."""
+) -> tuple[list[tuple[float | None, int]], list[list[tuple[float, int]] | None]]:
+    """Logprobs of ``span.targets`` from the logits at the positions before each, after
+    ``span.unscored`` (no logprob) where it is set."""
     if span is None:
         return [], []
+    pairs: list[tuple[float | None, int]] = [] if span.unscored is None else [(None, span.unscored)]
+    tops: list[list[tuple[float, int]] | None] = [None] * len(pairs)
+    if not span.targets:
+        return pairs, tops
     targets = torch.tensor(span.targets)
     logprobs = torch.log_softmax(logits[: len(span.targets)], dim=-1)
     picked = logprobs.gather(1, targets.unsqueeze(1)).squeeze(1).tolist()
-    pairs = list(zip(picked, span.targets, strict=True))
+    pairs += zip(picked, span.targets, strict=True)
     if span.top_k > 0:
         vals, idx = logprobs.topk(span.top_k, dim=-1)
-        tops = [list(zip(v, i, strict=True)) for v, i in zip(vals.tolist(), idx.tolist(), strict=True)]
+        tops += [list(zip(v, i, strict=True)) for v, i in zip(vals.tolist(), idx.tolist(), strict=True)]
     else:
-        tops = [None] * len(pairs)
+        tops += [None] * len(span.targets)
     return pairs, tops
 
 

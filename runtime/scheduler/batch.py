@@ -57,7 +57,7 @@ def extend_batch(picked: list[tuple[Req, int]], table: ReqToTokenTable) -> Sched
         is_last_chunk = end == len(req.fill_ids)
         wants_sample = is_last_chunk and req.params.max_new_tokens > 0
         if req.wants_input_logprobs:  # logits at p give the logprob of prompt token p + 1
-            logit_start = min(max(start, max(req.options.logprob_start_len, 1) - 1), end)
+            logit_start = min(max(start, req.options.logprob_start_len), end)
         else:
             logit_start = end - 1 if wants_sample else end
         reqs.append(req)
@@ -109,7 +109,11 @@ def lower(batch: ScheduledBatch, eos_token_ids: tuple[int, ...], vocab_size: int
         # logits at position p give the logprob of prompt token p + 1; the prompt's last
         # position has none after it
         targets = req.input_ids[start + 1 : start + 1 + num_prompt] if num_prompt > 0 else []
-        prompt.append(PromptLogprobs(targets, req.options.top_logprobs_num) if targets else None)
+        first = req.options.logprob_start_len  # reported first, with no logprob, by the step computing it
+        computes_first = req.wants_input_logprobs and batch.prefix_lens[i] <= first < batch.prefix_lens[i] + batch.extend_lens[i]
+        unscored = req.input_ids[first] if computes_first else None
+        prompt.append(PromptLogprobs(targets, req.options.top_logprobs_num, unscored)
+                      if targets or unscored is not None else None)
     return ModelInput(forward, list(batch.logit_starts), sampling, prompt)
 
 

@@ -94,8 +94,8 @@ class Req:
     @property
     def max_reusable_prefix(self) -> int:
         """The longest cached prefix this request may use: its last token must be computed
-        to get logits, and prompt logprobs need the logits of every position they cover."""
+        to get logits, and prompt logprobs need the logits from ``logprob_start_len`` on."""
         limit = len(self.fill_ids) - 1
         if self.wants_input_logprobs:
-            limit = min(limit, max(self.options.logprob_start_len - 1, 0))
+            limit = min(limit, self.options.logprob_start_len)
         return limit

@@ -169,7 +169,7 @@ class ChatCompletion(OpenAIHandler):
         if r.return_token_ids:
             choice["response_token_ids"] = list(state.output_ids)
         if r.return_meta_info:
-            choice["meta_info"] = native_output(state, self.ctx.tokenizer, True, -1)["meta_info"]
+            choice["meta_info"] = native_output(state, self.ctx.tokenizer, True)["meta_info"]
         return choice
 
     def answer_fields(self, states: list[ReqState]) -> dict[str, Any]:

@@ -62,8 +62,7 @@ class Completion(OpenAIHandler):
         # a special first token the tokenizer added (a BOS) is not in the echoed text
         added = {first} if first in token_bytes.special and not self.echo(index).startswith(
             token_bytes.of(first).decode(errors="replace")) else set()
-        prompt = self.entries([(None, first), *state.input_token_logprobs], [None, *state.input_top_logprobs], 0,
-                              unseen=added)
+        prompt = self.entries(state.input_token_logprobs, state.input_top_logprobs, 0, unseen=added)
         return {key: prompt[key] + logprobs[key] for key in logprobs}
 
     def stream_start(self, num_choices: int) -> list[dict[str, Any]]:

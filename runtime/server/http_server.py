@@ -284,11 +284,10 @@ async def handle_generate(ctx: ServerContext, req: GenerateReqInput, request: Re
                                   prompt_field="text" if req.text is not None else "input_ids")
     is_batch = is_batch or len(requests) > 1
     states = ctx.submit_group(requests, request_ids(req.rid, [p.n for p in params]), request)
-    starts = {id(s): r.options.logprob_start_len for s, r in zip(states, requests, strict=True)}
     prompt_of = {id(s): r.input_ids for s, r in zip(states, requests, strict=True)}
 
     def render(state: Any, logprobs_from: int = 0) -> dict[str, Any]:
-        out = native_output(state, ctx.tokenizer, req.return_text_in_logprobs, starts[id(state)], logprobs_from)
+        out = native_output(state, ctx.tokenizer, req.return_text_in_logprobs, logprobs_from)
         if req.return_prompt_token_ids:  # SGLang's: in every output, every event too
             out["prompt_token_ids"] = list(prompt_of[id(state)])
         return out

@@ -82,8 +82,7 @@ async def merged_updates(
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def native_output(state: ReqState, tokenizer: Tokenizer, text_in_logprobs: bool, logprob_start_len: int,
-                  logprobs_from: int = 0) -> dict[str, Any]:
+def native_output(state: ReqState, tokenizer: Tokenizer, text_in_logprobs: bool, logprobs_from: int = 0) -> dict[str, Any]:
     """One request's result in SGLang's ``/generate`` shape. ``logprobs_from``: report only
     the output tokens' logprobs from there on, and the prompt's only when it is 0 (a stream's
     later events carry just what is new)."""
@@ -104,8 +103,6 @@ def native_output(state: ReqState, tokenizer: Tokenizer, text_in_logprobs: bool,
                 state.input_top_logprobs if logprobs_from == 0 else [],
                 state.output_token_logprobs[logprobs_from:],
                 state.output_top_logprobs[logprobs_from:],
-                logprob_start_len if logprobs_from == 0 else -1,
-                state.first_prompt_token,
                 tokenizer.id_to_text if text_in_logprobs else None,
                 len(state.output_token_logprobs),
             )
