@@ -6,8 +6,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+# Why an example cannot run through an OpenAI chat API (its --openai is refused up front).
+NEEDS_LOGPROBS = "it picks with select(), which needs prompt logprobs, and a chat API returns none"
+GENERATES_MID_TURN = "it generates inside a turn it has begun, and a chat API only writes whole assistant turns"
 
-def backend_from_args(description: str) -> tuple[Any, argparse.Namespace]:
+
+def backend_from_args(description: str, not_over_openai: str | None = None) -> tuple[Any, argparse.Namespace]:
+    """The backend the flags ask for; ``not_over_openai``: why this example refuses --openai."""
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--url", help="a running forkserve server (default: load the model in this process)")
     ap.add_argument("--api-key", help="the server's API key, if it has one")
@@ -18,6 +23,9 @@ def backend_from_args(description: str) -> tuple[Any, argparse.Namespace]:
     ns = ap.parse_args()
     if ns.openai and not ns.url:
         ap.error("--openai needs --url")
+    if ns.openai and not_over_openai:
+        ap.error(f"this example cannot run with --openai: {not_over_openai}; drop --openai to use the server's "
+                 "native API")
     import frontend_lang as sgl
 
     if ns.openai:

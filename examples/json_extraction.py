@@ -59,9 +59,9 @@ def extract_and_act(s, document: str):
 
 
 def main() -> None:
-    from examples._cli import backend_from_args
+    from examples._cli import NEEDS_LOGPROBS, backend_from_args
 
-    backend, _ = backend_from_args(__doc__ or "")
+    backend, _ = backend_from_args(__doc__ or "", NEEDS_LOGPROBS)
     state = extract_and_act.run(document=DOCUMENT, backend=backend)
     for name in TOOLS:
         print(f"{name}: {state[name]!r}")

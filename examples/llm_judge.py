@@ -34,9 +34,9 @@ def llm_judge(s, question: str, answer: str, dimensions: list[str] = DIMENSIONS)
 
 
 def main() -> None:
-    from examples._cli import backend_from_args
+    from examples._cli import NEEDS_LOGPROBS, backend_from_args
 
-    backend, _ = backend_from_args(__doc__ or "")
+    backend, _ = backend_from_args(__doc__ or "", NEEDS_LOGPROBS)
     state = llm_judge.run(
         question="Why do we have seasons?",
         answer="Because the Earth's axis is tilted, so each hemisphere gets more direct sunlight for part of the year.",

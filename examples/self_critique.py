@@ -29,9 +29,9 @@ def self_critique(s, task: str, max_rounds: int = 2, good_enough: int = 8):
 
 
 def main() -> None:
-    from examples._cli import backend_from_args
+    from examples._cli import NEEDS_LOGPROBS, backend_from_args
 
-    backend, _ = backend_from_args(__doc__ or "")
+    backend, _ = backend_from_args(__doc__ or "", NEEDS_LOGPROBS)
     state = self_critique.run(task="Explain why the sky is blue to a child.", temperature=0, backend=backend)
     for m in state.messages():
         print(f"[{m['role']}] {m['content']}\n")

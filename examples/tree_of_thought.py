@@ -36,9 +36,9 @@ def tree_of_thought(s, question: str, width: int = 2, depth: int = 2):
 
 
 def main() -> None:
-    from examples._cli import backend_from_args
+    from examples._cli import GENERATES_MID_TURN, backend_from_args
 
-    backend, _ = backend_from_args(__doc__ or "")
+    backend, _ = backend_from_args(__doc__ or "", GENERATES_MID_TURN)
     state = tree_of_thought.run(question="How can a city reduce traffic jams?", temperature=0, backend=backend)
     result = state.ret_value
     for i, (score, text) in enumerate(zip(result["scores"], result["conclusions"], strict=True)):

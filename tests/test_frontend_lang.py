@@ -397,3 +397,15 @@ def test_program_pins_survive_memory_pressure(model_dir):
         backend.run_in_driver(backend.engine.scheduler.check_invariants)
     finally:
         backend.shutdown()
+
+
+@pytest.mark.parametrize("example", ["self_critique", "tree_of_thought", "llm_judge", "json_extraction"])
+def test_examples_a_chat_api_cannot_run_refuse_openai_up_front(example):
+    """They need select's prompt logprobs or write inside a turn; over an OpenAI chat API they
+    failed part-way (or printed None and exited 0). Refused before any server is reached."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", f"examples.{example}", "--url", "http://127.0.0.1:9", "--openai"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "cannot run with --openai" in done.stderr, done.stderr
