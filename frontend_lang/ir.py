@@ -227,8 +227,11 @@ def select(
 ) -> Select:
     """Append the best choice by ``choices_method`` (default: the highest
     token-length-normalised logprob; see ``frontend_lang/choices.py``). Greedy only."""
+    choices = None if isinstance(choices, str) else list(choices or [])  # any iterable of strings
     if not choices or not all(isinstance(c, str) for c in choices):
         raise ValueError("select(): choices must be a non-empty list of strings")
+    if "" in choices:  # it has no token of its own to score
+        raise ValueError("select(): an empty choice cannot be scored: every choice needs text")
     if temperature > 1e-5:
         raise ValueError("select(): only temperature 0 is supported (the choice is an argmax)")
     method = token_length_normalized if choices_method is None else choices_method

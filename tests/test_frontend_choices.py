@@ -32,3 +32,11 @@ def test_unconditional_likelihood_normalized_subtracts_the_prior():
 def test_select_refuses_an_unknown_method():
     with pytest.raises(ValueError, match="choices_method"):
         sgl.select("x", ["a", "b"], choices_method="greedy")
+
+
+def test_select_takes_any_iterable_of_choices_and_refuses_an_empty_one():
+    assert sgl.select("x", (c for c in [" Paris", " Rome"])).choices == [" Paris", " Rome"]
+    with pytest.raises(ValueError, match="empty choice"):  # it scored -inf, or failed the server's request
+        sgl.select("x", ["", " Paris"])
+    with pytest.raises(ValueError, match="non-empty list"):
+        sgl.select("x", "Paris")
