@@ -58,6 +58,19 @@ class Plan:
         return math.ceil(concurrent_programs / per) if per else None
 
 
+def model_config(model_path: str | None) -> tuple[Path, ModelConfig]:
+    """The model's folder and shape, from its config alone (no weights are read)."""
+    from runtime.model_loader import resolve_model_path
+    from runtime.model_loader.weights import load_hf_config
+
+    folder = resolve_model_path(model_path)
+    return folder, ModelConfig.from_hf(load_hf_config(folder))
+
+
+def weight_bytes(cfg: ModelConfig, dtype: str) -> int:
+    return num_parameters(cfg) * DTYPE_BYTES[dtype]
+
+
 def pool_tokens(kv_per_token: int, max_total_tokens: int | None, kv_cache_memory_gib: float) -> int:
     """The server's rule (``ModelWorker._kv_tokens``)."""
     return max_total_tokens or int(kv_cache_memory_gib * 2**30 // kv_per_token)

@@ -19,8 +19,10 @@ from runtime.capacity import (
     kv_bytes_per_token,
     largest_pool,
     meminfo_bytes,
+    model_config,
     num_parameters,
     pool_tokens,
+    weight_bytes,
 )
 from runtime.cli_types import fraction, nonnegative_int, positive_float, positive_int
 from runtime.config import MIN_KV_TOKENS
@@ -39,9 +41,11 @@ def add_capacity_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model-path", help="Model folder or .gguf file, as for serve (default: the default model).")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
                    help="KV and weight dtype; auto resolves as serve does on this machine" + d)
-    p.add_argument("--max-total-tokens", type=positive_int, help="KV pool in tokens, as for serve.")
+    p.add_argument("--max-total-tokens", type=positive_int, help="One replica's KV pool in tokens, as for serve "
+                   "(serve --dp-size N splits its own value over N replicas: give that share here).")
     p.add_argument("--kv-cache-memory", type=positive_float, default=1.0,
-                   help="GiB of KV pool when --max-total-tokens is not given, as for serve" + d)
+                   help="GiB of one replica's KV pool when --max-total-tokens is not given, as for serve (serve "
+                   "--dp-size N splits its own value over N replicas: give that share here)" + d)
     p.add_argument("--context-tokens", type=positive_int, default=4096,
                    help="Tokens of one agent program's context at its longest (prompt and outputs)" + d)
     p.add_argument("--shared-prefix-tokens", type=nonnegative_int, default=0,
@@ -91,17 +95,12 @@ def checked_args(ns: argparse.Namespace) -> Any:
 
 
 def capacity_report(ns: argparse.Namespace, args: Any) -> dict[str, Any]:
-    from runtime.model_loader import resolve_model_path
-    from runtime.model_loader.weights import load_hf_config
-    from runtime.models.config import ModelConfig
-
-    folder = resolve_model_path(ns.model_path)
-    cfg = ModelConfig.from_hf(load_hf_config(folder))
+    folder, cfg = model_config(ns.model_path)
     dtype = args.resolved_dtype
     kv = kv_bytes_per_token(cfg, dtype)
     params = num_parameters(cfg)
-    plan = Plan(kv, params * {"float32": 4, "bfloat16": 2}[dtype], pool_tokens(kv, ns.max_total_tokens,
-                ns.kv_cache_memory), ns.context_tokens, ns.shared_prefix_tokens)
+    plan = Plan(kv, weight_bytes(cfg, dtype), pool_tokens(kv, ns.max_total_tokens, ns.kv_cache_memory),
+                ns.context_tokens, ns.shared_prefix_tokens)
     device = ns.device_memory * _GIB if ns.device_memory is not None else _device_bytes(args.resolved_device)
     return {
         "model": str(folder), "dtype": dtype, "layers": cfg.num_layers, "kv_heads": cfg.num_kv_heads,
@@ -154,11 +153,13 @@ def render(r: dict[str, Any]) -> str:
         lines.append(f"largest pool      none: the weights leave no room for a KV pool in {room}")
     else:  # rounded down, so the flag never asks for more than fits
         gib = math.floor(largest * r["kv_bytes_per_token"] / _GIB * 100) / 100
-        lines.append(f"largest pool      {largest:,} tokens ({gib:.2f} GiB) beside the weights in {room}: "
-                     f"--kv-cache-memory {gib:.2f}")
+        lines.append(f"largest pool      {largest:,} tokens ({gib:.2f} GiB) beside the weights in {room}"
+                     + ("" if r["available_bytes"] is not None else f": --kv-cache-memory {gib:.2f}"))
     if r["available_bytes"] is not None:
+        fits = min(largest * r["kv_bytes_per_token"], r["available_bytes"] - r["weight_bytes"])  # after the weights load
+        now = math.floor(max(fits, 0) / _GIB * 100) / 100
         lines.append(f"available now     {r['available_bytes'] / _GIB:.1f} GiB of memory (serve refuses a larger pool "
-                     "on this machine)")
+                     f"on this machine): --kv-cache-memory {now:.2f} at most")
     if r["context_tokens"] > r["model_context_tokens"]:
         lines.append(f"note              {r['context_tokens']:,} tokens of context are beyond the model's "
                      f"{r['model_context_tokens']:,}")

@@ -39,6 +39,7 @@ def dp():
             time.sleep(0.2)
         replicas = re.findall(r"^forkserve: replica \d at (http://[\d.:]+) \(pid (\d+)\)", proc.read_output(), re.M)
         assert len(replicas) == 2, proc.output
+        assert re.search(rf"^forkserve ready: http://\S+ \(model {MODEL}; 2 replicas", proc.output, re.M), proc.output
         proc.replicas = [(url, int(pid)) for url, pid in replicas]
         yield proc
     finally:
@@ -203,21 +204,44 @@ def test_a_background_response_streamed_from_the_other_replica_shows_its_progres
     assert rest[-1].type == "response.output_item.done" and rest[-1].item.status == "incomplete"
 
 
-def test_dsl_programs_through_the_gateway_run_without_pins(dp, caplog):
+def test_a_request_without_model_is_for_the_served_model(dp):
+    """The gateway fills in model "unknown" where a chat or a response names none."""
+    chat = httpx.post(dp.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}],
+                                                             "max_tokens": 2}, timeout=60)
+    assert chat.status_code == 200 and chat.json()["model"] == MODEL, chat.text
+    response = httpx.post(dp.url + "/v1/responses", json={"input": "Hi", "max_output_tokens": 2}, timeout=60)
+    assert response.status_code == 200 and response.json()["model"] == MODEL, response.text
+
+
+def test_dsl_programs_through_the_gateway_run_without_pins(dp, server, caplog):
     """The gateway forwards neither /end_program nor program_id: the first program ends with
-    one warning, later ones do not ask for pins, and no replica holds any."""
+    one warning, later ones do not ask for pins, and no replica holds any. It refuses a batch
+    of texts, which select() sends: after one warning they go one request each, and the
+    choice is a single server's."""
     import frontend_lang as sgl
 
     @sgl.function
     def two_turns(s):
         s += sgl.user("Name a planet.") + sgl.assistant(sgl.gen("a", max_tokens=4, temperature=0))
         s += sgl.user("And a moon.") + sgl.assistant(sgl.gen("b", max_tokens=4, temperature=0))
+        s += "The capital of France is" + sgl.select("city", [" Paris", " London", " Rome"])
 
     backend = sgl.RuntimeEndpoint(dp.url)
     with caplog.at_level("WARNING"):
         for _ in range(2):
-            assert two_turns.run(backend=backend)["b"]
-    assert backend.pins_programs is False
+            state = two_turns.run(backend=backend)
+            assert state["b"]
+    alone = two_turns.run(backend=sgl.RuntimeEndpoint(server.url))
+    assert state["city"] == alone["city"]
+    assert state.get_meta_info("city")["normalized_prompt_logprobs"] == pytest.approx(
+        alone.get_meta_info("city")["normalized_prompt_logprobs"], abs=0.05)  # other thread counts: bf16 sums
+    assert backend.pins_programs is False and backend.batches_texts is False
+    # a gen with tools renders its chat on the server, at a route the gateway does not forward
+    with pytest.raises(sgl.BackendError, match="run tool programs against a server's own URL"):
+        backend.chat_prompt([{"role": "user", "content": "Hi"}], None)
+    assert [r.getMessage() for r in caplog.records].count(
+        f"{dp.url} refuses a batch of texts (a gateway in front of the servers?): a batch goes as one request per "
+        "text from now on") == 1
     assert [r.getMessage() for r in caplog.records].count(
         f"{dp.url} has no /end_program (a gateway in front of the servers?): programs run on it without cache pins"
     ) == 1

@@ -37,11 +37,11 @@ def test_cli_flags_rebuild_the_same_args(args):
 def test_threads_and_kv_tokens_are_split_between_replicas():
     replicas = plan_replicas(ServerArgs(num_threads=8, max_total_tokens=10_001), HttpArgs(port=80, host="0.0.0.0"),
                              DataParallelArgs(dp_size=3), [7001, 7002, 7003])
-    assert [r.args.num_threads for r in replicas] == [2, 2, 2]
+    assert [r.args.num_threads for r in replicas] == [3, 3, 2]  # every thread used
     assert [r.args.max_total_tokens for r in replicas] == [3333] * 3
     assert [r.url for r in replicas] == ["http://127.0.0.1:7001", "http://127.0.0.1:7002", "http://127.0.0.1:7003"]
     # every other flag is the user's, and the replica's command line carries them
-    assert dataclasses.replace(replicas[0].args, num_threads=8, max_total_tokens=10_001) == \
+    assert dataclasses.replace(replicas[2].args, num_threads=8, max_total_tokens=10_001) == \
         ServerArgs(num_threads=8, max_total_tokens=10_001)
     command = replicas[1].command(parent_pid=42)
     assert command[command.index("--port") + 1] == "7002" and "--dp-size" not in command
@@ -52,9 +52,21 @@ def test_kv_memory_is_split_and_one_thread_is_the_least():
     replicas = plan_replicas(ServerArgs(num_threads=1, kv_cache_memory=2.0), HttpArgs(), DataParallelArgs(dp_size=4),
                              [1, 2, 3, 4])
     assert {r.args.kv_cache_memory for r in replicas} == {0.5}
-    assert {r.args.num_threads for r in replicas} == {1}
+    assert {r.args.num_threads for r in replicas} == {1}  # more replicas than threads: they share cores
+    assert data_parallel.thread_shares(3, 2) == [2, 1] and data_parallel.thread_shares(2, 2) == [1, 1]
     with pytest.raises(PlanError, match="at least"):
         plan_replicas(ServerArgs(max_total_tokens=40), HttpArgs(), DataParallelArgs(dp_size=4), [1, 2, 3, 4])
+
+
+def test_the_replicas_weights_count_against_the_memory_available(monkeypatch):
+    """Each replica loads the weights: N copies of them beside the pool must fit (the default
+    model's weights are 0.25 GiB in bfloat16)."""
+    args, dp = ServerArgs(kv_cache_memory=2.0, dtype="bfloat16", device="cpu"), DataParallelArgs(dp_size=4)
+    monkeypatch.setattr(data_parallel, "available_memory_bytes", lambda: int(2.5 * 2**30))
+    with pytest.raises(PlanError, match="4 copies of the 0.25 GiB of weights"):
+        plan_replicas(args, HttpArgs(), dp, [1, 2, 3, 4])
+    monkeypatch.setattr(data_parallel, "available_memory_bytes", lambda: int(3.5 * 2**30))
+    assert len(plan_replicas(args, HttpArgs(), dp, [1, 2, 3, 4])) == 4
 
 
 def test_gateway_command_puts_the_users_router_args_last():
@@ -67,6 +79,8 @@ def test_gateway_command_puts_the_users_router_args_last():
     assert cmd[cmd.index("--port") + 1] == "8000" and cmd[cmd.index("--prometheus-port") + 1] == "9100"
     assert cmd[cmd.index("--api-key") + 1] == "k"
     assert "--balance-abs-threshold" not in cmd  # round_robin has no thresholds
+    # replicas' 503s when full (load shedding) must not shut them out of the gateway
+    assert "--disable-circuit-breaker" in cmd
     cache_aware = gateway_command(replicas, HttpArgs(), DataParallelArgs(dp_size=2), 9100, parent_pid=1)
     abs_threshold, rel_threshold = data_parallel.GATEWAY_BALANCE
     assert cache_aware[cache_aware.index("--balance-abs-threshold") + 1] == str(abs_threshold)
@@ -83,11 +97,12 @@ def test_bad_values_name_the_flag():
 
 def test_without_the_gateway_dp_says_how_to_install_it(monkeypatch, capsys):
     monkeypatch.setattr(dp_launcher, "gateway_installed", lambda: False)
-    handler = signal.getsignal(signal.SIGTERM)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         code = dp_launcher.serve_data_parallel(ServerArgs(), HttpArgs(port=1), DataParallelArgs(dp_size=2))
     finally:
-        signal.signal(signal.SIGTERM, handler)
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
     err = capsys.readouterr().err
     assert code == 1 and data_parallel.INSTALL_HINT in err and "--dp-size 2" in err
 

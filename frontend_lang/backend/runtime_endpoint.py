@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import ssl
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -15,11 +16,20 @@ from frontend_lang.tools import RenderedChat, ToolUse
 
 logger = logging.getLogger(__name__)
 
+# How SGLang's model gateway (in front of ``forkserve serve --dp-size`` replicas) refuses a
+# /generate whose text is a list: a 422 from its own request parser.
+_GATEWAY_REFUSES_TEXT_BATCH = "invalid type: sequence"
+
 
 class RuntimeEndpoint(Backend):
     """A server's native API. ``verify`` (TLS: a CA bundle path, or False) and
     ``chat_template_name`` are SGLang's arguments; roles always use the server's own chat
     template (its markers from ``/get_model_info``), so a template name is not needed here."""
+
+    # Whether /generate takes a list of texts in one request. SGLang's model gateway refuses
+    # them; behind one, a list goes as concurrent requests of one text each (which the
+    # gateway's cache-aware policy sends where their shared prefix is cached).
+    batches_texts = True
 
     def __init__(self, base_url: str, api_key: str | None = None, verify: str | bool | None = None,
                  chat_template_name: str | None = None, *, timeout: float = 600.0) -> None:
@@ -84,7 +94,20 @@ class RuntimeEndpoint(Backend):
             )
         if program_id is not None:
             body["program_id"] = program_id
-        return self._post("/generate", body)
+        if isinstance(prompt, list) and not self.batches_texts:
+            return self._generate_each(body, prompt)
+        resp = self._post_response("/generate", body)
+        if isinstance(prompt, list) and resp.status_code == 422 and _GATEWAY_REFUSES_TEXT_BATCH in resp.text:
+            self.batches_texts = False
+            logger.warning("%s refuses a batch of texts (a gateway in front of the servers?): a batch goes as one "
+                           "request per text from now on", self.base_url)
+            return self._generate_each(body, prompt)
+        return self._check(resp)
+
+    def _generate_each(self, body: dict[str, Any], prompts: list[str]) -> list[dict[str, Any]]:
+        """``body`` sent once per prompt, all at once; the results in the prompts' order."""
+        with ThreadPoolExecutor(max_workers=min(len(prompts), 64) or 1) as pool:
+            return list(pool.map(lambda text: self._post("/generate", {**body, "text": text}), prompts))
 
     def generate_stream(
         self, prompt: str, sampling_params: dict[str, Any], *, program_id: str | None = None
@@ -121,7 +144,13 @@ class RuntimeEndpoint(Backend):
         body: dict[str, Any] = {"model": self.model_info.get("served_model_name") or self.model_info["model_path"],
                                 "messages": messages, "add_generation_prompt": add_generation_prompt,
                                 **(tools.request_fields() if tools else {})}
-        out = self._post("/v1/chat/completions/render", body)
+        resp = self._post_response("/v1/chat/completions/render", body)
+        if resp.status_code == 404:
+            raise BackendError(f"{self.base_url} has no /v1/chat/completions/render, where a gen with tools renders "
+                               "its chat with the server's template (SGLang's model gateway, as in front of forkserve "
+                               "serve --dp-size, does not pass it on): run tool programs against a server's own URL "
+                               "(--dp-size prints each replica's)")
+        out = self._check(resp)
         return RenderedChat(out["text"], out.get("sampling_params") or {}, out.get("tool_call_parser"))
 
     def end_program(self, program_id: str) -> None:

@@ -36,6 +36,10 @@ logger = logging.getLogger("forkserve")
 _INLINE_ENCODE_CHARS = 20_000
 
 
+# The model SGLang's model gateway names in a request that named none (it fills the field in).
+GATEWAY_UNNAMED_MODEL = "unknown"
+
+
 @dataclass
 class ServerContext:
     client: SchedulerClient
@@ -89,8 +93,9 @@ class ServerContext:
 
     # ------------------------------------------------------------------ checks
     def check_model(self, model: str | None) -> None:
-        """A 404 unless ``model`` names the served model (None: left out, the served one)."""
-        if model is not None and model not in (self.model_name, self.model_path):
+        """A 404 unless ``model`` names the served model (None: left out, the served one; so
+        is ``"unknown"``, which SGLang's model gateway puts in a request that named none)."""
+        if model is not None and model not in (self.model_name, self.model_path, GATEWAY_UNNAMED_MODEL):
             raise ApiError(404, f"The model '{model}' does not exist; this server serves '{self.model_name}'", param="model")
 
     def check_capacity(self, num_new: int) -> None:

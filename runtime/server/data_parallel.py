@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 
 from runtime.arg_fields import cli_flags
-from runtime.capacity import available_memory_bytes
+from runtime.capacity import available_memory_bytes, kv_bytes_per_token, model_config, weight_bytes
 from runtime.config import MIN_KV_TOKENS, ServerArgs
 from runtime.serve_args import DataParallelArgs, HttpArgs
 
@@ -69,8 +69,7 @@ def plan_replicas(args: ServerArgs, http: HttpArgs, dp: DataParallelArgs, ports:
     n = dp.dp_size
     if len(ports) != n:
         raise PlanError(f"need {n} ports, got {len(ports)}")
-    threads = max(1, (args.num_threads or available_cores()) // n)
-    shares: dict[str, object] = {"num_threads": threads}
+    shares: dict[str, object] = {}
     if args.max_total_tokens is not None:
         tokens = args.max_total_tokens // n
         if tokens < MIN_KV_TOKENS:
@@ -79,13 +78,35 @@ def plan_replicas(args: ServerArgs, http: HttpArgs, dp: DataParallelArgs, ports:
         shares["max_total_tokens"] = tokens
     else:
         shares["kv_cache_memory"] = args.kv_cache_memory / n
-        available = available_memory_bytes() if args.resolved_device.startswith("cpu") else None
-        if available is not None and args.kv_cache_memory * 2**30 > available:  # each replica's share fits alone
-            raise PlanError(f"--kv-cache-memory {args.kv_cache_memory:g} GiB (all replicas together) is more than "
-                            f"the {available / 2**30:.1f} GiB of memory available now")
-    replica_args = dataclasses.replace(args, **shares)  # type: ignore[arg-type]
-    return [Replica(i, replica_args, dataclasses.replace(http, host=REPLICA_HOST, port=port))
+    _check_memory(args, n)
+    threads = thread_shares(args.num_threads or available_cores(), n)
+    return [Replica(i, dataclasses.replace(args, num_threads=threads[i], **shares),  # type: ignore[arg-type]
+                    dataclasses.replace(http, host=REPLICA_HOST, port=port))
             for i, port in enumerate(ports)]
+
+
+def _check_memory(args: ServerArgs, n: int) -> None:
+    """On a CPU, the replicas' KV pools and their ``n`` copies of the weights must fit in the
+    memory available now: they all start at once, and each checks only its own pool."""
+    available = available_memory_bytes() if args.resolved_device.startswith("cpu") else None
+    if available is None:
+        return
+    _, cfg = model_config(args.model_path)
+    weights = weight_bytes(cfg, args.resolved_dtype)
+    pool = (args.max_total_tokens * kv_bytes_per_token(cfg, args.resolved_dtype) if args.max_total_tokens
+            else int(args.kv_cache_memory * 2**30))
+    if pool + n * weights > available:
+        gib = 2**30
+        given = "--max-total-tokens" if args.max_total_tokens else "--kv-cache-memory"
+        raise PlanError(f"{n} replicas need {(pool + n * weights) / gib:.1f} GiB ({given}: a KV pool of {pool / gib:.1f} "
+                        f"GiB for all of them, and {n} copies of the {weights / gib:.2f} GiB of weights), more than the "
+                        f"{available / gib:.1f} GiB of memory available now ('forkserve capacity' prints what fits)")
+
+
+def thread_shares(total: int, n: int) -> list[int]:
+    """``total`` compute threads over ``n`` replicas, as evenly as they go; at least one
+    each (more replicas than threads share cores)."""
+    return [max(1, total // n + (i < total % n)) for i in range(n)]
 
 
 def gateway_command(
@@ -103,6 +124,11 @@ def gateway_command(
         "--health-check-interval-secs", str(dp.router_health_check_interval),
         "--health-failure-threshold", "2",
         "--shutdown-grace-period-secs", str(GATEWAY_GRACE_S),
+        # A replica's 503 "at capacity" (load shedding, --max-queued-requests) counts as a
+        # failure to the gateway's circuit breaker: ten of them shut a healthy replica out for
+        # 60 s, and the gateway answered everything "no available workers" meanwhile. Dead
+        # replicas are taken out by this launcher and by the health checks instead.
+        "--disable-circuit-breaker",
         "--log-level", "warn",
     ]
     if dp.router_policy == "cache_aware":

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
 import shutil
 import signal
 import socket
@@ -39,6 +40,7 @@ from runtime.server.data_parallel import (
     INSTALL_HINT,
     REPLICA_HOST,
     Replica,
+    available_cores,
     check_router_args,
     gateway_command,
     gateway_installed,
@@ -55,6 +57,9 @@ _READY_LINE = "forkserve ready:"
 # What uvicorn logs when the gateway, registering a worker, also probes it for gRPC (it
 # tries HTTP and gRPC at once); only dropped until the gateway is up.
 _GRPC_PROBE_LINE = "Invalid HTTP request received."
+# The colours of the gateway's log lines, dropped: the lines go to our stderr, often a file.
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+_MODEL_IN_READY_LINE = re.compile(r"\(model (.+?);")
 _REPLICA_STOP_S = 12.0  # a replica's own shutdown: 1.5 s grace, 3 s to answer, 3 s for its children
 _GATEWAY_READY_S = 60.0
 
@@ -66,15 +71,19 @@ class Child:
     ready: threading.Event = field(default_factory=threading.Event)
     registered: threading.Event = field(default_factory=threading.Event)
     reported: bool = False
+    model: str | None = None  # the model its ready line names
 
     def forward_output(self, stream: IO[str]) -> None:
         """Copy the child's output to our stderr, each line tagged with its name but the JSON
         lines of --log-requests-format json (objects alone, for log collectors; each has its rid)."""
         for line in stream:
             if line.startswith(_READY_LINE):
+                named = _MODEL_IN_READY_LINE.search(line)
+                self.model = named.group(1) if named else None
                 self.ready.set()
             if _GRPC_PROBE_LINE in line and not self.registered.is_set():
                 continue
+            line = _ANSI_ESCAPE.sub("", line)
             sys.stderr.write(line if line.startswith("{") else f"[{self.name}] {line}")
             sys.stderr.flush()
 
@@ -108,6 +117,11 @@ class DataParallelLauncher:
             held += reserve_ports(self.dp.dp_size + 1)
             *ports, self.metrics_port = [s.getsockname()[1] for s in held[1:]]
             self.replicas = plan_replicas(self.args, self.http, self.dp, ports)
+            threads = self.args.num_threads or available_cores()
+            if self.dp.dp_size > threads:
+                print(f"forkserve: warning: {self.dp.dp_size} replicas on {threads} compute threads "
+                      f"({'--num-threads' if self.args.num_threads else 'cores'}): each replica gets one thread, "
+                      "and they take turns on the cores", file=sys.stderr, flush=True)
             for s in held[1:-1]:
                 s.close()
             for r in self.replicas:
@@ -171,8 +185,10 @@ class DataParallelLauncher:
                   flush=True)
         host = f"[{self.http.host}]" if ":" in self.http.host else self.http.host
         print(f"forkserve: gateway metrics (Prometheus) at http://{host}:{self.metrics_port}/metrics", flush=True)
-        print(f"forkserve ready: http://{host}:{self.http.port} ({len(self.replicas)} replicas behind SGLang's model "
-              f"gateway, policy {self.dp.router_policy}; OpenAI API under /v1)", flush=True)
+        model = f"model {self.children[0].model}; " if self.children[0].model else ""
+        key = "; requests need the --api-key bearer" if self.http.api_key else ""
+        print(f"forkserve ready: http://{host}:{self.http.port} ({model}{len(self.replicas)} replicas behind SGLang's "
+              f"model gateway, policy {self.dp.router_policy}; OpenAI API under /v1{key})", flush=True)
         self.announced_ready = True
 
     def _watch(self) -> int:
@@ -254,6 +270,8 @@ def serve_data_parallel(args: ServerArgs, http: HttpArgs, dp: DataParallelArgs) 
     """Run replicas and gateway until SIGINT/SIGTERM (exit code 0; 130 before they were
     ready) or until the gateway or every replica dies (1)."""
     signal.signal(signal.SIGTERM, ipc.raise_keyboard_interrupt)
+    # Ctrl-C too, even where this process started with SIGINT ignored (a shell's background job)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     launcher = DataParallelLauncher(args, http, dp)
     try:
         return launcher.run()
