@@ -155,21 +155,32 @@ class SglFunction:
         (a ``gen`` the server refuses) ends the program without raising: ``s.error()`` holds
         the ``ProgramError`` (also logged), ``s.text()`` the text so far. An exception of the
         program's own Python code is raised. ``use_thread`` is taken for SGLang's sake and
-        changes nothing: the program's operations always run on a thread of their own."""
+        changes nothing: the program's operations always run on a thread of their own.
+        Ctrl-C (``KeyboardInterrupt``) stops it at once: nothing more is sent (``Program.interrupt``)."""
+        return self._run(args, kwargs, backend, stream, pin_cache, None)
+
+    def _run(self, args: tuple[Any, ...], kwargs: dict[str, Any], backend: Any, stream: bool, pin_cache: bool,
+             batch: BatchPrograms | None) -> ProgramState:
         kwargs = {**kwargs, **self.bind_arguments}  # bound arguments win, as in SGLang
         defaults_kw = {k: kwargs.pop(k) for k in list(kwargs) if k in _run_defaults.__code__.co_varnames}
         chosen = _backend_or_default(backend)
         program = Program(chosen, _run_defaults(**defaults_kw), pin_cache, stream)
+        if batch is not None:
+            batch.add(program)
         state = ProgramState(program)
         own_error: list[BaseException] = []
 
         def body() -> None:
             try:
                 state.ret_value = self.func(state, *args, **kwargs)
+                program.sync_all()
             except ProgramError as err:  # an operation failed (read back inside the body); logged then
                 state._error = state._error or err  # noqa: SLF001
             except Exception as err:  # the program's own code failed: what it queued still runs
                 own_error.append(err)
+            except BaseException:  # Ctrl-C in the program's code or while it waited: stop sending
+                program.interrupt()
+                raise
             finally:
                 program.sync_all()
                 if own_error:
@@ -219,22 +230,32 @@ class SglFunction:
         # bound one's place is taken); a wrong count then fails here, before any runs.
         given = [self._by_name(args) for args in batch_kwargs] if self.bind_arguments else list(batch_kwargs)
 
+        batch = BatchPrograms()
+        pin_cache = defaults.pop("pin_cache", True)
+        defaults.pop("use_thread", None)  # run()'s, taken and unused
+
         def one(args: dict[str, Any] | tuple[Any, ...] | list[Any]) -> ProgramState:
             try:
                 if isinstance(args, (tuple, list)):
-                    return self.run(*args, backend=backend, **defaults)
-                return self.run(backend=backend, **defaults, **args)
+                    return self._run(tuple(args), dict(defaults), backend, False, pin_cache, batch)
+                return self._run((), {**defaults, **args}, backend, False, pin_cache, batch)
             except Exception as err:  # kept in the state; the caller inspects error()
                 return _failed_state(err, backend)
 
         pool = concurrent.futures.ThreadPoolExecutor(workers)
         futures = [pool.submit(one, kw) for kw in given]
         if generator_style:
-            return _in_order(futures, pool, self.__name__, progress_bar)
-        with pool, tqdm(total=len(futures), desc=self.__name__, disable=not progress_bar) as bar:
-            for f in concurrent.futures.as_completed(futures):
-                bar.update(1)
-                del f
+            return _in_order(futures, pool, batch, self.__name__, progress_bar)
+        try:
+            with tqdm(total=len(futures), desc=self.__name__, disable=not progress_bar) as bar:
+                for f in concurrent.futures.as_completed(futures):
+                    bar.update(1)
+                    del f
+        except BaseException:  # Ctrl-C: the programs running stop sending; the others never start
+            batch.interrupt()
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown()
         return [f.result() for f in futures]
 
     def _by_name(self, args: dict[str, Any] | tuple[Any, ...] | list[Any]) -> dict[str, Any]:
@@ -247,14 +268,42 @@ class SglFunction:
         return dict(zip(self.arg_names, args, strict=False))
 
 
+class BatchPrograms:
+    """The programs of one ``run_batch``, so that Ctrl-C stops all of them."""
+
+    def __init__(self) -> None:
+        self.programs: list[Program] = []
+        self.lock = threading.Lock()
+        self.interrupted = False
+
+    def add(self, program: Program) -> None:
+        with self.lock:
+            self.programs.append(program)
+            if self.interrupted:  # started as the batch was being stopped
+                program.interrupt()
+
+    def interrupt(self) -> None:
+        with self.lock:
+            self.interrupted = True
+            programs = list(self.programs)
+        for p in programs:
+            p.interrupt()
+
+
 def _in_order(futures: list[concurrent.futures.Future[ProgramState]], pool: concurrent.futures.ThreadPoolExecutor,
-              name: str, progress_bar: bool) -> Iterator[ProgramState]:
+              batch: BatchPrograms, name: str, progress_bar: bool) -> Iterator[ProgramState]:
     """``run_batch(generator_style=True)``: each state in order once it is done; a generator
-    closed early cancels the programs not yet started."""
+    closed early cancels the programs not yet started, and Ctrl-C while it waits stops the
+    running ones too."""
     try:
         with tqdm(total=len(futures), desc=name, disable=not progress_bar) as bar:
             for f in futures:
-                yield f.result()
+                try:
+                    result = f.result()
+                except KeyboardInterrupt:
+                    batch.interrupt()
+                    raise
+                yield result
                 bar.update(1)
     finally:
         pool.shutdown(wait=False, cancel_futures=True)

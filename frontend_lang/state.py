@@ -46,6 +46,9 @@ class ProgramError(RuntimeError):
     """An operation of a program failed; the message names it and the program line."""
 
 
+_INTERRUPTED = "the program was interrupted (Ctrl-C)"
+
+
 class Program:
     """What all states of one ``run`` share: backend, defaults, the id that pins the
     program's prefixes in the server's cache, and every state (to wait for them at the end)."""
@@ -59,6 +62,17 @@ class Program:
         self.lock = threading.Lock()
         self._markers: dict[str, Any] | None = None
         self.body_thread: threading.Thread | None = None  # run(stream=True): the program body's thread
+        self.interrupted = False
+
+    def interrupt(self) -> None:
+        """Ctrl-C: nothing more is sent, what is queued is dropped, and every reader wakes up
+        (reads raise ``ProgramError``). A request already sent ends on its own, or with this
+        process, whose closed connection the server takes as an abort."""
+        self.interrupted = True
+        with self.lock:
+            states = list(self.states)
+        for s in states:
+            s.drop_pending()
 
     def read_waits_for_the_end(self) -> bool:
         """A streamed run read from outside its body: reading waits until the program ends."""
@@ -115,6 +129,8 @@ class ProgramState(RoleForms, ToolTurns):
         return self
 
     def submit(self, expr: Expr, where: str) -> None:
+        if self.program.interrupted:
+            raise ProgramError(_INTERRUPTED)
         items = expr.items if isinstance(expr, ExprList) else [expr]
         with self._cond:
             self._pending.extend((item, where) for item in items)
@@ -128,9 +144,12 @@ class ProgramState(RoleForms, ToolTurns):
         raises its ``ProgramError`` here (the program ends); once the program has ended,
         reads give what there is and ``error()`` says what failed, as in SGLang."""
         with self._cond:
-            while self._running or (not self._finished and self.program.read_waits_for_the_end()):
+            while (self._running or (not self._finished and self.program.read_waits_for_the_end())) \
+                    and not self.program.interrupted:
                 self._cond.wait()
             ended = self._finished
+        if raise_error and not ended and self.program.interrupted:
+            raise ProgramError(_INTERRUPTED)
         if raise_error and self._error is not None and not ended:
             raise self._error
 
@@ -252,6 +271,11 @@ class ProgramState(RoleForms, ToolTurns):
         names = (var,) if text is None or not in_text else ((var,) if var else ()) + tuple(self.scope_starts)
         with self._cond:
             self._chunks.append((names, text, in_text))  # type: ignore[arg-type]
+            self._cond.notify_all()
+
+    def drop_pending(self) -> None:
+        with self._cond:
+            self._pending.clear()
             self._cond.notify_all()
 
     def mark_finished(self) -> None:

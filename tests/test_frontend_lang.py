@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from typing import Literal
 
 import httpx
@@ -409,3 +410,49 @@ def test_examples_a_chat_api_cannot_run_refuse_openai_up_front(example):
     done = subprocess.run([sys.executable, "-m", f"examples.{example}", "--url", "http://127.0.0.1:9", "--openai"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "cannot run with --openai" in done.stderr, done.stderr
+
+
+class _CountingEndpoint(sgl.RuntimeEndpoint):
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.sent = 0
+
+    def generate(self, *args, **kwargs):
+        self.sent += 1
+        return super().generate(*args, **kwargs)
+
+
+@sgl.function
+def _many_gens(s, i: int = 0, gens: int = 20):
+    s += f"Program {i}. Write many words:"
+    for k in range(gens):
+        s += sgl.gen(f"g{k}", max_tokens=8, temperature=0.8, ignore_eos=True)
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["run", "run_batch"])
+def test_ctrl_c_stops_a_program_and_nothing_more_is_sent(server, batch):
+    """Ctrl-C used to wait for every queued gen of every program to run on the server."""
+    import signal
+    import threading
+
+    backend = _CountingEndpoint(server.url)
+    main = threading.main_thread().ident
+    assert main is not None
+    timer = threading.Timer(1.0, signal.pthread_kill, (main, signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            if batch:
+                _many_gens.run_batch([{"i": i} for i in range(8)], backend=backend)
+            else:
+                _many_gens.run(gens=60, backend=backend)
+    finally:
+        timer.cancel()
+    full = 8 * 20 if batch else 60
+    sent = backend.sent
+    assert sent < full / 2, f"{sent} of {full} gens were sent"
+    deadline = time.monotonic() + 60  # the gens already sent end on their own
+    while httpx.get(server.url + "/get_load", timeout=10).json()[0]["num_reqs"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(0.5)
+    assert backend.sent == sent  # the programs' threads send nothing more

@@ -38,6 +38,10 @@ class PinsMachine(RuleBasedStateMachine):
         self.tree = RadixCache(self.allocator, page_size=1)
         self.pins = ProgramPins(self.tree, self.CAPACITY, max_fraction=0.25)
         self.model: dict[str, set[tuple[int, ...]]] = {}  # program -> pinned prefixes
+        self.runs: dict[str, int] = {}  # each name's ended runs: a run's id is the name and this count
+
+    def _id(self, program: str) -> str:
+        return f"{program}{self.runs.get(program, 0)}"
 
     @rule(tokens=TOKENS)
     def cache(self, tokens: list[int]) -> None:
@@ -53,6 +57,7 @@ class PinsMachine(RuleBasedStateMachine):
 
     @rule(program=PROGRAMS, tokens=TOKENS)
     def pin(self, program: str, tokens: list[int]) -> None:
+        program = self._id(program)
         match = self.tree.match_prefix(tokens)
         prefix = tuple(tokens[: match.prefix_len])
         before = self.pins.pinned_tokens
@@ -66,7 +71,14 @@ class PinsMachine(RuleBasedStateMachine):
 
     @rule(program=PROGRAMS)
     def end(self, program: str) -> None:
-        assert self.pins.end(program) == len(self.model.pop(program, set()))
+        assert self.pins.end(self._id(program)) == len(self.model.pop(self._id(program), set()))
+        self.runs[program] = self.runs.get(program, 0) + 1
+
+    @rule(program=PROGRAMS, tokens=TOKENS)
+    def pin_after_the_end(self, program: str, tokens: list[int]) -> None:
+        """A request of a program that has ended finishes (its client did not wait for it)."""
+        if self.runs.get(program):
+            assert not self.pins.pin(f"{program}{self.runs[program] - 1}", tokens)
 
     @rule()
     def release_oldest(self) -> None:

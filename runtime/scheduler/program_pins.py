@@ -10,14 +10,18 @@ Pins are a priority, never a reason to fail: a pin that would take the pinned to
 past ``max_fraction`` of the pool is not taken, and when the scheduler cannot admit work,
 or the running requests need slots for their next tokens, the oldest program's pins are
 dropped (``release_oldest``; for the latter, before a running request is sent back to the
-queue).
+queue). A program that has ended pins nothing more: a request of it that was still running
+(its client was interrupted, and ended the program without waiting) finishes unpinned.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 
 from radix_cache import RadixCache, TreeNode
+
+_REMEMBERED_ENDS = 65_536
 
 
 class ProgramPins:
@@ -28,6 +32,8 @@ class ProgramPins:
         # Programs that share a prefix may pin the same node: each holds its own lock on it.
         self.pins: dict[str, dict[TreeNode, int]] = {}
         self.pinned_tokens = 0  # sum of those lengths (a node pinned by two programs counts twice)
+        # the programs ended most recently (ids are unique per run; a bounded memory of them)
+        self.ended: OrderedDict[str, None] = OrderedDict()
 
     @property
     def num_pinned_nodes(self) -> int:
@@ -35,7 +41,7 @@ class ProgramPins:
 
     def pin(self, program_id: str, token_ids: Sequence[int], namespace: Hashable = None) -> bool:
         """Pin the cached prefix of ``token_ids`` for ``program_id``; False if not pinned."""
-        if self.tree.disable or not token_ids:
+        if self.tree.disable or not token_ids or program_id in self.ended:
             return False
         match = self.tree.match_prefix(token_ids, namespace)
         node, length = match.last_node, match.prefix_len
@@ -61,17 +67,24 @@ class ProgramPins:
 
     def end(self, program_id: str) -> int:
         """Release every pin of ``program_id``; returns how many nodes were released."""
+        self.ended[program_id] = None
+        if len(self.ended) > _REMEMBERED_ENDS:
+            self.ended.popitem(last=False)
+        return self._release(program_id)
+
+    def release_oldest(self) -> bool:
+        """Drop the oldest program's pins (memory is short); it runs on, and may pin again."""
+        if not self.pins:
+            return False
+        self._release(next(iter(self.pins)))
+        return True
+
+    def _release(self, program_id: str) -> int:
         nodes = self.pins.pop(program_id, {})
         for node, length in nodes.items():
             self.tree.dec_lock_ref(node)
             self.pinned_tokens -= length
         return len(nodes)
-
-    def release_oldest(self) -> bool:
-        if not self.pins:
-            return False
-        self.end(next(iter(self.pins)))
-        return True
 
     def release_all(self) -> None:
         while self.release_oldest():
