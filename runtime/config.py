@@ -67,6 +67,12 @@ class ServerArgs:
         "tokens ride along in each prefill step, so they keep decoding while new prompts are read "
         "(their rows add little to the step's matrix products).",
     )
+    program_pin_timeout: float = flag_field(
+        600.0,
+        "Seconds a DSL program's cache pins (program_id) outlive its last request: the pins of a "
+        "program whose client died without ending it are released then. 0 keeps them until the "
+        "program ends or memory runs short.",
+    )
     schedule_policy: str = flag_field(
         "lpm",
         "Order of waiting requests: lpm (longest cached prefix first, best reuse) or fcfs.",
@@ -147,6 +153,8 @@ class ServerArgs:
             raise ValueError(f"max_total_tokens must be at least {MIN_KV_TOKENS}")
         if self.kv_cache_memory <= 0:
             raise ValueError("kv_cache_memory must be positive")
+        if not self.program_pin_timeout >= 0:
+            raise ValueError(f"program_pin_timeout must be >= 0 (0: no timeout), got {self.program_pin_timeout}")
         if self.grammar_compile_timeout <= 0:
             raise ValueError(f"grammar_compile_timeout must be positive, got {self.grammar_compile_timeout}")
         if self.max_context_len is not None and self.max_context_len < 2:

@@ -121,3 +121,23 @@ def test_two_programs_pinning_one_node_each_release_their_own_lock():
     assert pins.end("a") == 1 and tree.protected_size == 3  # b's lock holds
     assert pins.end("b") == 1 and tree.protected_size == 0 and pins.pinned_tokens == 0
     assert torch.equal(tree.match_prefix([1, 2, 3]).indices, tree.match_prefix([1, 2, 3, 4]).indices)
+
+
+def test_a_program_idle_past_the_timeout_loses_its_pins_and_may_pin_again():
+    """A client that died without ending its program: its pins go once no request of it has
+    finished for the timeout; an active one keeps them."""
+    now = [0.0]
+    allocator = SlotAllocator(65)
+    tree = RadixCache(allocator, page_size=1)
+    tree.insert([1, 2, 3, 4], allocator.alloc(4))
+    pins = ProgramPins(tree, 64, idle_timeout=10.0, clock=lambda: now[0])
+    assert pins.pin("dead", [1, 2]) and pins.pin("alive", [1, 2, 3])
+    now[0] = 8.0
+    assert pins.pin("alive", [1, 2, 3, 4])
+    now[0] = 10.5
+    assert pins.release_idle() == 1 and set(pins.pins) == {"alive"}
+    assert tree.protected_size == 4 and pins.pinned_tokens == 4
+    assert pins.pin("dead", [1, 2]) and set(pins.pins) == {"alive", "dead"}  # not ended: it may come back
+    now[0] = 30.0
+    assert pins.release_idle() == 2 and tree.protected_size == 0 and pins.pinned_tokens == 0
+    assert ProgramPins(tree, 64).release_idle() == 0  # no timeout: never

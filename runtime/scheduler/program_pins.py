@@ -11,13 +11,16 @@ past ``max_fraction`` of the pool is not taken, and when the scheduler cannot ad
 or the running requests need slots for their next tokens, the oldest program's pins are
 dropped (``release_oldest``; for the latter, before a running request is sent back to the
 queue). A program that has ended pins nothing more: a request of it that was still running
-(its client was interrupted, and ended the program without waiting) finishes unpinned.
+(its client was interrupted, and ended the program without waiting) finishes unpinned. A
+program none of whose requests has finished for ``idle_timeout`` seconds loses its pins
+(``release_idle``): its client may have died without ending it.
 """
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 from radix_cache import RadixCache, TreeNode
 
@@ -25,9 +28,13 @@ _REMEMBERED_ENDS = 65_536
 
 
 class ProgramPins:
-    def __init__(self, tree: RadixCache, capacity: int, max_fraction: float = 0.5) -> None:
+    def __init__(self, tree: RadixCache, capacity: int, max_fraction: float = 0.5, idle_timeout: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.tree = tree
         self.max_locked = int(capacity * max_fraction)
+        self.idle_timeout = idle_timeout  # 0: never
+        self.clock = clock
+        self.last_pinned: OrderedDict[str, float] = OrderedDict()  # program -> when, least recent first
         # program -> its pinned nodes, each with the tokens on its path; oldest program first.
         # Programs that share a prefix may pin the same node: each holds its own lock on it.
         self.pins: dict[str, dict[TreeNode, int]] = {}
@@ -43,6 +50,8 @@ class ProgramPins:
         """Pin the cached prefix of ``token_ids`` for ``program_id``; False if not pinned."""
         if self.tree.disable or not token_ids or program_id in self.ended:
             return False
+        self.last_pinned[program_id] = self.clock()
+        self.last_pinned.move_to_end(program_id)
         match = self.tree.match_prefix(token_ids, namespace)
         node, length = match.last_node, match.prefix_len
         if node.is_root:
@@ -79,7 +88,19 @@ class ProgramPins:
         self._release(next(iter(self.pins)))
         return True
 
+    def release_idle(self) -> int:
+        """Drop the pins of programs idle past ``idle_timeout``; returns how many programs."""
+        if not self.idle_timeout:
+            return 0
+        oldest = self.clock() - self.idle_timeout
+        released = 0
+        while self.last_pinned and next(iter(self.last_pinned.values())) < oldest:
+            program_id, _ = self.last_pinned.popitem(last=False)
+            released += self._release(program_id) > 0
+        return released
+
     def _release(self, program_id: str) -> int:
+        self.last_pinned.pop(program_id, None)
         nodes = self.pins.pop(program_id, {})
         for node, length in nodes.items():
             self.tree.dec_lock_ref(node)

@@ -64,7 +64,7 @@ class Scheduler:
         self.num_jumped_tokens = 0  # output tokens appended by jump-forward, not sampled
         self.prefill_streak = 0  # prefill steps since the last decode step
         self.kv_peak_in_use = 0  # most slots requests held (own + locked prefixes) in a step since the last flush
-        self.pins = ProgramPins(self.tree, self.allocator.capacity)
+        self.pins = ProgramPins(self.tree, self.allocator.capacity, idle_timeout=args.program_pin_timeout)
 
     # ------------------------------------------------------------------ the loop
     def validate_request(self, req: Req) -> None:
@@ -104,6 +104,7 @@ class Scheduler:
         """Run one batch; return the requests that got a new token or finished."""
         started = time.perf_counter()
         failed: list[Req] = []
+        self.pins.release_idle()
         if self.grammars:
             ready, failed = self.grammars.take_ready()
             self.waiting.extend(ready)
