@@ -35,8 +35,10 @@ def main() -> None:
     state = self_critique.run(task="Explain why the sky is blue to a child.", temperature=0, backend=backend)
     for m in state.messages():
         print(f"[{m['role']}] {m['content']}\n")
-    print(f"rounds used: {state.ret_value}")
     backend.shutdown()
+    if state.error() is not None:
+        raise SystemExit(f"the program failed: {state.error()}")
+    print(f"rounds used: {state.ret_value}")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import dataclasses
 import json
 import re
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,7 +145,7 @@ def gen(
     top_logprobs_num: int | None = None,
     return_text_in_logprobs: bool | None = None,
     dtype: type | str | None = None,
-    choices: list[str] | None = None,
+    choices: Iterable[str] | None = None,
     choices_method: ChoicesMethod | None = None,
     regex: str | None = None,
     json_schema: str | dict[str, Any] | type | None = None,
@@ -222,22 +223,22 @@ def tool(content: str, tool_call_id: str) -> ToolResult:
 
 
 def select(
-    name: str | None = None, choices: list[str] | None = None, temperature: float = 0.0,
+    name: str | None = None, choices: Iterable[str] | None = None, temperature: float = 0.0,
     choices_method: ChoicesMethod | None = None,
 ) -> Select:
     """Append the best choice by ``choices_method`` (default: the highest
     token-length-normalised logprob; see ``frontend_lang/choices.py``). Greedy only."""
-    choices = None if isinstance(choices, str) else list(choices or [])  # any iterable of strings
-    if not choices or not all(isinstance(c, str) for c in choices):
+    given = [] if choices is None or isinstance(choices, str) else list(choices)  # any iterable of strings
+    if not given or not all(isinstance(c, str) for c in given):
         raise ValueError("select(): choices must be a non-empty list of strings")
-    if "" in choices:  # it has no token of its own to score
+    if "" in given:  # it has no token of its own to score
         raise ValueError("select(): an empty choice cannot be scored: every choice needs text")
     if temperature > 1e-5:
         raise ValueError("select(): only temperature 0 is supported (the choice is an argmax)")
     method = token_length_normalized if choices_method is None else choices_method
     if not isinstance(method, ChoicesMethod):
         raise ValueError(f"select(): choices_method must be one of the frontend_lang choices methods, got {method!r}")
-    return Select(name, list(choices), temperature, method)
+    return Select(name, given, temperature, method)
 
 
 _DTYPE_NAMES: dict[str, type] = {"int": int, "float": float, "bool": bool, "str": str}

@@ -232,7 +232,8 @@ class SglFunction:
 
         batch = BatchPrograms()
         pin_cache = defaults.pop("pin_cache", True)
-        defaults.pop("use_thread", None)  # run()'s, taken and unused
+        for unused in ("use_thread", "stream"):  # run()'s: taken, and unused in a batch
+            defaults.pop(unused, None)
 
         def one(args: dict[str, Any] | tuple[Any, ...] | list[Any]) -> ProgramState:
             try:
@@ -292,20 +293,19 @@ class BatchPrograms:
 
 def _in_order(futures: list[concurrent.futures.Future[ProgramState]], pool: concurrent.futures.ThreadPoolExecutor,
               batch: BatchPrograms, name: str, progress_bar: bool) -> Iterator[ProgramState]:
-    """``run_batch(generator_style=True)``: each state in order once it is done; a generator
-    closed early cancels the programs not yet started, and Ctrl-C while it waits stops the
-    running ones too."""
+    """``run_batch(generator_style=True)``: each state in order once it is done. A generator
+    left before its end (closed, or Ctrl-C while it waits or in the loop reading it) stops
+    the programs still running, as Ctrl-C stops ``run_batch``, and the rest never start."""
+    done = False
     try:
         with tqdm(total=len(futures), desc=name, disable=not progress_bar) as bar:
             for f in futures:
-                try:
-                    result = f.result()
-                except KeyboardInterrupt:
-                    batch.interrupt()
-                    raise
-                yield result
+                yield f.result()
                 bar.update(1)
+        done = True
     finally:
+        if not done:
+            batch.interrupt()
         pool.shutdown(wait=False, cancel_futures=True)
 
 

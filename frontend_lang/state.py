@@ -129,10 +129,10 @@ class ProgramState(RoleForms, ToolTurns):
         return self
 
     def submit(self, expr: Expr, where: str) -> None:
-        if self.program.interrupted:
-            raise ProgramError(_INTERRUPTED)
         items = expr.items if isinstance(expr, ExprList) else [expr]
         with self._cond:
+            if self.program.interrupted:  # checked under the lock drop_pending takes
+                raise ProgramError(_INTERRUPTED)
             self._pending.extend((item, where) for item in items)
             if not self._running:
                 self._running = True
@@ -146,7 +146,7 @@ class ProgramState(RoleForms, ToolTurns):
         with self._cond:
             while (self._running or (not self._finished and self.program.read_waits_for_the_end())) \
                     and not self.program.interrupted:
-                self._cond.wait()
+                self._wait()
             ended = self._finished
         if raise_error and not ended and self.program.interrupted:
             raise ProgramError(_INTERRUPTED)
@@ -239,9 +239,9 @@ class ProgramState(RoleForms, ToolTurns):
         i = 0
         while True:
             with self._cond:
-                while i >= len(self._chunks) and not self._finished:
-                    self._cond.wait()
-                chunks, done = self._chunks[i:], self._finished
+                while i >= len(self._chunks) and not self._finished and not self.program.interrupted:
+                    self._wait()
+                chunks, done = self._chunks[i:], self._finished or self.program.interrupted
             i += len(chunks)
             for names, text, in_text in chunks:
                 if var_name is not None and text is None and var_name in names:
@@ -273,6 +273,19 @@ class ProgramState(RoleForms, ToolTurns):
             self._chunks.append((names, text, in_text))  # type: ignore[arg-type]
             self._cond.notify_all()
 
+    def _wait(self) -> None:
+        """Wait for the executor (``_cond`` held); Ctrl-C meanwhile interrupts the program
+        (a streamed run's body runs on a thread of its own, so only its reader sees it)."""
+        try:
+            self._cond.wait()
+        except KeyboardInterrupt:
+            self._cond.release()  # interrupt() takes every state's lock, this one's too
+            try:
+                self.program.interrupt()
+            finally:
+                self._cond.acquire()
+            raise
+
     def drop_pending(self) -> None:
         with self._cond:
             self._pending.clear()
@@ -292,8 +305,8 @@ class ProgramState(RoleForms, ToolTurns):
                     self._cond.notify_all()
                     return
                 expr, where = self._pending.popleft()
-            if self._error is not None:
-                continue  # an earlier operation failed: the rest of the program is skipped
+            if self._error is not None or self.program.interrupted:
+                continue  # an earlier operation failed, or Ctrl-C: the rest of the program is skipped
             try:
                 self._execute(expr)
             except Exception as err:

@@ -59,7 +59,8 @@ class Plan:
 
 
 def model_config(model_path: str | None) -> tuple[Path, ModelConfig]:
-    """The model's folder and shape, from its config alone (no weights are read)."""
+    """The model's folder and shape, from its config (a GGUF file is converted to a folder on
+    first use, as serve does; later calls find it in the cache)."""
     from runtime.model_loader import resolve_model_path
     from runtime.model_loader.weights import load_hf_config
 

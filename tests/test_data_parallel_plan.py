@@ -17,6 +17,12 @@ from runtime.server import data_parallel, dp_launcher
 from runtime.server.data_parallel import PlanError, gateway_command, local_url, plan_replicas
 
 
+@pytest.fixture(autouse=True)
+def _memory_unknown(monkeypatch):
+    """Plans do not depend on this machine's free memory, unless a test says how much there is."""
+    monkeypatch.setattr(data_parallel, "available_memory_bytes", lambda: None)
+
+
 def _parse(flags: list[str], cls: type) -> object:
     parser = argparse.ArgumentParser()
     add_cli_args(parser, cls)
@@ -79,8 +85,11 @@ def test_gateway_command_puts_the_users_router_args_last():
     assert cmd[cmd.index("--port") + 1] == "8000" and cmd[cmd.index("--prometheus-port") + 1] == "9100"
     assert cmd[cmd.index("--api-key") + 1] == "k"
     assert "--balance-abs-threshold" not in cmd  # round_robin has no thresholds
-    # replicas' 503s when full (load shedding) must not shut them out of the gateway
+    # replicas' 503s when full (load shedding) must not shut them out of the gateway, unless
+    # the user configures the breaker
     assert "--disable-circuit-breaker" in cmd
+    configured = DataParallelArgs(dp_size=2, router_args="--cb-failure-threshold 50")
+    assert "--disable-circuit-breaker" not in gateway_command(replicas, HttpArgs(), configured, 9100, parent_pid=1)
     cache_aware = gateway_command(replicas, HttpArgs(), DataParallelArgs(dp_size=2), 9100, parent_pid=1)
     abs_threshold, rel_threshold = data_parallel.GATEWAY_BALANCE
     assert cache_aware[cache_aware.index("--balance-abs-threshold") + 1] == str(abs_threshold)

@@ -423,15 +423,16 @@ class _CountingEndpoint(sgl.RuntimeEndpoint):
 
 
 @sgl.function
-def _many_gens(s, i: int = 0, gens: int = 20):
+def _many_gens(s, i: int = 0, gens: int = 40):
     s += f"Program {i}. Write many words:"
     for k in range(gens):
         s += sgl.gen(f"g{k}", max_tokens=8, temperature=0.8, ignore_eos=True)
 
 
-@pytest.mark.parametrize("batch", [False, True], ids=["run", "run_batch"])
-def test_ctrl_c_stops_a_program_and_nothing_more_is_sent(server, batch):
-    """Ctrl-C used to wait for every queued gen of every program to run on the server."""
+@pytest.mark.parametrize("how", ["run", "run_batch", "stream", "generator_style"])
+def test_ctrl_c_stops_a_program_and_nothing_more_is_sent(server, how):
+    """Ctrl-C used to wait for every queued gen of every program to run on the server; a
+    streamed run's reader (the body runs on a thread of its own) stopped nothing."""
     import signal
     import threading
 
@@ -442,13 +443,19 @@ def test_ctrl_c_stops_a_program_and_nothing_more_is_sent(server, batch):
     timer.start()
     try:
         with pytest.raises(KeyboardInterrupt):
-            if batch:
+            if how == "run_batch":
                 _many_gens.run_batch([{"i": i} for i in range(8)], backend=backend)
+            elif how == "generator_style":
+                for _ in _many_gens.run_batch([{"i": i} for i in range(8)], backend=backend, generator_style=True):
+                    pass
+            elif how == "stream":
+                for _ in _many_gens.run(gens=120, backend=backend, stream=True).text_iter():
+                    pass
             else:
-                _many_gens.run(gens=60, backend=backend)
+                _many_gens.run(gens=120, backend=backend)
     finally:
         timer.cancel()
-    full = 8 * 20 if batch else 60
+    full = 8 * 40 if how in ("run_batch", "generator_style") else 120
     sent = backend.sent
     assert sent < full / 2, f"{sent} of {full} gens were sent"
     deadline = time.monotonic() + 60  # the gens already sent end on their own
@@ -456,3 +463,5 @@ def test_ctrl_c_stops_a_program_and_nothing_more_is_sent(server, batch):
         time.sleep(0.2)
     time.sleep(0.5)
     assert backend.sent == sent  # the programs' threads send nothing more
+    # ended, and a gen that finished after the end pinned nothing
+    assert httpx.get(server.url + "/get_server_info", timeout=10).json()["scheduler"]["num_pinned_programs"] == 0

@@ -37,7 +37,8 @@ def test_the_document_names_every_route_and_its_answers(small_server):
     assert body["$ref"].endswith("/ChatCompletionRequest")
     # a field accepted only unset shows only that (NeutralOnly), on every route's body
     for model, field in (("ChatCompletionRequest", "logit_bias"), ("CompletionRequest", "suffix"),
-                         ("GenerateReqInput", "lora_path"), ("ResponsesRequest", "prompt")):
+                         ("GenerateReqInput", "lora_path"), ("ResponsesRequest", "prompt"),
+                         ("StructuredOutputs", "whitespace_pattern")):
         assert "not supported" in doc["components"]["schemas"][model]["properties"][field]["description"], model
     assert "text/event-stream" in doc["paths"]["/generate"]["post"]["responses"]["200"]["content"]
 

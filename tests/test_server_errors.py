@@ -193,6 +193,8 @@ def test_an_unexpected_error_is_a_json_500_that_keeps_the_connection():
 def test_unknown_model_lookup_is_404(server):
     resp = httpx.get(server.url + "/v1/models/no-such-model")
     assert_error(resp, 404, "no-such-model")
+    # "unknown" in a body is the gateway's "no model named"; as a model to look up it is none
+    assert_error(httpx.get(server.url + "/v1/models/unknown"), 404, "unknown")
 
 
 def test_still_serving_after_errors(server):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import ssl
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -44,6 +45,8 @@ class RuntimeEndpoint(Backend):
             verify=True if verify is None else verify,
         )
         self.model_info = self._get("/get_model_info")
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None  # sends a batch's texts one each (behind a gateway)
         if chat_template_name is not None:
             logger.warning("RuntimeEndpoint(chat_template_name=%r) is not used: roles follow %s's own chat template",
                            chat_template_name, self.base_url)
@@ -98,16 +101,22 @@ class RuntimeEndpoint(Backend):
             return self._generate_each(body, prompt)
         resp = self._post_response("/generate", body)
         if isinstance(prompt, list) and resp.status_code == 422 and _GATEWAY_REFUSES_TEXT_BATCH in resp.text:
-            self.batches_texts = False
-            logger.warning("%s refuses a batch of texts (a gateway in front of the servers?): a batch goes as one "
-                           "request per text from now on", self.base_url)
+            with self._lock:
+                first = self.batches_texts
+                self.batches_texts = False
+            if first:
+                logger.warning("%s refuses a batch of texts (a gateway in front of the servers?): a batch goes as "
+                               "one request per text from now on", self.base_url)
             return self._generate_each(body, prompt)
         return self._check(resp)
 
     def _generate_each(self, body: dict[str, Any], prompts: list[str]) -> list[dict[str, Any]]:
         """``body`` sent once per prompt, all at once; the results in the prompts' order."""
-        with ThreadPoolExecutor(max_workers=min(len(prompts), 64) or 1) as pool:
-            return list(pool.map(lambda text: self._post("/generate", {**body, "text": text}), prompts))
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="forkserve-dsl-batch")
+            pool = self._pool
+        return list(pool.map(lambda text: self._post("/generate", {**body, "text": text}), prompts))
 
     def generate_stream(
         self, prompt: str, sampling_params: dict[str, Any], *, program_id: str | None = None
@@ -145,7 +154,7 @@ class RuntimeEndpoint(Backend):
                                 "messages": messages, "add_generation_prompt": add_generation_prompt,
                                 **(tools.request_fields() if tools else {})}
         resp = self._post_response("/v1/chat/completions/render", body)
-        if resp.status_code == 404:
+        if resp.status_code == 404 and not resp.content.strip():  # no such route (the server's own 404s say why)
             raise BackendError(f"{self.base_url} has no /v1/chat/completions/render, where a gen with tools renders "
                                "its chat with the server's template (SGLang's model gateway, as in front of forkserve "
                                "serve --dp-size, does not pass it on): run tool programs against a server's own URL "
@@ -171,4 +180,6 @@ class RuntimeEndpoint(Backend):
         return self._get("/get_server_info")
 
     def shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
         self.client.close()

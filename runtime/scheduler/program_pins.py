@@ -50,8 +50,9 @@ class ProgramPins:
         """Pin the cached prefix of ``token_ids`` for ``program_id``; False if not pinned."""
         if self.tree.disable or not token_ids or program_id in self.ended:
             return False
-        self.last_pinned[program_id] = self.clock()
-        self.last_pinned.move_to_end(program_id)
+        if self.idle_timeout:
+            self.last_pinned[program_id] = self.clock()
+            self.last_pinned.move_to_end(program_id)
         match = self.tree.match_prefix(token_ids, namespace)
         node, length = match.last_node, match.prefix_len
         if node.is_root:

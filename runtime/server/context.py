@@ -92,10 +92,12 @@ class ServerContext:
         return self.is_ready and not self.is_shutting_down and self.client.failure is None
 
     # ------------------------------------------------------------------ checks
-    def check_model(self, model: str | None) -> None:
+    def check_model(self, model: str | None, in_body: bool = True) -> None:
         """A 404 unless ``model`` names the served model (None: left out, the served one; so
-        is ``"unknown"``, which SGLang's model gateway puts in a request that named none)."""
-        if model is not None and model not in (self.model_name, self.model_path, GATEWAY_UNNAMED_MODEL):
+        is ``"unknown"`` in a request body, which SGLang's model gateway puts in one that
+        named none)."""
+        names = (self.model_name, self.model_path, GATEWAY_UNNAMED_MODEL) if in_body else (self.model_name, self.model_path)
+        if model is not None and model not in names:
             raise ApiError(404, f"The model '{model}' does not exist; this server serves '{self.model_name}'", param="model")
 
     def check_capacity(self, num_new: int) -> None:

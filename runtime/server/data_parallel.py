@@ -124,18 +124,21 @@ def gateway_command(
         "--health-check-interval-secs", str(dp.router_health_check_interval),
         "--health-failure-threshold", "2",
         "--shutdown-grace-period-secs", str(GATEWAY_GRACE_S),
-        # A replica's 503 "at capacity" (load shedding, --max-queued-requests) counts as a
-        # failure to the gateway's circuit breaker: ten of them shut a healthy replica out for
-        # 60 s, and the gateway answered everything "no available workers" meanwhile. Dead
-        # replicas are taken out by this launcher and by the health checks instead.
-        "--disable-circuit-breaker",
         "--log-level", "warn",
     ]
+    user_flags = shlex.split(dp.router_args)
+    # A replica's 503 "at capacity" (load shedding, --max-queued-requests) counts as a failure
+    # to the gateway's circuit breaker: ten of them shut a healthy replica out for 60 s, and
+    # the gateway answered everything "no available workers" meanwhile. Dead replicas are
+    # taken out by this launcher and by the health checks instead. (A flag cannot turn it back
+    # on, so it is left on where --router-args configure it.)
+    if not any(flag.startswith("--cb-") for flag in user_flags):
+        cmd.append("--disable-circuit-breaker")
     if dp.router_policy == "cache_aware":
         cmd += ["--balance-abs-threshold", str(GATEWAY_BALANCE[0]), "--balance-rel-threshold", str(GATEWAY_BALANCE[1])]
     if http.api_key:
         cmd += ["--api-key", http.api_key]
-    return cmd + shlex.split(dp.router_args)
+    return cmd + user_flags
 
 
 def _guarded(parent_pid: int, module: str) -> list[str]:

@@ -48,7 +48,7 @@ def add_routes(app: FastAPI, ctx: ServerContext) -> None:
 
     @app.get("/v1/models/{model:path}")
     async def model(model: str) -> dict[str, Any]:
-        ctx.check_model(model)
+        ctx.check_model(model, in_body=False)
         return card()
 
     @app.post("/v1/completions")

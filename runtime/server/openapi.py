@@ -15,6 +15,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
 from runtime.server.openapi_responses import RESPONSES
+from runtime.server.protocol import _Body
 from runtime.server.protocol_native import (
     AbortRequestReq,
     ConfigureLoggingReq,
@@ -62,7 +63,10 @@ def install(app: FastAPI) -> None:
             components = schema.setdefault("components", {}).setdefault("schemas", {})
             for path, model in BODIES.items():
                 body = model.model_json_schema(ref_template=_REF, by_alias=True)
-                components.update(body.pop("$defs", {}))
+                nested = body.pop("$defs", {})
+                refusing = _bodies_refusing_values()
+                components.update({name: _narrowed(refusing[name], part) if name in refusing else part
+                                   for name, part in nested.items()})
                 components[model.__name__] = _narrowed(model, body)
                 for method, operation in schema["paths"].get(path, {}).items():
                     if method not in ("post", "put"):
@@ -84,6 +88,19 @@ def install(app: FastAPI) -> None:
 # What "not given" may look like for a field accepted only at its neutral value.
 _NEUTRAL = {"anyOf": [{"type": "null"}, {"const": False}, {"type": "array", "maxItems": 0},
                       {"type": "object", "maxProperties": 0}]}
+
+
+def _bodies_refusing_values() -> dict[str, type[_Body]]:
+    """Every request body (nested ones too, such as ``structured_outputs``) with a
+    ``NeutralOnly`` field, by its schema name."""
+    found: dict[str, type[_Body]] = {}
+    todo = list(_Body.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo += cls.__subclasses__()
+        if cls.UNSUPPORTED:
+            found[cls.__name__] = cls
+    return found
 
 
 def _narrowed(model: type[BaseModel], body: dict[str, Any]) -> dict[str, Any]:

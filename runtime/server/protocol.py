@@ -62,6 +62,9 @@ class _Body(BaseModel):
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
         super().__pydantic_init_subclass__(**kwargs)
+        if not cls.__pydantic_complete__:  # an unresolved annotation would hide its NeutralOnly marker
+            raise TypeError(f"{cls.__name__}: a field's type is not defined yet; define the types a body "
+                            "uses before it")
         cls.UNSUPPORTED = tuple(name for name, field in cls.model_fields.items() if NEUTRAL_ONLY in field.metadata)
 
     @model_validator(mode="before")
