@@ -277,23 +277,31 @@ def test_a_killed_replica_is_taken_out_of_the_gateway_and_the_other_keeps_servin
 
 def test_sigterm_stops_every_process(dp):
     """...and a stream running at the time is answered to its end (an error event and
-    ``[DONE]``, as from a single server), not cut off when the gateway stops."""
+    ``[DONE]``, as from a single server), not cut off when the gateway stops; a request that
+    is not streamed gets a 503 (the gateway retried the replica's 503 on a stopping replica,
+    a 500 naming it, until the launcher took the replicas out of the gateway first)."""
     tree = descendants(dp.proc.pid)
     assert len(tree) >= 3, tree  # the gateway and the live replica with its scheduler and detokenizer
     lines: list[str] = []
+    whole: list[httpx.Response] = []
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell a long story."}], "max_tokens": 2000,
+            "ignore_eos": True}
 
     def stream() -> None:
-        body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell a long story."}], "max_tokens": 2000,
-                "ignore_eos": True, "stream": True}
-        with httpx.stream("POST", dp.url + "/v1/chat/completions", json=body, timeout=60) as resp:
+        with httpx.stream("POST", dp.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=60) as resp:
             lines.extend(line for line in resp.iter_lines() if line)
 
-    reader = threading.Thread(target=stream)
-    reader.start()
+    readers = [threading.Thread(target=stream),
+               threading.Thread(target=lambda: whole.append(httpx.post(dp.url + "/v1/chat/completions", json=body,
+                                                                       timeout=60)))]
+    for reader in readers:
+        reader.start()
     time.sleep(2)
     assert dp.stop(signal.SIGTERM) == 0, dp.read_output()[-3000:]
-    reader.join(30)
+    for reader in readers:
+        reader.join(30)
     assert lines and lines[-1] == "data: [DONE]" and any("shutting down" in line for line in lines), lines[-3:]
+    assert [r.status_code for r in whole] == [503], [r.text for r in whole]
     deadline = time.monotonic() + 10
     while any(pid_alive(p) for p in tree) and time.monotonic() < deadline:
         time.sleep(0.1)

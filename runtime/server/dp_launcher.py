@@ -227,14 +227,19 @@ class DataParallelLauncher:
             return False
 
     def stop(self) -> None:
-        """The gateway and the replicas together: the gateway takes no new connections and
-        waits up to its grace period for the requests it forwarded, while each replica
-        answers what it still runs after its own grace (a 503, a stream's error event), which
-        the gateway passes on; then whatever is left in each child's process group. (Stopping
-        the gateway first cut those requests off unanswered when its grace ran out.) Signals
-        wait until it is done: a second Ctrl-C must not leave a replica running."""
+        """The replicas out of the gateway, then the gateway and the replicas together: the
+        gateway takes no new connections and waits up to its grace period for the requests it
+        forwarded, while each replica answers what it still runs after its own grace (a 503, a
+        stream's error event), which the gateway passes on (a 503 it would retry finds no
+        replica: its own 503, where a stopping replica gave a 500 naming it); then whatever
+        is left in each child's process group. (Stopping the gateway first cut those requests
+        off unanswered when its grace ran out.) Signals wait until it is done: a second Ctrl-C
+        must not leave a replica running."""
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if self.gateway is not None and self.gateway.proc.poll() is None:
+            for r in self.replicas:
+                self._remove_worker(r.url)
         _terminate([*([self.gateway] if self.gateway else []), *self.children], _REPLICA_STOP_S)
         for c in [*self.children, *([self.gateway] if self.gateway else [])]:
             with contextlib.suppress(ProcessLookupError, PermissionError):
