@@ -204,7 +204,16 @@ class ServerArgs:
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> ServerArgs:
+        """The arguments as keywords: each field's name, or a flag alias's (SGLang's
+        ``context_length`` for ``max_context_len``)."""
         names = {f.name for f in dataclasses.fields(cls)}
+        aliases = {alias.removeprefix("--").replace("-", "_"): f.name
+                   for f in dataclasses.fields(cls) for alias in f.metadata.get("aliases", [])}
+        for alias, name in aliases.items():
+            if alias in kwargs and alias not in names:
+                if name in kwargs:
+                    raise TypeError(f"{alias} and {name} name the same argument; give one")
+                kwargs[name] = kwargs.pop(alias)
         unknown = sorted(set(kwargs) - names)
         if unknown:
             raise TypeError(f"unknown server argument(s): {', '.join(unknown)}")

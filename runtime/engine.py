@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import signal
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -23,7 +25,12 @@ from runtime.executor.worker import ModelWorker
 from runtime.incremental_text import IncrementalText
 from runtime.model_loader import resolve_model_path
 from runtime.output_format import logprob_meta
-from runtime.request_builder import RequestLimits, build_requests, parse_sampling_params
+from runtime.request_builder import (
+    RequestLimits,
+    build_requests,
+    one_per_prompt,
+    parse_sampling_params,
+)
 from runtime.request_options import RequestOptions
 from runtime.scheduler.core import EngineCore
 from runtime.scheduler.req import Req
@@ -44,9 +51,7 @@ class RequestStream(Iterator[dict[str, Any]]):
 
     def close(self) -> None:
         self._outputs.close()  # type: ignore[attr-defined]  # a generator
-        for req in self._reqs:
-            if not req.is_finished:
-                self._engine.core.abort(req.rid)
+        self._engine.abort_unfinished(self._reqs)
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # at interpreter exit the engine may be gone
@@ -54,7 +59,12 @@ class RequestStream(Iterator[dict[str, Any]]):
 
 
 class Engine:
-    """``Engine(model_path=None, **server_args)``; see ``forkserve --help`` for the arguments."""
+    """``Engine(model_path=None, **server_args)``; see ``forkserve --help`` for the arguments.
+
+    Threads may share an engine: its core is stepped by one caller at a time (a lock), and
+    each caller steps it until its own requests are done, so the requests of callers that
+    overlap run in the same batches. Ctrl-C during a call aborts that call's requests (taken
+    between steps: a step is never cut short). After ``shutdown`` every call raises."""
 
     def __init__(self, model_path: str | None = None, **server_args: Any) -> None:
         self.args = ServerArgs.from_kwargs(model_path=model_path, **server_args)
@@ -62,6 +72,8 @@ class Engine:
         self.tokenizer = Tokenizer(self.model_dir)
         self.core = EngineCore(self.args, self.model_dir, self.tokenizer)
         self._rids = itertools.count()
+        self._lock = threading.RLock()  # held while the core is touched
+        self._closed = False
 
     @property
     def worker(self) -> ModelWorker:
@@ -77,26 +89,34 @@ class Engine:
         prompt: str | list[str] | None = None,
         sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
         input_ids: list[int] | list[list[int]] | None = None,
-        return_logprob: bool = False,
-        logprob_start_len: int = -1,
-        top_logprobs_num: int = 0,
+        return_logprob: bool | list[bool] = False,
+        logprob_start_len: int | list[int] | None = None,
+        top_logprobs_num: int | list[int] | None = None,
         return_text_in_logprobs: bool = False,
         namespace: Any = None,
         progress: bool = False,
         program_id: str | None = None,
         stream: bool = False,
+        rid: str | list[str] | None = None,
+        token_ids_logprob: Any = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """Generate for one prompt (returns a dict) or a batch (returns a list of dicts),
         shaped like SGLang's ``/generate`` response. Invalid input raises ``ValueError``
-        before anything is queued. ``program_id`` keeps the prompt cached until
+        before anything is queued. The logprob options take one value or a list of one per
+        prompt (None: the default), as SGLang's. ``rid``: the requests' ids (a list: one per
+        request), else ``req-N``. ``program_id`` keeps the prompt cached until
         ``end_program(program_id)``. ``stream``: an iterator of outputs instead (``_stream``),
-        as SGLang's ``Engine.generate(stream=True)``."""
+        as SGLang's ``Engine.generate(stream=True)``; each output has every logprob so far."""
+        self._check_open()
+        if token_ids_logprob is not None:
+            raise ValueError("token_ids_logprob is not supported by this engine (top_logprobs_num is)")
         reqs, is_batch = self.build_requests(
             prompt, sampling_params, input_ids, return_logprob, logprob_start_len, top_logprobs_num, namespace,
-            stream=stream, program_id=program_id,
+            stream=stream, program_id=program_id, rid=rid,
         )
-        for req in reqs:
-            self.core.add_request(req)
+        with self._lock:
+            for req in reqs:
+                self.core.add_request(req)
         if stream:
             return RequestStream(self, reqs, self._stream(reqs, is_batch or len(reqs) > 1, return_text_in_logprobs))
         self._run_until_done(reqs, progress)
@@ -111,21 +131,46 @@ class Engine:
         prompt: str | list[str] | None = None,
         sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
         input_ids: list[int] | list[list[int]] | None = None,
-        return_logprob: bool = False,
-        logprob_start_len: int = -1,
-        top_logprobs_num: int = 0,
+        return_logprob: bool | list[bool] = False,
+        logprob_start_len: int | list[int] | None = None,
+        top_logprobs_num: int | list[int] | None = None,
         namespace: Any = None,
         stream: bool = False,
         program_id: str | None = None,
+        rid: str | list[str] | None = None,
     ) -> tuple[list[Req], bool]:
         """Validate and tokenize; the ``Req``s to queue (``n`` expanded) and whether the
         input was a batch. Raises ``ValueError`` naming the problem (the checks are
         ``runtime/request_builder.py``'s, as over HTTP)."""
         prompts, is_batch = self._prompt_ids(prompt, input_ids)
-        options = RequestOptions(stream, return_logprob, logprob_start_len, top_logprobs_num, namespace, program_id)
-        requests = build_requests(prompts, parse_sampling_params(sampling_params, len(prompts)), options,
+        n = len(prompts)
+        logprobs = zip(one_per_prompt(return_logprob, "return_logprob", n),
+                       one_per_prompt(logprob_start_len, "logprob_start_len", n),
+                       one_per_prompt(top_logprobs_num, "top_logprobs_num", n), strict=True)
+        options = [RequestOptions(stream, want, -1 if start is None else start, 0 if top is None else top, namespace,
+                                  program_id) for want, start, top in logprobs]
+        requests = build_requests(prompts, parse_sampling_params(sampling_params, n), options,
                                   self.limits, prompt_field="prompt" if input_ids is None else "input_ids")
-        return [Req(f"req-{next(self._rids)}", r.input_ids, r.params, r.options) for r in requests], is_batch
+        rids = self._request_ids(rid, len(requests))
+        return [Req(r_id, r.input_ids, r.params, r.options) for r_id, r in zip(rids, requests, strict=True)], is_batch
+
+    def _request_ids(self, rid: str | list[str] | None, count: int) -> list[str]:
+        """One id per request: ``rid`` itself (one request), ``rid_0``, ``rid_1``, ... (several),
+        a list of one each, or ``req-N``; an id already running is refused."""
+        if rid is None:
+            return [f"req-{next(self._rids)}" for _ in range(count)]
+        if isinstance(rid, str):
+            ids = [rid] if count == 1 else [f"{rid}_{i}" for i in range(count)]
+        elif isinstance(rid, list) and len(rid) == count and all(isinstance(r, str) for r in rid):
+            ids = list(rid)
+        else:
+            raise ValueError(f"rid must be a string or a list of {count} strings (one per request), got {rid!r}")
+        with self._lock:
+            busy = {r.rid for r in self.scheduler.waiting} | {r.rid for r in self.scheduler.admitted()}
+        taken = sorted(set(ids) & busy) or sorted({i for i in ids if ids.count(i) > 1})
+        if taken:
+            raise ValueError(f"rid {taken[0]!r} is already in use")
+        return ids
 
     @property
     def limits(self) -> RequestLimits:
@@ -134,14 +179,36 @@ class Engine:
 
     def end_program(self, program_id: str) -> None:
         """Release the cache pins of ``program_id`` (see ``runtime/scheduler/program_pins.py``)."""
-        self.core.end_program(program_id)
+        self._check_open()
+        with self._lock:
+            self.core.end_program(program_id)
 
     def flush_cache(self) -> bool:
         """Drop every cached prefix; refused (False) while requests are queued or running."""
-        return self.core.flush_cache()
+        self._check_open()
+        with self._lock:
+            return self.core.flush_cache()
+
+    def abort_unfinished(self, reqs: list[Req]) -> None:
+        """Drop those of ``reqs`` still queued or running (their computed KV stays cached)."""
+        if self._closed:
+            return
+        with self._lock:
+            for req in reqs:
+                if not req.is_finished:
+                    self.core.abort(req.rid)
 
     def shutdown(self) -> None:
-        self.core.shutdown()
+        """End the engine (its core checks that no KV slot leaked); calls after it raise."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self.core.shutdown()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this Engine has been shut down; create a new one")
 
     def __enter__(self) -> Engine:
         return self
@@ -182,27 +249,36 @@ class Engine:
                         chunk["index"] = i
                     yield chunk
                 if not news:
-                    self._step()
+                    self._step(reqs)
         finally:
-            for _, req in open_reqs:
-                self.core.abort(req.rid)
+            self.abort_unfinished([req for _, req in open_reqs])
 
-    def _step(self) -> None:
-        """One step of the engine core for requests not finished; their progress needs work."""
-        if not self.core.has_work:
-            raise RuntimeError("the engine has no work left while requests wait for it (a bug)")
-        self.core.step()
+    def _step(self, reqs: list[Req]) -> None:
+        """One step of the engine core, unless another caller's step has finished ``reqs``."""
+        with self._lock:
+            self._check_open()
+            if all(r.is_finished for r in reqs):
+                return
+            if not self.core.has_work:
+                raise RuntimeError("the engine has no work left while requests wait for it (a bug)")
+            with _ctrl_c_after_the_step():
+                self.core.step()
 
     def _run_until_done(self, reqs: list[Req], progress: bool) -> None:
-        """The offline driver of the engine core: step until every request of this call is done.
-        The progress bar counts tokens (a finished request: all it could have had), so one
-        long answer shows progress too."""
+        """The offline driver of the engine core: step until every request of this call is
+        done (Ctrl-C: abort them). The progress bar counts tokens (a finished request: all it
+        could have had), so one long answer shows progress too."""
         bar = tqdm(total=sum(r.params.max_new_tokens for r in reqs), desc="generate", unit="tok", disable=not progress)
-        while not all(r.is_finished for r in reqs):  # read from the requests: see _stream
-            self._step()
-            if progress:
-                bar.update(sum(r.params.max_new_tokens if r.is_finished else len(r.output_ids) for r in reqs) - bar.n)
-        bar.close()
+        try:
+            while not all(r.is_finished for r in reqs):  # read from the requests: see _stream
+                self._step(reqs)
+                if progress:
+                    bar.update(sum(r.params.max_new_tokens if r.is_finished else len(r.output_ids) for r in reqs) - bar.n)
+        except BaseException:
+            self.abort_unfinished(reqs)
+            raise
+        finally:
+            bar.close()
 
     def _prompt_ids(self, prompt: Any, input_ids: Any) -> tuple[list[list[int]], bool]:
         if (prompt is None) == (input_ids is None):
@@ -252,3 +328,22 @@ class Engine:
             )
         return meta
 
+
+
+@contextlib.contextmanager
+def _ctrl_c_after_the_step() -> Iterator[None]:
+    """Ctrl-C in the middle of a step would leave the core half-way through its bookkeeping
+    (KV slots leaked, a tree insert short of its slots): on the main thread, with Python's
+    own handler in place, it is taken when the step is done."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    caught: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if caught:
+        raise KeyboardInterrupt

@@ -63,6 +63,16 @@ def parse_sampling_params(spec: Any, num_prompts: int,
     return [SamplingParams.from_dict(spec, on_unknown)] * num_prompts
 
 
+def one_per_prompt(value: Any, name: str, num_prompts: int) -> list[Any]:
+    """A value given once for every prompt, or as a list of one per prompt (SGLang's
+    ``return_logprob``, ``logprob_start_len``, ``top_logprobs_num``), as one per prompt."""
+    if not isinstance(value, list):
+        return [value] * num_prompts
+    if len(value) != num_prompts:
+        raise InvalidField(name, f"got {len(value)} values of {name} for {num_prompts} prompts")
+    return value
+
+
 def build_requests(prompts: list[list[int]], params: list[SamplingParams],
                    options: RequestOptions | list[RequestOptions], limits: RequestLimits, *,
                    prompt_field: str) -> list[GenerateRequest]:

@@ -377,3 +377,75 @@ def test_streams_and_generate_calls_may_interleave(engine, chat_prompt, ref):
     assert last[0]["output_ids"] == ref["output_ids"][:12]
     assert all(out["meta_info"]["finish_reason"] is not None for out in last)
     assert not engine.scheduler.has_work
+
+
+def test_threads_may_share_an_engine_and_their_requests_batch_together(engine, chat_prompt, ref):
+    """Eight threads calling generate at once got 'forward contexts do not nest' and leaked
+    KV slots; each now gets the answer it gets alone."""
+    import threading
+
+    answers: list[dict] = []
+    errors: list[BaseException] = []
+
+    def one() -> None:
+        try:
+            answers.append(engine.generate(chat_prompt, {**GREEDY, "max_new_tokens": 16}))
+        except BaseException as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=one) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not errors and [a["output_ids"] for a in answers] == [ref["output_ids"]] * 8
+    engine.scheduler.check_invariants()
+    assert engine.scheduler.stats()["kv_held_by_requests"] == 0
+
+
+def test_ctrl_c_during_generate_aborts_its_requests_and_the_engine_goes_on(engine, chat_prompt, ref):
+    """An interrupt mid-step left the core half-way through its bookkeeping (KV slots
+    leaked; later a tree insert short of its slots): it is taken after the step, and the
+    call's requests are aborted."""
+    import _thread
+    import threading
+
+    for delay in (0.05, 0.3, 0.6):
+        timer = threading.Timer(delay, _thread.interrupt_main)
+        timer.start()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                engine.generate([chat_prompt] * 8, {**GREEDY, "max_new_tokens": 200, "ignore_eos": True})
+        finally:
+            timer.cancel()
+        assert not engine.scheduler.has_work
+        engine.scheduler.check_invariants()
+        assert engine.scheduler.stats()["kv_held_by_requests"] == 0
+    assert engine.generate(chat_prompt, {**GREEDY, "max_new_tokens": 16})["output_ids"] == ref["output_ids"]
+
+
+def test_sglang_engine_arguments(engine, chat_prompt):
+    """As SGLang's Engine takes them: logprob options per prompt or None, rid, context_length."""
+    outs = engine.generate([chat_prompt, chat_prompt], {**GREEDY, "max_new_tokens": 2}, return_logprob=[True, False],
+                           logprob_start_len=None, top_logprobs_num=[2, None], rid="mine")
+    assert [o["meta_info"]["id"] for o in outs] == ["mine_0", "mine_1"]
+    assert "output_top_logprobs" in outs[0]["meta_info"] and "output_top_logprobs" not in outs[1]["meta_info"]
+    assert "input_token_logprobs" in outs[0]["meta_info"] and outs[0]["meta_info"]["input_token_logprobs"] == []
+    with pytest.raises(ValueError, match="token_ids_logprob is not supported"):
+        engine.generate(chat_prompt, GREEDY, token_ids_logprob=[1, 2])
+    with pytest.raises(ValueError, match="got 1 values of return_logprob for 2 prompts"):
+        engine.generate([chat_prompt, chat_prompt], GREEDY, return_logprob=[True])
+    from runtime.config import ServerArgs
+
+    assert ServerArgs.from_kwargs(context_length=64).max_context_len == 64
+
+
+def test_a_shut_down_engine_says_so(tiny_gqa_llama):
+    from runtime.engine import Engine
+
+    eng = Engine(str(tiny_gqa_llama), dtype="float32", max_total_tokens=2000)
+    eng.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 2})
+    eng.shutdown()
+    eng.shutdown()  # twice is harmless
+    with pytest.raises(RuntimeError, match="has been shut down"):
+        eng.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 2})

@@ -12,6 +12,7 @@ from ``runtime``: the KV pool is seen through the ``KVCache`` protocol, which
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -66,26 +67,32 @@ class ForwardContext:
         return int(self.out_cache_loc.numel())
 
 
-_current: ForwardContext | None = None
+class _Current(threading.local):
+    """The forward running on this thread (two engines of one process may run forwards on
+    two threads at once)."""
+
+    ctx: ForwardContext | None = None
+
+
+_current = _Current()
 
 
 @contextlib.contextmanager
 def forward_context(ctx: ForwardContext, init_metadata: bool = True) -> Iterator[ForwardContext]:
     """Install ``ctx`` for one forward. ``init_metadata=False`` is for CUDA-graph capture,
     whose metadata the backend has already pointed at its graph buffers."""
-    global _current
-    if _current is not None:
+    if _current.ctx is not None:
         raise RuntimeError("forward contexts do not nest: a forward is already running")
     if init_metadata:
         ctx.attn_backend.init_forward_metadata(ctx)
-    _current = ctx
+    _current.ctx = ctx
     try:
         yield ctx
     finally:
-        _current = None
+        _current.ctx = None
 
 
 def get_forward_context() -> ForwardContext:
-    if _current is None:
+    if _current.ctx is None:
         raise RuntimeError("no forward context: model forwards must run inside forward_context()")
-    return _current
+    return _current.ctx

@@ -22,7 +22,7 @@ from fastapi.responses import (
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from runtime.log_setup import LOG_LEVELS, set_log_level
-from runtime.request_builder import build_requests, parse_sampling_params
+from runtime.request_builder import build_requests, one_per_prompt, parse_sampling_params
 from runtime.request_options import RequestOptions, cache_namespace
 from runtime.server import openai_api, openapi, parse_api, tokenize_api
 from runtime.server.absent_routes import absent_route_message
@@ -275,10 +275,10 @@ async def handle_generate(ctx: ServerContext, req: GenerateReqInput, request: Re
         is_batch = bool(req.input_ids) and isinstance(req.input_ids[0], list)
         prompts = req.input_ids if is_batch else [req.input_ids]  # type: ignore[list-item]
     namespace = cache_namespace(req.extra_key, req.cache_salt)
-    options = [RequestOptions(req.stream, *logprob_options, namespace, req.program_id)  # type: ignore[arg-type]
-               for logprob_options in zip(*(_per_prompt(req, name, len(prompts)) for name in _LOGPROB_FIELDS),
-                                          strict=True)]
     with bad_input_as_400("sampling_params"):
+        options = [RequestOptions(req.stream, *logprob_options, namespace, req.program_id)  # type: ignore[arg-type]
+                   for logprob_options in zip(*(one_per_prompt(getattr(req, name), name, len(prompts))
+                                                for name in _LOGPROB_FIELDS), strict=True)]
         params = parse_sampling_params(req.sampling_params, len(prompts), unknown_sampling_field_warner("/generate"))
         requests = build_requests(prompts, params, options, ctx.limits,
                                   prompt_field="text" if req.text is not None else "input_ids")
@@ -323,13 +323,3 @@ async def handle_generate(ctx: ServerContext, req: GenerateReqInput, request: Re
 
 
 _LOGPROB_FIELDS = ("return_logprob", "logprob_start_len", "top_logprobs_num")
-
-
-def _per_prompt(req: GenerateReqInput, name: str, num_prompts: int) -> list[Any]:
-    """A field given once for every prompt or as a list of one per prompt, as one per prompt."""
-    value = getattr(req, name)
-    if not isinstance(value, list):
-        return [value] * num_prompts
-    if len(value) != num_prompts:
-        raise ApiError(400, f"got {len(value)} values of {name} for {num_prompts} prompts", param=name)
-    return value
