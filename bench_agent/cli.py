@@ -97,6 +97,8 @@ def _run_single(ns: argparse.Namespace) -> int:
         raise ValueError("--backend hf runs transformers in this process; --url and --in-process do not apply")
     if ns.in_process and ns.backend != "dsl":
         raise ValueError("--in-process applies to --backend dsl only")
+    if ns.in_process and ns.url:
+        raise ValueError("--in-process loads the model in this process; --url names a server: give one of them")
     concurrency = ns.concurrency or (1 if ns.backend == "hf" else 8)
     with open_driver(ns) as (backend, probe, label):
         rows = [

@@ -22,6 +22,7 @@ from bench_agent.drivers import KVProbe, KVReading
 from bench_agent.recording import CallLog, CallRecord, RecordingBackend
 from bench_agent.workloads import Workload
 from frontend_lang.backend.base import Backend
+from frontend_lang.program import ProgramBatch
 
 
 @dataclass
@@ -106,13 +107,14 @@ def run_workload(
     errors: list[str] = []
     states: list[Any] = [None] * n
     arrivals = _arrival_offsets(n, request_rate, seed)
+    batch = ProgramBatch()  # Ctrl-C stops every program, not only the waiting
 
     def one(i: int, t0: float) -> None:
         if request_rate is not None:
             time.sleep(max(0.0, t0 + arrivals[i] - time.perf_counter()))
         began = t0 + arrivals[i] if request_rate is not None else time.perf_counter()
-        state = workload.program.run(
-            **program_args[i], backend=RecordingBackend(backend, log, i), temperature=0, ignore_eos=True
+        state = workload.program.run_in_batch(
+            batch, **program_args[i], backend=RecordingBackend(backend, log, i), temperature=0, ignore_eos=True
         )
         if state.error() is not None:  # a failed program counts as an error, not as a run
             raise state.error()
@@ -124,10 +126,15 @@ def run_workload(
     with _PeakSampler(kv_probe) as sampler, ThreadPoolExecutor(max(1, min(workers, n))) as pool:
         t0 = time.perf_counter()
         futures = {pool.submit(one, i, t0): i for i in range(n)}
-        for fut in as_completed(futures):
-            if fut.exception() is not None:
-                errors.append(f"program {futures[fut]}: {fut.exception()}")
-            bar.update()
+        try:
+            for fut in as_completed(futures):
+                if fut.exception() is not None:
+                    errors.append(f"program {futures[fut]}: {fut.exception()}")
+                bar.update()
+        except BaseException:  # Ctrl-C: the running programs stop sending, the rest never start
+            batch.interrupt()
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
         wall = time.perf_counter() - t0
     bar.close()
     return RunResult(log.records, latencies, wall, n, errors, sampler.peak, states)

@@ -159,8 +159,13 @@ class SglFunction:
         Ctrl-C (``KeyboardInterrupt``) stops it at once: nothing more is sent (``Program.interrupt``)."""
         return self._run(args, kwargs, backend, stream, pin_cache, None)
 
+    def run_in_batch(self, batch: ProgramBatch, *args: Any, backend: Any = None, **kwargs: Any) -> ProgramState:
+        """``run`` as one program of ``batch``: ``batch.interrupt()`` stops it with the others
+        (for callers that run programs on their own threads, as ``run_batch`` does)."""
+        return self._run(args, kwargs, backend, False, True, batch)
+
     def _run(self, args: tuple[Any, ...], kwargs: dict[str, Any], backend: Any, stream: bool, pin_cache: bool,
-             batch: BatchPrograms | None) -> ProgramState:
+             batch: ProgramBatch | None) -> ProgramState:
         kwargs = {**kwargs, **self.bind_arguments}  # bound arguments win, as in SGLang
         defaults_kw = {k: kwargs.pop(k) for k in list(kwargs) if k in _run_defaults.__code__.co_varnames}
         chosen = _backend_or_default(backend)
@@ -230,7 +235,7 @@ class SglFunction:
         # bound one's place is taken); a wrong count then fails here, before any runs.
         given = [self._by_name(args) for args in batch_kwargs] if self.bind_arguments else list(batch_kwargs)
 
-        batch = BatchPrograms()
+        batch = ProgramBatch()
         pin_cache = defaults.pop("pin_cache", True)
         for unused in ("use_thread", "stream"):  # run()'s: taken, and unused in a batch
             defaults.pop(unused, None)
@@ -269,8 +274,9 @@ class SglFunction:
         return dict(zip(self.arg_names, args, strict=False))
 
 
-class BatchPrograms:
-    """The programs of one ``run_batch``, so that Ctrl-C stops all of them."""
+class ProgramBatch:
+    """The programs of one ``run_batch`` (or of a caller's own pool: ``run_in_batch``), so
+    that Ctrl-C stops all of them (``interrupt``)."""
 
     def __init__(self) -> None:
         self.programs: list[Program] = []
@@ -292,7 +298,7 @@ class BatchPrograms:
 
 
 def _in_order(futures: list[concurrent.futures.Future[ProgramState]], pool: concurrent.futures.ThreadPoolExecutor,
-              batch: BatchPrograms, name: str, progress_bar: bool) -> Iterator[ProgramState]:
+              batch: ProgramBatch, name: str, progress_bar: bool) -> Iterator[ProgramState]:
     """``run_batch(generator_style=True)``: each state in order once it is done. A generator
     left before its end (closed, or Ctrl-C while it waits or in the loop reading it) stops
     the programs still running, as Ctrl-C stops ``run_batch``, and the rest never start."""

@@ -160,6 +160,11 @@ def render(r: dict[str, Any]) -> str:
         now = math.floor(max(fits, 0) / _GIB * 100) / 100
         lines.append(f"available now     {r['available_bytes'] / _GIB:.1f} GiB of memory (serve refuses a larger pool "
                      f"on this machine): --kv-cache-memory {now:.2f} at most")
+    if r["pool_tokens"] > largest:
+        lines.append(f"note              this pool ({r['pool_bytes'] / _GIB:.2f} GiB) does not fit beside the weights in "
+                     f"{room}: the figures above assume memory this device lacks")
+    elif r["available_bytes"] is not None and r["pool_bytes"] + r["weight_bytes"] > r["available_bytes"]:
+        lines.append("note              serve would refuse this pool on this machine now (see 'available now')")
     if r["context_tokens"] > r["model_context_tokens"]:
         lines.append(f"note              {r['context_tokens']:,} tokens of context are beyond the model's "
                      f"{r['model_context_tokens']:,}")

@@ -40,7 +40,8 @@ def _generate_parser(sub: argparse._SubParsersAction) -> None:
         'forkserve generate --chat "Name three planets."',
         formatter_class=HelpFormatter,
     )
-    p.add_argument("prompts", nargs="+", help="Prompt text(s); several prompts run as one batch.")
+    p.add_argument("prompts", nargs="+", help="Prompt text(s); several prompts run as one batch. '-' reads one "
+                   "prompt from standard input (echo ... | forkserve generate -).")
     p.add_argument("--chat", action="store_true", help="Wrap each prompt as a user message with the model's chat template.")
     p.add_argument("--max-new-tokens", type=int, default=128, help="Most tokens to generate per prompt.")
     p.add_argument("--temperature", type=float, default=0.0, help="Sampling temperature; 0 is greedy.")
@@ -64,6 +65,11 @@ def _run_generate(ns: argparse.Namespace) -> int:
         "seed": ns.seed,
         "stop": ns.stop,
     }
+    if "-" in ns.prompts:
+        ns.prompts = [sys.stdin.read() if p == "-" else p for p in ns.prompts]
+    if not all(ns.prompts):
+        print("forkserve: a prompt is empty: at least one token is needed", file=sys.stderr)
+        return 2
     try:
         args: ServerArgs = args_from_namespace(ns, ServerArgs)
         SamplingParams.from_dict(params)  # before the model loads: a bad flag fails at once

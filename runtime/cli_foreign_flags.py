@@ -22,6 +22,25 @@ FOREIGN_FLAGS = {
     "--quantization": "quantized weights are not served; a GGUF file is dequantized once at load",
     "--kv-cache-dtype": "the KV cache has the model's --dtype",
     "--enable-auto-tool-choice": "tool calls are parsed whenever a request has tools (--tool-call-parser picks the format)",
+    "--no-enable-prefix-caching": "--disable-radix-cache",
+    "--disable-prefix-caching": "--disable-radix-cache",
+    "--enforce-eager": "--disable-cuda-graph",
+    "--block-size": "--page-size",
+    "--max-prefill-tokens": "--chunked-prefill-size caps the prompt tokens one step prefills",
+    "--enable-mixed-chunk": "decodes ride along with prefill chunks by default (--disable-mixed-chunk turns it off)",
+    "--enable-chunked-prefill": "prompts are prefilled in chunks of --chunked-prefill-size by default",
+    "--disable-log-stats": "the scheduler's periodic activity line is logged at info: --log-level warning hides it",
+    "--grammar-backend": "one grammar engine is built in (llguidance); nothing to choose",
+    "--guided-decoding-backend": "one grammar engine is built in (llguidance); nothing to choose",
+    "--download-dir": "nothing is downloaded: give a local model folder or .gguf file",
+    "--revision": "nothing is downloaded: give a local model folder or .gguf file",
+    "--load-format": "the weights' format is read from the model folder (safetensors) or the .gguf file",
+    "--pipeline-parallel-size": "pipeline parallelism is not supported; --tp-size splits a model over devices",
+    "--pp": "pipeline parallelism is not supported; --tp-size splits a model over devices",
+    "--pp-size": "pipeline parallelism is not supported; --tp-size splits a model over devices",
+    "--enable-torch-compile": "the CPU kernels are compiled C++ and CUDA decode uses CUDA graphs; there is no torch.compile mode",
+    "--swap-space": "a request that runs out of KV is sent back to the queue and recomputed, not swapped",
+    "--max-logprobs": "top_logprobs / top_logprobs_num go up to 20 on the OpenAI routes, to the vocabulary on /generate",
 }
 
 
@@ -30,7 +49,7 @@ def hints(unrecognized: list[str]) -> list[str]:
     SGLang or vLLM has: what to use here."""
     out = []
     for arg in unrecognized:
-        flag = arg.split("=", 1)[0]
+        flag = arg.split("=", 1)[0].replace("_", "-")  # vLLM takes --trust_remote_code too
         if flag in FOREIGN_FLAGS:
             out.append(f"  {flag}: {FOREIGN_FLAGS[flag]}")
     return out

@@ -228,6 +228,8 @@ def test_cli_writes_table_jsonl_and_plot(tmp_path, capsys):
 def test_cli_rejects_contradictory_flags(capsys):
     assert bench_main(["--backend", "hf", "--url", "http://127.0.0.1:1"]) == 1
     assert "--url and --in-process do not apply" in capsys.readouterr().err
+    assert bench_main(["--in-process", "--url", "http://127.0.0.1:1"]) == 1  # --url was ignored
+    assert "give one of them" in capsys.readouterr().err
 
 
 def test_compare_runs_each_workload_on_both_servers_one_at_a_time(tmp_path, capsys, tiny_gqa_llama):
@@ -253,3 +255,44 @@ def test_compare_runs_each_workload_on_both_servers_one_at_a_time(tmp_path, caps
 
     with pytest.raises(httpx.HTTPError):
         httpx.get(other + "/v1/models", timeout=2)
+
+
+def test_ctrl_c_stops_a_benchmark_run_and_its_programs(server):
+    """Ctrl-C waited for every program of the run (the pool's exit): the README promises
+    'forkserve: interrupted' at once."""
+    import signal
+    import threading
+    import time
+
+    import httpx
+
+    class Counting(sgl.RuntimeEndpoint):
+        sent = 0
+
+        def generate(self, *args, **kwargs):
+            Counting.sent += 1
+            return super().generate(*args, **kwargs)
+
+        def generate_stream(self, *args, **kwargs):
+            Counting.sent += 1
+            return super().generate_stream(*args, **kwargs)
+
+    workload = get_workload("critique")
+    backend = Counting(server.url)
+    main = threading.main_thread().ident
+    assert main is not None
+    timer = threading.Timer(1.5, signal.pthread_kill, (main, signal.SIGINT))
+    timer.start()
+    args = workload.program_args(32, 0, "quick")
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_workload(workload, backend, args, concurrency=8, progress=False)
+    finally:
+        timer.cancel()
+    sent = Counting.sent
+    deadline = time.monotonic() + 60
+    while httpx.get(server.url + "/get_load", timeout=10).json()[0]["num_reqs"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(0.5)
+    assert Counting.sent == sent < 32 * workload.gen_calls(workload.sizes("quick")) / 4  # nothing more was sent
+    assert httpx.get(server.url + "/get_server_info", timeout=10).json()["scheduler"]["num_pinned_programs"] == 0

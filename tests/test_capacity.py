@@ -65,3 +65,6 @@ def test_the_command_says_when_nothing_fits_and_when_a_context_is_beyond_the_mod
     assert "none: the weights leave no room for a KV pool" in run("--device-memory", "0.1")
     assert "100,000 tokens of context are beyond the model's 8,192" in run("--context-tokens", "100000")
     assert isinstance(json.loads(run("--json", "--device-memory", "0.1"))["device_bytes"], int)
+    # a pool the device cannot hold is planned with, but said to be so
+    assert "this pool (1000.00 GiB) does not fit beside the weights" in run("--kv-cache-memory", "1000")
+    assert "does not fit" not in run("--kv-cache-memory", "1", "--device-memory", "80")

@@ -59,6 +59,7 @@ def _forkserve(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
         (["generate", "--model-path", "/nonexistent/model", "hi"], 1, "/nonexistent/model"),
         (["generate", "--kv-cache-memory", "1e-9", "hi"], 1, "--kv-cache-memory 1e-09 GiB holds 0 tokens"),
         (["generate", "--temperature", "-1", "hi"], 2, "--temperature must be a number"),
+        (["generate", ""], 2, "a prompt is empty"),  # before the model loads
         (["serve", "--startup-timeout", "0"], 2, "--startup-timeout must be positive"),
         (["serve", "--grammar-compile-timeout", "-1"], 2, "--grammar-compile-timeout must be positive"),
         (["serve", "--kv-cache-memory", "1e-9"], 1, "--kv-cache-memory 1e-09 GiB holds 0 tokens"),
@@ -245,3 +246,30 @@ def test_ctrl_c_before_serve_is_ready_says_so_and_exits_130():
     assert proc.returncode in (130, -signal.SIGINT), (proc.returncode, err)
     assert "forkserve: interrupted before the server was ready" in err, err
     assert "Traceback" not in err, err
+
+
+def test_foreign_flag_hints_cover_vllm_spellings_and_never_a_flag_of_ours():
+    import argparse
+
+    from runtime.cli import build_parser
+    from runtime.cli_foreign_flags import FOREIGN_FLAGS, hints
+
+    assert hints(["--trust_remote_code", "--enforce-eager=1", "--bogus"]) == [
+        f"  --trust-remote-code: {FOREIGN_FLAGS['--trust-remote-code']}",
+        f"  --enforce-eager: {FOREIGN_FLAGS['--enforce-eager']}",
+    ]
+    parser = build_parser()
+    serve = next(action.choices["serve"] for action in parser._actions  # noqa: SLF001
+                 if isinstance(action, argparse._SubParsersAction))
+    ours = {opt for a in serve._actions for opt in a.option_strings}  # noqa: SLF001
+    assert not ours & set(FOREIGN_FLAGS), "a hint names a flag serve takes"
+
+
+def test_generate_reads_a_prompt_from_standard_input():
+    done = subprocess.run([sys.executable, "-m", "runtime.cli", "generate", "-", "--max-new-tokens", "2", "--json"],
+                          input="The capital of France is", capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    import json
+
+    assert json.loads(done.stdout.splitlines()[0])["meta_info"]["prompt_tokens"] >= 5  # not the one token of '-'
+
