@@ -22,6 +22,7 @@ FOREIGN_FLAGS = {
     "--quantization": "quantized weights are not served; a GGUF file is dequantized once at load",
     "--kv-cache-dtype": "the KV cache has the model's --dtype",
     "--enable-auto-tool-choice": "tool calls are parsed whenever a request has tools (--tool-call-parser picks the format)",
+    "--max-tokens": "a request's output length here is --max-new-tokens (generate) or the request's own max_tokens",
     "--no-enable-prefix-caching": "--disable-radix-cache",
     "--disable-prefix-caching": "--disable-radix-cache",
     "--enforce-eager": "--disable-cuda-graph",

@@ -50,7 +50,10 @@ class ServerArgs:
         "KV pool size in tokens. Default: derived from --kv-cache-memory.",
     )
     kv_cache_memory: float = flag_field(
-        1.0, "GiB of memory for the KV pool when --max-total-tokens is not given."
+        1.0, "GiB of memory for the KV pool when --max-total-tokens is not given, on any device (a fixed "
+        "size, not a fraction of the device as SGLang's --mem-fraction-static or vLLM's "
+        "--gpu-memory-utilization: on a GPU give what it should hold; 'forkserve capacity' prints the "
+        "largest pool that fits beside the weights)."
     )
     max_context_len: int | None = flag_field(
         None, "Longest prompt + output per request. Default: the model's max_position_embeddings.",
