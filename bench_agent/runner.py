@@ -110,8 +110,8 @@ def run_workload(
     batch = ProgramBatch()  # Ctrl-C stops every program, not only the waiting
 
     def one(i: int, t0: float) -> None:
-        if request_rate is not None:
-            time.sleep(max(0.0, t0 + arrivals[i] - time.perf_counter()))
+        if request_rate is not None and batch.interrupted.wait(max(0.0, t0 + arrivals[i] - time.perf_counter())):
+            return  # Ctrl-C before this program's arrival
         began = t0 + arrivals[i] if request_rate is not None else time.perf_counter()
         state = workload.program.run_in_batch(
             batch, **program_args[i], backend=RecordingBackend(backend, log, i), temperature=0, ignore_eos=True
@@ -123,7 +123,8 @@ def run_workload(
 
     workers = concurrency if concurrency is not None else n
     bar = tqdm(total=n, desc=desc or workload.name, unit="prog", disable=not progress, leave=False)
-    with _PeakSampler(kv_probe) as sampler, ThreadPoolExecutor(max(1, min(workers, n))) as pool:
+    pool = ThreadPoolExecutor(max(1, min(workers, n)))
+    with _PeakSampler(kv_probe) as sampler:
         t0 = time.perf_counter()
         futures = {pool.submit(one, i, t0): i for i in range(n)}
         try:
@@ -133,10 +134,12 @@ def run_workload(
                 bar.update()
         except BaseException:  # Ctrl-C: the running programs stop sending, the rest never start
             batch.interrupt()
-            pool.shutdown(wait=False, cancel_futures=True)
+            pool.shutdown(wait=False, cancel_futures=True)  # not waiting for the gens in flight
             raise
+        finally:
+            bar.close()
         wall = time.perf_counter() - t0
-    bar.close()
+    pool.shutdown()
     return RunResult(log.records, latencies, wall, n, errors, sampler.peak, states)
 
 

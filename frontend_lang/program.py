@@ -281,17 +281,17 @@ class ProgramBatch:
     def __init__(self) -> None:
         self.programs: list[Program] = []
         self.lock = threading.Lock()
-        self.interrupted = False
+        self.interrupted = threading.Event()  # callers that wait before a program may wait on it
 
     def add(self, program: Program) -> None:
         with self.lock:
             self.programs.append(program)
-            if self.interrupted:  # started as the batch was being stopped
+            if self.interrupted.is_set():  # started as the batch was being stopped
                 program.interrupt()
 
     def interrupt(self) -> None:
         with self.lock:
-            self.interrupted = True
+            self.interrupted.set()
             programs = list(self.programs)
         for p in programs:
             p.interrupt()

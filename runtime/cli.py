@@ -65,16 +65,19 @@ def _run_generate(ns: argparse.Namespace) -> int:
         "seed": ns.seed,
         "stop": ns.stop,
     }
-    if "-" in ns.prompts:
-        ns.prompts = [sys.stdin.read() if p == "-" else p for p in ns.prompts]
-    if not all(ns.prompts):
-        print("forkserve: a prompt is empty: at least one token is needed", file=sys.stderr)
-        return 2
     try:
         args: ServerArgs = args_from_namespace(ns, ServerArgs)
         SamplingParams.from_dict(params)  # before the model loads: a bad flag fails at once
     except ValueError as err:
         print(f"forkserve: {fields_as_flags(str(err), list(params))}", file=sys.stderr)
+        return 2
+    if "-" in ns.prompts:  # the prompt from standard input, less the newline that ends it
+        if sys.stdin.isatty():
+            print("forkserve: reading the prompt from standard input (end it with Ctrl-D)", file=sys.stderr)
+        text = sys.stdin.read().removesuffix("\n")
+        ns.prompts = [text if p == "-" else p for p in ns.prompts]
+    if not ns.chat and not all(ns.prompts):  # (a chat's template gives an empty message tokens)
+        print("forkserve: a prompt is empty: at least one token is needed", file=sys.stderr)
         return 2
     from runtime.engine import Engine  # after the flags are checked: it imports torch
 

@@ -214,7 +214,7 @@ class ServerArgs:
                    for f in dataclasses.fields(cls) for alias in f.metadata.get("aliases", [])}
         for alias, name in aliases.items():
             if alias in kwargs and alias not in names:
-                if name in kwargs:
+                if kwargs.get(name) is not None:  # (Engine passes model_path=None when not given)
                     raise TypeError(f"{alias} and {name} name the same argument; give one")
                 kwargs[name] = kwargs.pop(alias)
         unknown = sorted(set(kwargs) - names)

@@ -50,8 +50,9 @@ class RequestStream(Iterator[dict[str, Any]]):
         return next(self._outputs)
 
     def close(self) -> None:
-        self._outputs.close()  # type: ignore[attr-defined]  # a generator
-        self._engine.abort_unfinished(self._reqs)
+        self._engine.abort_unfinished(self._reqs)  # first: another thread may be reading it
+        with contextlib.suppress(ValueError):  # "generator already executing" (that thread's)
+            self._outputs.close()  # type: ignore[attr-defined]  # a generator
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # at interpreter exit the engine may be gone
@@ -112,14 +113,17 @@ class Engine:
             raise ValueError("token_ids_logprob is not supported by this engine (top_logprobs_num is)")
         reqs, is_batch = self.build_requests(
             prompt, sampling_params, input_ids, return_logprob, logprob_start_len, top_logprobs_num, namespace,
-            stream=stream, program_id=program_id, rid=rid,
+            stream=stream, program_id=program_id,
         )
-        with self._lock:
-            for req in reqs:
-                self.core.add_request(req)
         if stream:
+            self._queue(reqs, rid)
             return RequestStream(self, reqs, self._stream(reqs, is_batch or len(reqs) > 1, return_text_in_logprobs))
-        self._run_until_done(reqs, progress)
+        try:
+            self._queue(reqs, rid)
+            self._run_until_done(reqs, progress)
+        except BaseException:  # Ctrl-C (taken between steps), or a failed step: this call's requests go
+            self.abort_unfinished(reqs)
+            raise
         failed = next((r for r in reqs if r.error is not None), None)
         if failed is not None:  # e.g. a grammar that did not compile in time
             raise ValueError(failed.error)
@@ -137,7 +141,6 @@ class Engine:
         namespace: Any = None,
         stream: bool = False,
         program_id: str | None = None,
-        rid: str | list[str] | None = None,
     ) -> tuple[list[Req], bool]:
         """Validate and tokenize; the ``Req``s to queue (``n`` expanded) and whether the
         input was a batch. Raises ``ValueError`` naming the problem (the checks are
@@ -147,30 +150,37 @@ class Engine:
         logprobs = zip(one_per_prompt(return_logprob, "return_logprob", n),
                        one_per_prompt(logprob_start_len, "logprob_start_len", n),
                        one_per_prompt(top_logprobs_num, "top_logprobs_num", n), strict=True)
-        options = [RequestOptions(stream, want, -1 if start is None else start, 0 if top is None else top, namespace,
-                                  program_id) for want, start, top in logprobs]
+        options = [RequestOptions(stream, False if want is None else want, -1 if start is None else start, 0 if top is None else top,
+                                  namespace, program_id) for want, start, top in logprobs]
         requests = build_requests(prompts, parse_sampling_params(sampling_params, n), options,
                                   self.limits, prompt_field="prompt" if input_ids is None else "input_ids")
-        rids = self._request_ids(rid, len(requests))
-        return [Req(r_id, r.input_ids, r.params, r.options) for r_id, r in zip(rids, requests, strict=True)], is_batch
+        return [Req(f"req-{next(self._rids)}", r.input_ids, r.params, r.options) for r in requests], is_batch
 
-    def _request_ids(self, rid: str | list[str] | None, count: int) -> list[str]:
-        """One id per request: ``rid`` itself (one request), ``rid_0``, ``rid_1``, ... (several),
-        a list of one each, or ``req-N``; an id already running is refused."""
-        if rid is None:
-            return [f"req-{next(self._rids)}" for _ in range(count)]
-        if isinstance(rid, str):
-            ids = [rid] if count == 1 else [f"{rid}_{i}" for i in range(count)]
-        elif isinstance(rid, list) and len(rid) == count and all(isinstance(r, str) for r in rid):
-            ids = list(rid)
-        else:
+    def _queue(self, reqs: list[Req], rid: str | list[str] | None) -> None:
+        """Name ``reqs`` and hand them to the core, under one hold of the lock: ``rid`` itself
+        (one request), ``rid_0``, ``rid_1``, ... (several), a list of one each, or else their
+        own ``req-N`` (another one where a caller's rid took it). An id that a request here
+        already has is refused (aborts go by id)."""
+        count = len(reqs)
+        if rid is not None and not isinstance(rid, str) and not (
+                isinstance(rid, list) and len(rid) == count and all(isinstance(r, str) for r in rid)):
             raise ValueError(f"rid must be a string or a list of {count} strings (one per request), got {rid!r}")
         with self._lock:
-            busy = {r.rid for r in self.scheduler.waiting} | {r.rid for r in self.scheduler.admitted()}
-        taken = sorted(set(ids) & busy) or sorted({i for i in ids if ids.count(i) > 1})
-        if taken:
-            raise ValueError(f"rid {taken[0]!r} is already in use")
-        return ids
+            busy = {r.rid for r in (*self.scheduler.waiting, *self.scheduler.admitted(), *self.scheduler.grammars.reqs)}
+            if rid is None:
+                ids = [r.rid for r in reqs]
+                for i, req_id in enumerate(ids):
+                    while req_id in busy:
+                        req_id = f"req-{next(self._rids)}"
+                    ids[i] = req_id
+            else:
+                ids = ([rid] if count == 1 else [f"{rid}_{i}" for i in range(count)]) if isinstance(rid, str) else rid
+                taken = sorted(set(ids) & busy) or sorted({i for i in ids if ids.count(i) > 1})
+                if taken:
+                    raise ValueError(f"rid {taken[0]!r} is already in use")
+            for req, req_id in zip(reqs, ids, strict=True):
+                req.rid = req_id
+                self.core.add_request(req)
 
     @property
     def limits(self) -> RequestLimits:
@@ -191,9 +201,9 @@ class Engine:
 
     def abort_unfinished(self, reqs: list[Req]) -> None:
         """Drop those of ``reqs`` still queued or running (their computed KV stays cached)."""
-        if self._closed:
-            return
         with self._lock:
+            if self._closed:
+                return
             for req in reqs:
                 if not req.is_finished:
                     self.core.abort(req.rid)
@@ -274,9 +284,6 @@ class Engine:
                 self._step(reqs)
                 if progress:
                     bar.update(sum(r.params.max_new_tokens if r.is_finished else len(r.output_ids) for r in reqs) - bar.n)
-        except BaseException:
-            self.abort_unfinished(reqs)
-            raise
         finally:
             bar.close()
 

@@ -266,29 +266,30 @@ def test_ctrl_c_stops_a_benchmark_run_and_its_programs(server):
 
     import httpx
 
+    main = threading.main_thread().ident
+    assert main is not None
+
     class Counting(sgl.RuntimeEndpoint):
         sent = 0
 
-        def generate(self, *args, **kwargs):
+        def _count(self) -> None:
             Counting.sent += 1
+            if Counting.sent == 12:  # Ctrl-C once a dozen gens have gone out
+                signal.pthread_kill(main, signal.SIGINT)
+
+        def generate(self, *args, **kwargs):
+            self._count()
             return super().generate(*args, **kwargs)
 
         def generate_stream(self, *args, **kwargs):
-            Counting.sent += 1
+            self._count()
             return super().generate_stream(*args, **kwargs)
 
     workload = get_workload("critique")
     backend = Counting(server.url)
-    main = threading.main_thread().ident
-    assert main is not None
-    timer = threading.Timer(1.5, signal.pthread_kill, (main, signal.SIGINT))
-    timer.start()
     args = workload.program_args(32, 0, "quick")
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            run_workload(workload, backend, args, concurrency=8, progress=False)
-    finally:
-        timer.cancel()
+    with pytest.raises(KeyboardInterrupt):
+        run_workload(workload, backend, args, concurrency=8, progress=False)
     sent = Counting.sent
     deadline = time.monotonic() + 60
     while httpx.get(server.url + "/get_load", timeout=10).json()[0]["num_reqs"] and time.monotonic() < deadline:

@@ -408,16 +408,24 @@ def test_ctrl_c_during_generate_aborts_its_requests_and_the_engine_goes_on(engin
     leaked; later a tree insert short of its slots): it is taken after the step, and the
     call's requests are aborted."""
     import _thread
-    import threading
 
-    for delay in (0.05, 0.3, 0.6):
-        timer = threading.Timer(delay, _thread.interrupt_main)
-        timer.start()
+    step = engine.core.step
+    for at_step in (1, 3, 7):  # Ctrl-C arrives during that step (as from a terminal: Python's handler)
+        steps = [0]
+
+        def interrupted_step(at_step: int = at_step, steps: list[int] = steps):
+            steps[0] += 1
+            if steps[0] == at_step:
+                _thread.interrupt_main()
+            return step()
+
+        engine.core.step = interrupted_step
         try:
             with pytest.raises(KeyboardInterrupt):
                 engine.generate([chat_prompt] * 8, {**GREEDY, "max_new_tokens": 200, "ignore_eos": True})
         finally:
-            timer.cancel()
+            del engine.core.step
+        assert steps[0] == at_step  # taken when that step was done, not in the middle of it
         assert not engine.scheduler.has_work
         engine.scheduler.check_invariants()
         assert engine.scheduler.stats()["kv_held_by_requests"] == 0
@@ -426,7 +434,7 @@ def test_ctrl_c_during_generate_aborts_its_requests_and_the_engine_goes_on(engin
 
 def test_sglang_engine_arguments(engine, chat_prompt):
     """As SGLang's Engine takes them: logprob options per prompt or None, rid, context_length."""
-    outs = engine.generate([chat_prompt, chat_prompt], {**GREEDY, "max_new_tokens": 2}, return_logprob=[True, False],
+    outs = engine.generate([chat_prompt, chat_prompt], {**GREEDY, "max_new_tokens": 2}, return_logprob=[True, None],
                            logprob_start_len=None, top_logprobs_num=[2, None], rid="mine")
     assert [o["meta_info"]["id"] for o in outs] == ["mine_0", "mine_1"]
     assert "output_top_logprobs" in outs[0]["meta_info"] and "output_top_logprobs" not in outs[1]["meta_info"]

@@ -202,7 +202,7 @@ class DataParallelLauncher:
             for r, c in zip(self.replicas, self.children, strict=True):
                 if c.proc.poll() is not None and not c.reported:
                     c.reported = True
-                    how = ("taken out of the gateway" if self._remove_worker(r.url) else
+                    how = ("taken out of the gateway" if self._remove_workers([r.url]) else
                            f"the gateway's health checks take it out of rotation (every "
                            f"{self.dp.router_health_check_interval} s)")
                     print(f"forkserve: replica {r.index} ({r.url}) exited with code {c.proc.returncode}; {how}; "
@@ -215,14 +215,20 @@ class DataParallelLauncher:
     def _gateway_headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.http.api_key}"} if self.http.api_key else {}
 
-    def _remove_worker(self, url: str) -> bool:
-        """Take a dead replica out of the gateway at once (its health checks need two misses,
-        ~10 s, while requests sent to it in between fail). False if the gateway would not."""
+    def _remove_workers(self, urls: list[str], timeout: float = 5.0) -> bool:
+        """Take replicas out of the gateway at once: a dead one (its health checks need two
+        misses, ~10 s, while requests sent to it in between fail), or all of them at shutdown.
+        False if the gateway would not, or did not answer within ``timeout`` in all."""
         headers = self._gateway_headers
+        deadline = time.monotonic() + timeout
         try:
-            workers = httpx.get(f"{self.url}/workers", headers=headers, timeout=5).json()["workers"]
-            worker_id = next(w["id"] for w in workers if w.get("url") == url)
-            return httpx.delete(f"{self.url}/workers/{worker_id}", headers=headers, timeout=5).status_code < 300
+            workers = httpx.get(f"{self.url}/workers", headers=headers, timeout=timeout).json()["workers"]
+            for url in urls:
+                worker_id = next(w["id"] for w in workers if w.get("url") == url)
+                left = max(0.1, deadline - time.monotonic())
+                if httpx.delete(f"{self.url}/workers/{worker_id}", headers=headers, timeout=left).status_code >= 300:
+                    return False
+            return True
         except (httpx.HTTPError, ValueError, KeyError, TypeError, StopIteration):
             return False
 
@@ -237,9 +243,8 @@ class DataParallelLauncher:
         must not leave a replica running."""
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        if self.gateway is not None and self.gateway.proc.poll() is None:
-            for r in self.replicas:
-                self._remove_worker(r.url)
+        if self.gateway is not None and self.gateway.proc.poll() is None:  # 2 s at most: a hung gateway
+            self._remove_workers([r.url for r in self.replicas], timeout=2.0)
         _terminate([*([self.gateway] if self.gateway else []), *self.children], _REPLICA_STOP_S)
         for c in [*self.children, *([self.gateway] if self.gateway else [])]:
             with contextlib.suppress(ProcessLookupError, PermissionError):
