@@ -336,7 +336,6 @@ class Engine:
         return meta
 
 
-
 @contextlib.contextmanager
 def _ctrl_c_after_the_step() -> Iterator[None]:
     """Ctrl-C in the middle of a step would leave the core half-way through its bookkeeping
