@@ -149,3 +149,22 @@ def remote(server):
     backend = sgl.RuntimeEndpoint(server.url)
     yield backend
     backend.shutdown()
+
+
+@pytest.fixture
+def ctrl_c():
+    """Ctrl-C as a terminal delivers it, whatever this test process inherited (a job started
+    in the background from a shell has SIGINT ignored or blocked): Python's own handler, the
+    signal unblocked on the main thread; both put back afterwards. Yields the main thread's
+    id, for ``signal.pthread_kill(main, signal.SIGINT)``."""
+    import signal
+    import threading
+
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    blocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    try:
+        yield threading.main_thread().ident
+    finally:
+        if signal.SIGINT in blocked:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        signal.signal(signal.SIGINT, handler)

@@ -257,17 +257,15 @@ def test_compare_runs_each_workload_on_both_servers_one_at_a_time(tmp_path, caps
         httpx.get(other + "/v1/models", timeout=2)
 
 
-def test_ctrl_c_stops_a_benchmark_run_and_its_programs(server):
+def test_ctrl_c_stops_a_benchmark_run_and_its_programs(server, ctrl_c):
     """Ctrl-C waited for every program of the run (the pool's exit): the README promises
     'forkserve: interrupted' at once."""
     import signal
-    import threading
     import time
 
     import httpx
 
-    main = threading.main_thread().ident
-    assert main is not None
+    main = ctrl_c
 
     class Counting(sgl.RuntimeEndpoint):
         sent = 0

@@ -403,7 +403,7 @@ def test_threads_may_share_an_engine_and_their_requests_batch_together(engine, c
     assert engine.scheduler.stats()["kv_held_by_requests"] == 0
 
 
-def test_ctrl_c_during_generate_aborts_its_requests_and_the_engine_goes_on(engine, chat_prompt, ref):
+def test_ctrl_c_during_generate_aborts_its_requests_and_the_engine_goes_on(engine, chat_prompt, ref, ctrl_c):
     """An interrupt mid-step left the core half-way through its bookkeeping (KV slots
     leaked; later a tree insert short of its slots): it is taken after the step, and the
     call's requests are aborted."""

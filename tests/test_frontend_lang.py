@@ -430,16 +430,14 @@ def _many_gens(s, i: int = 0, gens: int = 40):
 
 
 @pytest.mark.parametrize("how", ["run", "run_batch", "stream", "generator_style"])
-def test_ctrl_c_stops_a_program_and_nothing_more_is_sent(server, how):
+def test_ctrl_c_stops_a_program_and_nothing_more_is_sent(server, how, ctrl_c):
     """Ctrl-C used to wait for every queued gen of every program to run on the server; a
     streamed run's reader (the body runs on a thread of its own) stopped nothing."""
     import signal
     import threading
 
     backend = _CountingEndpoint(server.url)
-    main = threading.main_thread().ident
-    assert main is not None
-    timer = threading.Timer(1.0, signal.pthread_kill, (main, signal.SIGINT))
+    timer = threading.Timer(1.0, signal.pthread_kill, (ctrl_c, signal.SIGINT))
     timer.start()
     try:
         with pytest.raises(KeyboardInterrupt):
