@@ -9,12 +9,14 @@ Where things happen: a request enters in ``Engine.generate`` (tokenized here, ch
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
 import itertools
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from tqdm import tqdm
@@ -129,6 +131,28 @@ class Engine:
             raise ValueError(failed.error)
         outs = [self.format_output(r, return_text_in_logprobs) for r in reqs]
         return outs if is_batch or len(outs) > 1 else outs[0]
+
+    async def async_generate(self, *args: Any, **kwargs: Any) -> Any:
+        """``generate`` for asyncio, as SGLang's: it runs on a worker thread (threads may share
+        the engine); with ``stream=True``, an async iterator of the outputs (closing it early
+        aborts their requests)."""
+        if kwargs.get("stream"):
+            return _async_outputs(await asyncio.to_thread(self.generate, *args, **kwargs))
+        return await asyncio.to_thread(self.generate, *args, **kwargs)
+
+    def get_model_info(self) -> dict[str, Any]:
+        """SGLang's ``Engine.get_model_info``: what a server's ``GET /get_model_info`` says."""
+        return {"model_path": str(self.model_dir), "tokenizer_path": str(self.model_dir), "is_generation": True,
+                "preferred_sampling_params": None, "weight_version": "default",
+                "max_context_len": self.scheduler.max_context_len}
+
+    def get_server_info(self) -> dict[str, Any]:
+        """SGLang's ``Engine.get_server_info``: the engine's arguments, and its scheduler's
+        state as a server's ``GET /get_server_info`` gives it."""
+        self._check_open()
+        with self._lock:
+            stats = self.core.stats()
+        return {**dataclasses.asdict(self.args), "model_path": str(self.model_dir), "scheduler": stats}
 
     def build_requests(
         self,
@@ -353,3 +377,13 @@ def _ctrl_c_after_the_step() -> Iterator[None]:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     if caught:
         raise KeyboardInterrupt
+
+
+async def _async_outputs(stream: RequestStream) -> AsyncIterator[dict[str, Any]]:
+    """A stream's outputs for asyncio, each read on a worker thread."""
+    done = object()
+    try:
+        while (chunk := await asyncio.to_thread(next, stream, done)) is not done:
+            yield chunk  # type: ignore[misc]
+    finally:
+        stream.close()

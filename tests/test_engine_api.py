@@ -457,3 +457,22 @@ def test_a_shut_down_engine_says_so(tiny_gqa_llama):
     eng.shutdown()  # twice is harmless
     with pytest.raises(RuntimeError, match="has been shut down"):
         eng.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 2})
+
+
+def test_sglang_async_and_info_methods(engine, chat_prompt, ref):
+    """SGLang's Engine.async_generate (whole and streamed, at once on one engine),
+    get_model_info and get_server_info."""
+    import asyncio
+
+    async def both() -> tuple[dict, list[dict]]:
+        async def streamed() -> list[dict]:
+            stream = await engine.async_generate(chat_prompt, {**GREEDY, "max_new_tokens": 16}, stream=True)
+            return [chunk async for chunk in stream]
+
+        return await asyncio.gather(engine.async_generate(chat_prompt, {**GREEDY, "max_new_tokens": 16}), streamed())
+
+    whole, chunks = asyncio.run(both())
+    assert whole["output_ids"] == chunks[-1]["output_ids"] == ref["output_ids"] and len(chunks) > 1
+    assert engine.get_model_info()["max_context_len"] == engine.scheduler.max_context_len
+    info = engine.get_server_info()
+    assert info["scheduler"]["kv_held_by_requests"] == 0 and info["dtype"] == engine.args.dtype
