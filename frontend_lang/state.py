@@ -13,7 +13,7 @@ import contextlib
 import logging
 import threading
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from frontend_lang.backend.base import Backend
@@ -34,6 +34,7 @@ from frontend_lang.ir import (
     reasoning_name,
 )
 from frontend_lang.role_forms import RoleForms
+from frontend_lang.streamed_text import StreamedText
 from frontend_lang.tool_turns import ToolTurns
 from frontend_lang.tools import ToolUse, has_tool_turns
 from runtime.server.reasoning import PARSERS as REASONING_PARSERS
@@ -95,7 +96,7 @@ class Program:
             self.backend.end_program(self.program_id)
 
 
-class ProgramState(RoleForms, ToolTurns):
+class ProgramState(StreamedText, RoleForms, ToolTurns):
     def __init__(self, program: Program, parent: ProgramState | None = None) -> None:
         self.program = program
         self.text_ = parent.text_ if parent else ""
@@ -228,72 +229,10 @@ class ProgramState(RoleForms, ToolTurns):
             raise
         group.join()
 
-    # ------------------------------------------------------------------ streaming
-    def text_iter(self, var_name: str | None = None) -> Iterator[str]:
-        """Text as it is produced until the program ends, or only ``var_name``'s until that
-        variable is complete (as SGLang's). Without ``run(..., stream=True)``: all of it at
-        once (as SGLang gives it)."""
-        if not self.program.stream:
-            yield self.text() if var_name is None else self[var_name]
-            return
-        i = 0
-        while True:
-            with self._cond:
-                while i >= len(self._chunks) and not self._finished and not self.program.interrupted:
-                    self._wait()
-                chunks, done = self._chunks[i:], self._finished or self.program.interrupted
-            i += len(chunks)
-            for names, text, in_text in chunks:
-                if var_name is not None and text is None and var_name in names:
-                    return
-                if text and (in_text if var_name is None else var_name in names):
-                    yield text
-            if done and i >= len(self._chunks):  # a failure ended it: error() says what (as in SGLang)
-                return
-
-    async def text_async_iter(self, var_name: str | None = None, return_meta_data: bool = False) -> AsyncIterator[Any]:
-        """``text_iter`` for asyncio. With ``return_meta_data`` (and ``var_name``), each chunk
-        comes as ``(text, meta_info)``: the variable's meta info once it is complete, else None."""
-        import asyncio
-
-        it = self.text_iter(var_name)
-        done = object()
-        while True:
-            chunk = await asyncio.to_thread(next, it, done)
-            if chunk is done:
-                return
-            yield (chunk, self.meta_info.get(var_name)) if return_meta_data and var_name else chunk
-
-    def _emit(self, var: str | None, text: str | None, in_text: bool = True) -> None:
-        if not self.program.stream or not (text or text is None and var is not None):
-            return
-        # text is part of its variable and of every var_scope open around it
-        names = (var,) if text is None or not in_text else ((var,) if var else ()) + tuple(self.scope_starts)
-        with self._cond:
-            self._chunks.append((names, text, in_text))  # type: ignore[arg-type]
-            self._cond.notify_all()
-
-    def _wait(self) -> None:
-        """Wait for the executor (``_cond`` held); Ctrl-C meanwhile interrupts the program
-        (a streamed run's body runs on a thread of its own, so only its reader sees it)."""
-        try:
-            self._cond.wait()
-        except KeyboardInterrupt:
-            self._cond.release()  # interrupt() takes every state's lock, this one's too
-            try:
-                self.program.interrupt()
-            finally:
-                self._cond.acquire()
-            raise
-
+    # ------------------------------------------------------------------ queue
     def drop_pending(self) -> None:
         with self._cond:
             self._pending.clear()
-            self._cond.notify_all()
-
-    def mark_finished(self) -> None:
-        with self._cond:
-            self._finished = True
             self._cond.notify_all()
 
     # ------------------------------------------------------------------ executor
