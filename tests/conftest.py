@@ -25,6 +25,22 @@ def engine(model_dir):
     eng.shutdown()
 
 
+@pytest.fixture(scope="module")
+def chat_prompt(engine) -> str:
+    """A question the model answers in a few tokens, then EOS, as a chat prompt."""
+    question = "What is 2+2? Answer with a single number."
+    return engine.tokenizer.apply_chat_template([{"role": "user", "content": question}])
+
+
+@pytest.fixture(scope="module")
+def ref(engine, chat_prompt) -> dict:
+    """The shared engine's greedy answer to ``chat_prompt``: a few tokens, ending in EOS."""
+    out = engine.generate(chat_prompt, {"temperature": 0.0, "max_new_tokens": 16})
+    ids = out["output_ids"]
+    assert 4 <= len(ids) < 16, out
+    return out
+
+
 @pytest.fixture(scope="session")
 def other_kernel_builds(tmp_path_factory):
     """A kernel cache for builds with other flags than this CPU's own (each flag set hashes

@@ -15,6 +15,7 @@ from bench_agent.drivers.openai_chat import OpenAIChatBackend
 from bench_agent.metrics import summarise
 from bench_agent.runner import run_workload
 from bench_agent.workloads import NAMES, get_workload
+from tests.dsl_checks import CountingEndpoint, pinned_programs, wait_until_idle
 from tests.tool_call_ids import same_ids
 
 pytestmark = pytest.mark.slow
@@ -261,37 +262,19 @@ def test_ctrl_c_stops_a_benchmark_run_and_its_programs(server, ctrl_c):
     """Ctrl-C waited for every program of the run (the pool's exit): the README promises
     'forkserve: interrupted' at once."""
     import signal
-    import time
-
-    import httpx
 
     main = ctrl_c
 
-    class Counting(sgl.RuntimeEndpoint):
-        sent = 0
-
-        def _count(self) -> None:
-            Counting.sent += 1
-            if Counting.sent == 12:  # Ctrl-C once a dozen gens have gone out
-                signal.pthread_kill(main, signal.SIGINT)
-
-        def generate(self, *args, **kwargs):
-            self._count()
-            return super().generate(*args, **kwargs)
-
-        def generate_stream(self, *args, **kwargs):
-            self._count()
-            return super().generate_stream(*args, **kwargs)
+    def ctrl_c_at_the_twelfth(sent: int) -> None:  # Ctrl-C once a dozen gens have gone out
+        if sent == 12:
+            signal.pthread_kill(main, signal.SIGINT)
 
     workload = get_workload("critique")
-    backend = Counting(server.url)
+    backend = CountingEndpoint(server.url, ctrl_c_at_the_twelfth)
     args = workload.program_args(32, 0, "quick")
     with pytest.raises(KeyboardInterrupt):
         run_workload(workload, backend, args, concurrency=8, progress=False)
-    sent = Counting.sent
-    deadline = time.monotonic() + 60
-    while httpx.get(server.url + "/get_load", timeout=10).json()[0]["num_reqs"] and time.monotonic() < deadline:
-        time.sleep(0.2)
-    time.sleep(0.5)
-    assert Counting.sent == sent < 32 * workload.gen_calls(workload.sizes("quick")) / 4  # nothing more was sent
-    assert httpx.get(server.url + "/get_server_info", timeout=10).json()["scheduler"]["num_pinned_programs"] == 0
+    sent = backend.sent
+    wait_until_idle(server.url)
+    assert backend.sent == sent < 32 * workload.gen_calls(workload.sizes("quick")) / 4  # nothing more was sent
+    assert pinned_programs(server.url) == 0

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 from typing import Literal
 
 import httpx
@@ -410,56 +409,3 @@ def test_examples_a_chat_api_cannot_run_refuse_openai_up_front(example):
     done = subprocess.run([sys.executable, "-m", f"examples.{example}", "--url", "http://127.0.0.1:9", "--openai"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "cannot run with --openai" in done.stderr, done.stderr
-
-
-class _CountingEndpoint(sgl.RuntimeEndpoint):
-    def __init__(self, url: str) -> None:
-        super().__init__(url)
-        self.sent = 0
-
-    def generate(self, *args, **kwargs):
-        self.sent += 1
-        return super().generate(*args, **kwargs)
-
-
-@sgl.function
-def _many_gens(s, i: int = 0, gens: int = 40):
-    s += f"Program {i}. Write many words:"
-    for k in range(gens):
-        s += sgl.gen(f"g{k}", max_tokens=8, temperature=0.8, ignore_eos=True)
-
-
-@pytest.mark.parametrize("how", ["run", "run_batch", "stream", "generator_style"])
-def test_ctrl_c_stops_a_program_and_nothing_more_is_sent(server, how, ctrl_c):
-    """Ctrl-C used to wait for every queued gen of every program to run on the server; a
-    streamed run's reader (the body runs on a thread of its own) stopped nothing."""
-    import signal
-    import threading
-
-    backend = _CountingEndpoint(server.url)
-    timer = threading.Timer(1.0, signal.pthread_kill, (ctrl_c, signal.SIGINT))
-    timer.start()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            if how == "run_batch":
-                _many_gens.run_batch([{"i": i} for i in range(8)], backend=backend)
-            elif how == "generator_style":
-                for _ in _many_gens.run_batch([{"i": i} for i in range(8)], backend=backend, generator_style=True):
-                    pass
-            elif how == "stream":
-                for _ in _many_gens.run(gens=120, backend=backend, stream=True).text_iter():
-                    pass
-            else:
-                _many_gens.run(gens=120, backend=backend)
-    finally:
-        timer.cancel()
-    full = 8 * 40 if how in ("run_batch", "generator_style") else 120
-    sent = backend.sent
-    assert sent < full / 2, f"{sent} of {full} gens were sent"
-    deadline = time.monotonic() + 60  # the gens already sent end on their own
-    while httpx.get(server.url + "/get_load", timeout=10).json()[0]["num_reqs"] and time.monotonic() < deadline:
-        time.sleep(0.2)
-    time.sleep(0.5)
-    assert backend.sent == sent  # the programs' threads send nothing more
-    # ended, and a gen that finished after the end pinned nothing
-    assert httpx.get(server.url + "/get_server_info", timeout=10).json()["scheduler"]["num_pinned_programs"] == 0

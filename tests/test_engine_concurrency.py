@@ -1,0 +1,124 @@
+"""The offline ``Engine`` used by several callers at once: streams, threads sharing one
+engine, and Ctrl-C during ``generate``; the answers must stay those of a lone call."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+GREEDY = {"temperature": 0.0}
+
+
+def test_stream_grows_to_the_non_streamed_output(engine, chat_prompt):
+    """SGLang's ``Engine.generate(stream=True)``: outputs whose text only grows, never shows a
+    stop string's start before the end, and ends in the non-streamed output."""
+    params = {**GREEDY, "max_new_tokens": 24, "stop": "4."}
+    prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": "Count from 1 to 9."}])
+    whole = engine.generate(prompt, params)
+    chunks = list(engine.generate(prompt, params, stream=True))
+
+    def same(out: dict) -> dict:  # the second run has its own id and time, and finds the prompt cached
+        return {**out, "meta_info": {k: v for k, v in out["meta_info"].items() if k not in ("cached_tokens", "e2e_latency", "id")}}
+
+    assert whole["meta_info"]["finish_reason"] == {"type": "stop", "matched": "4."}
+    assert len(chunks) > 3 and same(chunks[-1]) == same(whole)
+    texts = [c["text"] for c in chunks]
+    assert all(later.startswith(earlier) for earlier, later in itertools.pairwise(texts))
+    assert not any("4" in t for t in texts)  # "4" may start the stop string: held back
+    assert [c["meta_info"]["completion_tokens"] for c in chunks] == sorted(c["meta_info"]["completion_tokens"] for c in chunks)
+
+
+def test_a_streamed_batch_tags_outputs_with_their_index_and_closing_early_aborts(engine, chat_prompt, ref):
+    prompts = [chat_prompt, engine.tokenizer.apply_chat_template([{"role": "user", "content": "Name a color."}])]
+    last: dict[int, dict] = {}
+    for chunk in engine.generate(prompts, {**GREEDY, "max_new_tokens": 12}, stream=True):
+        last[chunk["index"]] = chunk
+    assert last[0]["output_ids"] == ref["output_ids"][:12] and last[0]["meta_info"]["finish_reason"] is not None
+    assert last[1]["meta_info"]["finish_reason"] is not None
+    stream = engine.generate(chat_prompt, {**GREEDY, "max_new_tokens": 64, "ignore_eos": True}, stream=True)
+    next(stream)
+    stream.close()  # the consumer stops: the request must not stay in the engine
+    assert not engine.scheduler.has_work
+    never_read = engine.generate(chat_prompt, {**GREEDY, "max_new_tokens": 64}, stream=True)
+    assert engine.scheduler.has_work
+    del never_read  # dropped before its first output: aborted all the same
+    assert not engine.scheduler.has_work
+
+
+def test_streams_and_generate_calls_may_interleave(engine, chat_prompt, ref):
+    """Whoever steps the engine, each stream sees its own request through: a ``generate``
+    between two chunks runs the stream's request too (it used to wait for an output that
+    call had taken, forever), and two streams read in turns both end."""
+    params = {**GREEDY, "max_new_tokens": 12}
+    stream = engine.generate(chat_prompt, {**params, "ignore_eos": True}, stream=True)
+    next(stream)
+    assert engine.generate(chat_prompt, params)["output_ids"] == ref["output_ids"][:12]
+    rest = list(stream)
+    assert rest and rest[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 12}
+    streams = [engine.generate(chat_prompt, params, stream=True), engine.generate("Hello", params, stream=True)]
+    last: list[dict] = [{}, {}]
+    while streams[0] is not None or streams[1] is not None:  # one chunk of each in turn
+        for k, s in enumerate(streams):
+            if s is not None:
+                chunk = next(s, None)
+                streams[k] = None if chunk is None else s
+                last[k] = chunk or last[k]
+    assert last[0]["output_ids"] == ref["output_ids"][:12]
+    assert all(out["meta_info"]["finish_reason"] is not None for out in last)
+    assert not engine.scheduler.has_work
+
+
+def test_threads_may_share_an_engine_and_their_requests_batch_together(engine, chat_prompt, ref):
+    """Eight threads calling generate at once got 'forward contexts do not nest' and leaked
+    KV slots; each now gets the answer it gets alone."""
+    import threading
+
+    answers: list[dict] = []
+    errors: list[BaseException] = []
+
+    def one() -> None:
+        try:
+            answers.append(engine.generate(chat_prompt, {**GREEDY, "max_new_tokens": 16}))
+        except BaseException as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=one) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not errors and [a["output_ids"] for a in answers] == [ref["output_ids"]] * 8
+    engine.scheduler.check_invariants()
+    assert engine.scheduler.stats()["kv_held_by_requests"] == 0
+
+
+def test_ctrl_c_during_generate_aborts_its_requests_and_the_engine_goes_on(engine, chat_prompt, ref, ctrl_c):
+    """An interrupt mid-step left the core half-way through its bookkeeping (KV slots
+    leaked; later a tree insert short of its slots): it is taken after the step, and the
+    call's requests are aborted."""
+    import _thread
+
+    step = engine.core.step
+    for at_step in (1, 3, 7):  # Ctrl-C arrives during that step (as from a terminal: Python's handler)
+        steps = [0]
+
+        def interrupted_step(at_step: int = at_step, steps: list[int] = steps):
+            steps[0] += 1
+            if steps[0] == at_step:
+                _thread.interrupt_main()
+            return step()
+
+        engine.core.step = interrupted_step
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                engine.generate([chat_prompt] * 8, {**GREEDY, "max_new_tokens": 200, "ignore_eos": True})
+        finally:
+            del engine.core.step
+        assert steps[0] == at_step  # taken when that step was done, not in the middle of it
+        assert not engine.scheduler.has_work
+        engine.scheduler.check_invariants()
+        assert engine.scheduler.stats()["kv_held_by_requests"] == 0
+    assert engine.generate(chat_prompt, {**GREEDY, "max_new_tokens": 16})["output_ids"] == ref["output_ids"]
