@@ -59,6 +59,17 @@ def test_a_stream_interval_reports_the_first_token_then_every_n_and_the_end(engi
     assert [o.finished for o in mine] == [False, False, False, True]
 
 
+def test_a_requests_own_stream_interval_wins(engine, monkeypatch):
+    """vLLM's and SGLang's per-request ``stream_interval`` (it was ignored): 2 on 6 tokens
+    under --stream-interval 3 reports at tokens 1, 3, 5 and the end."""
+    monkeypatch.setattr(engine.core, "stream_interval", 3)
+    streamed = _req(engine, "core-own-interval", "Count to ten:", 6, True)
+    streamed.params.stream_interval = 2
+    engine.core.add_request(streamed)
+    mine = [o for o in _drain(engine.core) if o.req is streamed]
+    assert [(o.start, o.num_new) for o in mine] == [(0, 1), (1, 2), (3, 2), (5, 1)]
+
+
 def test_a_request_that_can_never_run_is_refused_with_its_reason(engine):
     core = engine.core
     req = _req(engine, "core-too-long", "x " * 10, 10**9, False)

@@ -72,3 +72,22 @@ def test_every_field_sglang_takes_is_declared(source, cls, model):
     fields = dataclass_fields(sglang_source(source).read_text(), cls)
     assert len(fields) > 20  # the class was found
     assert fields - declared(model) == set()
+
+
+@pytest.mark.parametrize(("field", "value", "refused"), [
+    ("prompt_logprobs", 0, True),  # vLLM: the prompt's logprobs (no top tokens), not "off"
+    ("truncate_prompt_tokens", 0, True),  # vLLM: an empty prompt, a 400
+    ("prompt_logprobs", None, False), ("use_beam_search", False, False), ("allowed_token_ids", [], False),
+    ("priority", 0, False),  # the default: served in arrival order
+    ("priority", 5, True), ("vllm_xargs", {}, False), ("vllm_xargs", {"a": 1}, True),
+])
+def test_a_field_we_cannot_honour_is_refused_unless_neutral(field, value, refused):
+    """Neutral is unset, false, empty or the field's default; a 0 passed as "false" before."""
+    from runtime.server.protocol import ApiError, reject_unsupported
+
+    req = protocol_openai.CompletionRequest.model_validate({"prompt": "Hi", field: value})
+    if refused:
+        with pytest.raises(ApiError, match=field):
+            reject_unsupported(req)
+    else:
+        reject_unsupported(req)

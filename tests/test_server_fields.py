@@ -194,6 +194,26 @@ def test_vllm_guided_fields_and_stop_string_kept(server):
     assert kept == plain + " 5"
 
 
+def test_what_stopped_a_choice_is_named_as_vllm_and_sglang_name_it(server):
+    """vLLM's ``stop_reason`` (the stop string or ``stop_token_ids`` id; null for EOS and
+    length) and SGLang's ``matched_stop`` (any matched string or id), whole and streamed."""
+    base = {"model": MODEL, "prompt": "1, 2, 3,", "max_tokens": 12, "temperature": 0}
+    plain = post(server, "/v1/completions", {**base, "return_token_ids": True}).json()["choices"][0]
+    assert plain["stop_reason"] is None and plain["matched_stop"] is None  # length
+    third = plain["token_ids"][2]
+    cases = [({"stop": [" 5"]}, " 5", " 5"), ({"stop_token_ids": [third]}, third, third)]
+    for extra, stop_reason, matched in cases:
+        whole = post(server, "/v1/completions", {**base, **extra}).json()["choices"][0]
+        assert (whole["finish_reason"], whole["stop_reason"], whole["matched_stop"]) == ("stop", stop_reason, matched)
+        with httpx.stream("POST", server.url + "/v1/completions", json={**base, **extra, "stream": True}, timeout=60) as r:
+            chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+        last = [c["choices"][0] for c in chunks if c["choices"]][-1]
+        assert (last["finish_reason"], last["stop_reason"], last["matched_stop"]) == ("stop", stop_reason, matched)
+    eos = post(server, "/v1/chat/completions", {"model": MODEL, "messages": MESSAGES, "max_tokens": 40,
+                                                "temperature": 0}).json()["choices"][0]
+    assert eos["finish_reason"] == "stop" and eos["stop_reason"] is None and isinstance(eos["matched_stop"], int)
+
+
 @pytest.mark.parametrize(("extra", "check"), [
     ({"structured_outputs": {"choice": ["maybe", "never"]}}, lambda t: t in ("maybe", "never")),
     ({"structured_outputs": {"regex": "[0-9]{3}"}}, lambda t: re.fullmatch("[0-9]{3}", t)),
@@ -244,8 +264,8 @@ def test_unknown_sampling_params_are_ignored_with_one_warning_and_known_ones_che
         assert resp.status_code == 200, resp.text
         assert resp.json()["text"] == want
     assert server.read_output().count("ignoring unknown sampling parameter 'wibble_factor'") == 1
-    neutral = {"structural_tag": None, "custom_params": None, "logit_bias": None, "stream_interval": None}
-    assert post(server, "/generate", {"text": "Hi", "sampling_params": {**greedy, **neutral}}).status_code == 200
+    neutral = {"structural_tag": None, "custom_params": None, "logit_bias": None}
+    assert post(server, "/generate", {"text": "Hi", "sampling_params": {**greedy, **neutral, "stream_interval": 2}}).status_code == 200
     for field, value in [("logit_bias", {"42": 5.0}), ("structural_tag", "{}"), ("max_new_tokens", "4")]:
         resp = post(server, "/generate", {"text": "Hi", "sampling_params": {**greedy, field: value}})
         assert resp.status_code == 400 and resp.json()["error"]["param"] == field, resp.text

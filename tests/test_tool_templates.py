@@ -184,3 +184,13 @@ def test_call_arguments_that_are_not_a_json_object_render_as_written(name, hf):
     text = render_chat(hf, [USER, calls, *tool_results], TOOLS, chat_template=template).text
     assert '{"city": "Par' in text or '{\\"city\\": \\"Par' in text
     assert "{}" in text
+
+
+@pytest.mark.parametrize("key", ["add_generation_prompt", "continue_final_message", "tools", "tokenize", "chat_template"])
+def test_chat_template_kwargs_naming_a_render_argument_leave_the_request_fields_in_charge(key, hf):
+    """Such a key was a 400 leaking a Python TypeError ("got multiple values for keyword
+    argument"); vLLM drops it and the request's own field wins."""
+    messages = [{"role": "user", "content": "Hi"}]
+    plain = render_chat(hf, messages, add_generation_prompt=False).text
+    value = {"tools": [], "chat_template": "{{ 'x' }}"}.get(key, True)
+    assert render_chat(hf, messages, add_generation_prompt=False, template_kwargs={key: value}).text == plain

@@ -47,11 +47,11 @@ MAX_N = 128  # OpenAI's limit on completions per request
 BOOL_FIELDS = ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim")
 # SGLang's sampling fields this engine does not implement: accepted at their neutral value
 # (what SGLang's own clients send when the feature is off), anything else is refused.
-SGLANG_NEUTRAL_ONLY = ("structural_tag", "custom_params", "logit_bias", "stream_interval")
+SGLANG_NEUTRAL_ONLY = ("structural_tag", "custom_params", "logit_bias")
 SGLANG_ALIASES = {"sampling_seed": "seed"}
 
 
-_INT_FIELDS = ("max_new_tokens", "min_new_tokens", "top_k", "seed", "n")
+_INT_FIELDS = ("max_new_tokens", "min_new_tokens", "top_k", "seed", "n", "stream_interval")
 
 
 @dataclass
@@ -74,6 +74,7 @@ class SamplingParams:
     no_stop_trim: bool = False
     seed: int | None = None
     n: int = 1
+    stream_interval: int | None = None  # streamed: tokens per update (None: --stream-interval)
     # constrained decoding, at most one (checked by runtime/constrained/spec.py)
     regex: str | None = None
     json_schema: str | None = None
@@ -115,6 +116,8 @@ class SamplingParams:
         for name in _INT_FIELDS:  # 2.0 from a client that computed it: the integer it means
             if isinstance(d.get(name), float) and d[name].is_integer():
                 d[name] = int(d[name])
+        if d.get("top_k") == 0 and type(d["top_k"]) is int:  # vLLM's (and OpenAI clients') "off"
+            d["top_k"] = -1
         params = cls(**d, max_new_tokens_unset="max_new_tokens" not in d)
         params.validate()
         return params
@@ -133,7 +136,7 @@ class SamplingParams:
         need(is_num(self.temperature) and 0 <= self.temperature <= MAX_TEMPERATURE, "temperature",
              f"must be a number in [0, {MAX_TEMPERATURE:g}]")
         need(is_num(self.top_p) and 0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
-        need(_is_int(self.top_k) and (self.top_k == -1 or self.top_k >= 1), "top_k", "must be -1 (off) or >= 1")
+        need(_is_int(self.top_k) and (self.top_k == -1 or self.top_k >= 1), "top_k", "must be -1 or 0 (off) or >= 1")
         need(is_num(self.min_p) and 0 <= self.min_p <= 1, "min_p", "must be in [0, 1]")
         need(is_num(self.frequency_penalty) and -2 <= self.frequency_penalty <= 2, "frequency_penalty", "must be in [-2, 2]")
         need(is_num(self.presence_penalty) and -2 <= self.presence_penalty <= 2, "presence_penalty", "must be in [-2, 2]")
@@ -151,6 +154,8 @@ class SamplingParams:
         need(self.seed is None or (_is_int(self.seed) and -(2**63) <= self.seed < 2**64), "seed",
              "must be an integer in [-2**63, 2**64)")
         need(_is_int(self.n) and 1 <= self.n <= MAX_N, "n", f"must be an integer in [1, {MAX_N}]")
+        need(self.stream_interval is None or (_is_int(self.stream_interval) and self.stream_interval >= 1),
+             "stream_interval", "must be an integer >= 1")
         for name in ("regex", "json_schema", "ebnf"):
             need(getattr(self, name) is None or (isinstance(getattr(self, name), str) and getattr(self, name) != ""),
                  name, "must be a non-empty string")

@@ -109,13 +109,13 @@ class EngineCore:
 
     def _outputs(self, touched: list[Req]) -> list[RequestOutput]:
         """Streaming requests report their first token, then every ``--stream-interval`` new
-        tokens, and their end; the others only their finished result."""
+        tokens (or the request's own ``stream_interval``), and their end; the others only their finished result."""
         outputs = []
-        interval = self.stream_interval
         for req in touched:
             if not (req.options.stream or req.is_finished):
                 continue
             start = self._reported.get(req.rid, 0)
+            interval = req.params.stream_interval or self.stream_interval
             if not req.is_finished and start > 0 and len(req.output_ids) - start < interval:
                 continue  # held for the next report
             outputs.append(RequestOutput(req, start, len(req.output_ids) - start, req.is_finished, req.error))

@@ -81,6 +81,7 @@ class OpenAIHandler:
             "no_stop_trim": r.no_stop_trim or r.include_stop_str_in_output,
             "spaces_between_special_tokens": r.spaces_between_special_tokens,
             "seed": r.seed,
+            "stream_interval": r.stream_interval,
             **self.constraint(),
         }
         return sampling_params(d, param="request", names=self.api_names)
@@ -251,7 +252,7 @@ class OpenAIHandler:
                 err = error_of(s, self.api_names)
                 if err is not None:
                     raise err
-            choices = [self.with_ids(i, s, self.choice(i, s)) for i, s in enumerate(states)]
+            choices = [self.with_ids(i, s, {**self.choice(i, s), **self.stop_fields(s)}) for i, s in enumerate(states)]
             body = {
                 "id": self.id,
                 "object": self.object_name,
@@ -265,6 +266,16 @@ class OpenAIHandler:
                 body["sglext"] = sglext
             return JsonResponse(body)
         return StreamingResponse(self.events(states), media_type="text/event-stream")
+
+    def stop_fields(self, state: ReqState) -> dict[str, Any]:
+        """What ended a finished choice: vLLM's ``stop_reason`` (the stop string or the
+        ``stop_token_ids`` id that matched; null for the end-of-sequence token or a length
+        limit) and SGLang's ``matched_stop`` (the string or any token id that matched)."""
+        reason = state.finished_reason or {}
+        matched = reason.get("matched")
+        stop_ids = self.req.stop_token_ids or []
+        return {"stop_reason": matched if isinstance(matched, str) or matched in stop_ids else None,
+                "matched_stop": matched}
 
     def with_ids(self, index: int, state: ReqState, choice: dict[str, Any]) -> dict[str, Any]:
         """A whole answer's choice with the token ids asked for (``return_token_ids``)."""
@@ -331,6 +342,8 @@ class OpenAIHandler:
                 sent_text[i] = len(s.text)
                 choice = self.stream_choice(i, s, text, finish, logprobs)
                 if choice is not None:  # None: text held back; its tokens' logprobs go with the next chunk
+                    if choice["finish_reason"] is not None:
+                        choice.update(self.stop_fields(s))
                     sent_tokens[i] = len(s.output_token_logprobs)
                     if self.req.return_token_ids:
                         choice["token_ids"] = list(s.output_ids[sent_ids[i]:])

@@ -109,7 +109,9 @@ def _narrowed(model: type[BaseModel], body: dict[str, Any]) -> dict[str, Any]:
     props = body.get("properties", {})
     for name in getattr(model, "UNSUPPORTED", ()):
         if name in props:
-            props[name] = {**_NEUTRAL, "description": "not supported: only its neutral value is accepted"}
+            default = model.model_fields[name].default
+            neutral = _NEUTRAL if default in (None, False) else {"anyOf": [*_NEUTRAL["anyOf"], {"const": default}]}
+            props[name] = {**neutral, "description": "not supported: only its neutral value is accepted"}
     if model is GenerateReqInput:
         body["anyOf"] = [{"required": ["text"]}, {"required": ["input_ids"]}]
     return body

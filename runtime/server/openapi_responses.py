@@ -35,6 +35,8 @@ USAGE = {
                                              "properties": {"cached_tokens": {"type": "integer"}}}},
 }
 _FINISH = {"type": ["string", "null"]}
+# what ended a choice: vLLM's stop_reason, SGLang's matched_stop (a stop string or a token id)
+_STOP = {"stop_reason": {"type": ["string", "integer", "null"]}, "matched_stop": {"type": ["string", "integer", "null"]}}
 def _completion(object_name: str, choice: dict[str, Any]) -> dict[str, Any]:
     """An OpenAI completion object (chat or text) whose ``choices`` items are ``choice``."""
     return {
@@ -49,7 +51,7 @@ _LOGPROBS = {"type": ["object", "null"]}
 CHAT_COMPLETION = _completion("chat.completion", {
     "type": "object", "required": ["index", "message", "finish_reason"],
     "properties": {
-        "index": {"type": "integer"}, "finish_reason": _FINISH, "logprobs": _LOGPROBS,
+        "index": {"type": "integer"}, "finish_reason": _FINISH, "logprobs": _LOGPROBS, **_STOP,
         "message": {"type": "object", "required": ["role"], "properties": {
             "role": {"const": "assistant"}, "content": {"type": ["string", "null"]},
             "reasoning_content": {"type": ["string", "null"]},
@@ -59,7 +61,7 @@ CHAT_COMPLETION = _completion("chat.completion", {
 COMPLETION = _completion("text_completion", {
     "type": "object", "required": ["index", "text", "finish_reason"],
     "properties": {"index": {"type": "integer"}, "text": {"type": "string"}, "finish_reason": _FINISH,
-                   "logprobs": _LOGPROBS},
+                   "logprobs": _LOGPROBS, **_STOP},
 })
 GENERATE_ONE = {
     "type": "object",

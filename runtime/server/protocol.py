@@ -29,7 +29,7 @@ class _NeutralOnlyMarker:
 
 NEUTRAL_ONLY = _NeutralOnlyMarker()
 # A field declared so that clients may send it, that the server cannot honour: accepted unset,
-# false or empty, otherwise a 400 naming it (``reject_unsupported``); OpenAPI shows only those
+# false, empty or at its default, otherwise a 400 naming it (``reject_unsupported``); OpenAPI shows only those
 # values (``openapi.py``).
 NeutralOnly = Annotated[T, NEUTRAL_ONLY]
 
@@ -87,8 +87,17 @@ def _takes_int_not_float(annotation: Any) -> bool:
 
 def reject_unsupported(req: _Body) -> None:
     """A 400 for the first ``NeutralOnly`` field of ``req`` given a value other than its neutral
-    one (unset, false, empty): something the server cannot do."""
+    one (``is_neutral``): something the server cannot do."""
     for name in req.UNSUPPORTED:
-        value = getattr(req, name)
-        if value not in (None, False, [], {}):
+        if not is_neutral(getattr(req, name), type(req).model_fields[name].default):
             raise ApiError(400, f"'{name}' is not supported by this server", param=name)
+
+
+def is_neutral(value: Any, default: Any) -> bool:
+    """Unset, false, empty, or the field's default. Compared by kind, not ``==``: a 0 is not
+    false (vLLM's ``prompt_logprobs: 0`` asks for the prompt's logprobs)."""
+    if value is None or value is False:
+        return True
+    if isinstance(value, (list, dict, tuple)):
+        return not value
+    return type(value) is type(default) and value == default

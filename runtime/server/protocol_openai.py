@@ -112,7 +112,7 @@ class OpenAISampling(SharedSampling):
     length_penalty: float | None = None
     routed_experts_start_len: int = 0
     routed_experts_prompt_start: int = 0
-    truncation_side: str | None = None
+    truncation_side: Literal["left", "right"] | None = None  # with truncate_prompt_tokens (not supported)
     return_token_offsets: bool | None = None
     mm_payload: str | None = None
     return_mm_kwargs: bool | None = None
@@ -129,7 +129,7 @@ class OpenAISampling(SharedSampling):
     bootstrap_port: NeutralOnly[Any] = None
     bootstrap_room: NeutralOnly[Any] = None
     data_parallel_rank: NeutralOnly[Any] = None
-    priority: NeutralOnly[Any] = None
+    priority: NeutralOnly[int] = 0  # requests are served in arrival order
     structural_tag: NeutralOnly[Any] = None
     allowed_token_ids: NeutralOnly[Any] = None
     bad_words: NeutralOnly[Any] = None

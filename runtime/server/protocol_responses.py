@@ -83,4 +83,4 @@ class ResponsesRequest(SharedSampling):
     prompt: NeutralOnly[Any] = None
     context_management: NeutralOnly[Any] = None
     moderation: NeutralOnly[Any] = None
-    priority: NeutralOnly[Any] = None
+    priority: NeutralOnly[int] = 0  # requests are served in arrival order

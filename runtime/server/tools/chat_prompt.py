@@ -27,6 +27,10 @@ class ChatPrompt:
     thinking: bool = True
 
 
+# Arguments of the render itself: in ``chat_template_kwargs`` they are dropped (the request's
+# own fields win, as in vLLM) instead of clashing with ours.
+RENDER_ARGUMENTS = frozenset({"add_generation_prompt", "continue_final_message", "tools", "tokenize", "chat_template",
+                              "conversation", "messages", "return_dict"})
 # The switches reasoning models' chat templates read to think or not (Qwen3's, DeepSeek's).
 THINKING_SWITCHES = ("enable_thinking", "thinking")
 
@@ -66,8 +70,9 @@ def render_chat(
     has neither cannot honour it (a 400)."""
     rule = call_rule(tools, tool_choice)
     uses_tools = bool(tools) or any(m.get("tool_calls") or m["role"] == "tool" for m in messages)
-    kwargs = dict(add_generation_prompt=add_generation_prompt and not continue_final_message,
-                  continue_final_message=continue_final_message, **(template_kwargs or {}))
+    kwargs = {k: v for k, v in (template_kwargs or {}).items() if k not in RENDER_ARGUMENTS}
+    kwargs.update(add_generation_prompt=add_generation_prompt and not continue_final_message,
+                  continue_final_message=continue_final_message)
     try:
         template = tool_template(hf_tokenizer, chat_template) if uses_tools else (chat_template or hf_tokenizer.chat_template)
         if not template:
