@@ -76,7 +76,7 @@ def test_every_field_sglang_takes_is_declared(source, cls, model):
 
 @pytest.mark.parametrize(("field", "value", "refused"), [
     ("prompt_logprobs", 0, True),  # vLLM: the prompt's logprobs (no top tokens), not "off"
-    ("truncate_prompt_tokens", 0, True),  # vLLM: an empty prompt, a 400
+    ("watermarking", 0, True),
     ("prompt_logprobs", None, False), ("use_beam_search", False, False), ("allowed_token_ids", [], False),
     ("priority", 0, False),  # the default: served in arrival order
     ("priority", 5, True), ("vllm_xargs", {}, False), ("vllm_xargs", {"a": 1}, True),

@@ -194,6 +194,26 @@ def test_vllm_guided_fields_and_stop_string_kept(server):
     assert kept == plain + " 5"
 
 
+def test_truncate_prompt_tokens_keeps_the_prompts_end_or_start(server, engine):
+    """vLLM's ``truncate_prompt_tokens`` (it was refused): the answer is the one to the kept
+    tokens; ``truncation_side: "right"`` keeps the start; 0 is a 400 (an empty prompt)."""
+    prompt = "Notes: apples are red, the sky is blue, grass is green. Question: what colour is grass? Answer:"
+    ids = engine.tokenizer.encode(prompt)
+    base = {"model": MODEL, "max_tokens": 4, "temperature": 0, "echo": True}
+    for side, kept in ((None, ids[-12:]), ("right", ids[:12])):
+        side_field = {"truncation_side": side} if side else {}
+        cut = post(server, "/v1/completions", {**base, "prompt": prompt, "truncate_prompt_tokens": 12, **side_field}).json()
+        want = post(server, "/v1/completions", {**base, "prompt": kept}).json()
+        assert cut["usage"]["prompt_tokens"] == 12 and cut["choices"][0]["text"] == want["choices"][0]["text"]
+    whole = post(server, "/v1/completions", {**base, "prompt": prompt, "truncate_prompt_tokens": -1}).json()
+    assert whole["usage"]["prompt_tokens"] == len(ids)
+    chat = post(server, "/v1/chat/completions", {"model": MODEL, "messages": MESSAGES, "max_tokens": 2,
+                                                 "truncate_prompt_tokens": 5}).json()
+    assert chat["usage"]["prompt_tokens"] == 5
+    resp = post(server, "/v1/completions", {**base, "prompt": prompt, "truncate_prompt_tokens": 0})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "truncate_prompt_tokens"
+
+
 def test_what_stopped_a_choice_is_named_as_vllm_and_sglang_name_it(server):
     """vLLM's ``stop_reason`` (the stop string or ``stop_token_ids`` id; null for EOS and
     length) and SGLang's ``matched_stop`` (any matched string or id), whole and streamed."""

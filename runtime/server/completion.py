@@ -35,8 +35,9 @@ class Completion(OpenAIHandler):
             raise ApiError(400, "'prompt' is an empty list", param="prompt")
         states = self.submit(prompts, r.max_tokens, r.logprobs,  # checks token ids
                              prompt_logprobs=r.echo and r.logprobs is not None)
-        # Only checked token ids are decoded (for echo).
-        self.prompt_texts = texts or ([self.ctx.tokenizer.decode(p, False) for p in prompts] if r.echo else [])
+        # Only checked token ids are decoded (for echo); a truncated prompt echoes what was kept.
+        texts = texts if r.truncate_prompt_tokens is None else None
+        self.prompt_texts = texts or ([self.ctx.tokenizer.decode(p, False) for p in self.prompts] if r.echo else [])
         return await self.respond(states)
 
     def echo(self, index: int) -> str:

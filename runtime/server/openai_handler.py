@@ -204,6 +204,7 @@ class OpenAIHandler:
                                  top_logprobs_num=top_logprobs or 0, namespace=cache_namespace(self.req.extra_key, self.req.cache_salt),
                                  logprob_start_len=0 if prompt_logprobs else -1)
         requests = []
+        prompts = [self.truncated(ids) for ids in prompts]
         for ids in prompts:
             room = ctx.max_sequence_len - len(ids)
             max_new = max(room, 0) if max_tokens is None else max_tokens
@@ -215,6 +216,19 @@ class OpenAIHandler:
         self.num_prompts, self.prompts = len(prompts), prompts
         rid = self.req.rid if self.req.rid is not None else self.req.request_id
         return ctx.submit_group(requests, request_ids(rid, [self.req.n] * len(prompts)), self.request)
+
+    def truncated(self, ids: list[int]) -> list[int]:
+        """vLLM's ``truncate_prompt_tokens``: the prompt's last N tokens (``truncation_side``
+        "right": its first N); -1: as many as the context holds."""
+        n, side = self.req.truncate_prompt_tokens, self.req.truncation_side
+        if n is None:
+            return ids
+        if n == -1:
+            n = self.ctx.max_sequence_len
+        if n < 1:
+            raise ApiError(400, f"truncate_prompt_tokens must be -1 (the context length) or >= 1, got {n}",
+                           param="truncate_prompt_tokens")
+        return ids[:n] if side == "right" else ids[-n:]
 
     @property
     def prompt_field(self) -> str:

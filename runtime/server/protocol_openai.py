@@ -101,18 +101,19 @@ class OpenAISampling(SharedSampling):
     return_cached_tokens_details: bool = False  # SGLang's: sglext.cached_tokens_details
     add_special_tokens: bool | None = None  # vLLM's: unset = true for completions, false for chat
     request_id: str | None = None  # vLLM's name for rid; the response's id too
+    stream_interval: int | None = None  # streamed: tokens per chunk (None: --stream-interval)
+    truncate_prompt_tokens: int | None = None  # vLLM's: keep the prompt's last N tokens (-1: the context's)
+    truncation_side: Literal["left", "right"] | None = None  # which end truncate_prompt_tokens keeps: right = the start
     # accepted and ignored (SGLang's gateway sends it)
     return_text_in_logprobs: bool = False
-    # accepted and ignored: routing, tracing and metrics hints, chunk pacing, and options of
-    # features that are refused here anyway (beam search, routed experts, prompt truncation)
+    # accepted and ignored: routing, tracing and metrics hints, and options of features that
+    # are refused here anyway (beam search, routed experts)
     session_id: str | None = None
     custom_labels: dict[str, Any] | None = None
-    stream_interval: int | None = None
     return_spec_tokens_details: bool = False
     length_penalty: float | None = None
     routed_experts_start_len: int = 0
     routed_experts_prompt_start: int = 0
-    truncation_side: Literal["left", "right"] | None = None  # with truncate_prompt_tokens (not supported)
     return_token_offsets: bool | None = None
     mm_payload: str | None = None
     return_mm_kwargs: bool | None = None
@@ -135,7 +136,6 @@ class OpenAISampling(SharedSampling):
     bad_words: NeutralOnly[Any] = None
     logits_processors: NeutralOnly[Any] = None
     prompt_logprobs: NeutralOnly[Any] = None
-    truncate_prompt_tokens: NeutralOnly[Any] = None
     use_beam_search: NeutralOnly[bool] = False
     routed_dp_rank: NeutralOnly[Any] = None
     disagg_prefill_dp_rank: NeutralOnly[Any] = None
