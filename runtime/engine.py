@@ -76,6 +76,11 @@ class Engine:
         self.core = EngineCore(self.args, self.model_dir, self.tokenizer)
         self._rids = itertools.count()
         self._lock = threading.RLock()  # held while the core is touched
+        # Callers queue requests here without waiting for a step to end; whoever steps next
+        # hands them to the core first, so requests of overlapping calls share the next batch.
+        self._inbox: list[Req] = []
+        self._live: dict[str, Req] = {}  # this engine's requests by id, until seen finished
+        self._inbox_lock = threading.Lock()
         self._closed = False
 
     @property
@@ -85,6 +90,11 @@ class Engine:
     @property
     def scheduler(self) -> Scheduler:
         return self.core.scheduler
+
+    @property
+    def has_work(self) -> bool:
+        """Requests are queued or running (a caller's not yet handed to the core too)."""
+        return bool(self._inbox) or self.core.has_work
 
     # ------------------------------------------------------------------ public API
     def generate(
@@ -181,16 +191,17 @@ class Engine:
         return [Req(f"req-{next(self._rids)}", r.input_ids, r.params, r.options) for r in requests], is_batch
 
     def _queue(self, reqs: list[Req], rid: str | list[str] | None) -> None:
-        """Name ``reqs`` and hand them to the core, under one hold of the lock: ``rid`` itself
-        (one request), ``rid_0``, ``rid_1``, ... (several), a list of one each, or else their
-        own ``req-N`` (another one where a caller's rid took it). An id that a request here
+        """Name ``reqs`` and put them in the inbox (``_take_inbox``): ``rid`` itself (one
+        request), ``rid_0``, ``rid_1``, ... (several), a list of one each, or else their own
+        ``req-N`` (another one where a caller's rid took it). An id that a request here
         already has is refused (aborts go by id)."""
         count = len(reqs)
         if rid is not None and not isinstance(rid, str) and not (
                 isinstance(rid, list) and len(rid) == count and all(isinstance(r, str) for r in rid)):
             raise ValueError(f"rid must be a string or a list of {count} strings (one per request), got {rid!r}")
-        with self._lock:
-            busy = {r.rid for r in (*self.scheduler.waiting, *self.scheduler.admitted(), *self.scheduler.grammars.reqs)}
+        with self._inbox_lock:
+            self._live = {r.rid: r for r in self._live.values() if not r.is_finished}
+            busy = self._live.keys()
             if rid is None:
                 ids = [r.rid for r in reqs]
                 for i, req_id in enumerate(ids):
@@ -204,7 +215,22 @@ class Engine:
                     raise ValueError(f"rid {taken[0]!r} is already in use")
             for req, req_id in zip(reqs, ids, strict=True):
                 req.rid = req_id
+                self._live[req_id] = req
+            self._inbox += reqs
+
+    def _take_inbox(self) -> None:
+        """Hand the queued requests to the core (``_lock`` held); one that can never run here
+        ends at once with the reason as its error."""
+        with self._inbox_lock:
+            reqs, self._inbox = self._inbox, []
+        for req in reqs:
+            if req.is_finished:  # aborted while queued
+                continue
+            try:
                 self.core.add_request(req)
+            except ValueError as err:
+                self.core.reject(req, err)
+                req.error = str(err)
 
     @property
     def limits(self) -> RequestLimits:
@@ -221,6 +247,7 @@ class Engine:
         """Drop every cached prefix; refused (False) while requests are queued or running."""
         self._check_open()
         with self._lock:
+            self._take_inbox()
             return self.core.flush_cache()
 
     def abort_unfinished(self, reqs: list[Req]) -> None:
@@ -228,6 +255,7 @@ class Engine:
         with self._lock:
             if self._closed:
                 return
+            self._take_inbox()
             for req in reqs:
                 if not req.is_finished:
                     self.core.abort(req.rid)
@@ -291,6 +319,7 @@ class Engine:
         """One step of the engine core, unless another caller's step has finished ``reqs``."""
         with self._lock:
             self._check_open()
+            self._take_inbox()
             if all(r.is_finished for r in reqs):
                 return
             if not self.core.has_work:

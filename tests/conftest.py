@@ -65,7 +65,7 @@ def _kv_pool_invariant(request):
     yield
     if "engine" in request.fixturenames:
         eng = request.getfixturevalue("engine")
-        assert not eng.scheduler.has_work, "a test left requests queued or running"
+        assert not eng.has_work, "a test left requests queued or running"
         eng.scheduler.check_invariants()
 
 
