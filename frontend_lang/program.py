@@ -47,7 +47,7 @@ def _as_backend(backend: Any) -> Backend:
         from frontend_lang.backend.engine import EngineBackend
 
         # One backend per engine, however often (and from however many threads: run_batch)
-        # it is passed; backends on one engine share its one driver anyway.
+        # it is passed (backends on one engine share it anyway).
         with _WRAP_LOCK:
             wrapped = getattr(backend, "_dsl_backend", None)
             if wrapped is None or wrapped.is_stopped:

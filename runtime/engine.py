@@ -13,11 +13,10 @@ import asyncio
 import contextlib
 import dataclasses
 import itertools
-import signal
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any, TypeVar
 
 from tqdm import tqdm
 
@@ -38,6 +37,8 @@ from runtime.scheduler.core import EngineCore
 from runtime.scheduler.req import Req
 from runtime.scheduler.scheduler import Scheduler
 from runtime.tokenizer import Tokenizer
+
+T = TypeVar("T")
 
 
 class RequestStream(Iterator[dict[str, Any]]):
@@ -64,10 +65,11 @@ class RequestStream(Iterator[dict[str, Any]]):
 class Engine:
     """``Engine(model_path=None, **server_args)``; see ``forkserve --help`` for the arguments.
 
-    Threads may share an engine: its core is stepped by one caller at a time (a lock), and
-    each caller steps it until its own requests are done, so the requests of callers that
-    overlap run in the same batches. Ctrl-C during a call aborts that call's requests (taken
-    between steps: a step is never cut short). After ``shutdown`` every call raises."""
+    Threads may share an engine: a call queues its requests (an inbox, never waiting for a
+    step) and waits for them; one thread of the engine's own steps the core while any are
+    queued or running, so the requests of callers that overlap run in the same batches.
+    Ctrl-C during a call aborts that call's requests (a step in progress ends first). After
+    ``shutdown``, or a step that raised, every call raises."""
 
     def __init__(self, model_path: str | None = None, **server_args: Any) -> None:
         self.args = ServerArgs.from_kwargs(model_path=model_path, **server_args)
@@ -81,7 +83,11 @@ class Engine:
         self._inbox: list[Req] = []
         self._live: dict[str, Req] = {}  # this engine's requests by id, until seen finished
         self._inbox_lock = threading.Lock()
+        self._turn = threading.Condition()  # news for callers, work for the stepping thread
+        self._stepper: threading.Thread | None = None  # steps the core (``_step_while_busy``)
+        self._callers_waiting = 0  # for the core between steps (``_core_access``)
         self._closed = False
+        self._failed: BaseException | None = None  # a step raised: the engine's state is unknown
 
     @property
     def worker(self) -> ModelWorker:
@@ -160,7 +166,7 @@ class Engine:
         """SGLang's ``Engine.get_server_info``: the engine's arguments, and its scheduler's
         state as a server's ``GET /get_server_info`` gives it."""
         self._check_open()
-        with self._lock:
+        with self._core_access():
             stats = self.core.stats()
         return {**dataclasses.asdict(self.args), "model_path": str(self.model_dir), "scheduler": stats}
 
@@ -217,6 +223,8 @@ class Engine:
                 req.rid = req_id
                 self._live[req_id] = req
             self._inbox += reqs
+        with self._turn:
+            self._turn.notify_all()
 
     def _take_inbox(self) -> None:
         """Hand the queued requests to the core (``_lock`` held); one that can never run here
@@ -240,20 +248,20 @@ class Engine:
     def end_program(self, program_id: str) -> None:
         """Release the cache pins of ``program_id`` (see ``runtime/scheduler/program_pins.py``)."""
         self._check_open()
-        with self._lock:
+        with self._core_access():
             self.core.end_program(program_id)
 
     def flush_cache(self) -> bool:
         """Drop every cached prefix; refused (False) while requests are queued or running."""
         self._check_open()
-        with self._lock:
+        with self._core_access():
             self._take_inbox()
             return self.core.flush_cache()
 
     def abort_unfinished(self, reqs: list[Req]) -> None:
         """Drop those of ``reqs`` still queued or running (their computed KV stays cached)."""
-        with self._lock:
-            if self._closed:
+        with self._core_access():
+            if self._closed or self._failed is not None:
                 return
             self._take_inbox()
             for req in reqs:
@@ -262,15 +270,25 @@ class Engine:
 
     def shutdown(self) -> None:
         """End the engine (its core checks that no KV slot leaked); calls after it raise."""
-        with self._lock:
+        with self._core_access():
             if self._closed:
                 return
             self._closed = True
             self.core.shutdown()
+        with self._turn:  # the stepping thread ends, waiting callers raise
+            self._turn.notify_all()
 
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("this Engine has been shut down; create a new one")
+        if self._failed is not None:
+            raise RuntimeError(f"the engine failed earlier: {self._failed}")
+
+    def between_steps(self, fn: Callable[[], T]) -> T:
+        """``fn()`` while no step runs (other threads may be using the engine)."""
+        self._check_open()
+        with self._core_access():
+            return fn()
 
     def __enter__(self) -> Engine:
         return self
@@ -311,30 +329,73 @@ class Engine:
                         chunk["index"] = i
                     yield chunk
                 if not news:
-                    self._step(reqs)
+                    self._wait_for_news(reqs)
         finally:
             self.abort_unfinished([req for _, req in open_reqs])
 
-    def _step(self, reqs: list[Req]) -> None:
-        """One step of the engine core, unless another caller's step has finished ``reqs``."""
-        with self._lock:
+    @contextlib.contextmanager
+    def _core_access(self) -> Iterator[None]:
+        """The core to a caller (``_lock``), as soon as the step in progress ends: the stepping
+        thread lets callers that wait for it go first."""
+        with self._turn:
+            self._callers_waiting += 1
+        try:
+            with self._lock:
+                yield
+        finally:
+            with self._turn:
+                self._callers_waiting -= 1
+                self._turn.notify_all()
+
+    def _wait_for_news(self, reqs: list[Req]) -> None:
+        """Wait until a step moves ``reqs`` on (a token or an end), starting the stepping
+        thread if it is not running; raises if the engine failed or was shut down."""
+        before = [len(r.output_ids) for r in reqs]
+
+        def moved_on() -> bool:
+            return any(r.is_finished or len(r.output_ids) != n for r, n in zip(reqs, before, strict=True))
+
+        with self._turn:
+            if (self._stepper is None or not self._stepper.is_alive()) and self._failed is None:
+                self._stepper = threading.Thread(target=self._step_while_busy, daemon=True, name="forkserve-engine-steps")
+                self._stepper.start()
+            while not moved_on() and not self._closed and self._failed is None:
+                self._turn.wait()
+        if not moved_on():
             self._check_open()
-            self._take_inbox()
-            if all(r.is_finished for r in reqs):
-                return
-            if not self.core.has_work:
-                raise RuntimeError("the engine has no work left while requests wait for it (a bug)")
-            with _ctrl_c_after_the_step():
-                self.core.step()
+
+    def _step_while_busy(self) -> None:
+        """The stepping thread: step while any caller's requests are queued or running, then
+        wait for more. One thread steps, whoever queued: a step on another thread each time
+        would wake another OpenMP thread team each time (they spin on the same cores)."""
+        while True:
+            with self._turn:  # only callers' requests: code that adds to the core itself steps it too
+                while not self._inbox and all(r.is_finished for r in list(self._live.values())) and not self._closed:
+                    self._turn.wait()
+            with self._turn:  # a caller waiting for the core goes first (it would wait for ever)
+                while self._callers_waiting:
+                    self._turn.wait()
+            with self._lock:
+                if self._closed:
+                    return
+                self._take_inbox()
+                try:
+                    if self.core.has_work:
+                        self.core.step()
+                except Exception as err:  # every caller is told, now and later
+                    self._failed = err
+                    return
+                finally:
+                    with self._turn:
+                        self._turn.notify_all()
 
     def _run_until_done(self, reqs: list[Req], progress: bool) -> None:
-        """The offline driver of the engine core: step until every request of this call is
-        done (Ctrl-C: abort them). The progress bar counts tokens (a finished request: all it
+        """Wait until every request of this call is done (Ctrl-C: ``generate`` aborts them). The progress bar counts tokens (a finished request: all it
         could have had), so one long answer shows progress too."""
         bar = tqdm(total=sum(r.params.max_new_tokens for r in reqs), desc="generate", unit="tok", disable=not progress)
         try:
             while not all(r.is_finished for r in reqs):  # read from the requests: see _stream
-                self._step(reqs)
+                self._wait_for_news(reqs)
                 if progress:
                     bar.update(sum(r.params.max_new_tokens if r.is_finished else len(r.output_ids) for r in reqs) - bar.n)
         finally:
@@ -387,25 +448,6 @@ class Engine:
                 )
             )
         return meta
-
-
-@contextlib.contextmanager
-def _ctrl_c_after_the_step() -> Iterator[None]:
-    """Ctrl-C in the middle of a step would leave the core half-way through its bookkeeping
-    (KV slots leaked, a tree insert short of its slots): on the main thread, with Python's
-    own handler in place, it is taken when the step is done."""
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        yield
-        return
-    caught: list[int] = []
-    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    if caught:
-        raise KeyboardInterrupt
 
 
 async def _async_outputs(stream: RequestStream) -> AsyncIterator[dict[str, Any]]:

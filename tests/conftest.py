@@ -149,7 +149,7 @@ def sglang_python():
 
 @pytest.fixture(scope="module")
 def local(engine):
-    """The DSL's in-process backend on the shared engine (its driver stops with the module)."""
+    """The DSL's in-process backend on the shared engine."""
     import frontend_lang as sgl
 
     backend = sgl.EngineBackend(engine)

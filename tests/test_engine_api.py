@@ -11,9 +11,6 @@ import re
 
 import pytest
 
-from runtime.sampling.params import SamplingParams
-from runtime.scheduler.req import Req
-
 pytestmark = pytest.mark.slow
 
 GREEDY = {"temperature": 0.0}
@@ -287,17 +284,11 @@ def test_flush_cache(engine, chat_prompt, ref):
     assert cold["output_ids"] == ref["output_ids"][:1]
 
 
-def test_flush_cache_refused_while_busy(engine):
-    req = Req(
-        "flush-busy",
-        engine.tokenizer.encode("Hello there"),
-        SamplingParams.from_dict({"max_new_tokens": 0}),
-    )
-    engine.scheduler.add_request(req)
+def test_flush_cache_refused_while_busy(engine, chat_prompt):
+    stream = engine.generate(chat_prompt, {"max_new_tokens": 200, "ignore_eos": True}, stream=True)
+    next(stream)  # running
     assert engine.flush_cache() is False
-    while engine.scheduler.has_work:
-        engine.scheduler.step()
-    assert req.is_finished
+    stream.close()
     assert engine.flush_cache() is True
 
 

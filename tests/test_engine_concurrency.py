@@ -124,8 +124,9 @@ def test_threads_requests_share_batches(engine, chat_prompt, monkeypatch):
 
 def test_ctrl_c_during_generate_aborts_its_requests_and_the_engine_goes_on(engine, chat_prompt, ref, ctrl_c):
     """An interrupt mid-step left the core half-way through its bookkeeping (KV slots
-    leaked; later a tree insert short of its slots): it is taken after the step, and the
-    call's requests are aborted."""
+    leaked; later a tree insert short of its slots). The engine's own thread steps, so the
+    interrupt reaches the waiting call; the step ends, and the call's requests are aborted
+    before the next one but one."""
     import _thread
 
     step = engine.core.step
@@ -144,7 +145,7 @@ def test_ctrl_c_during_generate_aborts_its_requests_and_the_engine_goes_on(engin
                 engine.generate([chat_prompt] * 8, {**GREEDY, "max_new_tokens": 200, "ignore_eos": True})
         finally:
             del engine.core.step
-        assert steps[0] == at_step  # taken when that step was done, not in the middle of it
+        assert at_step <= steps[0] <= at_step + 1  # aborted at once, not at the end of the call
         assert not engine.scheduler.has_work
         engine.scheduler.check_invariants()
         assert engine.scheduler.stats()["kv_held_by_requests"] == 0

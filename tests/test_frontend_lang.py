@@ -112,7 +112,7 @@ def test_programs_that_fork_from_the_same_text_run_side_by_side(local):
     states = judge.run_batch([{"x": "one"}, {"x": "two"}, {"x": "three"}], temperature=0, backend=local)
     assert [s.error() for s in states] == [None] * 3
     assert all(len(s["idea"]) == 2 and s["final"] for s in states)
-    stats = local.run_in_driver(local.engine.scheduler.stats)
+    stats = local.between_steps(local.engine.scheduler.stats)
     assert stats["num_pinned_programs"] == 0 and stats["kv_protected"] == 0
 
 
@@ -393,8 +393,8 @@ def test_program_pins_survive_memory_pressure(model_dir):
         context_len = len(backend.engine.tokenizer.encode(context))
         assert pinned.get_meta_info("b")["cached_tokens"] >= context_len
         assert unpinned.get_meta_info("b")["cached_tokens"] < context_len // 2
-        assert backend.run_in_driver(lambda: backend.engine.scheduler.stats())["num_pinned_programs"] == 0
-        backend.run_in_driver(backend.engine.scheduler.check_invariants)
+        assert backend.between_steps(lambda: backend.engine.scheduler.stats())["num_pinned_programs"] == 0
+        backend.between_steps(backend.engine.scheduler.check_invariants)
     finally:
         backend.shutdown()
 

@@ -92,7 +92,7 @@ def kv_probe_for_url(url: str) -> KVProbe | None:
 
 
 def kv_probe_for_engine(backend: Any) -> KVProbe:
-    return lambda: kv_usage_from_stats(backend.run_in_driver(backend.engine.scheduler.stats))
+    return lambda: kv_usage_from_stats(backend.between_steps(backend.engine.scheduler.stats))
 
 
 def flush_cache(backend: Backend) -> bool | None:

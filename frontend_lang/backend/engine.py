@@ -1,25 +1,22 @@
-"""The in-process backend: a ``runtime.Engine`` driven by its one background thread.
+"""The in-process backend: a ``runtime.Engine`` called from the program's threads.
 
-Programs call from many threads at once (each state has its own executor); the engine's
-driver (``engine_driver.EngineDriver``, one per engine, shared by every backend on it) adds
-their requests to the scheduler between steps and hands each caller its results, so
-concurrent branches share batches exactly as over HTTP. Do not call the wrapped engine
-directly while a backend on it is in use.
+Programs call from many threads at once (each state has its own executor). The engine is
+made for that: a call queues its requests without waiting for the step in progress, and
+whichever caller steps next runs everyone's, so concurrent branches share batches exactly
+as over HTTP. Several backends, and direct ``engine.generate`` calls, may share one engine.
 """
 
 from __future__ import annotations
 
-import queue
-import threading
+import contextlib
+import dataclasses
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from frontend_lang.backend.base import Backend, BackendError
-from frontend_lang.backend.engine_driver import EngineCall, EngineDriver
 from frontend_lang.tools import RenderedChat, ToolUse
-from runtime.detokenizer import shown_text
-from runtime.incremental_text import IncrementalText
-from runtime.scheduler.req import Req
+
+T = TypeVar("T")
 
 
 class EngineBackend(Backend):
@@ -27,10 +24,9 @@ class EngineBackend(Backend):
         from runtime.engine import Engine
 
         self.owns_engine = engine is None  # shut down only an engine we started
-        self.engine = engine if engine is not None else Engine(**server_args)
-        self._driver = EngineDriver.attach(self.engine)
+        self.engine: Engine = engine if engine is not None else Engine(**server_args)
         self._stopped = False
-        self._stop_lock = threading.Lock()
+        self.between_steps(lambda: None)  # an engine that failed or was shut down: BackendError now
 
     # ------------------------------------------------------------------ Backend
     def generate(
@@ -44,36 +40,30 @@ class EngineBackend(Backend):
         return_text_in_logprobs: bool = False,
         program_id: str | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]]:
-        reqs, is_batch = self._build(
-            prompt, sampling_params, return_logprob=return_logprob, logprob_start_len=logprob_start_len,
-            top_logprobs_num=top_logprobs_num, program_id=program_id,
-        )
-        call = EngineCall(reqs)
-        self._live_driver().send(call)
-        call.done.wait()
-        if call.error is not None:
-            raise BackendError(str(call.error)) from call.error
-        outs = [self.engine.format_output(r, return_text_in_logprobs) for r in reqs]
-        return outs if is_batch or len(outs) > 1 else outs[0]
+        self._check_live()
+        try:
+            return self.engine.generate(  # type: ignore[return-value]
+                prompt, sampling_params, return_logprob=return_logprob, logprob_start_len=logprob_start_len,
+                top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs,
+                program_id=program_id,
+            )
+        except (ValueError, RuntimeError) as err:
+            raise BackendError(str(err)) from err
 
     def generate_stream(
         self, prompt: str, sampling_params: dict[str, Any], *, program_id: str | None = None
     ) -> Iterator[dict[str, Any]]:
-        reqs, _ = self._build(prompt, sampling_params, stream=True, program_id=program_id)
-        if len(reqs) != 1:
+        """The output so far after each step that added to it (text without a tail that may
+        still become a stop string), then the whole output. Closing it early aborts the request."""
+        self._check_live()
+        if not isinstance(prompt, str) or sampling_params.get("n", 1) != 1:
             raise BackendError("streaming takes one prompt and n = 1")
-        req = reqs[0]
-        updates: queue.Queue[Any] = queue.Queue()
-        call = EngineCall(reqs, updates)
-        self._live_driver().send(call)
-        tok = self.engine.tokenizer
-        text = IncrementalText()
-        while (ids := updates.get()) is not None:
-            text.feed(lambda part: tok.decode(part, req.params.skip_special_tokens), ids[len(text.ids) :])
-            yield {"text": shown_text(text.text, req.params), "output_ids": list(ids), "meta_info": {"id": req.rid}}
-        if call.error is not None:
-            raise BackendError(str(call.error)) from call.error
-        yield self.engine.format_output(req)
+        try:
+            with contextlib.closing(self.engine.generate(prompt, sampling_params, stream=True,
+                                                         program_id=program_id)) as outputs:
+                yield from outputs  # type: ignore[misc]
+        except (ValueError, RuntimeError) as err:
+            raise BackendError(str(err)) from err
 
     def role_markers(self) -> dict[str, Any]:
         return self.engine.tokenizer.role_markers()
@@ -94,47 +84,41 @@ class EngineBackend(Backend):
         return RenderedChat(prompt.text, constraint, prompt.tool_parser.name if prompt.tool_parser else None)
 
     def end_program(self, program_id: str) -> None:
-        self.run_in_driver(lambda: self.engine.end_program(program_id))
+        self.between_steps(lambda: self.engine.core.end_program(program_id))
 
     def flush_cache(self) -> bool:
-        return bool(self.run_in_driver(self.engine.flush_cache))
+        self._check_live()
+        try:
+            return self.engine.flush_cache()
+        except RuntimeError as err:
+            raise BackendError(str(err)) from err
 
     def get_server_info(self) -> dict[str, Any]:
         """The engine's settings and its scheduler's state (what ``/get_server_info`` holds
         of them)."""
-        import dataclasses
+        return {**dataclasses.asdict(self.engine.args), **self.between_steps(self.engine.core.stats)}
 
-        return {**dataclasses.asdict(self.engine.args), **self.run_in_driver(self.engine.core.stats)}
-
-    def run_in_driver(self, fn: Callable[[], Any]) -> Any:
-        """Run ``fn`` on the driver thread, between steps (the engine is not thread-safe)."""
-        return self._live_driver().run(fn)
+    def between_steps(self, fn: Callable[[], T]) -> T:
+        """``fn()`` while no step runs (other threads may be stepping the engine)."""
+        self._check_live()
+        try:
+            return self.engine.between_steps(fn)
+        except RuntimeError as err:
+            raise BackendError(str(err)) from err
 
     @property
     def is_stopped(self) -> bool:
         return self._stopped
 
     def shutdown(self) -> None:
-        """Detach from the engine's driver; a backend that started its engine also stops the
-        driver for every other backend on it and shuts the engine down."""
-        with self._stop_lock:
-            if self._stopped:
-                return
-            self._stopped = True
+        """This backend is done; one that started its engine shuts the engine down, for every
+        other user of it too (their calls then fail with ``BackendError``)."""
+        if self._stopped:
+            return
+        self._stopped = True
         if self.owns_engine:
-            self._driver.stop()
             self.engine.shutdown()
-        else:
-            self._driver.detach()
 
-    # ------------------------------------------------------------------ requests
-    def _live_driver(self) -> EngineDriver:
-        if self._stopped:  # the driver may live on for other backends; this one is done
+    def _check_live(self) -> None:
+        if self._stopped:
             raise BackendError("the engine backend was shut down")
-        return self._driver
-
-    def _build(self, prompt: str | list[str], sampling_params: dict[str, Any], **opts: Any) -> tuple[list[Req], bool]:
-        try:
-            return self.engine.build_requests(prompt, sampling_params, **opts)
-        except ValueError as err:
-            raise BackendError(str(err)) from err
