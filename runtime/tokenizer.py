@@ -135,7 +135,10 @@ class Tokenizer:
             if matched in params.stop:  # it ends in the newest token's text (a split character counts as new)
                 cut = stop_regex.find_ending_after(text, matched, len(os.path.commonprefix([before, text])))
             else:  # one of params.stop_regex: with a lookahead, its match may end before the newest token
-                cut = stop_regex.first_new_match(matched, text, before)
+                try:
+                    cut = stop_regex.first_new_match(matched, text, before)
+                except TimeoutError:  # as the scheduler's search would have: the text stays whole
+                    cut = -1
             if cut >= 0:
                 text = text[:cut]
         return text

@@ -18,6 +18,7 @@ def test_from_dict_defaults_and_normalisation():
     assert SamplingParams.from_dict({"top_k": 1}).is_greedy
     assert not SamplingParams.from_dict({"temperature": 0.5}).is_greedy
     assert SamplingParams.from_dict({"top_k": 0}).top_k == -1  # off, as vLLM and transformers read 0
+    assert SamplingParams.from_dict({"top_k": 2**64}).top_k == -1  # the scheduler died on it (int64 overflow)
 
 
 @pytest.mark.parametrize(

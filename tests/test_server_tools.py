@@ -260,3 +260,31 @@ def test_a_non_strict_tool_is_held_to_the_part_of_its_schema_the_engine_enforces
     args = json.loads(call.function.arguments)
     looser = {k: v for k, v in tool["function"]["parameters"]["properties"]["tags"].items() if k != "uniqueItems"}
     jsonschema.validate(args, {**tool["function"]["parameters"], "properties": {"tags": looser}})
+
+
+def test_a_chat_with_many_tools_does_not_hold_up_other_requests(server):
+    """Rendering a chat with thousands of tools (its template and call grammar, seconds of
+    work) ran on the HTTP process's event loop: /health waited for all of it (15 s of a 15 s
+    render), long enough to fail a liveness probe. It runs on a worker thread now."""
+    import threading
+    import time
+
+    tools = [{"type": "function", "function": {"name": f"tool_{i}", "description": "Looks a thing up.",
+                                               "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}
+             for i in range(40_000)]
+    body = {"messages": [{"role": "user", "content": "Hi"}], "tools": tools}
+    render_took: list[float] = []
+
+    def render() -> None:
+        began = time.perf_counter()
+        assert httpx.post(server.url + "/v1/chat/completions/render", json=body, timeout=300).status_code == 200
+        render_took.append(time.perf_counter() - began)
+
+    worker = threading.Thread(target=render)
+    worker.start()
+    time.sleep(1)  # the body is read and parsed; its rendering has begun
+    began = time.perf_counter()
+    assert httpx.get(server.url + "/health", timeout=300).status_code == 200
+    health_took = time.perf_counter() - began
+    worker.join(300)
+    assert render_took and health_took < render_took[0] / 4, (health_took, render_took)

@@ -294,3 +294,21 @@ def test_a_stop_regex_that_starts_before_a_stop_string_wins(tok):
         req = _Req(params, list(ids))
         reason = check_stop(req, (), 10**9, tok.hf.decode)
         assert tok.output_text(req.output_ids, reason, params) == cut, (params, reason)
+
+
+def test_a_pattern_that_backtracks_for_ever_ends_its_request_not_the_step(tokenizer):
+    """``(.*){1,32000}x`` on a few dozen characters searched for minutes inside a step, which
+    stalled every request on the server: the search has a time limit, and the request alone
+    ends, with an error naming stop_regex."""
+    import time
+
+    pattern = "(.*){1,32000}[\x00\x01]"
+    text = "Tell me about the sea, the waves and the wind."
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    req = _Req(SamplingParams(max_new_tokens=10**6, stop_regex=[pattern]), list(ids))
+    started = time.perf_counter()
+    reason = check_stop(req, (), 10**9, tokenizer.decode)
+    assert reason is not None and reason["type"] == "abort" and "stop_regex" in req.error
+    assert req.error_param == "stop_regex"
+    assert held_from((pattern,), text) == len(text)  # streaming shows the text; the request ends anyway
+    assert time.perf_counter() - started < 5

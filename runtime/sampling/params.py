@@ -44,6 +44,7 @@ def check_logprob_options(logprob_start_len: Any, top_logprobs_num: Any, vocab_s
 MAX_TEMPERATURE = 1e4
 REPETITION_PENALTY_RANGE = (0.01, 100.0)
 MAX_N = 128  # OpenAI's limit on completions per request
+TOP_K_ALL = 2**31 - 1  # a top_k past any vocabulary's size is off (a tensor could not hold 2**63)
 BOOL_FIELDS = ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim")
 # SGLang's sampling fields this engine does not implement: accepted at their neutral value
 # (what SGLang's own clients send when the feature is off), anything else is refused.
@@ -116,7 +117,8 @@ class SamplingParams:
         for name in _INT_FIELDS:  # 2.0 from a client that computed it: the integer it means
             if isinstance(d.get(name), float) and d[name].is_integer():
                 d[name] = int(d[name])
-        if d.get("top_k") == 0 and type(d["top_k"]) is int:  # vLLM's (and OpenAI clients') "off"
+        top_k = d.get("top_k")
+        if type(top_k) is int and (top_k == 0 or top_k > TOP_K_ALL):  # vLLM's "off"; more than any vocabulary
             d["top_k"] = -1
         params = cls(**d, max_new_tokens_unset="max_new_tokens" not in d)
         params.validate()

@@ -15,6 +15,10 @@ from functools import lru_cache
 
 import regex
 
+# A search that takes longer raises TimeoutError: the request stops with an error instead of
+# stalling every request's step (a pattern such as ``(.*){1,32000}x`` backtracks for ever).
+MATCH_TIMEOUT_S = 0.1
+
 # A bounded pattern of width w chars is found in the last 4*w + 2 tokens: a character can
 # take up to 4 byte-level tokens, and the extra tokens cover a merge at the window's edge.
 _TOKENS_PER_CHAR = 4
@@ -106,9 +110,10 @@ def first_match(patterns: list[str] | tuple[str, ...], text: str, ends_after: in
     best: tuple[str, int] | None = None
     for p in patterns:
         if ends_after <= 0:
-            m = compile_pattern(p).search(text)
+            m = compile_pattern(p).search(text, timeout=MATCH_TIMEOUT_S)
         else:
-            m = next((m for m in compile_pattern(p).finditer(text, overlapped=True) if m.end() > ends_after), None)
+            matches = compile_pattern(p).finditer(text, overlapped=True, timeout=MATCH_TIMEOUT_S)
+            m = next((m for m in matches if m.end() > ends_after), None)
         if m is not None and (best is None or m.start() < best[1]):
             best = (p, m.start())
     return best
@@ -119,8 +124,9 @@ def first_new_match(pattern: str, text: str, before: str) -> int:
     earlier) did not have starts, or -1: the match that stopped the request. (A match with
     a lookahead can end before the newest token; an older one did not stop it.)"""
     compiled = compile_pattern(pattern)
-    old = {m.span() for m in compiled.finditer(before, overlapped=True)}
-    return next((m.start() for m in compiled.finditer(text, overlapped=True) if m.span() not in old), -1)
+    old = {m.span() for m in compiled.finditer(before, overlapped=True, timeout=MATCH_TIMEOUT_S)}
+    return next((m.start() for m in compiled.finditer(text, overlapped=True, timeout=MATCH_TIMEOUT_S)
+                 if m.span() not in old), -1)
 
 
 def held_from(patterns: tuple[str, ...], text: str) -> int:
@@ -128,7 +134,10 @@ def held_from(patterns: tuple[str, ...], text: str) -> int:
     match (a tail that more output could turn into a match), else ``len(text)``."""
     cut = len(text)
     for p in patterns:
-        m = compile_pattern(p).search(text, partial=True)
+        try:
+            m = compile_pattern(p).search(text, partial=True, timeout=MATCH_TIMEOUT_S)
+        except TimeoutError:  # the scheduler ends such a request (``check_stop``)
+            continue
         if m is not None:
             cut = min(cut, m.start())
     return cut

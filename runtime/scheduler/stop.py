@@ -40,7 +40,13 @@ def check_stop(
                 new_from = new_from if p.min_new_tokens > 0 else 0
             else:
                 tail, new_from = _tail_text(req.output_ids[-n:], decode, p.min_new_tokens > 0)
-            found = stop_regex.first_match(p.stop_regex, tail, ends_after=new_from)
+            try:
+                found = stop_regex.first_match(p.stop_regex, tail, ends_after=new_from)
+            except TimeoutError:
+                req.error = (f"stop_regex took longer than {stop_regex.MATCH_TIMEOUT_S:g} s to search the output; "
+                             "use a pattern that does not backtrack so much")
+                req.error_param = "stop_regex"
+                return {"type": "abort", "message": req.error}
             if found:
                 hits.append((len(tail) - found[1], found[0]))
         if hits:

@@ -3,6 +3,7 @@ reasoning split off (``chat_answer.py``) and the prompt built by ``tools/chat_pr
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, ClassVar
 
 from fastapi.responses import Response
@@ -51,20 +52,20 @@ class ChatCompletion(OpenAIHandler):
         own BOS, no second one: ``add_special_tokens`` false unless asked for, as SGLang and
         vLLM do), or SGLang's ``input_ids`` as given (the messages still give the tool
         grammar and parser)."""
-        text = self.prompt().text
+        text = (await asyncio.to_thread(self.prompt)).text  # many tools take a while: not on the event loop
         if self.req.input_ids is not None:  # checked by check_request
             if self.req.return_prompt_text:
                 self.prompt_text = self.ctx.tokenizer.decode(self.req.input_ids, False)
             return list(self.req.input_ids)
         return (await self.ctx.encode([text], bool(self.req.add_special_tokens)))[0]
 
-    def render(self) -> Response:
+    async def render(self) -> Response:
         """``/v1/chat/completions/render``: what ``run`` would send to the engine, without
         sending it: the prompt text, the output constraint as native sampling fields (the
         tool-call grammar as ``ebnf``) and the parser that reads calls from the answer. A
         native client (the DSL) generates with these through ``/generate``."""
         self.check_request()
-        prompt = self.prompt()
+        prompt = await asyncio.to_thread(self.prompt)
         return JsonResponse({
             "text": prompt.text,
             "sampling_params": {k: v for k, v in self.constraint().items() if v is not None},

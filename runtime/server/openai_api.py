@@ -65,7 +65,7 @@ def add_routes(app: FastAPI, ctx: ServerContext) -> None:
     @app.post("/v1/chat/completions/render")
     async def render_chat_completion(request: Request) -> Response:
         req: ChatCompletionRequest = await read_body(request, ChatCompletionRequest, ctx.http.max_request_bytes)
-        return ChatCompletion(ctx, req, request).render()
+        return await ChatCompletion(ctx, req, request).render()
 
     @app.post("/v1/responses")
     async def create_response(request: Request) -> Response:
