@@ -47,6 +47,8 @@ def test_items_are_created_listed_read_and_deleted(client):
         client.conversations.retrieve(conv.id)
     with pytest.raises(openai.BadRequestError):
         client.conversations.create(items=[{"type": "item_reference", "id": "msg_1"}])
+    with pytest.raises(openai.BadRequestError, match="at most 20 items"):  # OpenAI's limit per request
+        client.conversations.create(items=[{"type": "message", "role": "user", "content": "Hi"}] * 21)
 
 
 def test_a_response_in_a_conversation_answers_as_its_history_sent_whole_and_joins_it(client):

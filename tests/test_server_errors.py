@@ -153,6 +153,27 @@ def test_prompt_beyond_context_names_the_numbers(server):
     assert_error(resp, 400, "8192", "8200", param="prompt")
 
 
+def test_a_huge_prompt_is_refused_from_its_start_and_tokenized_whole_only_when_asked(server, engine):
+    """A 20 MB prompt took 1.7 GB of the HTTP process to tokenize before the context check
+    refused it (a few at once, or a stored conversation of that size, and the server was
+    killed for memory). The generating routes tokenize only as many characters as can
+    matter: more tokens than the context even for the longest tokens there are."""
+    hf = engine.tokenizer.hf
+    longest = max(hf.get_vocab(), key=len)
+    context = engine.scheduler.max_context_len
+    cap = 2 * len(longest) * (context + 1)  # the server's rule (ServerContext.longest_useful_text)
+    worst = hf.convert_tokens_to_string([longest]) * (cap // len(longest) + 1)
+    assert len(engine.tokenizer.encode(worst[:cap])) > context  # what is cut off never decides anything
+    huge = "The sea is wide. " * 120_000  # 2 MB
+    for path, body in (("/v1/completions", {"model": MODEL, "prompt": huge, "max_tokens": 1}),
+                       ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": huge}]}),
+                       ("/generate", {"text": huge})):
+        resp = call(server, path, body)
+        assert resp.status_code == 400 and "context" in resp.text, resp.text
+    counted = call(server, "/tokenize", {"model": MODEL, "prompt": huge}).json()["count"]
+    assert counted == len(engine.tokenizer.encode(huge, add_special_tokens=True))  # /tokenize: all of it
+
+
 def test_invalid_json_and_wrong_shape(server):
     assert_error(call(server, "/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"}), 400, "JSON")
     assert_error(call(server, "/generate", content=b"[1, 2]"), 400, "object")

@@ -47,6 +47,8 @@ class ChatCompletion(OpenAIHandler):
         max_tokens = r.max_completion_tokens if r.max_completion_tokens is not None else r.max_tokens
         return self.submit(prompts, max_tokens, (r.top_logprobs or 0) if r.logprobs else None)
 
+    exact_prompt = False  # /tokenize, input_tokens: all of a prompt's ids, however long (see ctx.encode)
+
     async def prompt_ids(self) -> list[int]:
         """The prompt's token ids: the rendered chat's, encoded as the template wrote it (its
         own BOS, no second one: ``add_special_tokens`` false unless asked for, as SGLang and
@@ -57,7 +59,8 @@ class ChatCompletion(OpenAIHandler):
             if self.req.return_prompt_text:
                 self.prompt_text = self.ctx.tokenizer.decode(self.req.input_ids, False)
             return list(self.req.input_ids)
-        return (await self.ctx.encode([text], bool(self.req.add_special_tokens)))[0]
+        return (await self.ctx.encode([text], bool(self.req.add_special_tokens), for_generation=not self.exact_prompt,
+                                      keep_end=self.keeps_prompt_end))[0]
 
     async def render(self) -> Response:
         """``/v1/chat/completions/render``: what ``run`` would send to the engine, without

@@ -28,7 +28,8 @@ class Completion(OpenAIHandler):
         texts: list[str] | None = None
         if isinstance(prompt, str) or (prompt and isinstance(prompt[0], str)):
             texts = [prompt] if isinstance(prompt, str) else list(prompt)
-            prompts = await self.ctx.encode(texts, r.add_special_tokens is not False)
+            prompts = await self.ctx.encode(texts, r.add_special_tokens is not False, for_generation=True,
+                                            keep_end=self.keeps_prompt_end)
         else:
             prompts = list(prompt) if prompt and isinstance(prompt[0], list) else [list(prompt)]
         if not prompts:

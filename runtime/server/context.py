@@ -123,9 +123,26 @@ class ServerContext:
         if self.is_shutting_down:
             raise ApiError(503, "The server is shutting down.")
 
-    async def encode(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
+    @functools.cached_property
+    def longest_useful_text(self) -> int:
+        """Characters past which any text has more tokens than the context holds: a token
+        covers at most as many characters as its longest vocabulary entry (twice that, to be
+        safe)."""
+        longest = max(len(token) for token in self.tokenizer.hf.get_vocab())
+        return 2 * longest * (self.max_context_len + 1)
+
+    async def encode(self, texts: list[str], add_special_tokens: bool = True, *, for_generation: bool = False,
+                     keep_end: bool = False) -> list[list[int]]:
         """Token ids of ``texts``. Long inputs are tokenized on a worker thread, so that the
-        event loop keeps answering other clients meanwhile (a megabyte of text takes ~0.5 s)."""
+        event loop keeps answering other clients meanwhile (a megabyte of text takes ~0.5 s).
+        ``for_generation``: a text too long for the context whatever its tokens is cut to
+        ``longest_useful_text`` characters first (its start, or with ``keep_end`` its end),
+        still too long, so that a huge prompt costs no more than that to refuse or truncate
+        (a 20 MB one took 1.7 GB to tokenize)."""
+        if for_generation:
+            cap = self.longest_useful_text
+            texts = [t if len(t) <= cap else (t[-cap:] if keep_end else t[:cap]) for t in texts]
+
         def encode_all() -> list[list[int]]:
             return [self.tokenizer.encode(t, add_special_tokens) for t in texts]
 

@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from runtime.server.context import read_body
+from runtime.server.protocol import ApiError
 from runtime.server.protocol_responses import (
     ConversationCreateRequest,
     ConversationItemsRequest,
@@ -23,9 +24,13 @@ from runtime.server.response_store import ConversationStore
 from runtime.server.responses import JsonResponse
 from runtime.server.responses_input import input_messages, item_list, item_page, stored_input_items
 
+MAX_ITEMS_PER_ADD = 20  # OpenAI's limit on the items one request adds
+
 
 def new_items(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Items as a conversation keeps them (checked as response input is, each with an id)."""
+    if len(items) > MAX_ITEMS_PER_ADD:
+        raise ApiError(400, f"at most {MAX_ITEMS_PER_ADD} items can be added at a time, got {len(items)}", param="items")
     input_messages(items, field="items")  # a 400 naming the item it cannot take
     return stored_input_items(items, uuid.uuid4().hex)
 

@@ -270,7 +270,7 @@ async def handle_generate(ctx: ServerContext, req: GenerateReqInput, request: Re
         texts = req.text if is_batch else [req.text]
         if not texts:
             raise ApiError(400, "'text' is an empty list", param="text")
-        prompts = await ctx.encode(texts)
+        prompts = await ctx.encode(texts, for_generation=True)
     else:
         is_batch = bool(req.input_ids) and isinstance(req.input_ids[0], list)
         prompts = req.input_ids if is_batch else [req.input_ids]  # type: ignore[list-item]

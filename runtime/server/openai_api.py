@@ -80,6 +80,7 @@ def add_routes(app: FastAPI, ctx: ServerContext) -> None:
         req.stream, req.background, req.store = False, False, False
         handler = ResponseCreation(ctx, req, request, stored_responses, conversations, counting=True)
         handler.check_request()
+        handler.exact_prompt = True
         ids = await handler.prompt_ids()
         return JsonResponse({"object": "response.input_tokens", "input_tokens": len(ids)})
 

@@ -217,6 +217,11 @@ class OpenAIHandler:
         rid = self.req.rid if self.req.rid is not None else self.req.request_id
         return ctx.submit_group(requests, request_ids(rid, [self.req.n] * len(prompts)), self.request)
 
+    @property
+    def keeps_prompt_end(self) -> bool:
+        """``truncate_prompt_tokens`` keeps the prompt's end (the default side)."""
+        return self.req.truncate_prompt_tokens is not None and self.req.truncation_side != "right"
+
     def truncated(self, ids: list[int]) -> list[int]:
         """vLLM's ``truncate_prompt_tokens``: the prompt's last N tokens (``truncation_side``
         "right": its first N); -1: as many as the context holds."""

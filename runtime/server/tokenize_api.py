@@ -34,6 +34,7 @@ async def tokenize(ctx: ServerContext, req: TokenizeRequest, request: Request) -
             {"model": ctx.model_name, **req.model_dump(include=set(CHAT_FIELDS), exclude_none=True)})
         handler = ChatCompletion(ctx, chat, request)
         handler.check_request()
+        handler.exact_prompt = True
         ids = [await handler.prompt_ids()]
     else:
         texts = [req.prompt] if isinstance(req.prompt, str) else list(req.prompt or [])
