@@ -39,6 +39,8 @@ from runtime.scheduler.scheduler import Scheduler
 from runtime.tokenizer import Tokenizer
 
 T = TypeVar("T")
+# each request of a call: (output length, finished), read between two steps
+Progress = list[tuple[int, bool]]
 
 
 class RequestStream(Iterator[dict[str, Any]]):
@@ -86,6 +88,10 @@ class Engine:
         self._turn = threading.Condition()  # news for callers, work for the stepping thread
         self._stepper: threading.Thread | None = None  # steps the core (``_step_while_busy``)
         self._callers_waiting = 0  # for the core between steps (``_core_access``)
+        self._stepping = False  # a step is in progress (requests are read only between steps)
+        self._steps_done = 0
+        self._listeners = 0  # callers waiting for news (``_wait_for_news``)
+        self._looks_due = 0  # of those waiting when the last step ended, how many have not looked
         self._closed = False
         self._failed: BaseException | None = None  # a step raised: the engine's state is unknown
 
@@ -301,37 +307,34 @@ class Engine:
         """An output each time a step gives a request tokens: the text so far (SGLang's
         cumulative form) without a partial character or a tail that may still become a stop
         string; a request's last output is ``generate``'s whole one. ``index`` says whose, when
-        there are several. Closing the iterator early aborts the requests not yet finished.
-        Progress is read from the requests themselves: another caller (a second stream, a
-        ``generate``) may run the steps, and the outputs they return, in between."""
-        texts = {r.rid: IncrementalText() for r in reqs}
-        open_reqs = list(enumerate(reqs))
+        there are several. Closing the iterator early aborts the requests not yet finished."""
+        texts = [IncrementalText() for _ in reqs]
+        open_reqs = set(range(len(reqs)))
+        seen: Progress | None = None
         try:
             while open_reqs:
-                news = False  # whether this pass found something to report (else: a step)
-                for i, req in list(open_reqs):
-                    text = texts[req.rid]
-                    if req.is_finished:
-                        open_reqs.remove((i, req))
+                seen = self._wait_for_news(reqs, seen)
+                for i, (length, finished) in enumerate(seen):
+                    req, text = reqs[i], texts[i]
+                    if i not in open_reqs:
+                        continue
+                    if finished:
+                        open_reqs.discard(i)
                         if req.error is not None:  # e.g. a grammar that did not compile in time
                             raise ValueError(req.error)
                         chunk = self.format_output(req, text_in_logprobs)
-                    elif len(req.output_ids) > len(text.ids):
+                    elif length > len(text.ids):
                         skip = req.params.skip_special_tokens
-                        text.feed(lambda ids, skip=skip: self.tokenizer.decode(ids, skip),
-                                  req.output_ids[len(text.ids):])
+                        text.feed(lambda ids, skip=skip: self.tokenizer.decode(ids, skip), req.output_ids[len(text.ids):length])
                         chunk = {"text": shown_text(text.text, req.params),
-                                 "output_ids": list(req.output_ids), "meta_info": self._meta_info(req, text_in_logprobs)}
+                                 "output_ids": req.output_ids[:length], "meta_info": self._meta_info(req, text_in_logprobs)}
                     else:
                         continue
-                    news = True
                     if indexed:
                         chunk["index"] = i
                     yield chunk
-                if not news:
-                    self._wait_for_news(reqs)
         finally:
-            self.abort_unfinished([req for _, req in open_reqs])
+            self.abort_unfinished([reqs[i] for i in open_reqs])
 
     @contextlib.contextmanager
     def _core_access(self) -> Iterator[None]:
@@ -347,57 +350,80 @@ class Engine:
                 self._callers_waiting -= 1
                 self._turn.notify_all()
 
-    def _wait_for_news(self, reqs: list[Req]) -> None:
-        """Wait until a step moves ``reqs`` on (a token or an end), starting the stepping
-        thread if it is not running; raises if the engine failed or was shut down."""
-        before = [len(r.output_ids) for r in reqs]
-
-        def moved_on() -> bool:
-            return any(r.is_finished or len(r.output_ids) != n for r, n in zip(reqs, before, strict=True))
+    def _wait_for_news(self, reqs: list[Req], seen: Progress | None) -> Progress:
+        """``reqs``' progress (output length, finished) between two steps, once it differs from
+        ``seen`` (None: at once), starting the stepping thread if it is not running. Taken
+        between steps: a request a step is finishing still has its bookkeeping to do (its
+        KV slots freed, its prefix cached). Every caller waiting when a step ends looks before
+        the next one starts (else a stream would see its tokens only when the stepping thread
+        ran out of work). Raises if the engine failed or was shut down."""
+        def progress() -> Progress:
+            return [(len(r.output_ids), r.is_finished) for r in reqs]
 
         with self._turn:
             if (self._stepper is None or not self._stepper.is_alive()) and self._failed is None:
                 self._stepper = threading.Thread(target=self._step_while_busy, daemon=True, name="forkserve-engine-steps")
                 self._stepper.start()
-            while not moved_on() and not self._closed and self._failed is None:
-                self._turn.wait()
-        if not moved_on():
-            self._check_open()
+            looked_at = self._steps_done
+            self._listeners += 1
+            try:
+                while True:
+                    if self._steps_done != looked_at:  # a step ended since: this caller has looked
+                        looked_at = self._steps_done
+                        self._looks_due -= 1
+                        self._turn.notify_all()
+                    if not self._stepping and progress() != seen:
+                        return progress()
+                    if self._closed or self._failed is not None:
+                        self._check_open()
+                    self._turn.wait()
+            finally:
+                self._listeners -= 1
+                if self._steps_done != looked_at:  # left without looking (an error, Ctrl-C)
+                    self._looks_due -= 1
+                    self._turn.notify_all()
 
     def _step_while_busy(self) -> None:
         """The stepping thread: step while any caller's requests are queued or running, then
         wait for more. One thread steps, whoever queued: a step on another thread each time
         would wake another OpenMP thread team each time (they spin on the same cores)."""
         while True:
-            with self._turn:  # only callers' requests: code that adds to the core itself steps it too
-                while not self._inbox and all(r.is_finished for r in list(self._live.values())) and not self._closed:
+            with self._turn:  # only callers' requests (code that adds to the core itself steps it);
+                # callers go first: one waiting for the core (it would wait for ever) and those
+                # still to look at the last step
+                while (not self._inbox and all(r.is_finished for r in list(self._live.values())) or
+                       self._callers_waiting or self._looks_due > 0) and not self._closed:
                     self._turn.wait()
-            with self._turn:  # a caller waiting for the core goes first (it would wait for ever)
-                while self._callers_waiting:
-                    self._turn.wait()
-            with self._lock:
-                if self._closed:
-                    return
-                self._take_inbox()
-                try:
+                self._stepping = True
+            try:
+                with self._lock:
+                    if self._closed:
+                        return
+                    self._take_inbox()
                     if self.core.has_work:
                         self.core.step()
-                except Exception as err:  # every caller is told, now and later
-                    self._failed = err
-                    return
-                finally:
-                    with self._turn:
-                        self._turn.notify_all()
+            except Exception as err:  # every caller is told, now and later
+                self._failed = err
+                return
+            finally:
+                with self._turn:
+                    self._stepping = False
+                    self._steps_done += 1
+                    self._looks_due = self._listeners
+                    self._turn.notify_all()
 
     def _run_until_done(self, reqs: list[Req], progress: bool) -> None:
-        """Wait until every request of this call is done (Ctrl-C: ``generate`` aborts them). The progress bar counts tokens (a finished request: all it
-        could have had), so one long answer shows progress too."""
+        """Wait until every request of this call is done (Ctrl-C: ``generate`` aborts them).
+        The progress bar counts tokens (a finished request: all it could have had), so one
+        long answer shows progress too."""
         bar = tqdm(total=sum(r.params.max_new_tokens for r in reqs), desc="generate", unit="tok", disable=not progress)
+        seen: Progress | None = None
         try:
-            while not all(r.is_finished for r in reqs):  # read from the requests: see _stream
-                self._wait_for_news(reqs)
+            while seen is None or not all(finished for _, finished in seen):
+                seen = self._wait_for_news(reqs, seen)
                 if progress:
-                    bar.update(sum(r.params.max_new_tokens if r.is_finished else len(r.output_ids) for r in reqs) - bar.n)
+                    done = sum(r.params.max_new_tokens if finished else length for r, (length, finished) in zip(reqs, seen, strict=True))
+                    bar.update(done - bar.n)
         finally:
             bar.close()
 
