@@ -88,6 +88,7 @@ class Engine:
         self._turn = threading.Condition()  # news for callers, work for the stepping thread
         self._stepper: threading.Thread | None = None  # steps the core (``_step_while_busy``)
         self._callers_waiting = 0  # for the core between steps (``_core_access``)
+        self._gave_way = False  # a caller had the core since the last step
         self._stepping = False  # a step is in progress (requests are read only between steps)
         self._steps_done = 0
         self._listeners = 0  # callers waiting for news (``_wait_for_news``)
@@ -171,8 +172,8 @@ class Engine:
     def get_server_info(self) -> dict[str, Any]:
         """SGLang's ``Engine.get_server_info``: the engine's arguments, and its scheduler's
         state as a server's ``GET /get_server_info`` gives it."""
-        self._check_open()
         with self._core_access():
+            self._check_open()
             stats = self.core.stats()
         return {**dataclasses.asdict(self.args), "model_path": str(self.model_dir), "scheduler": stats}
 
@@ -227,8 +228,8 @@ class Engine:
                     raise ValueError(f"rid {taken[0]!r} is already in use")
             for req, req_id in zip(reqs, ids, strict=True):
                 req.rid = req_id
-                self._live[req_id] = req
-            self._inbox += reqs
+            self._inbox += reqs  # first: an interrupt between these lines leaves none unqueued
+            self._live.update((req.rid, req) for req in reqs)
         with self._turn:
             self._turn.notify_all()
 
@@ -242,9 +243,9 @@ class Engine:
                 continue
             try:
                 self.core.add_request(req)
-            except ValueError as err:
-                self.core.reject(req, err)
-                req.error = str(err)
+            except Exception as err:  # noqa: BLE001 - the request ends with the reason; the rest go on
+                req.error = str(err)  # before it reads as finished
+                self.core.reject(req, ValueError(err))
 
     @property
     def limits(self) -> RequestLimits:
@@ -253,19 +254,21 @@ class Engine:
 
     def end_program(self, program_id: str) -> None:
         """Release the cache pins of ``program_id`` (see ``runtime/scheduler/program_pins.py``)."""
-        self._check_open()
         with self._core_access():
+            self._check_open()
             self.core.end_program(program_id)
 
     def flush_cache(self) -> bool:
         """Drop every cached prefix; refused (False) while requests are queued or running."""
-        self._check_open()
         with self._core_access():
+            self._check_open()
             self._take_inbox()
             return self.core.flush_cache()
 
     def abort_unfinished(self, reqs: list[Req]) -> None:
         """Drop those of ``reqs`` still queued or running (their computed KV stays cached)."""
+        if all(req.is_finished for req in reqs):  # nothing to do: no need to wait for the step in progress
+            return
         with self._core_access():
             if self._closed or self._failed is not None:
                 return
@@ -273,6 +276,8 @@ class Engine:
             for req in reqs:
                 if not req.is_finished:
                     self.core.abort(req.rid)
+                if not req.is_finished:  # the core never had it (interrupted while being queued)
+                    req.finished_reason = {"type": "abort", "message": "aborted"}
 
     def shutdown(self) -> None:
         """End the engine (its core checks that no KV slot leaked); calls after it raise."""
@@ -292,8 +297,8 @@ class Engine:
 
     def between_steps(self, fn: Callable[[], T]) -> T:
         """``fn()`` while no step runs (other threads may be using the engine)."""
-        self._check_open()
         with self._core_access():
+            self._check_open()
             return fn()
 
     def __enter__(self) -> Engine:
@@ -348,6 +353,7 @@ class Engine:
         finally:
             with self._turn:
                 self._callers_waiting -= 1
+                self._gave_way = True  # one caller's turn between two steps: more wait for the lock
                 self._turn.notify_all()
 
     def _wait_for_news(self, reqs: list[Req], seen: Progress | None) -> Progress:
@@ -360,8 +366,10 @@ class Engine:
         def progress() -> Progress:
             return [(len(r.output_ids), r.is_finished) for r in reqs]
 
+        if self._lock._is_owned():  # type: ignore[attr-defined]
+            raise RuntimeError("an engine call waited for a step inside between_steps(), which holds the steps back")
         with self._turn:
-            if (self._stepper is None or not self._stepper.is_alive()) and self._failed is None:
+            if (self._stepper is None or not self._stepper.is_alive()) and self._failed is None and not self._closed:
                 self._stepper = threading.Thread(target=self._step_while_busy, daemon=True, name="forkserve-engine-steps")
                 self._stepper.start()
             looked_at = self._steps_done
@@ -389,10 +397,11 @@ class Engine:
         would wake another OpenMP thread team each time (they spin on the same cores)."""
         while True:
             with self._turn:  # only callers' requests (code that adds to the core itself steps it);
-                # callers go first: one waiting for the core (it would wait for ever) and those
-                # still to look at the last step
+                # callers go first: those waiting for the core, until one has had it since the
+                # last step (else the stepping thread would take the lock straight back), and
+                # those still to look at the last step
                 while (not self._inbox and all(r.is_finished for r in list(self._live.values())) or
-                       self._callers_waiting or self._looks_due > 0) and not self._closed:
+                       self._callers_waiting and not self._gave_way or self._looks_due > 0) and not self._closed:
                     self._turn.wait()
                 self._stepping = True
             try:
@@ -402,11 +411,12 @@ class Engine:
                     self._take_inbox()
                     if self.core.has_work:
                         self.core.step()
-            except Exception as err:  # every caller is told, now and later
+            except BaseException as err:  # every caller is told, now and later
                 self._failed = err
                 return
             finally:
                 with self._turn:
+                    self._gave_way = False
                     self._stepping = False
                     self._steps_done += 1
                     self._looks_due = self._listeners

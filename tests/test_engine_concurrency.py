@@ -150,3 +150,10 @@ def test_ctrl_c_during_generate_aborts_its_requests_and_the_engine_goes_on(engin
         engine.scheduler.check_invariants()
         assert engine.scheduler.stats()["kv_held_by_requests"] == 0
     assert engine.generate(chat_prompt, {**GREEDY, "max_new_tokens": 16})["output_ids"] == ref["output_ids"]
+
+
+def test_a_call_that_would_wait_for_a_step_inside_between_steps_says_so(engine, chat_prompt):
+    """``between_steps`` holds the steps back: a generate inside it hung for ever."""
+    with pytest.raises(RuntimeError, match="between_steps"):
+        engine.between_steps(lambda: engine.generate(chat_prompt, {**GREEDY, "max_new_tokens": 2}))
+    assert engine.generate(chat_prompt, {**GREEDY, "max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2
