@@ -80,6 +80,7 @@ def test_every_field_sglang_takes_is_declared(source, cls, model):
     ("prompt_logprobs", None, False), ("use_beam_search", False, False), ("allowed_token_ids", [], False),
     ("priority", 0, False),  # the default: served in arrival order
     ("priority", 5, True), ("vllm_xargs", {}, False), ("vllm_xargs", {"a": 1}, True),
+    ("routed_dp_rank", 0, False), ("routed_dp_rank", 1, True),  # a server of its own is rank 0
 ])
 def test_a_field_we_cannot_honour_is_refused_unless_neutral(field, value, refused):
     """Neutral is unset, false, empty or the field's default; a 0 passed as "false" before."""

@@ -53,9 +53,9 @@ class GenerateReqInput(_Body):
     bootstrap_host: NeutralOnly[Any] = None
     bootstrap_port: NeutralOnly[Any] = None
     bootstrap_room: NeutralOnly[Any] = None
-    data_parallel_rank: NeutralOnly[Any] = None
-    routed_dp_rank: NeutralOnly[Any] = None
-    disagg_prefill_dp_rank: NeutralOnly[Any] = None
+    data_parallel_rank: NeutralOnly[int] = 0  # rank 0: the only rank a server of its own has
+    routed_dp_rank: NeutralOnly[int] = 0  # rank 0: the only rank a server of its own has
+    disagg_prefill_dp_rank: NeutralOnly[int] = 0  # rank 0: the only rank a server of its own has
     bootstrap_pair_key: NeutralOnly[Any] = None
     decode_tp_size: NeutralOnly[Any] = None
     modalities: NeutralOnly[Any] = None

@@ -129,7 +129,7 @@ class OpenAISampling(SharedSampling):
     bootstrap_host: NeutralOnly[Any] = None
     bootstrap_port: NeutralOnly[Any] = None
     bootstrap_room: NeutralOnly[Any] = None
-    data_parallel_rank: NeutralOnly[Any] = None
+    data_parallel_rank: NeutralOnly[int] = 0  # rank 0: the only rank a server of its own has
     priority: NeutralOnly[int] = 0  # requests are served in arrival order
     structural_tag: NeutralOnly[Any] = None
     allowed_token_ids: NeutralOnly[Any] = None
@@ -137,8 +137,8 @@ class OpenAISampling(SharedSampling):
     logits_processors: NeutralOnly[Any] = None
     prompt_logprobs: NeutralOnly[Any] = None
     use_beam_search: NeutralOnly[bool] = False
-    routed_dp_rank: NeutralOnly[Any] = None
-    disagg_prefill_dp_rank: NeutralOnly[Any] = None
+    routed_dp_rank: NeutralOnly[int] = 0  # rank 0: the only rank a server of its own has
+    disagg_prefill_dp_rank: NeutralOnly[int] = 0  # rank 0: the only rank a server of its own has
     watermark: NeutralOnly[Any] = None
     watermarking: NeutralOnly[Any] = None
     images_config: NeutralOnly[Any] = None
