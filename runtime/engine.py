@@ -10,11 +10,13 @@ Where things happen: a request enters in ``Engine.generate`` (tokenized here, ch
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import dataclasses
 import itertools
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, TypeVar
 
@@ -94,6 +96,7 @@ class Engine:
         self._listeners = 0  # callers waiting for news (``_wait_for_news``)
         self._looks_due = 0  # of those waiting when the last step ended, how many have not looked
         self._closed = False
+        _ENGINES.add(self)
         self._failed: BaseException | None = None  # a step raised: the engine's state is unknown
 
     @property
@@ -401,8 +404,11 @@ class Engine:
                 # last step (else the stepping thread would take the lock straight back), and
                 # those still to look at the last step
                 while (not self._inbox and all(r.is_finished for r in list(self._live.values())) or
-                       self._callers_waiting and not self._gave_way or self._looks_due > 0) and not self._closed:
+                       self._callers_waiting and not self._gave_way or self._looks_due > 0) and not self._closed \
+                        and not _EXITING.is_set():
                     self._turn.wait()
+                if _EXITING.is_set():  # the interpreter is ending: no step may be cut off in torch's code
+                    return
                 self._stepping = True
             try:
                 with self._lock:
@@ -484,6 +490,24 @@ class Engine:
                 )
             )
         return meta
+
+
+_EXITING = threading.Event()
+_ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_stepping_at_exit() -> None:
+    """Let each engine's step in progress end before the interpreter does: a daemon thread
+    stopped inside a step (C++ code) aborts the process ("terminate called without an
+    active exception")."""
+    _EXITING.set()
+    for engine in list(_ENGINES):
+        with engine._turn:
+            engine._turn.notify_all()
+        stepper = engine._stepper
+        if stepper is not None and stepper is not threading.current_thread():
+            stepper.join(timeout=60)
 
 
 async def _async_outputs(stream: RequestStream) -> AsyncIterator[dict[str, Any]]:
