@@ -10,19 +10,17 @@ Where things happen: a request enters in ``Engine.generate`` (tokenized here, ch
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
 import dataclasses
 import itertools
-import threading
 import time
-import weakref
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, KeysView
 from typing import Any, TypeVar
 
 from tqdm import tqdm
 
 from runtime.config import ServerArgs
+from runtime.core_stepper import CoreStepper, Progress
 from runtime.detokenizer import shown_text
 from runtime.executor.worker import ModelWorker
 from runtime.incremental_text import IncrementalText
@@ -41,8 +39,6 @@ from runtime.scheduler.scheduler import Scheduler
 from runtime.tokenizer import Tokenizer
 
 T = TypeVar("T")
-# each request of a call: (output length, finished), read between two steps
-Progress = list[tuple[int, bool]]
 
 
 class RequestStream(Iterator[dict[str, Any]]):
@@ -81,23 +77,7 @@ class Engine:
         self.tokenizer = Tokenizer(self.model_dir)
         self.core = EngineCore(self.args, self.model_dir, self.tokenizer)
         self._rids = itertools.count()
-        self._lock = threading.RLock()  # held while the core is touched
-        # Callers queue requests here without waiting for a step to end; whoever steps next
-        # hands them to the core first, so requests of overlapping calls share the next batch.
-        self._inbox: list[Req] = []
-        self._live: dict[str, Req] = {}  # this engine's requests by id, until seen finished
-        self._inbox_lock = threading.Lock()
-        self._turn = threading.Condition()  # news for callers, work for the stepping thread
-        self._stepper: threading.Thread | None = None  # steps the core (``_step_while_busy``)
-        self._callers_waiting = 0  # for the core between steps (``_core_access``)
-        self._gave_way = False  # a caller had the core since the last step
-        self._stepping = False  # a step is in progress (requests are read only between steps)
-        self._steps_done = 0
-        self._listeners = 0  # callers waiting for news (``_wait_for_news``)
-        self._looks_due = 0  # of those waiting when the last step ended, how many have not looked
-        self._closed = False
-        _ENGINES.add(self)
-        self._failed: BaseException | None = None  # a step raised: the engine's state is unknown
+        self._steps = CoreStepper(self.core)  # who steps the core, and when
 
     @property
     def worker(self) -> ModelWorker:
@@ -110,7 +90,7 @@ class Engine:
     @property
     def has_work(self) -> bool:
         """Requests are queued or running (a caller's not yet handed to the core too)."""
-        return bool(self._inbox) or self.core.has_work
+        return self._steps.has_work
 
     # ------------------------------------------------------------------ public API
     def generate(
@@ -175,7 +155,7 @@ class Engine:
     def get_server_info(self) -> dict[str, Any]:
         """SGLang's ``Engine.get_server_info``: the engine's arguments, and its scheduler's
         state as a server's ``GET /get_server_info`` gives it."""
-        with self._core_access():
+        with self._steps.core_access():
             self._check_open()
             stats = self.core.stats()
         return {**dataclasses.asdict(self.args), "model_path": str(self.model_dir), "scheduler": stats}
@@ -207,7 +187,7 @@ class Engine:
         return [Req(f"req-{next(self._rids)}", r.input_ids, r.params, r.options) for r in requests], is_batch
 
     def _queue(self, reqs: list[Req], rid: str | list[str] | None) -> None:
-        """Name ``reqs`` and put them in the inbox (``_take_inbox``): ``rid`` itself (one
+        """Name ``reqs`` and put them in the inbox (``CoreStepper.queue``): ``rid`` itself (one
         request), ``rid_0``, ``rid_1``, ... (several), a list of one each, or else their own
         ``req-N`` (another one where a caller's rid took it). An id that a request here
         already has is refused (aborts go by id)."""
@@ -215,40 +195,22 @@ class Engine:
         if rid is not None and not isinstance(rid, str) and not (
                 isinstance(rid, list) and len(rid) == count and all(isinstance(r, str) for r in rid)):
             raise ValueError(f"rid must be a string or a list of {count} strings (one per request), got {rid!r}")
-        with self._inbox_lock:
-            self._live = {r.rid: r for r in self._live.values() if not r.is_finished}
-            busy = self._live.keys()
+
+        def ids_for(busy: KeysView[str]) -> list[str]:
             if rid is None:
                 ids = [r.rid for r in reqs]
                 for i, req_id in enumerate(ids):
                     while req_id in busy:
                         req_id = f"req-{next(self._rids)}"
                     ids[i] = req_id
-            else:
-                ids = ([rid] if count == 1 else [f"{rid}_{i}" for i in range(count)]) if isinstance(rid, str) else rid
-                taken = sorted(set(ids) & busy) or sorted({i for i in ids if ids.count(i) > 1})
-                if taken:
-                    raise ValueError(f"rid {taken[0]!r} is already in use")
-            for req, req_id in zip(reqs, ids, strict=True):
-                req.rid = req_id
-            self._inbox += reqs  # first: an interrupt between these lines leaves none unqueued
-            self._live.update((req.rid, req) for req in reqs)
-        with self._turn:
-            self._turn.notify_all()
+                return ids
+            ids = ([rid] if count == 1 else [f"{rid}_{i}" for i in range(count)]) if isinstance(rid, str) else rid
+            taken = sorted(set(ids) & busy) or sorted({i for i in ids if ids.count(i) > 1})
+            if taken:
+                raise ValueError(f"rid {taken[0]!r} is already in use")
+            return ids
 
-    def _take_inbox(self) -> None:
-        """Hand the queued requests to the core (``_lock`` held); one that can never run here
-        ends at once with the reason as its error."""
-        with self._inbox_lock:
-            reqs, self._inbox = self._inbox, []
-        for req in reqs:
-            if req.is_finished:  # aborted while queued
-                continue
-            try:
-                self.core.add_request(req)
-            except Exception as err:  # noqa: BLE001 - the request ends with the reason; the rest go on
-                req.error = str(err)  # before it reads as finished
-                self.core.reject(req, ValueError(err))
+        self._steps.queue(reqs, ids_for)
 
     @property
     def limits(self) -> RequestLimits:
@@ -257,50 +219,31 @@ class Engine:
 
     def end_program(self, program_id: str) -> None:
         """Release the cache pins of ``program_id`` (see ``runtime/scheduler/program_pins.py``)."""
-        with self._core_access():
+        with self._steps.core_access():
             self._check_open()
             self.core.end_program(program_id)
 
     def flush_cache(self) -> bool:
         """Drop every cached prefix; refused (False) while requests are queued or running."""
-        with self._core_access():
+        with self._steps.core_access():
             self._check_open()
-            self._take_inbox()
+            self._steps.take_inbox()
             return self.core.flush_cache()
 
     def abort_unfinished(self, reqs: list[Req]) -> None:
         """Drop those of ``reqs`` still queued or running (their computed KV stays cached)."""
-        if all(req.is_finished for req in reqs):  # nothing to do: no need to wait for the step in progress
-            return
-        with self._core_access():
-            if self._closed or self._failed is not None:
-                return
-            self._take_inbox()
-            for req in reqs:
-                if not req.is_finished:
-                    self.core.abort(req.rid)
-                if not req.is_finished:  # the core never had it (interrupted while being queued)
-                    req.finished_reason = {"type": "abort", "message": "aborted"}
+        self._steps.abort(reqs)
 
     def shutdown(self) -> None:
         """End the engine (its core checks that no KV slot leaked); calls after it raise."""
-        with self._core_access():
-            if self._closed:
-                return
-            self._closed = True
-            self.core.shutdown()
-        with self._turn:  # the stepping thread ends, waiting callers raise
-            self._turn.notify_all()
+        self._steps.shutdown()
 
     def _check_open(self) -> None:
-        if self._closed:
-            raise RuntimeError("this Engine has been shut down; create a new one")
-        if self._failed is not None:
-            raise RuntimeError(f"the engine failed earlier: {self._failed}")
+        self._steps.check_open()
 
     def between_steps(self, fn: Callable[[], T]) -> T:
         """``fn()`` while no step runs (other threads may be using the engine)."""
-        with self._core_access():
+        with self._steps.core_access():
             self._check_open()
             return fn()
 
@@ -321,7 +264,7 @@ class Engine:
         seen: Progress | None = None
         try:
             while open_reqs:
-                seen = self._wait_for_news(reqs, seen)
+                seen = self._steps.wait_for_news(reqs, seen)
                 for i, (length, finished) in enumerate(seen):
                     req, text = reqs[i], texts[i]
                     if i not in open_reqs:
@@ -344,90 +287,6 @@ class Engine:
         finally:
             self.abort_unfinished([reqs[i] for i in open_reqs])
 
-    @contextlib.contextmanager
-    def _core_access(self) -> Iterator[None]:
-        """The core to a caller (``_lock``), as soon as the step in progress ends: the stepping
-        thread lets callers that wait for it go first."""
-        with self._turn:
-            self._callers_waiting += 1
-        try:
-            with self._lock:
-                yield
-        finally:
-            with self._turn:
-                self._callers_waiting -= 1
-                self._gave_way = True  # one caller's turn between two steps: more wait for the lock
-                self._turn.notify_all()
-
-    def _wait_for_news(self, reqs: list[Req], seen: Progress | None) -> Progress:
-        """``reqs``' progress (output length, finished) between two steps, once it differs from
-        ``seen`` (None: at once), starting the stepping thread if it is not running. Taken
-        between steps: a request a step is finishing still has its bookkeeping to do (its
-        KV slots freed, its prefix cached). Every caller waiting when a step ends looks before
-        the next one starts (else a stream would see its tokens only when the stepping thread
-        ran out of work). Raises if the engine failed or was shut down."""
-        def progress() -> Progress:
-            return [(len(r.output_ids), r.is_finished) for r in reqs]
-
-        if self._lock._is_owned():  # type: ignore[attr-defined]
-            raise RuntimeError("an engine call waited for a step inside between_steps(), which holds the steps back")
-        with self._turn:
-            if (self._stepper is None or not self._stepper.is_alive()) and self._failed is None and not self._closed:
-                self._stepper = threading.Thread(target=self._step_while_busy, daemon=True, name="forkserve-engine-steps")
-                self._stepper.start()
-            looked_at = self._steps_done
-            self._listeners += 1
-            try:
-                while True:
-                    if self._steps_done != looked_at:  # a step ended since: this caller has looked
-                        looked_at = self._steps_done
-                        self._looks_due -= 1
-                        self._turn.notify_all()
-                    if not self._stepping and progress() != seen:
-                        return progress()
-                    if self._closed or self._failed is not None:
-                        self._check_open()
-                    self._turn.wait()
-            finally:
-                self._listeners -= 1
-                if self._steps_done != looked_at:  # left without looking (an error, Ctrl-C)
-                    self._looks_due -= 1
-                    self._turn.notify_all()
-
-    def _step_while_busy(self) -> None:
-        """The stepping thread: step while any caller's requests are queued or running, then
-        wait for more. One thread steps, whoever queued: a step on another thread each time
-        would wake another OpenMP thread team each time (they spin on the same cores)."""
-        while True:
-            with self._turn:  # only callers' requests (code that adds to the core itself steps it);
-                # callers go first: those waiting for the core, until one has had it since the
-                # last step (else the stepping thread would take the lock straight back), and
-                # those still to look at the last step
-                while (not self._inbox and all(r.is_finished for r in list(self._live.values())) or
-                       self._callers_waiting and not self._gave_way or self._looks_due > 0) and not self._closed \
-                        and not _EXITING.is_set():
-                    self._turn.wait()
-                if _EXITING.is_set():  # the interpreter is ending: no step may be cut off in torch's code
-                    return
-                self._stepping = True
-            try:
-                with self._lock:
-                    if self._closed:
-                        return
-                    self._take_inbox()
-                    if self.core.has_work:
-                        self.core.step()
-            except BaseException as err:  # every caller is told, now and later
-                self._failed = err
-                return
-            finally:
-                with self._turn:
-                    self._gave_way = False
-                    self._stepping = False
-                    self._steps_done += 1
-                    self._looks_due = self._listeners
-                    self._turn.notify_all()
-
     def _run_until_done(self, reqs: list[Req], progress: bool) -> None:
         """Wait until every request of this call is done (Ctrl-C: ``generate`` aborts them).
         The progress bar counts tokens (a finished request: all it could have had), so one
@@ -436,7 +295,7 @@ class Engine:
         seen: Progress | None = None
         try:
             while seen is None or not all(finished for _, finished in seen):
-                seen = self._wait_for_news(reqs, seen)
+                seen = self._steps.wait_for_news(reqs, seen)
                 if progress:
                     done = sum(r.params.max_new_tokens if finished else length for r, (length, finished) in zip(reqs, seen, strict=True))
                     bar.update(done - bar.n)
@@ -490,24 +349,6 @@ class Engine:
                 )
             )
         return meta
-
-
-_EXITING = threading.Event()
-_ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
-
-
-@atexit.register
-def _stop_stepping_at_exit() -> None:
-    """Let each engine's step in progress end before the interpreter does: a daemon thread
-    stopped inside a step (C++ code) aborts the process ("terminate called without an
-    active exception")."""
-    _EXITING.set()
-    for engine in list(_ENGINES):
-        with engine._turn:
-            engine._turn.notify_all()
-        stepper = engine._stepper
-        if stepper is not None and stepper is not threading.current_thread():
-            stepper.join(timeout=60)
 
 
 async def _async_outputs(stream: RequestStream) -> AsyncIterator[dict[str, Any]]:
