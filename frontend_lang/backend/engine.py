@@ -40,30 +40,24 @@ class EngineBackend(Backend):
         return_text_in_logprobs: bool = False,
         program_id: str | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]]:
-        self._check_live()
-        try:
+        with self._engine_errors(ValueError, RuntimeError):
             return self.engine.generate(  # type: ignore[return-value]
                 prompt, sampling_params, return_logprob=return_logprob, logprob_start_len=logprob_start_len,
                 top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs,
                 program_id=program_id,
             )
-        except (ValueError, RuntimeError) as err:
-            raise BackendError(str(err)) from err
 
     def generate_stream(
         self, prompt: str, sampling_params: dict[str, Any], *, program_id: str | None = None
     ) -> Iterator[dict[str, Any]]:
         """The output so far after each step that added to it (text without a tail that may
         still become a stop string), then the whole output. Closing it early aborts the request."""
-        self._check_live()
         if not isinstance(prompt, str) or sampling_params.get("n", 1) != 1:
             raise BackendError("streaming takes one prompt and n = 1")
-        try:
-            with contextlib.closing(self.engine.generate(prompt, sampling_params, stream=True,
-                                                         program_id=program_id)) as outputs:
-                yield from outputs  # type: ignore[misc]
-        except (ValueError, RuntimeError) as err:
-            raise BackendError(str(err)) from err
+        with self._engine_errors(ValueError, RuntimeError), \
+                contextlib.closing(self.engine.generate(prompt, sampling_params, stream=True,
+                                                        program_id=program_id)) as outputs:
+            yield from outputs  # type: ignore[misc]
 
     def role_markers(self) -> dict[str, Any]:
         return self.engine.tokenizer.role_markers()
@@ -87,11 +81,8 @@ class EngineBackend(Backend):
         self.between_steps(lambda: self.engine.core.end_program(program_id))
 
     def flush_cache(self) -> bool:
-        self._check_live()
-        try:
+        with self._engine_errors(RuntimeError):
             return self.engine.flush_cache()
-        except RuntimeError as err:
-            raise BackendError(str(err)) from err
 
     def get_server_info(self) -> dict[str, Any]:
         """The engine's settings and its scheduler's state (what ``/get_server_info`` holds
@@ -100,11 +91,8 @@ class EngineBackend(Backend):
 
     def between_steps(self, fn: Callable[[], T]) -> T:
         """``fn()`` while no step runs (other threads may be stepping the engine)."""
-        self._check_live()
-        try:
+        with self._engine_errors(RuntimeError):
             return self.engine.between_steps(fn)
-        except RuntimeError as err:
-            raise BackendError(str(err)) from err
 
     @property
     def is_stopped(self) -> bool:
@@ -118,6 +106,15 @@ class EngineBackend(Backend):
         self._stopped = True
         if self.owns_engine:
             self.engine.shutdown()
+
+    @contextlib.contextmanager
+    def _engine_errors(self, *kinds: type[Exception]) -> Iterator[None]:
+        """A call on the engine from a live backend; its errors of ``kinds`` as ``BackendError``."""
+        self._check_live()
+        try:
+            yield
+        except kinds as err:
+            raise BackendError(str(err)) from err
 
     def _check_live(self) -> None:
         if self._stopped:
