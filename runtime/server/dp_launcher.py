@@ -218,18 +218,29 @@ class DataParallelLauncher:
     def _remove_workers(self, urls: list[str], timeout: float = 5.0) -> bool:
         """Take replicas out of the gateway at once: a dead one (its health checks need two
         misses, ~10 s, while requests sent to it in between fail), or all of them at shutdown.
-        False if the gateway would not, or did not answer within ``timeout`` in all."""
+        The gateway answers a removal at once (202) and does it in the background, so this
+        waits until its worker list no longer holds them. False if the gateway would not, or
+        had not within ``timeout`` in all."""
         headers = self._gateway_headers
         deadline = time.monotonic() + timeout
+
+        def left() -> float:
+            return max(0.1, deadline - time.monotonic())
+
+        def registered() -> dict[str, str]:
+            workers = httpx.get(f"{self.url}/workers", headers=headers, timeout=left()).json()["workers"]
+            return {w["url"]: w["id"] for w in workers if w.get("url") in urls}
+
         try:
-            workers = httpx.get(f"{self.url}/workers", headers=headers, timeout=timeout).json()["workers"]
-            for url in urls:
-                worker_id = next(w["id"] for w in workers if w.get("url") == url)
-                left = max(0.1, deadline - time.monotonic())
-                if httpx.delete(f"{self.url}/workers/{worker_id}", headers=headers, timeout=left).status_code >= 300:
+            for worker_id in registered().values():
+                if httpx.delete(f"{self.url}/workers/{worker_id}", headers=headers, timeout=left()).status_code >= 300:
                     return False
+            while registered():
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.02)
             return True
-        except (httpx.HTTPError, ValueError, KeyError, TypeError, StopIteration):
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
             return False
 
     def stop(self) -> None:
@@ -243,8 +254,10 @@ class DataParallelLauncher:
         must not leave a replica running."""
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        if self.gateway is not None and self.gateway.proc.poll() is None:  # 2 s at most: a hung gateway
-            self._remove_workers([r.url for r in self.replicas], timeout=2.0)
+        gateway_up = self.gateway is not None and self.gateway.proc.poll() is None
+        if gateway_up and not self._remove_workers([r.url for r in self.replicas], timeout=2.0):  # a hung gateway
+            print("forkserve: the gateway did not take the replicas out within 2 s; requests it still sends "
+                  "them while they stop may fail with its 500", file=sys.stderr, flush=True)
         _terminate([*([self.gateway] if self.gateway else []), *self.children], _REPLICA_STOP_S)
         for c in [*self.children, *([self.gateway] if self.gateway else [])]:
             with contextlib.suppress(ProcessLookupError, PermissionError):
