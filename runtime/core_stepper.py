@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import signal
 import threading
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterator, KeysView
 
 from runtime.scheduler.core import EngineCore
@@ -31,7 +33,8 @@ class CoreStepper:
         self.lock = threading.RLock()  # held while the core is touched
         self._inbox: list[Req] = []
         self._live: dict[str, Req] = {}  # the callers' requests by id, until seen finished
-        self._inbox_lock = threading.Lock()
+        self._inbox_lock = threading.RLock()  # reentrant: its owner is known (``_abort_is_safe``)
+        self._deferred_aborts: deque[Req] = deque()  # aborts asked for where they could not wait (``abort``)
         self._turn = threading.Condition()  # news for callers, work for the stepping thread
         self._thread: threading.Thread | None = None  # steps the core (``_step_while_busy``)
         self._callers_waiting = 0  # for the core between steps (``core_access``)
@@ -97,18 +100,34 @@ class CoreStepper:
                 self._turn.notify_all()
 
     def abort(self, reqs: list[Req]) -> None:
-        """Drop those of ``reqs`` still queued or running (their computed KV stays cached)."""
+        """Drop those of ``reqs`` still queued or running (their computed KV stays cached).
+        Waits for the step in progress, with Ctrl-C held until done (a second Ctrl-C left the
+        requests running). Where this thread holds one of the stepper's locks (a dropped
+        stream finalized by the garbage collector inside a step, or while its thread queues,
+        or inside ``between_steps``), the abort would change the core under the step or wait
+        for a lock its own thread holds: the stepping thread does it after its step."""
         if all(req.is_finished for req in reqs):  # nothing to do: no need to wait for the step in progress
             return
-        with self.core_access():
+        if any(lock._is_owned() for lock in (self.lock, self._turn, self._inbox_lock)):  # type: ignore[attr-defined]
+            self._deferred_aborts.extend(reqs)  # a deque: thread-safe without a lock
+            return
+        with _ctrl_c_held(), self.core_access():
             if self.closed or self.failed is not None:
                 return
             self.take_inbox()
-            for req in reqs:
-                if not req.is_finished:
-                    self.core.abort(req.rid)
-                if not req.is_finished:  # the core never had it (interrupted while being queued)
-                    req.finished_reason = {"type": "abort", "message": "aborted"}
+            self._abort_now(reqs)
+
+    def _abort_now(self, reqs: list[Req]) -> None:
+        for req in reqs:
+            if not req.is_finished:
+                self.core.abort(req.rid)
+            if not req.is_finished:  # the core never had it (interrupted while being queued)
+                req.finished_reason = {"type": "abort", "message": "aborted"}
+
+    def _abort_deferred(self) -> None:
+        """The aborts ``abort`` left to the stepping thread (``lock`` held)."""
+        while self._deferred_aborts:
+            self._abort_now([self._deferred_aborts.popleft()])
 
     def shutdown(self) -> None:
         """End the core (it checks that no KV slot leaked); calls after it raise."""
@@ -175,8 +194,10 @@ class CoreStepper:
                     if self.closed:
                         return
                     self.take_inbox()
+                    self._abort_deferred()
                     if self.core.has_work:
                         self.core.step()
+                    self._abort_deferred()  # those the garbage collector asked for during the step
             except BaseException as err:  # every caller is told, now and later
                 self.failed = err
                 return
@@ -187,6 +208,25 @@ class CoreStepper:
                     self._steps_done += 1
                     self._looks_due = self._listeners
                     self._turn.notify_all()
+
+
+@contextlib.contextmanager
+def _ctrl_c_held() -> Iterator[None]:
+    """A Ctrl-C that arrives inside the block is raised when it ends (on the main thread,
+    under Python's own handler; elsewhere nothing changes): work that must finish once
+    begun, such as an abort after the first Ctrl-C."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    caught: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if caught:
+        raise KeyboardInterrupt
 
 
 _EXITING = threading.Event()

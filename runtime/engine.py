@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import dataclasses
 import itertools
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, KeysView
 from typing import Any, TypeVar
@@ -39,6 +41,8 @@ from runtime.scheduler.scheduler import Scheduler
 from runtime.tokenizer import Tokenizer
 
 T = TypeVar("T")
+# what a non-streamed ``generate`` tells its requests to once they are queued (``async_generate``)
+_ON_QUEUED: contextvars.ContextVar[Callable[[list[Req]], None] | None] = contextvars.ContextVar("on_queued", default=None)
 
 
 class RequestStream(Iterator[dict[str, Any]]):
@@ -56,6 +60,15 @@ class RequestStream(Iterator[dict[str, Any]]):
         self._engine.abort_unfinished(self._reqs)  # first: another thread may be reading it
         with contextlib.suppress(ValueError):  # "generator already executing" (that thread's)
             self._outputs.close()  # type: ignore[attr-defined]  # a generator
+
+    def __enter__(self) -> RequestStream:
+        """``with engine.generate(..., stream=True) as stream:``: leaving the block any way
+        (Ctrl-C in the loop's body too) aborts what is unfinished; without it that waits
+        until the stream is dropped, which a traceback kept for debugging delays."""
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # at interpreter exit the engine may be gone
@@ -115,7 +128,8 @@ class Engine:
         prompt (None: the default), as SGLang's. ``rid``: the requests' ids (a list: one per
         request), else ``req-N``. ``program_id`` keeps the prompt cached until
         ``end_program(program_id)``. ``stream``: an iterator of outputs instead (``_stream``),
-        as SGLang's ``Engine.generate(stream=True)``; each output has every logprob so far."""
+        as SGLang's ``Engine.generate(stream=True)``; each output has every logprob so far
+        (use it in a ``with`` block: leaving it aborts what is unfinished)."""
         self._check_open()
         if token_ids_logprob is not None:
             raise ValueError("token_ids_logprob is not supported by this engine (top_logprobs_num is)")
@@ -128,6 +142,8 @@ class Engine:
             return RequestStream(self, reqs, self._stream(reqs, is_batch or len(reqs) > 1, return_text_in_logprobs))
         try:
             self._queue(reqs, rid)
+            if (on_queued := _ON_QUEUED.get()) is not None:
+                on_queued(reqs)
             self._run_until_done(reqs, progress)
         except BaseException:  # Ctrl-C (taken between steps), or a failed step: this call's requests go
             self.abort_unfinished(reqs)
@@ -141,10 +157,18 @@ class Engine:
     async def async_generate(self, *args: Any, **kwargs: Any) -> Any:
         """``generate`` for asyncio, as SGLang's: it runs on a worker thread (threads may share
         the engine); with ``stream=True``, an async iterator of the outputs (closing it early
-        aborts their requests)."""
+        aborts their requests). Cancelling the call aborts its requests."""
         if kwargs.get("stream"):
             return _async_outputs(await asyncio.to_thread(self.generate, *args, **kwargs))
-        return await asyncio.to_thread(self.generate, *args, **kwargs)
+        call = _CancellableCall(self)
+        hook = _ON_QUEUED.set(call.queued)  # in this task's context, which ``to_thread`` copies
+        try:
+            return await asyncio.to_thread(self.generate, *args, **kwargs)
+        except asyncio.CancelledError:
+            await asyncio.shield(asyncio.to_thread(call.cancel))  # a second cancel: the abort still happens
+            raise
+        finally:
+            _ON_QUEUED.reset(hook)
 
     def get_model_info(self) -> dict[str, Any]:
         """SGLang's ``Engine.get_model_info``: what a server's ``GET /get_model_info`` says."""
@@ -277,8 +301,8 @@ class Engine:
                     elif length > len(text.ids):
                         skip = req.params.skip_special_tokens
                         text.feed(lambda ids, skip=skip: self.tokenizer.decode(ids, skip), req.output_ids[len(text.ids):length])
-                        chunk = {"text": shown_text(text.text, req.params),
-                                 "output_ids": req.output_ids[:length], "meta_info": self._meta_info(req, text_in_logprobs)}
+                        chunk = {"text": shown_text(text.text, req.params), "output_ids": req.output_ids[:length],
+                                 "meta_info": self._meta_info(req, text_in_logprobs, length)}
                     else:
                         continue
                     if indexed:
@@ -329,12 +353,15 @@ class Engine:
             "meta_info": self._meta_info(req, text_in_logprobs),
         }
 
-    def _meta_info(self, req: Req, text_in_logprobs: bool) -> dict[str, Any]:
+    def _meta_info(self, req: Req, text_in_logprobs: bool, unfinished_at: int | None = None) -> dict[str, Any]:
+        """``unfinished_at``: as it was when it had that many output tokens, unfinished (a
+        stream reads between steps, but the next step may have begun appending)."""
+        length = len(req.output_ids) if unfinished_at is None else unfinished_at
         meta: dict[str, Any] = {
             "id": req.rid,
-            "finish_reason": req.finished_reason,
+            "finish_reason": req.finished_reason if unfinished_at is None else None,
             "prompt_tokens": len(req.input_ids),
-            "completion_tokens": len(req.output_ids),
+            "completion_tokens": length,
             "cached_tokens": req.cached_tokens,
             "e2e_latency": (req.finished_at or time.perf_counter()) - req.created_at,
         }
@@ -343,12 +370,36 @@ class Engine:
                 logprob_meta(
                     req.input_token_logprobs,
                     req.input_top_logprobs,
-                    req.output_token_logprobs,
-                    req.output_top_logprobs,
+                    req.output_token_logprobs[:length],
+                    req.output_top_logprobs[:length],
                     self.tokenizer.id_to_text if text_in_logprobs else None,
                 )
             )
         return meta
+
+
+class _CancellableCall:
+    """A non-streamed ``async_generate`` running on a worker thread: when its task is
+    cancelled, its requests are aborted, whether or not they were queued yet."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._lock = threading.Lock()
+        self._reqs: list[Req] = []
+        self._cancelled = False
+
+    def queued(self, reqs: list[Req]) -> None:
+        with self._lock:
+            self._reqs = reqs
+            cancelled = self._cancelled
+        if cancelled:  # cancelled while they were being queued
+            self._engine.abort_unfinished(reqs)
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._cancelled = True
+            reqs = self._reqs
+        self._engine.abort_unfinished(reqs)
 
 
 async def _async_outputs(stream: RequestStream) -> AsyncIterator[dict[str, Any]]:

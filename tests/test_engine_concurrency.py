@@ -4,6 +4,7 @@ engine, and Ctrl-C during ``generate``; the answers must stay those of a lone ca
 from __future__ import annotations
 
 import itertools
+import time
 
 import pytest
 
@@ -157,3 +158,133 @@ def test_a_call_that_would_wait_for_a_step_inside_between_steps_says_so(engine, 
     with pytest.raises(RuntimeError, match="between_steps"):
         engine.between_steps(lambda: engine.generate(chat_prompt, {**GREEDY, "max_new_tokens": 2}))
     assert engine.generate(chat_prompt, {**GREEDY, "max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2
+
+
+def _assert_idle_and_clean(engine) -> None:
+    deadline = time.monotonic() + 30
+    while engine.has_work and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not engine.has_work
+    engine.between_steps(engine.scheduler.check_invariants)
+    assert engine.scheduler.stats()["kv_held_by_requests"] == 0
+
+
+def test_a_second_ctrl_c_while_the_first_ones_abort_waits_still_aborts(engine, chat_prompt, ref, ctrl_c):
+    """The first Ctrl-C's abort waits for the step in progress; a second one there cut the
+    abort short and the call's requests ran to their end."""
+    import signal
+
+    step = engine.core.step
+    steps = [0]
+
+    def slow_interrupted_step():
+        steps[0] += 1
+        if steps[0] == 2:
+            signal.pthread_kill(ctrl_c, signal.SIGINT)
+            time.sleep(0.3)  # the first interrupt's abort now waits for this step
+            signal.pthread_kill(ctrl_c, signal.SIGINT)
+            time.sleep(0.3)
+        return step()
+
+    engine.core.step = slow_interrupted_step
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            engine.generate([chat_prompt] * 4, {**GREEDY, "max_new_tokens": 200, "ignore_eos": True})
+    finally:
+        del engine.core.step
+    assert not engine.has_work  # aborted before the call returned
+    assert steps[0] <= 3
+    _assert_idle_and_clean(engine)
+    assert engine.generate(chat_prompt, {**GREEDY, "max_new_tokens": 16})["output_ids"] == ref["output_ids"]
+
+
+def test_leaving_a_with_block_of_a_stream_aborts_it(engine, chat_prompt):
+    """Ctrl-C in a ``for chunk in stream`` body leaves the stream referenced by the
+    traceback: its requests ran on. Leaving the ``with`` block ends them."""
+    params = {**GREEDY, "max_new_tokens": 200, "ignore_eos": True}
+    with pytest.raises(KeyboardInterrupt), engine.generate(chat_prompt, params, stream=True) as stream:
+        for _chunk in stream:
+            raise KeyboardInterrupt  # as Ctrl-C in the loop's body
+    assert not engine.has_work
+
+
+def test_a_stream_dropped_inside_a_step_is_aborted_after_it(engine, chat_prompt, ref, monkeypatch):
+    """The garbage collector may finalize a dropped stream on the stepping thread in the
+    middle of a step (here: while the model runs): its abort ran there, changing the core
+    under the step. It runs after the step."""
+    held = [engine.generate(chat_prompt, {**GREEDY, "max_new_tokens": 200, "ignore_eos": True}, stream=True)]
+    next(held[0])
+    req = held[0]._reqs[0]
+    run = engine.worker.run
+    finished_mid_step = []
+
+    def run_and_drop(inp):
+        if held:
+            held.clear()  # the last reference: finalized here, on the stepping thread
+            finished_mid_step.append(req.is_finished)
+        return run(inp)
+
+    monkeypatch.setattr(engine.worker, "run", run_and_drop)
+    assert engine.generate(chat_prompt, {**GREEDY, "max_new_tokens": 16})["output_ids"] == ref["output_ids"]
+    assert finished_mid_step == [False] and req.finished_reason["type"] == "abort"
+    _assert_idle_and_clean(engine)
+
+
+def test_a_stream_dropped_while_its_thread_queues_does_not_deadlock(tiny_gqa_llama, chat_prompt):
+    """The collector may also run on a caller's thread while it queues requests (under the
+    inbox lock, which was not re-entrant): the abort took the inbox, waiting for that very
+    lock, for good."""
+    import threading
+
+    from runtime.engine import Engine
+
+    eng = Engine(str(tiny_gqa_llama), dtype="float32", max_total_tokens=4000)
+    held = [eng.generate(chat_prompt, {**GREEDY, "max_new_tokens": 200, "ignore_eos": True}, stream=True)]
+    next(held[0])
+
+    def drop_while_queueing() -> None:
+        with eng._steps._inbox_lock:  # as inside ``queue``, where the collector may run
+            held.clear()
+
+    dropper = threading.Thread(target=drop_while_queueing, daemon=True)
+    dropper.start()
+    dropper.join(5)
+    assert not dropper.is_alive(), "deadlocked"  # (the engine is left as it is: its shutdown would hang)
+    _assert_idle_and_clean(eng)
+    eng.shutdown()
+
+
+def test_stream_chunks_describe_the_tokens_they_carry(engine, chat_prompt, monkeypatch):
+    """A chunk's ``meta_info`` was read live while the next step appended: a token more than
+    its ``output_ids`` (and a finish reason) could show. A slow decode makes that likely."""
+    decode = engine.tokenizer.decode
+
+    def slow_decode(*args, **kwargs):
+        time.sleep(0.03)
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(engine.tokenizer, "decode", slow_decode)
+    chunks = list(engine.generate(chat_prompt, {**GREEDY, "max_new_tokens": 12, "ignore_eos": True}, stream=True,
+                                  return_logprob=True))
+    assert chunks[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 12}
+    for c in chunks[:-1]:
+        meta, n = c["meta_info"], len(c["output_ids"])
+        assert (meta["completion_tokens"], len(meta["output_token_logprobs"]), meta["finish_reason"]) == (n, n, None)
+
+
+def test_cancelling_async_generate_aborts_its_requests(engine, chat_prompt):
+    import asyncio
+
+    async def cancel_midway() -> None:
+        task = asyncio.create_task(engine.async_generate(chat_prompt, {**GREEDY, "max_new_tokens": 500,
+                                                                       "ignore_eos": True}))
+        while not engine.has_work:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not engine.has_work  # (``asyncio.run`` waits for its worker threads at the end)
+
+    asyncio.run(cancel_midway())
+    _assert_idle_and_clean(engine)
