@@ -38,9 +38,11 @@ def check_types(args: Any) -> None:
             "bool": isinstance(value, bool),
             "int": isinstance(value, int) and not isinstance(value, bool),
             "float": isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value),
+            "tuple[str, ...]": isinstance(value, tuple) and bool(value) and all(isinstance(v, str) for v in value),
         }[base]
         if not ok:
-            what = {"float": "a finite number", "int": "an integer", "bool": "True or False", "str": "a string"}[base]
+            what = {"float": "a finite number", "int": "an integer", "bool": "True or False", "str": "a string",
+                    "tuple[str, ...]": "one or more strings"}[base]
             raise ValueError(f"{f.name} must be {what}{' or None' if base != kind else ''}, got {value!r}")
         choices = f.metadata.get("choices")
         if choices is not None and value is not None and value not in choices:
@@ -63,6 +65,8 @@ def add_cli_args(parser: argparse.ArgumentParser, cls: type) -> None:
         kw: dict[str, Any] = {"type": kind, "default": default, "help": meta["help"]}
         if "choices" in meta:
             kw["choices"] = meta["choices"]
+        if str(f.type).startswith("tuple"):  # one or more values: --flag a b
+            kw["nargs"] = "+"
         parser.add_argument(*flags, dest=f.name, **kw)
 
 
@@ -78,8 +82,12 @@ def _cli_type(annotation: Any) -> type:
 def args_from_namespace(ns: argparse.Namespace, cls: type, as_flags: bool = True) -> Any:
     """``cls`` from parsed flags; a ``ValueError`` names the flags (``--kv-cache-memory``),
     or with ``as_flags`` false the fields (``kv_cache_memory``), as keyword arguments name them."""
+    def value(f: dataclasses.Field) -> Any:
+        got = getattr(ns, f.name)
+        return tuple(got) if isinstance(got, list) else got  # nargs: a list
+
     try:
-        return cls(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)})
+        return cls(**{f.name: value(f) for f in dataclasses.fields(cls)})
     except ValueError as err:
         if not as_flags:
             raise
@@ -112,6 +120,8 @@ def cli_flags(args: Any) -> list[str]:
             continue
         if isinstance(value, bool):
             out.append(flag if value else "--no-" + flag[2:])
+        elif isinstance(value, tuple):
+            out += [flag, *map(str, value)]
         elif value is not None:
             out += [flag, str(value)]
     return out

@@ -11,6 +11,7 @@ import signal
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from runtime.arg_fields import add_cli_args, args_from_namespace, field_names, fields_as_flags
@@ -167,6 +168,12 @@ def _run_serve(ns: argparse.Namespace) -> int:
             print(f"forkserve: the model is given twice: {ns.model} and --model-path {ns.model_path}", file=sys.stderr)
             return 2
         ns.model_path = ns.model
+    elif ns.model_path is None and ns.served_model_name and len(ns.served_model_name) > 1:
+        last = ns.served_model_name[-1]  # several names: the model after them reads as one more
+        if last.endswith(".gguf") or Path(last).is_dir():
+            print(f"forkserve: --served-model-name took {last!r}, a model path, as a name: give the model first "
+                  f"(forkserve serve {last} --served-model-name ...) or as --model-path", file=sys.stderr)
+            return 2
     try:
         args: ServerArgs = args_from_namespace(ns, ServerArgs)
         http: HttpArgs = args_from_namespace(ns, HttpArgs)

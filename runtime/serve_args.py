@@ -21,8 +21,9 @@ class HttpArgs:
         None, "Require 'Authorization: Bearer <key>' on every endpoint except /health, /health_generate, /ping, "
         "/ready and /metrics (as SGLang's server). Default: no key."
     )
-    served_model_name: str | None = flag_field(
-        None, "Model name in the OpenAI API (default: the model folder's name, or SmolLM2-135M-Instruct)."
+    served_model_name: tuple[str, ...] | None = flag_field(
+        None, "Model name(s) in the OpenAI API: requests may name any of them and /v1/models lists them all; answers "
+        "carry the first (as vLLM's). Default: the model folder's name, or SmolLM2-135M-Instruct."
     )
     max_queued_requests: int | None = flag_field(
         None,
@@ -92,6 +93,8 @@ class HttpArgs:
     )
 
     def __post_init__(self) -> None:
+        if isinstance(self.served_model_name, str):  # one name, from Python
+            object.__setattr__(self, "served_model_name", (self.served_model_name,))
         check_types(self)
         if self.startup_timeout <= 0:
             raise ValueError(f"startup_timeout must be positive, got {self.startup_timeout}")
@@ -101,9 +104,10 @@ class HttpArgs:
             raise ValueError(f"max_request_bytes must be positive, got {self.max_request_bytes}")
         if self.max_queued_requests is not None and self.max_queued_requests < 0:
             raise ValueError("max_queued_requests must be >= 0")
-        for name in ("api_key", "served_model_name"):  # "$KEY" of an unset variable: not "no key"
-            if getattr(self, name) == "":
-                raise ValueError(f"{name} is empty (leave it out for {'no key' if name == 'api_key' else 'the default'})")
+        if self.api_key == "":  # "$KEY" of an unset variable: not "no key"
+            raise ValueError("api_key is empty (leave it out for no key)")
+        if self.served_model_name is not None and "" in self.served_model_name:
+            raise ValueError("served_model_name is empty (leave it out for the default)")
         if self.tool_call_parser == "llama3":  # SGLang's name for the same format
             object.__setattr__(self, "tool_call_parser", "llama3_json")
 

@@ -11,6 +11,7 @@ import socket
 import time
 
 import httpx
+import openai
 import pytest
 
 from runtime.server.server_process import ServerProcess
@@ -37,8 +38,9 @@ def test_missing_model_fails_fast(tmp_path):
 
 @pytest.fixture(scope="module")
 def guarded():
-    """A server with an API key and no queue beyond two running requests."""
-    proc = ServerProcess("--api-key", "s3cret", "--max-running-requests", "2", "--max-queued-requests", "0")
+    """A server with an API key, no queue beyond two running requests and two model names."""
+    proc = ServerProcess("--api-key", "s3cret", "--max-running-requests", "2", "--max-queued-requests", "0",
+                         "--served-model-name", "smol", "gpt-4o-mini")
     deadline = time.monotonic() + 180
     while True:  # /health_generate is open, so wait_ready works with a key too
         try:
@@ -60,6 +62,19 @@ def test_api_key_required(guarded):
     assert httpx.get(guarded.url + "/health").status_code == 200
     assert httpx.get(guarded.url + "/metrics").status_code == 200  # Prometheus scrapes without it, as on SGLang
     assert "requests need the --api-key bearer" in guarded.read_output()
+
+
+def test_several_served_model_names_as_vllm(guarded):
+    """``--served-model-name a b`` took ``b`` for the model path. Requests may name any of
+    them; answers carry the first; /v1/models lists each."""
+    client = openai.OpenAI(base_url=guarded.url + "/v1", api_key="s3cret")
+    assert [m.id for m in client.models.list()] == ["smol", "gpt-4o-mini"]
+    assert client.models.retrieve("gpt-4o-mini").id == "gpt-4o-mini"
+    out = client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+    assert out.model == "smol"
+    with pytest.raises(openai.NotFoundError, match="serves 'smol'"):
+        client.completions.create(model="smol2", prompt="Hi", max_tokens=2)
+    assert "(model smol;" in guarded.read_output()
 
 
 def test_queue_limit_returns_503_with_retry_after(guarded):

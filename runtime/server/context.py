@@ -49,6 +49,7 @@ class ServerContext:
     model_name: str
     model_path: str
     info: dict[str, Any] = field(default_factory=dict)  # from the scheduler at startup
+    other_model_names: tuple[str, ...] = ()  # --served-model-name's names after the first
     process_ids: dict[str, int] = field(default_factory=dict)
     role_markers: dict[str, Any] = field(default_factory=dict)  # the chat template, for the DSL
     is_ready: bool = False
@@ -96,7 +97,7 @@ class ServerContext:
         """A 404 unless ``model`` names the served model (None: left out, the served one; so
         is ``"unknown"`` in a request body, which SGLang's model gateway puts in one that
         named none)."""
-        names = (self.model_name, self.model_path, GATEWAY_UNNAMED_MODEL) if in_body else (self.model_name, self.model_path)
+        names = (self.model_name, *self.other_model_names, self.model_path, *((GATEWAY_UNNAMED_MODEL,) if in_body else ()))
         if model is not None and model not in names:
             raise ApiError(404, f"The model '{model}' does not exist; this server serves '{self.model_name}'", param="model")
 

@@ -177,8 +177,9 @@ class Launcher:
         client.request_log.configure(self.http.log_requests, self.http.log_requests_level, self.http.log_requests_format)
         client.request_log.decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=False)
         await client.wait_ready(self.http.startup_timeout, self.dead_child)
-        name = self.http.served_model_name or default_model_name(self.args.model_path, model_dir)
-        ctx = ServerContext(client, tokenizer, self.args, self.http, name, self.args.model_path or str(model_dir), client.info)
+        names = self.http.served_model_name or (default_model_name(self.args.model_path, model_dir),)
+        ctx = ServerContext(client, tokenizer, self.args, self.http, names[0], self.args.model_path or str(model_dir),
+                            client.info, other_model_names=names[1:])
         ctx.role_markers = tokenizer.role_markers(ctx.chat_template_override)
         ctx.process_ids = {"http": os.getpid(), **{n: p.pid for n, p in self.children.items() if p.pid}}
         receiver = client.start()
@@ -201,7 +202,7 @@ class Launcher:
                 print(f"forkserve: {describe_engine(client.info)}", flush=True)
                 host = f"[{self.http.host}]" if ":" in self.http.host else self.http.host
                 key = "; requests need the --api-key bearer" if self.http.api_key else ""
-                print(f"forkserve ready: http://{host}:{self.http.port} (model {name}; OpenAI API under /v1{key})", flush=True)
+                print(f"forkserve ready: http://{host}:{self.http.port} (model {names[0]}; OpenAI API under /v1{key})", flush=True)
                 self.announced_ready = True
             elif not server.should_exit:  # (a signal during the test ends it too: that is no failure)
                 print("forkserve: the first test generation failed; shutting down", file=sys.stderr, flush=True)

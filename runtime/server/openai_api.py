@@ -32,9 +32,9 @@ def add_routes(app: FastAPI, ctx: ServerContext) -> None:
     background = BackgroundRuns(stored_responses)
     conversations_api.add_routes(app, conversations, ctx.http.max_request_bytes)
 
-    def card() -> dict[str, Any]:
+    def card(name: str) -> dict[str, Any]:
         return {
-            "id": ctx.model_name,
+            "id": name,
             "object": "model",
             "created": int(ctx.started_at),
             "owned_by": "forkserve",
@@ -44,12 +44,12 @@ def add_routes(app: FastAPI, ctx: ServerContext) -> None:
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [card()]}
+        return {"object": "list", "data": [card(name) for name in (ctx.model_name, *ctx.other_model_names)]}
 
     @app.get("/v1/models/{model:path}")
     async def model(model: str) -> dict[str, Any]:
         ctx.check_model(model, in_body=False)
-        return card()
+        return card(model if model in ctx.other_model_names else ctx.model_name)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
