@@ -30,10 +30,9 @@ class ServerArgs:
     )
     dtype: str = flag_field(
         "auto",
-        "Weight and activation dtype: auto, float32 or bfloat16. auto picks bfloat16 on CUDA and on "
+        "Weight and activation dtype: auto, float32 (or float) or bfloat16. auto picks bfloat16 on CUDA and on "
         "CPUs with native bf16 math (avx512_bf16/amx), where decode is memory-bound and bf16 halves "
-        "the bytes read per step; float32 elsewhere.",
-        choices=["auto", "float32", "bfloat16"],
+        "the bytes read per step; float32 elsewhere. float16 (half) is not supported.",
     )
     device: str = flag_field("auto", "Device: auto (cuda if available, else cpu), cpu or cuda.")
     disable_radix_cache: bool = flag_field(
@@ -146,6 +145,13 @@ class ServerArgs:
 
     def __post_init__(self) -> None:
         check_types(self)
+        if self.dtype == "float":  # SGLang's and vLLM's name too
+            object.__setattr__(self, "dtype", "float32")
+        if self.dtype in ("half", "float16"):
+            raise ValueError(f"dtype {self.dtype} is not supported (no float16 kernels): bfloat16 takes the same "
+                             "memory, float32 is exact")
+        if self.dtype not in ("auto", "float32", "bfloat16"):
+            raise ValueError(f"dtype must be auto, float32 or bfloat16, got {self.dtype!r}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.chunked_prefill_size != -1 and self.chunked_prefill_size < 1:

@@ -34,11 +34,21 @@ from tests.proc_utils import pid_alive
         ({"chunked_prefill_size": 1.5}, "chunked_prefill_size"),
         ({"num_threads": 0}, "num_threads"),
         ({"max_total_tokens": 15}, "max_total_tokens"),
+        ({"dtype": "fp32"}, "dtype"),
+        ({"dtype": "half"}, "dtype"),
     ],
 )
 def test_server_args_refuse_wrong_types_and_values(kwargs, field_name):
     with pytest.raises(ValueError, match=rf"^{field_name} "):
         ServerArgs(**kwargs)
+
+
+def test_dtype_takes_sglang_and_vllm_names():
+    """``--dtype float`` is float32 on both; ``half`` / ``float16`` say why not (argparse's
+    'invalid choice' did not)."""
+    assert ServerArgs(dtype="float").dtype == "float32"
+    with pytest.raises(ValueError, match="float16 .*not supported.*bfloat16"):
+        ServerArgs(dtype="float16")
 
 
 def test_http_args_refuse_a_non_positive_startup_timeout():
