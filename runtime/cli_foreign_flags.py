@@ -42,7 +42,6 @@ FOREIGN_FLAGS = {
     "--pp-size": "pipeline parallelism is not supported; --tp-size splits a model over devices",
     "--enable-torch-compile": "the CPU kernels are compiled C++ and CUDA decode uses CUDA graphs; there is no torch.compile mode",
     "--swap-space": "a request that runs out of KV is sent back to the queue and recomputed, not swapped",
-    "--max-logprobs": "top_logprobs / top_logprobs_num go up to 20 on the OpenAI routes, to the vocabulary on /generate",
 }
 
 

@@ -63,6 +63,13 @@ class ServerArgs:
         "Let a request whose prompt plus max_new_tokens (max_tokens) runs past the context length "
         "generate until it reaches it, instead of refusing it with a 400 (SGLang's flag and default).",
     )
+    max_logprobs: int = flag_field(
+        20,
+        "Most top logprobs a request may ask for per token (top_logprobs_num on /generate and the Engine; the "
+        "OpenAI routes' top_logprobs and logprobs stop at 20 anyway); -1: the whole vocabulary (as vLLM's flag: "
+        "each such token costs a list the size of the vocabulary through every process, and a long answer can "
+        "take the server's memory).",
+    )
     disable_mixed_chunk: bool = flag_field(
         False,
         "Run prompt (prefill) chunks as steps of their own. By default the running requests' next "
@@ -156,6 +163,8 @@ class ServerArgs:
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.chunked_prefill_size != -1 and self.chunked_prefill_size < 1:
             raise ValueError("chunked_prefill_size must be positive or -1 (no limit)")
+        if self.max_logprobs < -1:
+            raise ValueError(f"max_logprobs must be -1 (the whole vocabulary) or >= 0, got {self.max_logprobs}")
         if self.max_running_requests < 1:
             raise ValueError("max_running_requests must be at least 1")
         if self.max_total_tokens is not None and self.max_total_tokens < MIN_KV_TOKENS:

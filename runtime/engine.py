@@ -239,7 +239,7 @@ class Engine:
     @property
     def limits(self) -> RequestLimits:
         return RequestLimits(self.worker.model_config.vocab_size, self.scheduler.max_context_len,
-                             self.scheduler.allocator.capacity, self.args.allow_auto_truncate)
+                             self.scheduler.allocator.capacity, self.args.allow_auto_truncate, self.args.max_logprobs)
 
     def end_program(self, program_id: str) -> None:
         """Release the cache pins of ``program_id`` (see ``runtime/scheduler/program_pins.py``)."""

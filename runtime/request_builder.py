@@ -30,6 +30,11 @@ class RequestLimits:
     max_context_len: int
     max_total_tokens: int  # the KV pool
     auto_truncate: bool = False  # generation may stop at the context instead of a 400
+    max_logprobs: int = 20  # top logprobs per token (--max-logprobs; -1: the vocabulary)
+
+    @property
+    def max_top_logprobs(self) -> int:
+        return self.vocab_size if self.max_logprobs == -1 else min(self.max_logprobs, self.vocab_size)
 
     @property
     def max_sequence_len(self) -> int:
@@ -84,7 +89,8 @@ def build_requests(prompts: list[list[int]], params: list[SamplingParams],
     for ids, p, opts in zip(prompts, params, per_prompt, strict=True):
         if not isinstance(opts.return_logprob, bool):
             raise InvalidField("return_logprob", f"return_logprob must be True or False, got {opts.return_logprob!r}")
-        check_logprob_options(opts.logprob_start_len, opts.top_logprobs_num, limits.vocab_size)
+        check_logprob_options(opts.logprob_start_len, opts.top_logprobs_num, limits.max_top_logprobs,
+                              limits.max_logprobs != -1)
         check_prompt(ids, limits, prompt_field)
         if opts.return_logprob and opts.logprob_start_len > len(ids):  # the length itself: none of the prompt's
             raise InvalidField("logprob_start_len", f"logprob_start_len ({opts.logprob_start_len}) must be at most "

@@ -223,7 +223,7 @@ BAD_CALLS = {
         lambda e: e.generate("Hi", {"max_new_tokens": 1}, return_logprob=True, logprob_start_len=-2),
         "logprob_start_len",
     ),
-    "top_logprobs_num beyond the vocabulary": (
+    "top_logprobs_num beyond --max-logprobs": (
         lambda e: e.generate("Hi", {"max_new_tokens": 1}, return_logprob=True, top_logprobs_num=10**6),
         "top_logprobs_num",
     ),

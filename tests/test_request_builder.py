@@ -102,3 +102,17 @@ def test_sampling_params_one_for_all_or_one_each():
         with pytest.raises(InvalidField) as err:
             parse_sampling_params(bad, 2)
         assert err.value.field == "sampling_params"
+
+
+def test_top_logprobs_num_is_capped_by_max_logprobs():
+    """vLLM's ``--max-logprobs`` (20): 49,152 top logprobs per token took a server's memory."""
+    options = RequestOptions(return_logprob=True, top_logprobs_num=21)
+    with pytest.raises(InvalidField, match=r"\[0, 20\].*--max-logprobs"):
+        _build([[1]], None, options)
+    assert _build([[1]], None, dataclasses.replace(options, top_logprobs_num=20))
+    uncapped = dataclasses.replace(LIMITS, max_logprobs=-1)
+    assert build_requests([[1]], [SamplingParams(max_new_tokens=5)], dataclasses.replace(options, top_logprobs_num=100),
+                          uncapped, prompt_field="input_ids")
+    with pytest.raises(InvalidField, match=r"\[0, 100\] \(the vocabulary\)"):
+        build_requests([[1]], [SamplingParams(max_new_tokens=5)], dataclasses.replace(options, top_logprobs_num=101),
+                       uncapped, prompt_field="input_ids")

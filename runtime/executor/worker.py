@@ -50,6 +50,8 @@ class BatchResult:
     # per request: (logprob, token id) of prompt tokens covered this step, and their top-k
     input_logprobs: list[list[tuple[float | None, int]]] = field(default_factory=list)
     input_top_logprobs: list[list[list[tuple[float, int]] | None]] = field(default_factory=list)
+    # and each such token's rank (1 = the most likely; None for the unscored first one)
+    input_ranks: list[list[int | None]] = field(default_factory=list)
 
 
 class RankPeers(Protocol):
@@ -290,7 +292,8 @@ class ModelWorker:
         bs = inp.batch_size
         picked = iter(ids)
         next_ids = [None if row is None else next(picked) for row in inp.sampling]
-        return BatchResult(next_ids, [None] * bs, [None] * bs, [[] for _ in range(bs)], [[] for _ in range(bs)])
+        return BatchResult(next_ids, [None] * bs, [None] * bs, [[] for _ in range(bs)], [[] for _ in range(bs)],
+                           [[] for _ in range(bs)])
 
     def _postprocess(self, inp: ModelInput, logits: torch.Tensor) -> BatchResult:
         bs = inp.batch_size
@@ -299,9 +302,10 @@ class ModelWorker:
         fwd, offset = inp.forward, 0
         for i in range(bs):
             n = fwd.prefix_lens[i] + fwd.extend_lens[i] - inp.logit_starts[i]
-            lp, tops = _prompt_logprobs(inp.prompt_logprobs[i], logits[offset : offset + n])
+            lp, tops, ranks = _prompt_logprobs(inp.prompt_logprobs[i], logits[offset : offset + n])
             result.input_logprobs.append(lp)
             result.input_top_logprobs.append(tops)
+            result.input_ranks.append(ranks)
             row = inp.sampling[i]
             if row is not None:
                 sample_rows.append(offset + n - 1)
@@ -339,25 +343,29 @@ def plain_greedy(inp: ModelInput) -> bool:
 
 def _prompt_logprobs(
     span: PromptLogprobs | None, logits: torch.Tensor
-) -> tuple[list[tuple[float | None, int]], list[list[tuple[float, int]] | None]]:
+) -> tuple[list[tuple[float | None, int]], list[list[tuple[float, int]] | None], list[int | None]]:
     """Logprobs of ``span.targets`` from the logits at the positions before each, after
-    ``span.unscored`` (no logprob) where it is set."""
+    ``span.unscored`` (no logprob) where it is set; their top-k; their ranks (how many
+    tokens are at least as likely, as vLLM counts)."""
     if span is None:
-        return [], []
+        return [], [], []
     pairs: list[tuple[float | None, int]] = [] if span.unscored is None else [(None, span.unscored)]
     tops: list[list[tuple[float, int]] | None] = [None] * len(pairs)
+    ranks: list[int | None] = [None] * len(pairs)
     if not span.targets:
-        return pairs, tops
+        return pairs, tops, ranks
     targets = torch.tensor(span.targets)
     logprobs = torch.log_softmax(logits[: len(span.targets)], dim=-1)
-    picked = logprobs.gather(1, targets.unsqueeze(1)).squeeze(1).tolist()
+    picked_column = logprobs.gather(1, targets.unsqueeze(1))
+    ranks += (logprobs >= picked_column).sum(dim=-1).tolist()
+    picked = picked_column.squeeze(1).tolist()
     pairs += zip(picked, span.targets, strict=True)
     if span.top_k > 0:
         vals, idx = logprobs.topk(span.top_k, dim=-1)
         tops += [list(zip(v, i, strict=True)) for v, i in zip(vals.tolist(), idx.tolist(), strict=True)]
     else:
         tops += [None] * len(span.targets)
-    return pairs, tops
+    return pairs, tops, ranks
 
 
 def _keep_freed_memory_in_process() -> None:

@@ -82,6 +82,7 @@ class TokenUpdate:
     # logprob deltas as (logprob, token_id) pairs; top lists as lists of pairs
     input_token_logprobs: list[Any] | None = None
     input_top_logprobs: list[Any] | None = None
+    input_token_ranks: list[int | None] | None = None
     output_token_logprobs: list[Any] | None = None
     output_top_logprobs: list[Any] | None = None
     error: str | None = None  # the request failed alone (set with an abort finish reason)

@@ -26,14 +26,16 @@ def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def check_logprob_options(logprob_start_len: Any, top_logprobs_num: Any, vocab_size: int) -> None:
-    """The logprob options of a request (``Engine.generate`` and ``/generate`` share this)."""
+def check_logprob_options(logprob_start_len: Any, top_logprobs_num: Any, most: int, capped: bool) -> None:
+    """The logprob options of a request (``Engine.generate`` and ``/generate`` share this):
+    ``top_logprobs_num`` up to ``most``, the server's cap where ``capped`` (``--max-logprobs``),
+    else the vocabulary."""
     if not _is_int(logprob_start_len) or logprob_start_len < -1:
         raise InvalidField("logprob_start_len", f"logprob_start_len must be an integer >= -1, got {logprob_start_len!r}")
-    if not _is_int(top_logprobs_num) or not 0 <= top_logprobs_num <= vocab_size:
+    if not _is_int(top_logprobs_num) or not 0 <= top_logprobs_num <= most:
+        why = "this server's --max-logprobs (-1 lifts it)" if capped else "the vocabulary"
         raise InvalidField(
-            "top_logprobs_num", f"top_logprobs_num must be an integer in [0, {vocab_size}] (the vocabulary), "
-            f"got {top_logprobs_num!r}"
+            "top_logprobs_num", f"top_logprobs_num must be an integer in [0, {most}] ({why}), got {top_logprobs_num!r}"
         )
 
 

@@ -123,6 +123,7 @@ def _update(out: RequestOutput) -> TokenUpdate:
         if start == 0:
             update.input_token_logprobs = list(req.input_token_logprobs)
             update.input_top_logprobs = list(req.input_top_logprobs)
+            update.input_token_ranks = list(req.input_token_ranks)
         update.output_token_logprobs = req.output_token_logprobs[start:]
         update.output_top_logprobs = req.output_top_logprobs[start:]
     return update

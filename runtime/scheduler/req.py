@@ -59,6 +59,7 @@ class Req:
     # logprobs: [logprob, token_id] pairs (text is added by the detokenizer)
     input_token_logprobs: list[tuple[float | None, int]] = field(default_factory=list)
     input_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
+    input_token_ranks: list[int | None] = field(default_factory=list)  # 1: the most likely (vLLM's prompt_logprobs)
     output_token_logprobs: list[tuple[float, int]] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
 

@@ -312,6 +312,7 @@ class Scheduler:
         if not req.output_ids:  # part-way through its prompt: its prompt logprobs start over
             req.input_token_logprobs.clear()
             req.input_top_logprobs.clear()
+            req.input_token_ranks.clear()
         self.waiting.appendleft(req)
         self.num_retractions += 1
         self.new_token_ratio = _INIT_NEW_TOKEN_RATIO
@@ -332,6 +333,7 @@ class Scheduler:
             if prefilled:
                 req.input_token_logprobs.extend(result.input_logprobs[i])
                 req.input_top_logprobs.extend(result.input_top_logprobs[i])
+                req.input_token_ranks.extend(result.input_ranks[i])
                 # Share the prompt now, not at finish: siblings queued behind this request
                 # (forks, n > 1, a common system prompt) reuse it from their next step on.
                 self.cache.cache_unfinished(req)

@@ -86,7 +86,7 @@ class ServerContext:
     @property
     def limits(self) -> RequestLimits:
         return RequestLimits(int(self.info["vocab_size"]), self.max_context_len, self.max_total_tokens,
-                             self.args.allow_auto_truncate)
+                             self.args.allow_auto_truncate, self.args.max_logprobs)
 
     @property
     def is_healthy(self) -> bool:

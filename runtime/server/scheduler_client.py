@@ -61,6 +61,7 @@ class ReqState:
     error_param: str | None = None  # the field the error is about (native name)
     input_token_logprobs: list[Any] = field(default_factory=list)
     input_top_logprobs: list[Any] = field(default_factory=list)
+    input_token_ranks: list[int | None] = field(default_factory=list)
     output_token_logprobs: list[Any] = field(default_factory=list)
     output_top_logprobs: list[Any] = field(default_factory=list)
     created_at: float = field(default_factory=time.perf_counter)
@@ -84,6 +85,7 @@ class ReqState:
         if t.input_token_logprobs is not None:
             self.input_token_logprobs = t.input_token_logprobs
             self.input_top_logprobs = t.input_top_logprobs or []
+            self.input_token_ranks = t.input_token_ranks or []
         if t.output_token_logprobs:
             self.output_token_logprobs.extend(t.output_token_logprobs)
             self.output_top_logprobs.extend(t.output_top_logprobs or [])
