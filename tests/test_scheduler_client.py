@@ -6,6 +6,9 @@ first one arrives."""
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
+from collections.abc import AsyncIterator
 
 import numpy as np
 import zmq
@@ -23,15 +26,38 @@ def _update(wire_id: str, ids: list[int], finished: dict | None = None) -> Batch
     return BatchStrOut([StrUpdate(token, "x" * len(ids))], np.asarray(ids, dtype=np.int32))
 
 
+@contextlib.asynccontextmanager
+async def _backend() -> AsyncIterator[tuple[SchedulerClient, zmq.Socket, zmq.Socket]]:
+    """A client, and the sockets of the scheduler (what the client sends) and of the
+    detokenizer (what it receives) that this test plays."""
+    to_scheduler, from_detokenizer = ipc.new_ipc_names(2)
+    ctx = zmq.Context()
+    scheduler = ipc.bind(ctx, zmq.PULL, to_scheduler)
+    client = SchedulerClient(to_scheduler, from_detokenizer, ServerMetrics())
+    detokenizer = ipc.connect(ctx, zmq.PUSH, from_detokenizer)
+    receiving = client.start()
+    try:
+        yield client, scheduler, detokenizer
+    finally:
+        receiving.cancel()
+        client.send_sock.close()
+        client.recv_sock.close()
+        scheduler.close()
+        detokenizer.close()
+        ipc.remove_ipc_files([to_scheduler, from_detokenizer])
+
+
+def _sent(scheduler: zmq.Socket) -> list[object]:
+    """What the client sent the scheduler so far."""
+    out = []
+    while scheduler.poll(200):
+        out.append(ipc.recv(scheduler))
+    return out
+
+
 def test_a_rid_sent_again_right_after_its_abort_gets_only_its_own_updates():
     async def scenario() -> None:
-        to_scheduler, from_detokenizer = ipc.new_ipc_names(2)
-        ctx = zmq.Context()
-        scheduler = ipc.bind(ctx, zmq.PULL, to_scheduler)
-        client = SchedulerClient(to_scheduler, from_detokenizer, ServerMetrics())
-        detokenizer = ipc.connect(ctx, zmq.PUSH, from_detokenizer)
-        receiving = client.start()
-        try:
+        async with _backend() as (client, scheduler, detokenizer):
             params = SamplingParams(max_new_tokens=4)
             first = client.submit("mine", [1, 2, 3], params)
             sent = ipc.recv(scheduler)
@@ -48,13 +74,64 @@ def test_a_rid_sent_again_right_after_its_abort_gets_only_its_own_updates():
             assert again.rid == "mine" and again.output_ids == [4, 5, 6, 8]
             assert again.finished_reason == {"type": "length", "length": 4}
             assert first.output_ids == [] and client.num_open_requests == 0
-        finally:
-            receiving.cancel()
-            client.send_sock.close()
-            client.recv_sock.close()
-            scheduler.close()
-            detokenizer.close()
-            ipc.remove_ipc_files([to_scheduler, from_detokenizer])
+
+    asyncio.run(scenario())
+
+
+def test_a_group_finishing_in_any_order_is_waited_for_and_nothing_aborted():
+    async def scenario() -> None:
+        async with _backend() as (client, scheduler, detokenizer):
+            states = [client.submit(f"r{i}", [1, 2], SamplingParams(max_new_tokens=1)) for i in range(1500)]
+            for state in reversed(states):
+                ipc.send(detokenizer, _update(state.wire_id, [7], {"type": "length", "length": 1}))
+            await asyncio.wait_for(client.wait_all(states), 30)
+            assert all(s.output_ids == [7] for s in states) and client.num_open_requests == 0
+            # more requests than ZMQ's default high-water mark (1,000) all went out, none aborted
+            sent = collections.Counter(type(m).__name__ for m in _sent(scheduler))
+            assert sent == {"TokenizedGenerateReq": 1500}, sent
+
+    asyncio.run(scenario())
+
+
+def test_one_loop_watches_a_group_and_aborts_it_when_the_client_goes():
+    """A loop per request, each asking every second whether the client was gone, kept the
+    HTTP process busy through a /generate batch of 20k prompts."""
+    async def scenario() -> None:
+        async with _backend() as (client, scheduler, _):
+            states = [client.submit(f"r{i}", [1, 2], SamplingParams(max_new_tokens=1)) for i in range(200)]
+            asked = 0
+
+            async def gone() -> bool:
+                nonlocal asked
+                asked += 1
+                return asked == 2
+
+            await asyncio.wait_for(client.wait_all(states, gone), 30)
+            assert asked == 2 and client.num_open_requests == 0
+            assert sum(isinstance(m, AbortReq) for m in _sent(scheduler)) == 200
+
+    asyncio.run(scenario())
+
+
+def test_merged_gives_each_change_once_and_closing_it_aborts_the_unfinished():
+    async def scenario() -> None:
+        async with _backend() as (client, scheduler, detokenizer):
+            states = [client.submit(f"r{i}", [1, 2], SamplingParams(max_new_tokens=4)) for i in range(3)]
+            ipc.send(detokenizer, _update(states[2].wire_id, [5]))
+            ipc.send(detokenizer, _update(states[2].wire_id, [6]))  # two updates before it is looked at: one index
+            ipc.send(detokenizer, _update(states[0].wire_id, [9], {"type": "length", "length": 1}))
+            await asyncio.sleep(0.3)  # both received
+            changes = client.merged(states)
+            assert sorted([await anext(changes), await anext(changes)]) == [0, 2]
+            assert states[2].output_ids == [5, 6] and states[0].is_finished
+            later = asyncio.ensure_future(anext(changes))
+            await asyncio.sleep(0.3)
+            assert not later.done()  # nothing new
+            ipc.send(detokenizer, _update(states[1].wire_id, [3]))
+            assert await asyncio.wait_for(later, 10) == 1
+            await changes.aclose()  # the client went away
+            aborted = [m.rid for m in _sent(scheduler) if isinstance(m, AbortReq)]
+            assert aborted == [states[1].wire_id, states[2].wire_id] and client.num_open_requests == 0
 
     asyncio.run(scenario())
 

@@ -74,16 +74,27 @@ def remove_ipc_files(names: list[str]) -> None:
             os.unlink(name.removeprefix("ipc://"))
 
 
-def bind(ctx: zmq.Context, kind: int, endpoint: str) -> zmq.Socket:
+def _socket(ctx: zmq.Context, kind: int) -> zmq.Socket:
+    """A socket that never blocks a send and never drops a message: no high-water mark.
+    What is queued is bounded by the requests themselves; at the default mark (1,000
+    messages) a /generate batch of 300k prompts queued 299k send futures in the HTTP
+    process, each removed from a list when sent: quadratic, minutes with the event loop
+    stuck."""
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    return sock
+
+
+def bind(ctx: zmq.Context, kind: int, endpoint: str) -> zmq.Socket:
+    sock = _socket(ctx, kind)
     sock.bind(endpoint)
     return sock
 
 
 def connect(ctx: zmq.Context, kind: int, endpoint: str) -> zmq.Socket:
-    sock = ctx.socket(kind)
-    sock.setsockopt(zmq.LINGER, 0)
+    sock = _socket(ctx, kind)
     sock.connect(endpoint)
     return sock
 

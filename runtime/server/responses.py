@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -46,7 +45,8 @@ def error_of(state: ReqState, names: dict[str, str] | None = None) -> ApiError |
 
 async def wait_all(client: SchedulerClient, states: list[ReqState], request: Request) -> list[ReqState]:
     """Wait for every state; abort all of them if the client goes away."""
-    return list(await asyncio.gather(*(client.wait(s, request.is_disconnected) for s in states)))
+    await client.wait_all(states, request.is_disconnected)
+    return states
 
 
 async def merged_updates(
@@ -54,32 +54,9 @@ async def merged_updates(
 ) -> AsyncIterator[tuple[int, ReqState]]:
     """``(index, state)`` each time one of ``states`` changes, until all finish. Closing the
     iterator (client gone) aborts the unfinished ones."""
-    if len(states) == 1:
-        async with contextlib.aclosing(client.stream(states[0], is_disconnected)) as it:
-            async for s in it:
-                yield 0, s
-        return
-    queue: asyncio.Queue[tuple[int, ReqState] | None] = asyncio.Queue()
-
-    async def pump(i: int, state: ReqState) -> None:
-        async with contextlib.aclosing(client.stream(state, is_disconnected)) as it:
-            async for s in it:
-                queue.put_nowait((i, s))
-        queue.put_nowait(None)
-
-    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(states)]
-    try:
-        remaining = len(tasks)
-        while remaining:
-            item = await queue.get()
-            if item is None:
-                remaining -= 1
-            else:
-                yield item
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    async with contextlib.aclosing(client.merged(states, is_disconnected)) as changes:
+        async for i in changes:
+            yield i, states[i]
 
 
 def native_output(state: ReqState, tokenizer: Tokenizer, text_in_logprobs: bool, logprobs_from: int = 0) -> dict[str, Any]:
