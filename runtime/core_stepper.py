@@ -130,7 +130,8 @@ class CoreStepper:
             self._abort_now([self._deferred_aborts.popleft()])
 
     def shutdown(self) -> None:
-        """End the core (it checks that no KV slot leaked); calls after it raise."""
+        """End the core (it checks that no KV slot leaked) and the stepping thread; calls
+        after it raise."""
         with self.core_access():
             if self.closed:
                 return
@@ -138,6 +139,10 @@ class CoreStepper:
             self.core.shutdown()
         with self._turn:  # the stepping thread ends, waiting callers raise
             self._turn.notify_all()
+        # Waited for: else the thread, ending, could drop the last reference to the core and
+        # free the model there, in C++ code, while the interpreter exits (which aborts it).
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=60)
 
     def wait_for_news(self, reqs: list[Req], seen: Progress | None) -> Progress:
         """``reqs``' progress (output length, finished) between two steps, once it differs from
@@ -153,7 +158,7 @@ class CoreStepper:
             raise RuntimeError("an engine call waited for a step inside between_steps(), which holds the steps back")
         with self._turn:
             if (self._thread is None or not self._thread.is_alive()) and self.failed is None and not self.closed:
-                self._thread = threading.Thread(target=self._step_while_busy, daemon=True, name="forkserve-engine-steps")
+                self._thread = threading.Thread(target=self._step_while_busy, daemon=True, name=_THREAD_NAME)
                 self._thread.start()
             looked_at = self._steps_done
             self._listeners += 1
@@ -231,17 +236,19 @@ def _ctrl_c_held() -> Iterator[None]:
 
 _EXITING = threading.Event()
 _STEPPERS: weakref.WeakSet[CoreStepper] = weakref.WeakSet()
+_THREAD_NAME = "forkserve-engine-steps"
 
 
 @atexit.register
 def _stop_stepping_at_exit() -> None:
-    """Let each step in progress end before the interpreter does: a daemon thread stopped
-    inside a step (C++ code) aborts the process ("terminate called without an active
-    exception")."""
+    """Let each stepping thread end before the interpreter does: a daemon thread stopped
+    inside C++ code (a step, or freeing an engine whose last reference it held) aborts the
+    process ("terminate called without an active exception"). Threads are found by name:
+    one whose stepper is already gone may still be freeing it."""
     _EXITING.set()
     for stepper in list(_STEPPERS):
         with stepper._turn:
             stepper._turn.notify_all()
-        thread = stepper._thread
-        if thread is not None and thread is not threading.current_thread():
+    for thread in threading.enumerate():
+        if thread.name == _THREAD_NAME and thread is not threading.current_thread():
             thread.join(timeout=60)

@@ -252,6 +252,9 @@ def test_a_stream_dropped_while_its_thread_queues_does_not_deadlock(tiny_gqa_lla
     assert not dropper.is_alive(), "deadlocked"  # (the engine is left as it is: its shutdown would hang)
     _assert_idle_and_clean(eng)
     eng.shutdown()
+    # its stepping thread has ended: it ran on after shutdown, and where it held the engine's last
+    # reference, freed the model while the interpreter exited ("terminate called", exit code 134)
+    assert not eng._steps._thread.is_alive()
 
 
 def test_stream_chunks_describe_the_tokens_they_carry(engine, chat_prompt, monkeypatch):
