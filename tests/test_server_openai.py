@@ -210,6 +210,28 @@ def test_completion_logprobs_shape(client):
     assert all(len(t) == 2 for t in lp.top_logprobs)  # greedy: the chosen token is among the top 2
 
 
+
+def test_echo_with_logprobs_and_n_scores_the_prompt_once(client, server):
+    """n samples share one scoring of the prompt: each sample scored it again (n 128 of an
+    8k-token prompt ran for 19 minutes, nothing else served meanwhile)."""
+    import httpx
+
+    prompt = "A prompt of its own, long enough to count: " + " ".join(f"word{i}" for i in range(120))
+    one = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, echo=True, logprobs=1, temperature=0)
+    num_prompt = one.usage.prompt_tokens
+
+    def computed() -> int:
+        return httpx.get(server.url + "/get_server_info").json()["scheduler"]["num_prefill_tokens"]
+
+    httpx.post(server.url + "/flush_cache")
+    before = computed()
+    four = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, echo=True, logprobs=1, temperature=0, n=4)
+    assert computed() - before < 2 * num_prompt  # not 4x
+    prompt_part = [(c.logprobs.tokens[:num_prompt], c.logprobs.token_logprobs[:num_prompt]) for c in four.choices]
+    want = (one.choices[0].logprobs.tokens[:num_prompt], one.choices[0].logprobs.token_logprobs[:num_prompt])
+    assert prompt_part[0][0] == want[0] and prompt_part[0][1] == pytest.approx(want[1], abs=2e-2)
+    assert all(p == prompt_part[0] for p in prompt_part)
+
 @pytest.mark.parametrize("max_tokens", [0, 4])
 def test_echo_with_logprobs_streams_what_it_returns_whole(client, max_tokens):
     """Streamed, the echoed prompt and its scores come with each choice's first chunk; the

@@ -64,7 +64,8 @@ class Completion(OpenAIHandler):
         # a special first token the tokenizer added (a BOS) is not in the echoed text
         added = {first} if first in token_bytes.special and not self.echo(index).startswith(
             token_bytes.of(first).decode(errors="replace")) else set()
-        prompt = self.entries(state.input_token_logprobs, state.input_top_logprobs, 0, unseen=added)
+        scored = self.prompt_state(index, state)
+        prompt = self.entries(scored.input_token_logprobs, scored.input_top_logprobs, 0, unseen=added)
         return {key: prompt[key] + logprobs[key] for key in logprobs}
 
     def stream_start(self, num_choices: int) -> list[dict[str, Any]]:
