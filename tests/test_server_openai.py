@@ -284,3 +284,57 @@ def test_async_client_64_concurrent_streams_match_engine(server, engine):
     assert len(outs) == 64
     for i, text in enumerate(outs):
         assert text == refs[QUESTIONS[i % 4]], f"client {i}"
+
+
+def test_vllm_prompt_logprobs_against_transformers(server, model_dir):
+    """vLLM's ``prompt_logprobs`` (was a 400): per prompt token after the first, its logprob,
+    rank and text, then the k most likely tokens there; oracle: transformers' own logits."""
+    import httpx
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    body = {"model": MODEL, "prompt": "The capital of France is a city called", "max_tokens": 1, "temperature": 0,
+            "prompt_logprobs": 3, "return_token_ids": True}
+    choice = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()["choices"][0]
+    ids, plp = choice["prompt_token_ids"], choice["prompt_logprobs"]
+    hf = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    with torch.no_grad():
+        rows = torch.log_softmax(hf(torch.tensor([ids])).logits[0].float(), dim=-1)
+    assert plp[0] is None and len(plp) == len(ids)
+    for p in range(1, len(ids)):
+        row, tid, entry = rows[p - 1], ids[p], plp[p]
+        top = row.topk(3).indices.tolist()
+        assert list(entry)[0] == str(tid) and set(entry) == {str(tid), *map(str, top)}
+        assert entry[str(tid)]["logprob"] == pytest.approx(row[tid].item(), abs=1e-3)
+        want_rank = int((row >= row[tid]).sum())
+        assert abs(entry[str(tid)]["rank"] - want_rank) <= max(1, want_rank // 100), (p, entry, want_rank)
+        assert [entry[str(t)]["rank"] for t in top if t != tid] == [r for r, t in enumerate(top, 1) if t != tid]
+
+
+def test_vllm_prompt_logprobs_on_chat_and_their_limits(server):
+    import httpx
+
+    from runtime.model_loader import resolve_model_path
+    from runtime.tokenizer import Tokenizer
+
+    def post(path: str, **fields) -> httpx.Response:
+        return httpx.post(server.url + path, json={"model": MODEL, "max_tokens": 2, **fields}, timeout=60)
+
+    # beside the choices on chat, as vLLM has it; true is 1; a character over several tokens:
+    # "" for its parts, the character with its last (so the texts add up to the prompt's)
+    chat = post("/v1/chat/completions", messages=[{"role": "user", "content": "Café 🦙?"}], prompt_logprobs=True,
+                return_token_ids=True).json()
+    ids, plp = chat["prompt_token_ids"], chat["prompt_logprobs"]
+    assert plp[0] is None and len(plp) == len(ids) and all(1 <= len(e) <= 2 for e in plp[1:])
+    texts = "".join(plp[p][str(ids[p])]["decoded_token"] for p in range(1, len(ids)))
+    tok = Tokenizer(resolve_model_path(None))
+    assert texts == tok.decode(ids, False)[len(tok.decode(ids[:1], False)):]
+    assert "🦙" in texts
+    # refused as vLLM refuses them; streamed, only 0 (and none are sent)
+    for fields, words in [({"prompt_logprobs": 21}, "greater than max allowed: 20"),
+                          ({"prompt_logprobs": -2}, ">= 0 or -1"),
+                          ({"prompt_logprobs": 1, "stream": True}, "not available when 'stream' is true")]:
+        resp = post("/v1/completions", prompt="Hi", **fields)
+        assert resp.status_code == 400 and words in resp.text and resp.json()["error"]["param"] == "prompt_logprobs"
+    streamed = post("/v1/completions", prompt="Hi", prompt_logprobs=0, stream=True)
+    assert streamed.status_code == 200 and "prompt_logprobs" not in streamed.text

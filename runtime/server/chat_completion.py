@@ -177,7 +177,10 @@ class ChatCompletion(OpenAIHandler):
         return choice
 
     def answer_fields(self, states: list[ReqState]) -> dict[str, Any]:
-        return self.opening_fields(0)
+        fields = self.opening_fields(0)
+        if self.scores_prompt:  # one prompt: beside the choices, as vLLM has it
+            fields["prompt_logprobs"] = self.vllm_prompt_logprobs(0, states[0])
+        return fields
 
     def opening_fields(self, index: int) -> dict[str, Any]:
         """vLLM's: the prompt's ids (``return_token_ids``) and text (``return_prompt_text``)
@@ -230,6 +233,6 @@ class ChatCompletion(OpenAIHandler):
         content = []
         for k in range(start, end):
             lp, tid = state.output_token_logprobs[k]
-            top = state.output_top_logprobs[k] or []
+            top = (state.output_top_logprobs[k] or [])[: self.req.top_logprobs or 0]  # (more if prompt_logprobs asked more)
             content.append({**entry(lp, tid), "top_logprobs": [entry(v, t) for v, t in top]})
         return {"content": content}

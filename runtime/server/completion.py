@@ -47,8 +47,11 @@ class Completion(OpenAIHandler):
     def choice(self, index: int, state: ReqState) -> dict[str, Any]:
         echo = self.echo(index)
         logprobs = self.logprobs(state, 0, len(state.output_token_logprobs), len(echo))
-        return {"index": index, "text": echo + state.text, "logprobs": self.with_prompt(index, state, logprobs),
-                "finish_reason": finish_reason_of(state), **self.prompt_ids_field(index)}
+        choice = {"index": index, "text": echo + state.text, "logprobs": self.with_prompt(index, state, logprobs),
+                  "finish_reason": finish_reason_of(state), **self.prompt_ids_field(index)}
+        if self.scores_prompt:
+            choice["prompt_logprobs"] = self.vllm_prompt_logprobs(index, state)
+        return choice
 
     def prompt_ids_field(self, index: int) -> dict[str, Any]:
         """``return_token_ids``: a choice (streamed: its first chunk) names its prompt's ids."""

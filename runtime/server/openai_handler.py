@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import os
 import re
 import time
 import uuid
@@ -40,6 +41,31 @@ MIN_LOGPROB = -9999.0
 
 def api_logprob(lp: float) -> float:
     return max(lp, MIN_LOGPROB)
+
+
+class TokenTexts:
+    """A token's text as vLLM's logprobs name it (``decoded_token``): the token decoded
+    alone; where that ends in part of a character, what it adds to the text of the tokens
+    before it (the character it completes, or "" if it does not)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._decode = functools.lru_cache(maxsize=4096)(lambda ids: tokenizer.decode(list(ids), False))
+
+    def of(self, token_id: int, before: list[int]) -> str:
+        alone = self._decode((token_id,))
+        if not alone.endswith("\ufffd"):
+            return alone
+        for n in range(1, min(len(before), 4) + 1):
+            context = before[-n:]
+            whole = self._decode((*context, token_id))
+            if whole.endswith("\ufffd"):
+                continue
+            clean = len(context)  # context tokens that were parts of this character themselves
+            while clean and self._decode((context[clean - 1],)).endswith("\ufffd"):
+                clean -= 1
+            prefix = self._decode(tuple(context[:clean])) if clean else ""
+            return whole[len(os.path.commonprefix([prefix, whole])):]
+        return ""
 
 
 def finish_reason_of(state: ReqState) -> str | None:
@@ -181,6 +207,7 @@ class OpenAIHandler:
                                param=f"structured_outputs.{err.param}") from err
         if not 1 <= self.req.n <= MAX_N:
             raise ApiError(400, f"n must be in [1, {MAX_N}], got {self.req.n}", param="n")
+        self.check_prompt_logprobs()
         best_of = self.req.best_of
         if best_of is not None and best_of < self.req.n:  # as OpenAI and vLLM answer
             raise ApiError(400, f"best_of must be at least n ({self.req.n}), got {best_of}", param="best_of")
@@ -195,13 +222,40 @@ class OpenAIHandler:
         if self.req.request_id is not None and self.req.rid not in (None, self.req.request_id):
             raise ApiError(400, "give rid or request_id (vLLM's name for it), not two different ids", param="request_id")
 
+    def check_prompt_logprobs(self) -> None:
+        """vLLM's ``prompt_logprobs``: -1 (the whole vocabulary) or >= 0, at most
+        ``--max-logprobs``; streamed, only 0 (and none are sent), as vLLM answers."""
+        k = self.req.prompt_logprobs
+        if k is None:
+            return
+        k = self.req.prompt_logprobs = int(k)  # true is 1, as on vLLM
+        if k < -1:
+            raise ApiError(400, f"'prompt_logprobs' must be >= 0 or -1 (all), got {k}", param="prompt_logprobs")
+        if self.req.stream and k != 0:
+            raise ApiError(400, "'prompt_logprobs' are not available when 'stream' is true", param="prompt_logprobs")
+        most, vocab = self.ctx.args.max_logprobs, self.ctx.limits.vocab_size
+        wanted = vocab if k == -1 else k
+        if most != -1 and wanted > most:
+            raise ApiError(400, f"Requested prompt logprobs of {wanted}, which is greater than max allowed: {most} "
+                           "(--max-logprobs)", param="prompt_logprobs")
+
+    @property
+    def scores_prompt(self) -> bool:
+        """vLLM's ``prompt_logprobs`` asked for, where they are sent (not streamed)."""
+        return self.req.prompt_logprobs is not None and not self.req.stream
+
     def submit(self, prompts: list[list[int]], max_tokens: int | None, top_logprobs: int | None,
                prompt_logprobs: bool = False) -> list[ReqState]:
         """``n`` requests per prompt, prompt-major (choice index = prompt * n + k); with
-        ``prompt_logprobs``, the prompt's tokens' logprobs too (from its first token)."""
+        ``prompt_logprobs`` (or vLLM's field), the prompt's tokens' logprobs too (from its
+        first token). ``top_logprobs``: the output's (None: no logprobs)."""
         ctx = self.ctx
-        options = RequestOptions(stream=self.req.stream, return_logprob=top_logprobs is not None,
-                                 top_logprobs_num=top_logprobs or 0, namespace=cache_namespace(self.req.extra_key, self.req.cache_salt),
+        prompt_logprobs = prompt_logprobs or self.scores_prompt
+        prompt_top = self.req.prompt_logprobs or 0 if self.scores_prompt else 0
+        prompt_top = ctx.limits.vocab_size if prompt_top == -1 else prompt_top
+        options = RequestOptions(stream=self.req.stream, return_logprob=top_logprobs is not None or prompt_logprobs,
+                                 top_logprobs_num=max(top_logprobs or 0, prompt_top),
+                                 namespace=cache_namespace(self.req.extra_key, self.req.cache_salt),
                                  logprob_start_len=0 if prompt_logprobs else -1)
         requests = []
         prompts = [self.truncated(ids) for ids in prompts]
@@ -227,6 +281,24 @@ class OpenAIHandler:
         """The request whose prompt logprobs choice ``index`` (``state``) reports: the first
         sample of its prompt, unless each sample scored the prompt itself (streamed)."""
         return state if self.req.stream else self.states[index // self.req.n * self.req.n]
+
+    def vllm_prompt_logprobs(self, index: int, state: ReqState) -> list[dict[str, Any] | None]:
+        """vLLM's ``prompt_logprobs`` of choice ``index``'s prompt: null for its first token;
+        for each other, a map from token id to logprob, rank (1: the most likely) and text,
+        holding the prompt's token, then the ``prompt_logprobs`` most likely others."""
+        scored, ids = self.prompt_state(index, state), self.prompt_ids_of(index)
+        k = self.ctx.limits.vocab_size if self.req.prompt_logprobs == -1 else self.req.prompt_logprobs or 0
+        text = TokenTexts(self.ctx.tokenizer)
+        out: list[dict[str, Any] | None] = [None]
+        for p in range(1, len(scored.input_token_logprobs)):
+            lp, tid = scored.input_token_logprobs[p]
+            entry = {str(tid): {"logprob": api_logprob(lp), "rank": scored.input_token_ranks[p],
+                                "decoded_token": text.of(tid, ids[:p])}}
+            for rank, (v, t) in enumerate((scored.input_top_logprobs[p] or [])[:k], start=1):
+                if t != tid:
+                    entry[str(t)] = {"logprob": api_logprob(v), "rank": rank, "decoded_token": text.of(t, ids[:p])}
+            out.append(entry)
+        return out
 
     @property
     def keeps_prompt_end(self) -> bool:

@@ -104,6 +104,7 @@ class OpenAISampling(SharedSampling):
     stream_interval: int | None = None  # streamed: tokens per chunk (None: --stream-interval)
     truncate_prompt_tokens: int | None = None  # vLLM's: keep the prompt's last N tokens (-1: the context's)
     truncation_side: Literal["left", "right"] | None = None  # which end truncate_prompt_tokens keeps: right = the start
+    prompt_logprobs: int | bool | None = None  # vLLM's: each prompt token's logprob, rank and this many others (-1: all; true: 1)
     # accepted and ignored (SGLang's gateway sends it)
     return_text_in_logprobs: bool = False
     # accepted and ignored: routing, tracing and metrics hints, and options of features that
@@ -135,7 +136,6 @@ class OpenAISampling(SharedSampling):
     allowed_token_ids: NeutralOnly[Any] = None
     bad_words: NeutralOnly[Any] = None
     logits_processors: NeutralOnly[Any] = None
-    prompt_logprobs: NeutralOnly[Any] = None
     use_beam_search: NeutralOnly[bool] = False
     routed_dp_rank: NeutralOnly[int] = 0  # rank 0: the only rank a server of its own has
     disagg_prefill_dp_rank: NeutralOnly[int] = 0  # rank 0: the only rank a server of its own has
