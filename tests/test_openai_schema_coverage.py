@@ -75,9 +75,9 @@ def test_every_field_sglang_takes_is_declared(source, cls, model):
 
 
 @pytest.mark.parametrize(("field", "value", "refused"), [
-    ("prompt_logprobs", 0, True),  # vLLM: the prompt's logprobs (no top tokens), not "off"
-    ("watermarking", 0, True),
-    ("prompt_logprobs", None, False), ("use_beam_search", False, False), ("allowed_token_ids", [], False),
+    ("watermarking", 0, True),  # a 0 is not "off" unless it is the field's default
+    ("bad_words", ["x"], True), ("bad_words", None, False),
+    ("use_beam_search", False, False), ("allowed_token_ids", [], False),
     ("priority", 0, False),  # the default: served in arrival order
     ("priority", 5, True), ("vllm_xargs", {}, False), ("vllm_xargs", {"a": 1}, True),
     ("routed_dp_rank", 0, False), ("routed_dp_rank", 1, True),  # a server of its own is rank 0
