@@ -147,3 +147,26 @@ def test_an_error_set_by_the_server_is_not_wiped_by_a_late_token_update():
     state.apply(StrUpdate(token, "Hello"), np.asarray([5], dtype=np.int32))
     assert state.is_finished and (state.error, state.error_status) == ("The server is shutting down.", 503)
 
+
+
+def test_merged_gives_a_request_finishing_while_the_consumer_holds_it_once():
+    """A request's last update that arrived while the consumer was busy with that request
+    (a slow client's socket) was given again, counted as a second finish, and the group's
+    other requests were aborted."""
+    async def scenario() -> None:
+        async with _backend() as (client, scheduler, detokenizer):
+            states = [client.submit(f"r{i}", [1, 2], SamplingParams(max_new_tokens=4)) for i in range(2)]
+            ipc.send(detokenizer, _update(states[0].wire_id, [5]))
+            await asyncio.sleep(0.3)
+            given = []
+            async for i in client.merged(states):
+                given.append((i, states[i].is_finished))
+                if given == [(0, False)]:  # the consumer is slow: meanwhile request 0 ends
+                    ipc.send(detokenizer, _update(states[0].wire_id, [6], {"type": "length", "length": 2}))
+                    await asyncio.sleep(0.3)
+                    ipc.send(detokenizer, _update(states[1].wire_id, [7], {"type": "length", "length": 1}))
+                    await asyncio.sleep(0.3)
+            assert sorted(given) == [(0, False), (0, True), (1, True)]
+            assert not any(isinstance(m, AbortReq) for m in _sent(scheduler))
+
+    asyncio.run(scenario())

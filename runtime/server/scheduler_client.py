@@ -289,8 +289,9 @@ class SchedulerClient:
                 i = next(iter(changed))
                 del changed[i]
                 states[i].changed.clear()
-                yield i
-                if states[i].is_finished:
+                finished = states[i].is_finished  # as the consumer sees it: its last update may
+                yield i  # come while the consumer has it, to be given again
+                if finished:
                     states[i].on_change = None
                     unfinished -= 1
         finally:
