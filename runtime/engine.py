@@ -165,7 +165,9 @@ class Engine:
         try:
             return await asyncio.to_thread(self.generate, *args, **kwargs)
         except asyncio.CancelledError:
-            await asyncio.shield(asyncio.to_thread(call.cancel))  # a second cancel: the abort still happens
+            # on a thread of its own: the default pool's may all be held by calls waiting for
+            # their requests; shielded: a second cancel does not stop the abort
+            await asyncio.shield(_on_own_thread(call.cancel))
             raise
         finally:
             _ON_QUEUED.reset(hook)
@@ -400,6 +402,21 @@ class _CancellableCall:
             self._cancelled = True
             reqs = self._reqs
         self._engine.abort_unfinished(reqs)
+
+
+def _on_own_thread(fn: Callable[[], None]) -> asyncio.Future[None]:
+    """``fn()`` on a new thread; the future is done when it returns."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def run() -> None:
+        try:
+            fn()
+        finally:
+            loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
+
+    threading.Thread(target=run, daemon=True, name="forkserve-abort").start()
+    return done
 
 
 async def _async_outputs(stream: RequestStream) -> AsyncIterator[dict[str, Any]]:

@@ -275,19 +275,37 @@ def test_stream_chunks_describe_the_tokens_they_carry(engine, chat_prompt, monke
         assert (meta["completion_tokens"], len(meta["output_token_logprobs"]), meta["finish_reason"]) == (n, n, None)
 
 
-def test_cancelling_async_generate_aborts_its_requests(engine, chat_prompt):
+def test_cancelling_async_generate_aborts_its_requests(engine, chat_prompt, monkeypatch):
+    """More calls than asyncio's default thread pool has threads (min(32, cores + 4)): the
+    aborts queued behind the calls that held the pool's threads, which ran to their end."""
     import asyncio
+    import os
+
+    steps = 0
+    step = engine.core.step
+
+    def counted_step():
+        nonlocal steps
+        steps += 1
+        return step()
+
+    monkeypatch.setattr(engine.core, "step", counted_step)
 
     async def cancel_midway() -> None:
-        task = asyncio.create_task(engine.async_generate(chat_prompt, {**GREEDY, "max_new_tokens": 500,
-                                                                       "ignore_eos": True}))
+        tasks = [asyncio.create_task(engine.async_generate(chat_prompt, {**GREEDY, "max_new_tokens": 500,
+                                                                         "ignore_eos": True}))
+                 for _ in range(min(32, (os.cpu_count() or 1) + 4) + 2)]
         while not engine.has_work:
             await asyncio.sleep(0.01)
-        await asyncio.sleep(0.1)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        await asyncio.sleep(0.3)
+        at_cancel = steps
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with pytest.raises(asyncio.CancelledError):
+                await task
         assert not engine.has_work  # (``asyncio.run`` waits for its worker threads at the end)
+        assert steps - at_cancel < 50  # not the ~500 of running to the end
 
     asyncio.run(cancel_midway())
     _assert_idle_and_clean(engine)
