@@ -18,6 +18,7 @@ class RequestOptions:
     top_logprobs_num: int = 0
     namespace: Any = None  # cached prefixes are shared only within one namespace
     program_id: str | None = None  # pins the prompt's prefix in the cache until the program ends
+    prompt_top_logprobs_num: int | None = None  # the prompt's top logprobs, where not top_logprobs_num (vLLM's prompt_logprobs)
 
 
 def cache_namespace(extra_key: str | None, cache_salt: str | None) -> tuple[str | None, str | None] | None:

@@ -112,7 +112,9 @@ def lower(batch: ScheduledBatch, eos_token_ids: tuple[int, ...], vocab_size: int
         first = req.options.logprob_start_len  # reported first, with no logprob, by the step computing it
         computes_first = req.wants_input_logprobs and batch.prefix_lens[i] <= first < batch.prefix_lens[i] + batch.extend_lens[i]
         unscored = req.input_ids[first] if computes_first else None
-        prompt.append(PromptLogprobs(targets, req.options.top_logprobs_num, unscored)
+        opts = req.options
+        top_k = opts.top_logprobs_num if opts.prompt_top_logprobs_num is None else opts.prompt_top_logprobs_num
+        prompt.append(PromptLogprobs(targets, top_k, unscored)
                       if targets or unscored is not None else None)
     return ModelInput(forward, list(batch.logit_starts), sampling, prompt)
 

@@ -233,6 +233,6 @@ class ChatCompletion(OpenAIHandler):
         content = []
         for k in range(start, end):
             lp, tid = state.output_token_logprobs[k]
-            top = (state.output_top_logprobs[k] or [])[: self.req.top_logprobs or 0]  # (more if prompt_logprobs asked more)
+            top = state.output_top_logprobs[k] or []
             content.append({**entry(lp, tid), "top_logprobs": [entry(v, t) for v, t in top]})
         return {"content": content}

@@ -48,6 +48,8 @@ class TokenTexts:
     alone; where that ends in part of a character, what it adds to the text of the tokens
     before it (the character it completes, or "" if it does not)."""
 
+    CONTEXT = 4  # tokens before it that may hold the rest of its character
+
     def __init__(self, tokenizer: Any) -> None:
         self._decode = functools.lru_cache(maxsize=4096)(lambda ids: tokenizer.decode(list(ids), False))
 
@@ -55,7 +57,7 @@ class TokenTexts:
         alone = self._decode((token_id,))
         if not alone.endswith("\ufffd"):
             return alone
-        for n in range(1, min(len(before), 4) + 1):
+        for n in range(1, min(len(before), self.CONTEXT) + 1):
             context = before[-n:]
             whole = self._decode((*context, token_id))
             if whole.endswith("\ufffd"):
@@ -86,6 +88,7 @@ class OpenAIHandler:
         self.id = f"{self.id_prefix}-{req.request_id or uuid.uuid4().hex}"
         self.created = int(time.time())
         self.prompts: list[list[int]] = []  # the submitted prompts' token ids
+        self.rendered_prompt_logprobs: dict[int, list[dict[str, Any] | None]] = {}  # by prompt (vLLM's field)
 
     def params(self, max_new_tokens: int) -> SamplingParams:
         r = self.req
@@ -254,9 +257,10 @@ class OpenAIHandler:
         prompt_top = self.req.prompt_logprobs or 0 if self.scores_prompt else 0
         prompt_top = ctx.limits.vocab_size if prompt_top == -1 else prompt_top
         options = RequestOptions(stream=self.req.stream, return_logprob=top_logprobs is not None or prompt_logprobs,
-                                 top_logprobs_num=max(top_logprobs or 0, prompt_top),
+                                 top_logprobs_num=top_logprobs or 0,
                                  namespace=cache_namespace(self.req.extra_key, self.req.cache_salt),
-                                 logprob_start_len=0 if prompt_logprobs else -1)
+                                 logprob_start_len=0 if prompt_logprobs else -1,
+                                 prompt_top_logprobs_num=max(top_logprobs or 0, prompt_top))
         requests = []
         prompts = [self.truncated(ids) for ids in prompts]
         for ids in prompts:
@@ -286,18 +290,23 @@ class OpenAIHandler:
         """vLLM's ``prompt_logprobs`` of choice ``index``'s prompt: null for its first token;
         for each other, a map from token id to logprob, rank (1: the most likely) and text,
         holding the prompt's token, then the ``prompt_logprobs`` most likely others."""
+        prompt = index // self.req.n
+        if prompt in self.rendered_prompt_logprobs:  # the n samples of a prompt share it
+            return self.rendered_prompt_logprobs[prompt]
         scored, ids = self.prompt_state(index, state), self.prompt_ids_of(index)
         k = self.ctx.limits.vocab_size if self.req.prompt_logprobs == -1 else self.req.prompt_logprobs or 0
         text = TokenTexts(self.ctx.tokenizer)
         out: list[dict[str, Any] | None] = [None]
         for p in range(1, len(scored.input_token_logprobs)):
             lp, tid = scored.input_token_logprobs[p]
+            before = ids[max(p - TokenTexts.CONTEXT, 0) : p]
             entry = {str(tid): {"logprob": api_logprob(lp), "rank": scored.input_token_ranks[p],
-                                "decoded_token": text.of(tid, ids[:p])}}
+                                "decoded_token": text.of(tid, before)}}
             for rank, (v, t) in enumerate((scored.input_top_logprobs[p] or [])[:k], start=1):
                 if t != tid:
-                    entry[str(t)] = {"logprob": api_logprob(v), "rank": rank, "decoded_token": text.of(t, ids[:p])}
+                    entry[str(t)] = {"logprob": api_logprob(v), "rank": rank, "decoded_token": text.of(t, before)}
             out.append(entry)
+        self.rendered_prompt_logprobs[prompt] = out
         return out
 
     @property
