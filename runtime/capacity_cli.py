@@ -39,7 +39,7 @@ def add_capacity_parser(sub: argparse._SubParsersAction) -> None:
     )
     d = " (default: %(default)s)"
     p.add_argument("--model-path", help="Model folder or .gguf file, as for serve (default: the default model).")
-    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+    p.add_argument("--dtype", choices=["auto", "float32", "float", "bfloat16"], default="auto",
                    help="KV and weight dtype; auto resolves as serve does on this machine" + d)
     p.add_argument("--max-total-tokens", type=positive_int, help="One replica's KV pool in tokens, as for serve "
                    "(serve --dp-size N splits its own value over N replicas: give that share here).")

@@ -170,7 +170,7 @@ def _run_serve(ns: argparse.Namespace) -> int:
         ns.model_path = ns.model
     elif ns.model_path is None and ns.served_model_name and len(ns.served_model_name) > 1:
         last = ns.served_model_name[-1]  # several names: the model after them reads as one more
-        if last.endswith(".gguf") or Path(last).is_dir():
+        if last.lower().endswith(".gguf") or last.startswith(("/", "./", "../", "~")) or Path(last).exists():
             print(f"forkserve: --served-model-name took {last!r}, a model path, as a name: give the model first "
                   f"(forkserve serve {last} --served-model-name ...) or as --model-path", file=sys.stderr)
             return 2

@@ -65,8 +65,9 @@ class ServerArgs:
     )
     max_logprobs: int = flag_field(
         20,
-        "Most top logprobs a request may ask for per token (top_logprobs_num on /generate and the Engine; the "
-        "OpenAI routes' top_logprobs and logprobs stop at 20 anyway); -1: the whole vocabulary (as vLLM's flag: "
+        "Most top logprobs a request may ask for per token: top_logprobs_num on /generate and the Engine, "
+        "top_logprobs / logprobs (which stop at 20 in any case) and prompt_logprobs on the OpenAI routes; -1: the "
+        "whole vocabulary (as vLLM's flag: "
         "each such token costs a list the size of the vocabulary through every process, and a long answer can "
         "take the server's memory).",
     )

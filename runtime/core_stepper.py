@@ -102,13 +102,15 @@ class CoreStepper:
     def abort(self, reqs: list[Req]) -> None:
         """Drop those of ``reqs`` still queued or running (their computed KV stays cached).
         Waits for the step in progress, with Ctrl-C held until done (a second Ctrl-C left the
-        requests running). Where this thread holds one of the stepper's locks (a dropped
-        stream finalized by the garbage collector inside a step, or while its thread queues,
-        or inside ``between_steps``), the abort would change the core under the step or wait
-        for a lock its own thread holds: the stepping thread does it after its step."""
+        requests running). Where it would change the core under a step (a dropped stream
+        finalized by the garbage collector on the stepping thread) or wait for a lock its own
+        thread holds (finalized while its thread queues or waits for news), the stepping
+        thread does it after its step. Inside ``between_steps`` it is done at once."""
         if all(req.is_finished for req in reqs):  # nothing to do: no need to wait for the step in progress
             return
-        if any(lock._is_owned() for lock in (self.lock, self._turn, self._inbox_lock)):  # type: ignore[attr-defined]
+        on_stepping_thread = threading.current_thread() is self._thread
+        if (self.lock._is_owned() and on_stepping_thread  # type: ignore[attr-defined]
+                or self._turn._is_owned() or self._inbox_lock._is_owned()):  # type: ignore[attr-defined]
             self._deferred_aborts.extend(reqs)  # a deque: thread-safe without a lock
             return
         with _ctrl_c_held(), self.core_access():

@@ -309,3 +309,14 @@ def test_cancelling_async_generate_aborts_its_requests(engine, chat_prompt, monk
 
     asyncio.run(cancel_midway())
     _assert_idle_and_clean(engine)
+
+
+def test_an_abort_inside_between_steps_is_done_there(engine, chat_prompt):
+    """Between steps the core is the caller's: an abort there is done at once, not left for
+    the stepping thread (a flush_cache right after was refused)."""
+    stream = engine.generate(chat_prompt, {**GREEDY, "max_new_tokens": 200, "ignore_eos": True}, stream=True)
+    next(stream)
+    reqs = stream._reqs
+    engine.between_steps(lambda: engine.abort_unfinished(reqs))
+    assert all(r.is_finished for r in reqs) and not engine.has_work
+    assert engine.flush_cache()

@@ -86,6 +86,7 @@ def _forkserve(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
         (["serve", "--api-key", ""], 2, "--api-key is empty"),
         (["serve", "--served-model-name", ""], 2, "--served-model-name is empty"),
         (["serve", "--served-model-name", "smol", "/tmp"], 2, "took '/tmp', a model path, as a name"),
+        (["serve", "--served-model-name", "smol", "./no/such/model"], 2, "a model path, as a name"),
         (["generate", "--kv-cache-memory", "100000", "hi"], 1, "more than the"),  # before allocating it
         (["capacity", "--model-path", "/nonexistent/model"], 1, "/nonexistent/model"),
         (["serve", "--model-path", "/m", "/other"], 2, "the model is given twice"),

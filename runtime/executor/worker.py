@@ -341,6 +341,9 @@ def plain_greedy(inp: ModelInput) -> bool:
     return True
 
 
+_RANK_ROWS = 256  # prompt positions whose ranks are counted at once
+
+
 def _prompt_logprobs(
     span: PromptLogprobs | None, logits: torch.Tensor
 ) -> tuple[list[tuple[float | None, int]], list[list[tuple[float, int]] | None], list[int | None]]:
@@ -357,7 +360,9 @@ def _prompt_logprobs(
     targets = torch.tensor(span.targets)
     logprobs = torch.log_softmax(logits[: len(span.targets)], dim=-1)
     picked_column = logprobs.gather(1, targets.unsqueeze(1))
-    ranks += (logprobs >= picked_column).sum(dim=-1).tolist()
+    for rows in range(0, len(span.targets), _RANK_ROWS):  # a [rows, vocab] mask at a time
+        part = slice(rows, rows + _RANK_ROWS)
+        ranks += (logprobs[part] >= picked_column[part]).sum(dim=-1).tolist()
     picked = picked_column.squeeze(1).tolist()
     pairs += zip(picked, span.targets, strict=True)
     if span.top_k > 0:

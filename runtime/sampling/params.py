@@ -33,7 +33,7 @@ def check_logprob_options(logprob_start_len: Any, top_logprobs_num: Any, most: i
     if not _is_int(logprob_start_len) or logprob_start_len < -1:
         raise InvalidField("logprob_start_len", f"logprob_start_len must be an integer >= -1, got {logprob_start_len!r}")
     if not _is_int(top_logprobs_num) or not 0 <= top_logprobs_num <= most:
-        why = "this server's --max-logprobs (-1 lifts it)" if capped else "the vocabulary"
+        why = "--max-logprobs, the Engine's max_logprobs: -1 lifts it" if capped else "the vocabulary"
         raise InvalidField(
             "top_logprobs_num", f"top_logprobs_num must be an integer in [0, {most}] ({why}), got {top_logprobs_num!r}"
         )
