@@ -93,8 +93,9 @@ class HttpArgs:
     )
 
     def __post_init__(self) -> None:
-        if isinstance(self.served_model_name, str):  # one name, from Python
-            object.__setattr__(self, "served_model_name", (self.served_model_name,))
+        if isinstance(self.served_model_name, (str, list)):  # from Python: one name, or a list
+            names = self.served_model_name
+            object.__setattr__(self, "served_model_name", (names,) if isinstance(names, str) else tuple(names))
         check_types(self)
         if self.startup_timeout <= 0:
             raise ValueError(f"startup_timeout must be positive, got {self.startup_timeout}")
