@@ -9,6 +9,7 @@ the handler and abort the request when its client goes away.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
 import sys
@@ -242,22 +243,13 @@ class SchedulerClient:
         return state
 
     async def wait_all(self, states: list[ReqState], is_disconnected: Callable[[], Awaitable[bool]] | None = None) -> None:
-        """Wait until each of ``states`` has finished. One loop watches the group, and the
-        client once a second (``is_disconnected``): gone, or the wait cancelled, the
-        unfinished ones are aborted. (A loop per request, each waking every second, kept the
-        HTTP process busy through a /generate batch of 20k prompts.)"""
-        try:
-            for state in states:
-                while not state.is_finished:
-                    state.changed.clear()
-                    if state.is_finished:
-                        break
-                    if not await _wait_event(state.changed, 1.0) and is_disconnected is not None and await is_disconnected():
-                        return
-        finally:
-            for state in states:
-                if not state.is_finished:
-                    self.abort(state)
+        """Wait until each of ``states`` has finished, as ``merged`` watches them: one loop for
+        the group (a loop per request, each waking every second, kept the HTTP process busy
+        through a /generate batch of 20k prompts); the client gone, or the wait cancelled, the
+        unfinished ones are aborted."""
+        async with contextlib.aclosing(self.merged(states, is_disconnected)) as changes:
+            async for _ in changes:
+                pass
 
     async def merged(
         self, states: list[ReqState], is_disconnected: Callable[[], Awaitable[bool]] | None = None
