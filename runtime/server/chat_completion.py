@@ -11,7 +11,8 @@ from fastapi.responses import Response
 from runtime.request_builder import check_prompt
 from runtime.server.chat_answer import ChatAnswer
 from runtime.server.context import bad_input_as_400
-from runtime.server.openai_handler import OpenAIHandler, api_logprob, finish_reason_of
+from runtime.server.openai_handler import OpenAIHandler, finish_reason_of
+from runtime.server.prompt_logprobs import api_logprob
 from runtime.server.protocol import ApiError
 from runtime.server.protocol_openai import ChatCompletionRequest
 from runtime.server.reasoning import PARSERS as REASONING_PARSERS

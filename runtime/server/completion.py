@@ -7,7 +7,8 @@ from typing import Any
 
 from fastapi.responses import Response
 
-from runtime.server.openai_handler import OpenAIHandler, api_logprob, finish_reason_of
+from runtime.server.openai_handler import OpenAIHandler, finish_reason_of
+from runtime.server.prompt_logprobs import api_logprob
 from runtime.server.protocol import ApiError
 from runtime.server.protocol_openai import CompletionRequest
 from runtime.server.scheduler_client import ReqState

@@ -8,7 +8,6 @@ import contextlib
 import dataclasses
 import functools
 import json
-import os
 import re
 import time
 import uuid
@@ -22,6 +21,7 @@ from runtime.request_builder import build_requests
 from runtime.request_options import RequestOptions, cache_namespace
 from runtime.sampling.params import MAX_N, SamplingParams
 from runtime.server.context import ServerContext, bad_input_as_400, sampling_params
+from runtime.server.prompt_logprobs import render
 from runtime.server.protocol import ApiError, reject_unsupported
 from runtime.server.protocol_openai import OpenAISampling, StructuredOutputs
 from runtime.server.request_ids import request_ids
@@ -32,42 +32,6 @@ from runtime.server.scheduler_client import ReqState
 OPENAI_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "json_schema": "response_format"}
 # The sampling field each kind of given constraint becomes (``constraint_source``'s kinds).
 CONSTRAINT_FIELD = {"regex": "regex", "choice": "regex", "ebnf": "ebnf", "json": "json_schema", "json_object": "json_schema"}
-
-
-# The least logprob the OpenAI routes report, as vLLM's: a token a grammar rules out has -inf,
-# which JSON can only write as null, where OpenAI's schema has a number.
-MIN_LOGPROB = -9999.0
-
-
-def api_logprob(lp: float) -> float:
-    return max(lp, MIN_LOGPROB)
-
-
-class TokenTexts:
-    """A token's text as vLLM's logprobs name it (``decoded_token``): the token decoded
-    alone; where that ends in part of a character, what it adds to the text of the tokens
-    before it (the character it completes, or "" if it does not)."""
-
-    CONTEXT = 4  # tokens before it that may hold the rest of its character
-
-    def __init__(self, tokenizer: Any) -> None:
-        self._decode = functools.lru_cache(maxsize=4096)(lambda ids: tokenizer.decode(list(ids), False))
-
-    def of(self, token_id: int, before: list[int]) -> str:
-        alone = self._decode((token_id,))
-        if not alone.endswith("\ufffd"):
-            return alone
-        for n in range(1, min(len(before), self.CONTEXT) + 1):
-            context = before[-n:]
-            whole = self._decode((*context, token_id))
-            if whole.endswith("\ufffd"):
-                continue
-            clean = len(context)  # context tokens that were parts of this character themselves
-            while clean and self._decode((context[clean - 1],)).endswith("\ufffd"):
-                clean -= 1
-            prefix = self._decode(tuple(context[:clean])) if clean else ""
-            return whole[len(os.path.commonprefix([prefix, whole])):]
-        return ""
 
 
 def finish_reason_of(state: ReqState) -> str | None:
@@ -236,16 +200,22 @@ class OpenAIHandler:
             raise ApiError(400, f"'prompt_logprobs' must be >= 0 or -1 (all), got {k}", param="prompt_logprobs")
         if self.req.stream and k != 0:
             raise ApiError(400, "'prompt_logprobs' are not available when 'stream' is true", param="prompt_logprobs")
-        most, vocab = self.ctx.args.max_logprobs, self.ctx.limits.vocab_size
-        wanted = vocab if k == -1 else k
-        if most != -1 and wanted > most:
-            raise ApiError(400, f"Requested prompt logprobs of {wanted}, which is greater than max allowed: {most} "
-                           "(--max-logprobs)", param="prompt_logprobs")
+        most = self.ctx.args.max_logprobs
+        if most != -1 and self.prompt_top_logprobs > most:
+            raise ApiError(400, f"Requested prompt logprobs of {self.prompt_top_logprobs}, which is greater than max "
+                           f"allowed: {most} (--max-logprobs)", param="prompt_logprobs")
 
     @property
     def scores_prompt(self) -> bool:
         """vLLM's ``prompt_logprobs`` asked for, where they are sent (not streamed)."""
         return self.req.prompt_logprobs is not None and not self.req.stream
+
+    @property
+    def prompt_top_logprobs(self) -> int:
+        """How many likeliest tokens vLLM's ``prompt_logprobs`` lists at each prompt token
+        (-1: the vocabulary; not asked: 0)."""
+        k = self.req.prompt_logprobs
+        return self.ctx.limits.vocab_size if k == -1 else int(k or 0)
 
     def submit(self, prompts: list[list[int]], max_tokens: int | None, top_logprobs: int | None,
                prompt_logprobs: bool = False) -> list[ReqState]:
@@ -254,8 +224,7 @@ class OpenAIHandler:
         first token). ``top_logprobs``: the output's (None: no logprobs)."""
         ctx = self.ctx
         prompt_logprobs = prompt_logprobs or self.scores_prompt
-        prompt_top = self.req.prompt_logprobs or 0 if self.scores_prompt else 0
-        prompt_top = ctx.limits.vocab_size if prompt_top == -1 else prompt_top
+        prompt_top = self.prompt_top_logprobs if self.scores_prompt else 0
         options = RequestOptions(stream=self.req.stream, return_logprob=top_logprobs is not None or prompt_logprobs,
                                  top_logprobs_num=top_logprobs or 0,
                                  namespace=cache_namespace(self.req.extra_key, self.req.cache_salt),
@@ -287,27 +256,13 @@ class OpenAIHandler:
         return state if self.req.stream else self.states[index // self.req.n * self.req.n]
 
     def vllm_prompt_logprobs(self, index: int, state: ReqState) -> list[dict[str, Any] | None]:
-        """vLLM's ``prompt_logprobs`` of choice ``index``'s prompt: null for its first token;
-        for each other, a map from token id to logprob, rank (1: the most likely) and text,
-        holding the prompt's token, then the ``prompt_logprobs`` most likely others."""
+        """vLLM's ``prompt_logprobs`` of choice ``index``'s prompt (``prompt_logprobs.render``),
+        rendered once for the n samples of a prompt."""
         prompt = index // self.req.n
-        if prompt in self.rendered_prompt_logprobs:  # the n samples of a prompt share it
-            return self.rendered_prompt_logprobs[prompt]
-        scored, ids = self.prompt_state(index, state), self.prompt_ids_of(index)
-        k = self.ctx.limits.vocab_size if self.req.prompt_logprobs == -1 else self.req.prompt_logprobs or 0
-        text = TokenTexts(self.ctx.tokenizer)
-        out: list[dict[str, Any] | None] = [None]
-        for p in range(1, len(scored.input_token_logprobs)):
-            lp, tid = scored.input_token_logprobs[p]
-            before = ids[max(p - TokenTexts.CONTEXT, 0) : p]
-            entry = {str(tid): {"logprob": api_logprob(lp), "rank": scored.input_token_ranks[p],
-                                "decoded_token": text.of(tid, before)}}
-            for rank, (v, t) in enumerate((scored.input_top_logprobs[p] or [])[:k], start=1):
-                if t != tid:
-                    entry[str(t)] = {"logprob": api_logprob(v), "rank": rank, "decoded_token": text.of(t, before)}
-            out.append(entry)
-        self.rendered_prompt_logprobs[prompt] = out
-        return out
+        if prompt not in self.rendered_prompt_logprobs:
+            self.rendered_prompt_logprobs[prompt] = render(self.prompt_state(index, state), self.prompt_ids_of(index),
+                                                           self.prompt_top_logprobs, self.ctx.tokenizer)
+        return self.rendered_prompt_logprobs[prompt]
 
     @property
     def keeps_prompt_end(self) -> bool:
