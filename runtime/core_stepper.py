@@ -33,7 +33,7 @@ class CoreStepper:
         self.lock = threading.RLock()  # held while the core is touched
         self._inbox: list[Req] = []
         self._live: dict[str, Req] = {}  # the callers' requests by id, until seen finished
-        self._inbox_lock = threading.RLock()  # reentrant: its owner is known (``_abort_is_safe``)
+        self._inbox_lock = threading.RLock()  # reentrant: its owner is known (``abort``)
         self._deferred_aborts: deque[Req] = deque()  # aborts asked for where they could not wait (``abort``)
         self._turn = threading.Condition()  # news for callers, work for the stepping thread
         self._thread: threading.Thread | None = None  # steps the core (``_step_while_busy``)

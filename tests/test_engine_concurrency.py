@@ -13,6 +13,21 @@ pytestmark = pytest.mark.slow
 GREEDY = {"temperature": 0.0}
 
 
+@pytest.fixture
+def step_count(engine, monkeypatch):
+    """The engine's core counts its steps during the test: ``step_count()`` so far."""
+    steps = 0
+    step = engine.core.step
+
+    def counted_step():
+        nonlocal steps
+        steps += 1
+        return step()
+
+    monkeypatch.setattr(engine.core, "step", counted_step)
+    return lambda: steps
+
+
 def test_stream_grows_to_the_non_streamed_output(engine, chat_prompt):
     """SGLang's ``Engine.generate(stream=True)``: outputs whose text only grows, never shows a
     stop string's start before the end, and ends in the non-streamed output."""
@@ -96,21 +111,12 @@ def test_threads_may_share_an_engine(engine, chat_prompt, ref):
     assert engine.scheduler.stats()["kv_held_by_requests"] == 0
 
 
-def test_threads_requests_share_batches(engine, chat_prompt, monkeypatch):
+def test_threads_requests_share_batches(engine, chat_prompt, step_count):
     """A caller queues without waiting for the step in progress, and its request joins the
     next one. The stepping thread used to take the lock back first: 8 threads x 32 tokens
     took 58 steps instead of about 33."""
     import threading
 
-    steps = 0
-    step = engine.core.step
-
-    def counted_step():
-        nonlocal steps
-        steps += 1
-        return step()
-
-    monkeypatch.setattr(engine.core, "step", counted_step)
     params = {**GREEDY, "max_new_tokens": 24, "ignore_eos": True}
     answers: list[list[int]] = []
     threads = [threading.Thread(target=lambda: answers.append(engine.generate(chat_prompt, params)["output_ids"]))
@@ -120,7 +126,7 @@ def test_threads_requests_share_batches(engine, chat_prompt, monkeypatch):
     for t in threads:
         t.join(300)
     assert len(answers) == 8 and all(a == answers[0] for a in answers)
-    assert steps <= 24 + 2, f"{steps} steps for 8 requests of 24 tokens"
+    assert step_count() <= 24 + 2, f"{step_count()} steps for 8 requests of 24 tokens"
 
 
 def test_ctrl_c_during_generate_aborts_its_requests_and_the_engine_goes_on(engine, chat_prompt, ref, ctrl_c):
@@ -275,21 +281,12 @@ def test_stream_chunks_describe_the_tokens_they_carry(engine, chat_prompt, monke
         assert (meta["completion_tokens"], len(meta["output_token_logprobs"]), meta["finish_reason"]) == (n, n, None)
 
 
-def test_cancelling_async_generate_aborts_its_requests(engine, chat_prompt, monkeypatch):
+def test_cancelling_async_generate_aborts_its_requests(engine, chat_prompt, step_count):
     """More calls than asyncio's default thread pool has threads (min(32, cores + 4)): the
     aborts queued behind the calls that held the pool's threads, which ran to their end."""
     import asyncio
     import os
 
-    steps = 0
-    step = engine.core.step
-
-    def counted_step():
-        nonlocal steps
-        steps += 1
-        return step()
-
-    monkeypatch.setattr(engine.core, "step", counted_step)
 
     async def cancel_midway() -> None:
         tasks = [asyncio.create_task(engine.async_generate(chat_prompt, {**GREEDY, "max_new_tokens": 500,
@@ -298,14 +295,14 @@ def test_cancelling_async_generate_aborts_its_requests(engine, chat_prompt, monk
         while not engine.has_work:
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.3)
-        at_cancel = steps
+        at_cancel = step_count()
         for task in tasks:
             task.cancel()
         for task in tasks:
             with pytest.raises(asyncio.CancelledError):
                 await task
         assert not engine.has_work  # (``asyncio.run`` waits for its worker threads at the end)
-        assert steps - at_cancel < 50  # not the ~500 of running to the end
+        assert step_count() - at_cancel < 50  # not the ~500 of running to the end
 
     asyncio.run(cancel_midway())
     _assert_idle_and_clean(engine)
