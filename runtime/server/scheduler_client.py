@@ -218,28 +218,9 @@ class SchedulerClient:
             return
         self.send_sock.send_multipart(ipc.encode(AbortReq(state.wire_id, message)), copy=False)
 
-    async def stream(
-        self, state: ReqState, is_disconnected: Callable[[], Awaitable[bool]] | None = None
-    ) -> AsyncIterator[ReqState]:
-        """Yield ``state`` after each update until it finishes. If the consumer stops early
-        (client gone, generator closed) or ``is_disconnected`` says so, abort it."""
-        try:
-            while True:
-                if not await _wait_event(state.changed, 1.0):
-                    if is_disconnected is not None and await is_disconnected():
-                        return
-                    continue
-                state.changed.clear()
-                yield state
-                if state.is_finished:
-                    return
-        finally:
-            if not state.is_finished:
-                self.abort(state)
-
     async def wait(self, state: ReqState, is_disconnected: Callable[[], Awaitable[bool]] | None = None) -> ReqState:
-        async for _ in self.stream(state, is_disconnected):
-            pass
+        """``wait_all`` for one request."""
+        await self.wait_all([state], is_disconnected)
         return state
 
     async def wait_all(self, states: list[ReqState], is_disconnected: Callable[[], Awaitable[bool]] | None = None) -> None:
