@@ -13,13 +13,13 @@ import dataclasses
 import importlib.util
 import os
 import shlex
-import sys
 from dataclasses import dataclass
 
 from runtime.arg_fields import cli_flags
 from runtime.capacity import available_memory_bytes, kv_bytes_per_token, model_config, weight_bytes
 from runtime.config import MIN_KV_TOKENS, ServerArgs
 from runtime.serve_args import DataParallelArgs, HttpArgs
+from runtime.server.orphan_guard import guarded_command
 
 GATEWAY_MODULE = "sglang_router.launch_router"
 INSTALL_HINT = "pip install sglang-router (from a checkout: pip install -e '.[router]')"
@@ -52,7 +52,7 @@ class Replica:
         return f"http://{self.http.host}:{self.http.port}"
 
     def command(self, parent_pid: int) -> list[str]:
-        return [*_guarded(parent_pid, "runtime.cli"), "serve", *cli_flags(self.http), *cli_flags(self.args)]
+        return [*guarded_command("runtime.cli", parent_pid), "serve", *cli_flags(self.http), *cli_flags(self.args)]
 
 
 def gateway_installed() -> bool:
@@ -116,7 +116,7 @@ def gateway_command(
     Prometheus endpoint gets a free port of its own (its default, 29000, would clash
     between two servers on one machine); ``--router-args`` come last and win."""
     cmd = [
-        *_guarded(parent_pid, GATEWAY_MODULE),
+        *guarded_command(GATEWAY_MODULE, parent_pid),
         "--worker-urls", *(r.url for r in replicas),
         "--policy", dp.router_policy,
         "--host", http.host, "--port", str(http.port),
@@ -139,10 +139,6 @@ def gateway_command(
     if http.api_key:
         cmd += ["--api-key", http.api_key]
     return cmd + user_flags
-
-
-def _guarded(parent_pid: int, module: str) -> list[str]:
-    return [sys.executable, "-m", "runtime.server.orphan_guard", str(parent_pid), module]
 
 
 def local_url(host: str, port: int) -> str:

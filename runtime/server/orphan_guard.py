@@ -1,11 +1,21 @@
-"""Run a Python module as a child that dies with its parent:
-``python -m runtime.server.orphan_guard PARENT_PID MODULE ARGS...``.
+"""Run a Python module as a child that stops with its parent:
+``python -m runtime.server.orphan_guard [--watch-only] PARENT_PID MODULE ARGS...``.
 
 ``forkserve serve --dp-size N`` starts its replicas and the gateway through this, in their
-own sessions (so a terminal's Ctrl-C reaches only the parent, which stops them in order).
-If the parent is killed outright (SIGKILL, OOM), Linux sends the child SIGTERM
-(``PR_SET_PDEATHSIG``), so no replica or gateway outlives it; a forkserve replica then
-stops its own scheduler and detokenizer as usual.
+own sessions (so a terminal's Ctrl-C reaches only the parent, which stops them in order);
+``ServerProcess`` (tests, benchmarks, the DSL's ``Runtime``) starts its server through it.
+If the parent dies without stopping the child (SIGKILL, OOM, a killed test run), the child
+gets SIGTERM and shuts down as usual (a forkserve server stops its scheduler and
+detokenizer). Two mechanisms:
+
+- Linux's ``PR_SET_PDEATHSIG``: the kernel sends the signal, so it works while the child's
+  Python is blocked in native code holding the interpreter lock (SGLang's gateway runs its
+  whole server inside one call). But it is documented (``man 2 prctl``) to fire when the
+  parent *thread* that started the child ends, so ``--watch-only`` leaves it out for a
+  parent that may start children from short-lived threads.
+- A watcher thread that sees the child re-parented (within half a second), sends SIGTERM
+  where the kernel does not, and exits outright if the child is still running a minute
+  later.
 """
 
 from __future__ import annotations
@@ -15,23 +25,49 @@ import os
 import runpy
 import signal
 import sys
+import threading
+import time
 
+_POLL_S = 0.5
+_GRACE_S = 60.0
 _PR_SET_PDEATHSIG = 1
+WATCH_ONLY = "--watch-only"
 
 
-def die_with_parent(parent_pid: int) -> None:
-    if sys.platform.startswith("linux"):
+def stop_with_parent(parent_pid: int, *, death_signal: bool = True) -> None:
+    """Exit at once if ``parent_pid`` is not (any longer) this process's parent; else get
+    SIGTERM when it goes (``death_signal``: also from the kernel, see above)."""
+    if death_signal and sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
     if os.getppid() != parent_pid:  # the parent died before the signal was set up
         sys.exit(1)
 
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(_POLL_S)
+        if not death_signal:  # else the kernel has sent it: a second one would cut the shutdown short
+            os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(_GRACE_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="stop-with-parent", daemon=True).start()
+
+
+def guarded_command(module: str, parent_pid: int | None = None, *, watch_only: bool = False) -> list[str]:
+    """The command that runs ``python -m module`` guarded, as a child of ``parent_pid``
+    (by default this process)."""
+    parent = str(os.getpid() if parent_pid is None else parent_pid)
+    return [sys.executable, "-m", __name__, *([WATCH_ONLY] if watch_only else []), parent, module]
+
 
 def main(argv: list[str]) -> None:
+    watch_only = argv[:1] == [WATCH_ONLY]
+    argv = argv[watch_only:]
     if len(argv) < 2:
-        sys.exit("usage: python -m runtime.server.orphan_guard PARENT_PID MODULE [ARGS...]")
-    die_with_parent(int(argv[0]))
+        sys.exit(f"usage: python -m runtime.server.orphan_guard [{WATCH_ONLY}] PARENT_PID MODULE [ARGS...]")
+    stop_with_parent(int(argv[0]), death_signal=not watch_only)
     module = argv[1]
     sys.argv = [module, *argv[2:]]
     runpy.run_module(module, run_name="__main__", alter_sys=True)

@@ -4,20 +4,22 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 
 import httpx
 
 from runtime.ipc import free_tcp_port
+from runtime.server.orphan_guard import guarded_command
 
 
 class ServerProcess:
     def __init__(self, *args: str, port: int | None = None) -> None:
         self.port = port or free_tcp_port()
         self.url = f"http://{_connect_host(args)}:{self.port}"
-        cmd = [sys.executable, "-m", "runtime.cli", "serve", "--port", str(self.port), *args]
+        # Guarded: a parent killed without stopping it (a killed test run or benchmark)
+        # takes the server with it. Watch only: it may be started from a passing thread.
+        cmd = [*guarded_command("runtime.cli", watch_only=True), "serve", "--port", str(self.port), *args]
         # A file, not a pipe: a pipe nobody reads fills up and blocks the server's logging.
         self.log = tempfile.NamedTemporaryFile("w+", prefix="forkserve-", suffix=".log")  # noqa: SIM115
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, text=True)
