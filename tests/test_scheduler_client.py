@@ -11,10 +11,12 @@ import contextlib
 from collections.abc import AsyncIterator
 
 import numpy as np
+import pytest
 import zmq
 
 from runtime import ipc
 from runtime.ipc.messages import AbortReq, BatchStrOut, StrUpdate, TokenizedGenerateReq, TokenUpdate
+from runtime.request_options import RequestOptions
 from runtime.sampling.params import SamplingParams
 from runtime.server.metrics import ServerMetrics
 from runtime.server.request_log import RequestLog
@@ -40,7 +42,7 @@ async def _backend() -> AsyncIterator[tuple[SchedulerClient, zmq.Socket, zmq.Soc
         yield client, scheduler, detokenizer
     finally:
         receiving.cancel()
-        client.send_sock.close()
+        client.outbox.sock.close()
         client.recv_sock.close()
         scheduler.close()
         detokenizer.close()
@@ -53,6 +55,11 @@ def _sent(scheduler: zmq.Socket) -> list[object]:
     while scheduler.poll(200):
         out.append(ipc.recv(scheduler))
     return out
+
+
+def _items(messages: list[object]) -> list[object]:
+    """The messages, a list message (a chunk of a large group) as its items."""
+    return [item for m in messages for item in (m if isinstance(m, list) else [m])]
 
 
 def test_a_rid_sent_again_right_after_its_abort_gets_only_its_own_updates():
@@ -168,5 +175,45 @@ def test_merged_gives_a_request_finishing_while_the_consumer_holds_it_once():
                     await asyncio.sleep(0.3)
             assert sorted(given) == [(0, False), (0, True), (1, True)]
             assert not any(isinstance(m, AbortReq) for m in _sent(scheduler))
+
+    asyncio.run(scenario())
+
+
+def test_a_large_group_goes_out_in_chunks_while_the_event_loop_runs_and_in_order():
+    """100k prompts in one /generate were sent one by one inside the handler: every other
+    client (``/health`` too) waited ~5 s. A group goes out in list messages of ``chunk``
+    requests, with the event loop running between them; an abort put meanwhile comes after
+    its request."""
+    async def scenario() -> None:
+        async with _backend() as (client, scheduler, _):
+            chunk = client.outbox._chunk
+            params = SamplingParams(max_new_tokens=1)
+            states = client.submit_many([(f"r{k}", [1, 2], params, RequestOptions()) for k in range(3 * chunk + 5)])
+            assert client.num_open_requests == len(states) and client.outbox.pending == len(states)
+            await asyncio.sleep(0)  # the loop runs: one chunk out
+            assert 0 < client.outbox.pending < len(states)
+            client.abort(states[-1])  # not yet sent: its abort must not overtake it
+            client.cancel(states[-2], "stop")
+            await asyncio.sleep(0.1)
+            messages = _sent(scheduler)
+            assert [len(m) for m in messages] == [chunk, chunk, chunk, 5 + 2]  # the aborts queued behind
+            items = _items(messages)
+            assert [m.rid for m in items[:len(states)]] == [s.wire_id for s in states]
+            assert items[len(states):] == [AbortReq(states[-1].wire_id), AbortReq(states[-2].wire_id, "stop")]
+            assert client.outbox.pending == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_group_with_a_taken_or_repeated_id_opens_none():
+    async def scenario() -> None:
+        async with _backend() as (client, scheduler, _):
+            params, options = SamplingParams(max_new_tokens=1), RequestOptions()
+            client.submit("a", [1], params)
+            for rids in (["b", "a"], ["c", "d", "c"]):
+                with pytest.raises(ValueError, match="already in use"):
+                    client.submit_many([(rid, [1], params, options) for rid in rids])
+            assert list(client.states) == ["a"]
+            assert [m.rid for m in _items(_sent(scheduler))] == [client.states["a"].wire_id]
 
     asyncio.run(scenario())

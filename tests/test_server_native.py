@@ -15,6 +15,7 @@ from tests.server_probes import ABORTED, metric, post_and_leave, wait_for_aborts
 pytestmark = pytest.mark.slow
 
 GREEDY = {"max_new_tokens": 20, "temperature": 0}
+GREEDY_ONE = {"max_new_tokens": 2, "temperature": 0}
 
 
 def post(server, path: str, body: dict, timeout: float = 120) -> httpx.Response:
@@ -184,6 +185,24 @@ def test_rids_per_prompt_expand_for_n_as_sglang_does(server):
     assert [o["meta_info"]["id"] for o in one.json()] == ["solo_0", "solo_1"]
     bad = post(server, "/generate", {**body, "rid": ["a", "b", "c"]})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "rid"
+
+
+def test_a_batch_larger_than_a_send_chunk_answers_each_prompt_in_order(server):
+    """Past 512 requests a batch reaches the scheduler in chunks (``Outbox``), past 1,000 its
+    answer is rendered on a thread: same outputs as each prompt alone, in order."""
+    texts = ["The sky is", "One, two,", "Paris is the capital of"]
+    alone = [post(server, "/generate", {"text": t, "sampling_params": GREEDY_ONE}).json()["text"] for t in texts]
+    out = post(server, "/generate", {"text": texts * 401, "sampling_params": GREEDY_ONE}).json()
+    assert len(out) == 1203 and [o["text"] for o in out] == alone * 401
+
+
+def test_repeated_rids_are_a_400_that_names_the_repeats_only(server):
+    """The message listed every rid of the batch (100k of them for a batch that size)."""
+    rids = [f"r{k}" for k in range(300)] + ["r7", "r9"]
+    bad = post(server, "/generate", {"text": ["A"] * len(rids), "rid": rids, "sampling_params": {"max_new_tokens": 1}})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "rid"
+    message = bad.json()["error"]["message"]
+    assert "'r7', 'r9'" in message and "'r8'" not in message and len(message) < 200
 
 
 def test_logprob_options_per_prompt(server):

@@ -64,7 +64,10 @@ class SchedulerServer:
 
     # ------------------------------------------------------------------ input
     def handle(self, msg: Any) -> None:
-        if isinstance(msg, TokenizedGenerateReq):
+        if isinstance(msg, list):  # the HTTP process sends a large group in chunks (runtime/server/outbox.py)
+            for item in msg:
+                self.handle(item)
+        elif isinstance(msg, TokenizedGenerateReq):
             self.add(msg)
         elif isinstance(msg, AbortReq):
             self.send_updates(self.core.abort(msg.rid, msg.message))

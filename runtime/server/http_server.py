@@ -298,8 +298,13 @@ async def handle_generate(ctx: ServerContext, req: GenerateReqInput, request: Re
             err = error_of(s)
             if err is not None:
                 raise err
-        outs = [render(s) for s in states]
-        return JsonResponse(outs if is_batch else outs[0])
+
+        def answer() -> JsonResponse:
+            outs = [render(s) for s in states]
+            return JsonResponse(outs if is_batch else outs[0])
+
+        # A large batch's answer is built on a thread, so that other clients are served meanwhile.
+        return answer() if len(states) < _ANSWER_INLINE else await asyncio.to_thread(answer)
 
     # Each event carries the logprobs of its new tokens only (the prompt's in the first),
     # unless --stream-cumulative-logprobs asks for SGLang's everything-so-far form.
@@ -323,3 +328,4 @@ async def handle_generate(ctx: ServerContext, req: GenerateReqInput, request: Re
 
 
 _LOGPROB_FIELDS = ("return_logprob", "logprob_start_len", "top_logprobs_num")
+_ANSWER_INLINE = 1000  # outputs; more are rendered on a thread (100k took ~0.5 s)

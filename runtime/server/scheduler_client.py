@@ -1,8 +1,8 @@
 """The HTTP process's client of the scheduler (it does not tokenize: the handlers do): one
 state per request, ZMQ to the scheduler and back from the detokenizer.
 
-A request enters the server in ``submit`` (already validated and tokenized by the HTTP
-handlers), and its results arrive in ``_receive_loop``; ``wait`` and ``stream`` hand them to
+A request enters the server in ``submit_many`` (already validated and tokenized by the HTTP
+handlers), and its results arrive in ``_receive_loop``; ``wait_all`` and ``merged`` hand them to
 the handler and abort the request when its client goes away.
 """
 
@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import gc
 import itertools
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +38,7 @@ from runtime.ipc.messages import (
 from runtime.request_options import RequestOptions
 from runtime.sampling.params import SamplingParams
 from runtime.server.metrics import ServerMetrics
+from runtime.server.outbox import Outbox
 from runtime.server.request_log import RequestLog
 
 
@@ -113,7 +115,7 @@ class ReqState:
 class SchedulerClient:
     def __init__(self, to_scheduler: str, from_detokenizer: str, metrics: ServerMetrics) -> None:
         self.ctx = zmq.asyncio.Context()
-        self.send_sock = ipc.connect(self.ctx, zmq.PUSH, to_scheduler)
+        self.outbox = Outbox(ipc.connect(self.ctx, zmq.PUSH, to_scheduler))  # every message to the scheduler
         self.recv_sock = ipc.bind(self.ctx, zmq.PULL, from_detokenizer)
         self.metrics = metrics
         self.request_log = RequestLog()  # --log-requests: off until the server configures it
@@ -181,24 +183,40 @@ class SchedulerClient:
     ) -> ReqState:
         """Send a request to the scheduler. ``log``: false for the server's own health probes,
         which --log-requests leaves out."""
+        return self.submit_many([(rid, input_ids, params, options or RequestOptions())], log)[0]
+
+    def submit_many(self, requests: list[tuple[str, list[int], SamplingParams, RequestOptions]],
+                    log: bool = True) -> list[ReqState]:
+        """Send requests (each: its id, prompt, sampling parameters and options) to the
+        scheduler, all or none: every id must be free. A large group goes out in chunks
+        while the event loop runs (``Outbox``); its states are open at once."""
         if self.failure is not None:
             raise ServerUnavailable(self.failure)
-        if rid in self.states:
-            raise ValueError(f"request id {rid!r} is already in use")
-        options = options or RequestOptions()
-        state = ReqState(rid, len(input_ids), options.return_logprob, input_ids[0], f"{rid}#{next(self._wire_ids)}",
-                         stream=options.stream)
-        self.states[rid] = self.by_wire_id[state.wire_id] = state
-        self.metrics.on_submit(len(input_ids))
-        if log:
-            self.request_log.received(state, input_ids, params)
-        msg = TokenizedGenerateReq(state.wire_id, np.asarray(input_ids, dtype=np.int32), params, options)
-        self.send_sock.send_multipart(ipc.encode(msg), copy=False)
-        return state
+        rids = [rid for rid, *_ in requests]
+        taken = next((rid for rid in rids if rid in self.states), None)
+        if taken is None and len(set(rids)) != len(rids):
+            taken = next(rid for k, rid in enumerate(rids) if rid in rids[:k])
+        if taken is not None:
+            raise ValueError(f"request id {taken!r} is already in use")
+        states, msgs = [], []
+        # The collector would run many times over a heap growing by 100k states (2/3 of
+        # the loop's time then, with the event loop held): it runs after, once if at all.
+        with _collector_paused(len(requests) > 1000):
+            for rid, input_ids, params, options in requests:
+                state = ReqState(rid, len(input_ids), options.return_logprob, input_ids[0],
+                                 f"{rid}#{next(self._wire_ids)}", stream=options.stream)
+                self.states[rid] = self.by_wire_id[state.wire_id] = state
+                self.metrics.on_submit(len(input_ids))
+                if log:
+                    self.request_log.received(state, input_ids, params)
+                states.append(state)
+                msgs.append(TokenizedGenerateReq(state.wire_id, np.asarray(input_ids, dtype=np.int32), params, options))
+        self.outbox.put_many(msgs)
+        return states
 
     def abort(self, state: ReqState) -> None:
         if self._forget(state) and self.failure is None:
-            self.send_sock.send_multipart(ipc.encode(AbortReq(state.wire_id)), copy=False)
+            self.outbox.put(AbortReq(state.wire_id))
             self.metrics.on_abort()
             self.request_log.ended(state, "aborted: the client went away")
 
@@ -216,7 +234,7 @@ class SchedulerClient:
         as SGLang answers. One that already finished keeps its own answer."""
         if state.is_finished or state.wire_id not in self.by_wire_id or self.failure is not None:
             return
-        self.send_sock.send_multipart(ipc.encode(AbortReq(state.wire_id, message)), copy=False)
+        self.outbox.put(AbortReq(state.wire_id, message))
 
     async def wait(self, state: ReqState, is_disconnected: Callable[[], Awaitable[bool]] | None = None) -> ReqState:
         """``wait_all`` for one request."""
@@ -283,7 +301,7 @@ class SchedulerClient:
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.calls[call_id] = fut
         try:
-            self.send_sock.send_multipart(ipc.encode(ControlReq(call_id, kind, arg)), copy=False)
+            self.outbox.put(ControlReq(call_id, kind, arg))
             return await asyncio.wait_for(fut, timeout)
         finally:
             self.calls.pop(call_id, None)
@@ -309,6 +327,19 @@ class SchedulerClient:
                 fut = self.calls.get(msg.call_id)
                 if fut is not None and not fut.done():
                     fut.set_result(msg.result)
+
+
+@contextlib.contextmanager
+def _collector_paused(pause: bool) -> Iterator[None]:
+    """Python's cyclic garbage collector off inside (if ``pause``, and it was on)."""
+    was_on = pause and gc.isenabled()
+    if was_on:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
 
 
 async def _wait_event(event: asyncio.Event, timeout: float) -> bool:
