@@ -33,6 +33,7 @@ from runtime.request_builder import (
     build_requests,
     one_per_prompt,
     parse_sampling_params,
+    score_each_prompt_once,
 )
 from runtime.request_options import RequestOptions
 from runtime.scheduler.core import EngineCore
@@ -133,7 +134,7 @@ class Engine:
         self._check_open()
         if token_ids_logprob is not None:
             raise ValueError("token_ids_logprob is not supported by this engine (top_logprobs_num is)")
-        reqs, is_batch = self.build_requests(
+        reqs, is_batch, prompt_source = self.build_requests(
             prompt, sampling_params, input_ids, return_logprob, logprob_start_len, top_logprobs_num, namespace,
             stream=stream, program_id=program_id,
         )
@@ -151,7 +152,7 @@ class Engine:
         failed = next((r for r in reqs if r.error is not None), None)
         if failed is not None:  # e.g. a grammar that did not compile in time
             raise ValueError(failed.error)
-        outs = [self.format_output(r, return_text_in_logprobs) for r in reqs]
+        outs = [self.format_output(r, return_text_in_logprobs, reqs[k]) for r, k in zip(reqs, prompt_source, strict=True)]
         return outs if is_batch or len(outs) > 1 else outs[0]
 
     async def async_generate(self, *args: Any, **kwargs: Any) -> Any:
@@ -197,10 +198,11 @@ class Engine:
         namespace: Any = None,
         stream: bool = False,
         program_id: str | None = None,
-    ) -> tuple[list[Req], bool]:
-        """Validate and tokenize; the ``Req``s to queue (``n`` expanded) and whether the
-        input was a batch. Raises ``ValueError`` naming the problem (the checks are
-        ``runtime/request_builder.py``'s, as over HTTP)."""
+    ) -> tuple[list[Req], bool, list[int]]:
+        """Validate and tokenize; the ``Req``s to queue (``n`` expanded), whether the input
+        was a batch, and for each the index of the one whose prompt logprobs it reports
+        (not streamed: ``score_each_prompt_once``). Raises ``ValueError`` naming the problem
+        (the checks are ``runtime/request_builder.py``'s, as over HTTP)."""
         prompts, is_batch = self._prompt_ids(prompt, input_ids)
         n = len(prompts)
         logprobs = zip(one_per_prompt(return_logprob, "return_logprob", n),
@@ -210,7 +212,9 @@ class Engine:
                                   namespace, program_id) for want, start, top in logprobs]
         requests = build_requests(prompts, parse_sampling_params(sampling_params, n), options,
                                   self.limits, prompt_field="prompt" if input_ids is None else "input_ids")
-        return [Req(f"req-{next(self._rids)}", r.input_ids, r.params, r.options) for r in requests], is_batch
+        requests, prompt_source = score_each_prompt_once(requests, stream=stream)
+        reqs = [Req(f"req-{next(self._rids)}", r.input_ids, r.params, r.options) for r in requests]
+        return reqs, is_batch, prompt_source
 
     def _queue(self, reqs: list[Req], rid: str | list[str] | None) -> None:
         """Name ``reqs`` and put them in the inbox (``CoreStepper.queue``): ``rid`` itself (one
@@ -348,16 +352,20 @@ class Engine:
                     raise ValueError("input_ids must be a list of token ids or a list of such lists")
         return ids, is_batch
 
-    def format_output(self, req: Req, text_in_logprobs: bool = False) -> dict[str, Any]:
+    def format_output(self, req: Req, text_in_logprobs: bool = False, prompt_scored_by: Req | None = None) -> dict[str, Any]:
         return {
             "text": self.tokenizer.output_text(req.output_ids, req.finished_reason, req.params),
             "output_ids": list(req.output_ids),
-            "meta_info": self._meta_info(req, text_in_logprobs),
+            "meta_info": self._meta_info(req, text_in_logprobs, prompt_scored_by=prompt_scored_by),
         }
 
-    def _meta_info(self, req: Req, text_in_logprobs: bool, unfinished_at: int | None = None) -> dict[str, Any]:
+    def _meta_info(self, req: Req, text_in_logprobs: bool, unfinished_at: int | None = None,
+                   prompt_scored_by: Req | None = None) -> dict[str, Any]:
         """``unfinished_at``: as it was when it had that many output tokens, unfinished (a
-        stream reads between steps, but the next step may have begun appending)."""
+        stream reads between steps, but the next step may have begun appending).
+        ``prompt_scored_by``: the request whose prompt logprobs to report (another sample of
+        the prompt)."""
+        scored = prompt_scored_by or req
         length = len(req.output_ids) if unfinished_at is None else unfinished_at
         meta: dict[str, Any] = {
             "id": req.rid,
@@ -370,8 +378,8 @@ class Engine:
         if req.options.return_logprob:
             meta.update(
                 logprob_meta(
-                    req.input_token_logprobs,
-                    req.input_top_logprobs,
+                    scored.input_token_logprobs,
+                    scored.input_top_logprobs,
                     req.output_token_logprobs[:length],
                     req.output_top_logprobs[:length],
                     self.tokenizer.id_to_text if text_in_logprobs else None,

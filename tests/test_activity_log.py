@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 def test_the_lines_report_what_the_steps_did(engine, caplog):
     activity = ActivityLog(engine.core, interval_s=3600)
     prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": "Name a fruit."}])
-    reqs, _ = engine.build_requests([prompt, prompt], {"max_new_tokens": 5, "ignore_eos": True})
+    reqs, _, _ = engine.build_requests([prompt, prompt], {"max_new_tokens": 5, "ignore_eos": True})
     for req in reqs:
         engine.core.add_request(req)
     with caplog.at_level(logging.DEBUG, logger="forkserve"):

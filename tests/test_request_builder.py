@@ -13,6 +13,7 @@ from runtime.request_builder import (
     build_requests,
     check_lengths,
     parse_sampling_params,
+    score_each_prompt_once,
 )
 from runtime.request_options import RequestOptions
 from runtime.sampling.params import InvalidField, SamplingParams
@@ -116,3 +117,18 @@ def test_top_logprobs_num_is_capped_by_max_logprobs():
     with pytest.raises(InvalidField, match=r"\[0, 100\] \(the vocabulary\)"):
         build_requests([[1]], [SamplingParams(max_new_tokens=5)], dataclasses.replace(options, top_logprobs_num=101),
                        uncapped, prompt_field="input_ids")
+
+
+def test_only_the_first_sample_of_a_prompt_scores_it():
+    """n samples asking for their prompt's logprobs: the first computes them, the others ask
+    for none and report the first's; another prompt, or other options, scores its own."""
+    scoring = RequestOptions(return_logprob=True, logprob_start_len=1, top_logprobs_num=2)
+    n3 = SamplingParams(n=3, max_new_tokens=5)
+    reqs = _build([[1, 2, 3], [1, 2, 3]], [n3, n3], scoring)  # two prompts, equal but each its own
+    reqs += _build([[4, 5]], [SamplingParams(n=2, max_new_tokens=5)], [RequestOptions(return_logprob=True)])  # output only
+    reqs += _build([[6, 7]], [SamplingParams(n=2, max_new_tokens=5)], [dataclasses.replace(scoring, logprob_start_len=2)])
+    changed, source = score_each_prompt_once(reqs)
+    assert source == [0, 0, 0, 3, 3, 3, 6, 7, 8, 9]  # the last: logprob_start_len at the prompt's end scores none
+    assert [r.options.logprob_start_len for r in changed] == [1, -1, -1, 1, -1, -1, -1, -1, 2, 2]
+    assert all(c.input_ids is r.input_ids and c.params is r.params for c, r in zip(changed, reqs, strict=True))
+    assert all(c.options.top_logprobs_num == r.options.top_logprobs_num for c, r in zip(changed, reqs, strict=True))

@@ -123,6 +123,29 @@ def test_logprobs_equal_offline_engine(server, engine):
     ]
 
 
+@pytest.mark.parametrize("start", [0, 150])
+def test_n_samples_report_their_prompts_logprobs_computed_once(server, engine, start):
+    """n samples of a prompt each report its logprobs, as one request alone does (and the
+    offline engine); only the first computes them: the others reuse its cached prompt (they
+    computed them n times, each without the cache)."""
+    text = "The history of the city goes back many centuries. " * 20
+    body = {"text": text, "sampling_params": {"max_new_tokens": 2, "temperature": 1.0, "n": 3},
+            "return_logprob": True, "logprob_start_len": start, "top_logprobs_num": 2, "extra_key": f"n-{start}"}
+    outs = post(server, "/generate", body).json()
+    alone = post(server, "/generate", {**body, "sampling_params": {"max_new_tokens": 1}}).json()["meta_info"]
+    ref = engine.generate(text, {"max_new_tokens": 2, "temperature": 1.0, "n": 3}, return_logprob=True,
+                          logprob_start_len=start, top_logprobs_num=2, namespace=f"n-{start}")
+    assert [o["meta_info"]["cached_tokens"] > 0 for o in outs] == [False, True, True]
+    assert [r["meta_info"]["cached_tokens"] > 0 for r in ref] == [False, True, True]
+    for meta in [o["meta_info"] for o in outs] + [r["meta_info"] for r in ref]:
+        assert len(meta["input_token_logprobs"]) == meta["prompt_tokens"] - start
+        for got, want in zip(meta["input_token_logprobs"], alone["input_token_logprobs"], strict=True):
+            assert got[1] == want[1] and (got[0] is None) == (want[0] is None)
+            assert got[0] is None or got[0] == pytest.approx(want[0], abs=1e-4)
+        assert [[t[1] for t in top] for top in meta["input_top_logprobs"][1:]] == \
+               [[t[1] for t in top] for top in alone["input_top_logprobs"][1:]]
+
+
 def test_stream_is_cumulative_and_ends_with_done(server, engine):
     body = {"text": "Here is a short poem:", "sampling_params": {"max_new_tokens": 24, "temperature": 0}, "stream": True}
     with httpx.stream("POST", server.url + "/generate", json=body, timeout=120) as resp:

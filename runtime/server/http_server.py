@@ -22,7 +22,12 @@ from fastapi.responses import (
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from runtime.log_setup import LOG_LEVELS, set_log_level
-from runtime.request_builder import build_requests, one_per_prompt, parse_sampling_params
+from runtime.request_builder import (
+    build_requests,
+    one_per_prompt,
+    parse_sampling_params,
+    score_each_prompt_once,
+)
 from runtime.request_options import RequestOptions, cache_namespace
 from runtime.server import openai_api, openapi, parse_api, tokenize_api
 from runtime.server.absent_routes import absent_route_message
@@ -283,11 +288,15 @@ async def handle_generate(ctx: ServerContext, req: GenerateReqInput, request: Re
         requests = build_requests(prompts, params, options, ctx.limits,
                                   prompt_field="text" if req.text is not None else "input_ids")
     is_batch = is_batch or len(requests) > 1
+    requests, prompt_source = score_each_prompt_once(requests, stream=bool(req.stream))
     states = ctx.submit_group(requests, request_ids(req.rid, [p.n for p in params]), request)
     prompt_of = {id(s): r.input_ids for s, r in zip(states, requests, strict=True)}
+    # whose prompt logprobs each output reports: another sample of its prompt's, or its own
+    scored_by = {id(s): states[k] for s, k in zip(states, prompt_source, strict=True)}
 
     def render(state: Any, logprobs_from: int = 0) -> dict[str, Any]:
-        out = native_output(state, ctx.tokenizer, req.return_text_in_logprobs, logprobs_from)
+        out = native_output(state, ctx.tokenizer, req.return_text_in_logprobs, logprobs_from,
+                            prompt_scored_by=scored_by.get(id(state)))
         if req.return_prompt_token_ids:  # SGLang's: in every output, every event too
             out["prompt_token_ids"] = list(prompt_of[id(state)])
         return out

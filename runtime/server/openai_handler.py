@@ -17,7 +17,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
-from runtime.request_builder import build_requests
+from runtime.request_builder import build_requests, score_each_prompt_once
 from runtime.request_options import RequestOptions, cache_namespace
 from runtime.sampling.params import MAX_N, SamplingParams
 from runtime.server.context import ServerContext, bad_input_as_400, sampling_params
@@ -240,11 +240,9 @@ class OpenAIHandler:
             params = dataclasses.replace(self.params(max_new), n=self.req.n)  # n checked in check_common
             with bad_input_as_400(self.prompt_field, self.api_names):
                 samples = build_requests([ids], [params], options, ctx.limits, prompt_field=self.prompt_field)
-            if prompt_logprobs and not self.req.stream:  # the prompt scored once, not once per sample:
-                # the others reuse its cache (``prompt_state``); n 128 of an 8k-token prompt took 19 minutes
-                no_prompt = dataclasses.replace(options, logprob_start_len=-1)
-                samples[1:] = [dataclasses.replace(r, options=no_prompt) for r in samples[1:]]
             requests += samples
+        # not streamed: the prompt scored once, not once per sample (n 128 of an 8k-token prompt took 19 minutes)
+        requests, self.prompt_source = score_each_prompt_once(requests, stream=bool(self.req.stream))
         self.num_prompts, self.prompts = len(prompts), prompts
         rid = self.req.rid if self.req.rid is not None else self.req.request_id
         self.states = ctx.submit_group(requests, request_ids(rid, [self.req.n] * len(prompts)), self.request)
@@ -253,7 +251,7 @@ class OpenAIHandler:
     def prompt_state(self, index: int, state: ReqState) -> ReqState:
         """The request whose prompt logprobs choice ``index`` (``state``) reports: the first
         sample of its prompt, unless each sample scored the prompt itself (streamed)."""
-        return state if self.req.stream else self.states[index // self.req.n * self.req.n]
+        return self.states[self.prompt_source[index]]
 
     def vllm_prompt_logprobs(self, index: int, state: ReqState) -> list[dict[str, Any] | None]:
         """vLLM's ``prompt_logprobs`` of choice ``index``'s prompt (``prompt_logprobs.render``),

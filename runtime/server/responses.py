@@ -59,10 +59,13 @@ async def merged_updates(
             yield i, states[i]
 
 
-def native_output(state: ReqState, tokenizer: Tokenizer, text_in_logprobs: bool, logprobs_from: int = 0) -> dict[str, Any]:
+def native_output(state: ReqState, tokenizer: Tokenizer, text_in_logprobs: bool, logprobs_from: int = 0,
+                  prompt_scored_by: ReqState | None = None) -> dict[str, Any]:
     """One request's result in SGLang's ``/generate`` shape. ``logprobs_from``: report only
     the output tokens' logprobs from there on, and the prompt's only when it is 0 (a stream's
-    later events carry just what is new)."""
+    later events carry just what is new). ``prompt_scored_by``: the request whose prompt
+    logprobs to report (another sample of the prompt, ``score_each_prompt_once``)."""
+    scored = prompt_scored_by or state
     end = state.finished_at if state.is_finished else None
     meta: dict[str, Any] = {
         "id": state.rid,
@@ -76,8 +79,8 @@ def native_output(state: ReqState, tokenizer: Tokenizer, text_in_logprobs: bool,
     if state.return_logprob:
         meta.update(
             logprob_meta(
-                state.input_token_logprobs if logprobs_from == 0 else [],
-                state.input_top_logprobs if logprobs_from == 0 else [],
+                scored.input_token_logprobs if logprobs_from == 0 else [],
+                scored.input_top_logprobs if logprobs_from == 0 else [],
                 state.output_token_logprobs[logprobs_from:],
                 state.output_top_logprobs[logprobs_from:],
                 tokenizer.id_to_text if text_in_logprobs else None,

@@ -57,7 +57,7 @@ def test_replayed_step_equals_eager_step(backend, gpu_model_dir):
         prompts = _prompts(5, 2)
         # Prefill and a decode step through the scheduler, by hand so the requests keep their
         # rows; far from max_new_tokens, so none finishes while others are still prefilling.
-        reqs, _ = engine.build_requests(input_ids=prompts, sampling_params={**SAMPLING, "max_new_tokens": 40})
+        reqs, _, _ = engine.build_requests(input_ids=prompts, sampling_params={**SAMPLING, "max_new_tokens": 40})
         for r in reqs:
             engine.scheduler.add_request(r)
         while any(len(r.output_ids) < 2 for r in reqs):
