@@ -169,6 +169,7 @@ class Launcher:
 
         from runtime.server.context import ServerContext
         from runtime.server.http_server import create_app, probe_generate
+        from runtime.server.memory_trim import trim_when_grown
         from runtime.server.metrics import ServerMetrics
         from runtime.server.scheduler_client import SchedulerClient
 
@@ -194,6 +195,7 @@ class Launcher:
         server = _server(config, answer_open_requests)
         serving = asyncio.create_task(server.serve(sockets=[sock]))
         monitor = asyncio.create_task(self._watch(ctx, server))
+        trimming = asyncio.create_task(trim_when_grown())  # freed memory back to the system
         while not server.started and not serving.done():
             await asyncio.sleep(0.05)
         ctx.is_ready = True
@@ -211,6 +213,7 @@ class Launcher:
         await serving
         ctx.is_shutting_down = True
         monitor.cancel()
+        trimming.cancel()
         receiver.cancel()
 
     async def _watch(self, ctx: Any, server: Any) -> None:
