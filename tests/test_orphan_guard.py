@@ -69,6 +69,47 @@ def test_watch_only_outlives_the_thread_that_started_it():
     assert _gone_within(child, 10), "the child outlived its parent"
 
 
+_STOPPER = """
+import signal, sys, time
+from runtime.server import orphan_guard
+
+def on_term(signum, frame):
+    with open(sys.argv[1], "a") as f:
+        f.write("TERM\\n")
+    orphan_guard.stop_requested.set()  # a stop has begun (forkserve serve's handlers do this)
+
+signal.signal(signal.SIGTERM, on_term)
+print("ready", flush=True)
+for _ in range(30):  # a slow shutdown
+    time.sleep(0.1)
+"""
+
+
+def test_the_watcher_sends_no_second_signal_into_a_stop_under_way(tmp_path):
+    """A process group signalled as a whole (``timeout``, a cancelled CI job) loses the
+    parent too: the watcher must not add a SIGTERM to the one the child is handling."""
+    (tmp_path / "slow_stopper.py").write_text(_STOPPER)
+    log = tmp_path / "signals.txt"
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    parent = subprocess.Popen(
+        [sys.executable, "-c",
+         "import subprocess, sys, time\n"
+         "from runtime.server.orphan_guard import guarded_command\n"
+         f"child = subprocess.Popen([*guarded_command('slow_stopper', watch_only=True), {str(log)!r}],"
+         " stdout=subprocess.PIPE, text=True)\n"
+         "child.stdout.readline()\n"
+         "print(child.pid, flush=True)\n"
+         "time.sleep(60)\n"],
+        stdout=subprocess.PIPE, text=True, env=env,
+    )
+    child = int(parent.stdout.readline())
+    os.kill(child, signal.SIGTERM)
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    assert _gone_within(child, 10)
+    assert log.read_text() == "TERM\n"
+
+
 @pytest.mark.slow
 def test_a_server_process_goes_with_a_killed_parent():
     """A killed test run or benchmark takes its ``ServerProcess`` (and the server's scheduler

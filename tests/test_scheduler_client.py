@@ -49,8 +49,8 @@ async def _backend() -> AsyncIterator[tuple[SchedulerClient, zmq.Socket, zmq.Soc
         ipc.remove_ipc_files([to_scheduler, from_detokenizer])
 
 
-def _sent(scheduler: zmq.Socket) -> list[object]:
-    """What the client sent the scheduler so far."""
+def _sent_messages(scheduler: zmq.Socket) -> list[object]:
+    """What the client sent the scheduler so far, message by message."""
     out = []
     while scheduler.poll(200):
         out.append(ipc.recv(scheduler))
@@ -58,8 +58,13 @@ def _sent(scheduler: zmq.Socket) -> list[object]:
 
 
 def _items(messages: list[object]) -> list[object]:
-    """The messages, a list message (a chunk of a large group) as its items."""
+    """The messages, a list message (a chunk of a group) as its items."""
     return [item for m in messages for item in (m if isinstance(m, list) else [m])]
+
+
+def _sent(scheduler: zmq.Socket) -> list[object]:
+    """What the client sent the scheduler so far, a chunk of a group as its items."""
+    return _items(_sent_messages(scheduler))
 
 
 def test_a_rid_sent_again_right_after_its_abort_gets_only_its_own_updates():
@@ -195,7 +200,7 @@ def test_a_large_group_goes_out_in_chunks_while_the_event_loop_runs_and_in_order
             client.abort(states[-1])  # not yet sent: its abort must not overtake it
             client.cancel(states[-2], "stop")
             await asyncio.sleep(0.1)
-            messages = _sent(scheduler)
+            messages = _sent_messages(scheduler)
             assert [len(m) for m in messages] == [chunk, chunk, chunk, 5 + 2]  # the aborts queued behind
             items = _items(messages)
             assert [m.rid for m in items[:len(states)]] == [s.wire_id for s in states]
@@ -214,6 +219,66 @@ def test_a_group_with_a_taken_or_repeated_id_opens_none():
                 with pytest.raises(ValueError, match="already in use"):
                     client.submit_many([(rid, [1], params, options) for rid in rids])
             assert list(client.states) == ["a"]
-            assert [m.rid for m in _items(_sent(scheduler))] == [client.states["a"].wire_id]
+            assert [m.rid for m in _sent(scheduler)] == [client.states["a"].wire_id]
+
+    asyncio.run(scenario())
+
+
+def test_requests_whose_chunk_could_not_be_sent_end_with_a_500_and_the_rest_go_out():
+    """A send that fails (the socket closed at shutdown) took a chunk's requests with it,
+    silently: their clients waited forever. They end with an error; the queue drains on."""
+    async def scenario() -> None:
+        async with _backend() as (client, scheduler, _):
+            chunk = client.outbox._chunk
+            real_send, sends = client.outbox.sock.send_multipart, []
+
+            def second_send_fails(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+                sends.append(1)
+                if len(sends) == 2:
+                    raise zmq.ZMQError(zmq.ENOTSOCK)
+                return real_send(*args, **kwargs)
+
+            client.outbox.sock.send_multipart = second_send_fails
+            params = SamplingParams(max_new_tokens=1)
+            states = client.submit_many([(f"r{k}", [1], params, RequestOptions()) for k in range(3 * chunk)])
+            await asyncio.sleep(0.1)
+            lost = states[chunk:2 * chunk]
+            assert all(s.error is not None and "could not be sent" in s.error and s.error_status == 500 for s in lost)
+            assert all(s.is_finished for s in lost) and client.num_open_requests == 2 * chunk
+            assert [m.rid for m in _sent(scheduler)] == [s.wire_id for s in states[:chunk] + states[2 * chunk:]]
+            await asyncio.wait_for(client.wait_all(lost), 5)  # answered, not hanging
+
+    asyncio.run(scenario())
+
+
+def test_what_is_queued_when_the_loop_closes_is_reported_unsent():
+    async def scenario() -> list[ReqState]:
+        async with _backend() as (client, _, _):
+            params = SamplingParams(max_new_tokens=1)
+            states = client.submit_many([(f"r{k}", [1], params, RequestOptions()) for k in range(3 * client.outbox._chunk)])
+            client.outbox._drain.cancel()  # before its first step, as at the loop's close
+            await asyncio.sleep(0.01)
+            assert client.outbox.pending == 0 and client.outbox._drain is None
+            return states
+
+    states = asyncio.run(scenario())
+    assert all(s.error_status == 500 and "shutting down" in s.error for s in states)
+
+
+def test_a_group_is_aborted_in_one_message_per_chunk():
+    """A 100k-prompt batch's client going away sent 100k abort messages, one by one."""
+    async def scenario() -> None:
+        async with _backend() as (client, scheduler, _):
+            chunk = client.outbox._chunk
+            params = SamplingParams(max_new_tokens=1)
+            states = client.submit_many([(f"r{k}", [1], params, RequestOptions()) for k in range(chunk + 1)])
+            await asyncio.sleep(0.05)
+            _sent(scheduler)
+            client.abort_many(states)
+            client.cancel_many(states, "too late")  # the aborted are no longer open: nothing
+            await asyncio.sleep(0.05)
+            messages = _sent_messages(scheduler)
+            assert [len(m) if isinstance(m, list) else 1 for m in messages] == [chunk, 1]
+            assert _items(messages) == [AbortReq(s.wire_id) for s in states] and client.num_open_requests == 0
 
     asyncio.run(scenario())

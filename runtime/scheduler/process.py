@@ -65,8 +65,13 @@ class SchedulerServer:
     # ------------------------------------------------------------------ input
     def handle(self, msg: Any) -> None:
         if isinstance(msg, list):  # the HTTP process sends a large group in chunks (runtime/server/outbox.py)
+            aborted = []  # answered in one message, not one each
             for item in msg:
-                self.handle(item)
+                if isinstance(item, AbortReq):
+                    aborted += self.core.abort(item.rid, item.message)
+                else:
+                    self.handle(item)
+            self.send_updates(aborted)
         elif isinstance(msg, TokenizedGenerateReq):
             self.add(msg)
         elif isinstance(msg, AbortReq):

@@ -175,17 +175,18 @@ class ServerContext:
         aborts = self.arrivals.submitted(request)
         for state, (_, given) in zip(states, ids or [(s.rid, None) for s in states], strict=True):
             state.client_rid = given
-            if None in aborts or state.rid in aborts or given in aborts:
-                self.client.cancel(state, "aborted by /abort_request")
+        if aborts:
+            self.client.cancel_many([s for s in states if None in aborts or s.rid in aborts or s.client_rid in aborts],
+                                    "aborted by /abort_request")
         return states
 
     def abort(self, rid: str | None, abort_all: bool) -> None:
         """SGLang's ``/abort_request``: end the requests the client sent as ``rid`` (or all of
         them), also those still on their way to the scheduler."""
         self.arrivals.abort(rid, abort_all)
-        for state in list(self.client.states.values()):
-            if abort_all or (rid and rid in (state.rid, state.client_rid)):
-                self.client.cancel(state, "aborted by /abort_request")
+        self.client.cancel_many([state for state in self.client.states.values()
+                                 if abort_all or (rid and rid in (state.rid, state.client_rid))],
+                                "aborted by /abort_request")
 
 
 def _some(items: list[str], most: int = 10) -> str:

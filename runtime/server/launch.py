@@ -29,6 +29,7 @@ from runtime import ipc
 from runtime.arg_fields import field_names, fields_as_flags
 from runtime.config import ServerArgs
 from runtime.serve_args import HttpArgs
+from runtime.server.orphan_guard import stop_requested
 from runtime.server.response_store import SqliteTable
 from runtime.server.tools.template import load_chat_template
 
@@ -261,6 +262,7 @@ def _server(config: Any, answer_open_requests: Callable[[], None]) -> Any:
         hurried = False
 
         def handle_exit(self, sig: int, frame: Any) -> None:
+            stop_requested.set()
             if sig == signal.SIGINT and self.should_exit and not self.hurried:
                 self.hurried = True
                 self._captured_signals.append(sig)
@@ -271,6 +273,13 @@ def _server(config: Any, answer_open_requests: Callable[[], None]) -> Any:
             super().handle_exit(sig, frame)
 
     return Server(config)
+
+
+def _stop_signal(signum: int, frame: Any) -> None:
+    """SIGTERM as Ctrl-C: the same shutdown. Whoever watches for an orphaned server
+    (``orphan_guard``) is told that a stop has begun."""
+    stop_requested.set()
+    raise KeyboardInterrupt
 
 
 def stopped_by_signal(was_ready: bool, exit_code: int = 0) -> int:
@@ -286,7 +295,8 @@ def stopped_by_signal(was_ready: bool, exit_code: int = 0) -> int:
 def serve(args: ServerArgs, http: HttpArgs) -> int:
     """Run the server until SIGINT/SIGTERM (exit code 0; 130 before it was ready, as an
     interrupted command) or a child process dies (1)."""
-    signal.signal(signal.SIGTERM, ipc.raise_keyboard_interrupt)
+    signal.signal(signal.SIGTERM, _stop_signal)
+    signal.signal(signal.SIGINT, _stop_signal)
     launcher = Launcher(args, http)
     try:
         return launcher.run()

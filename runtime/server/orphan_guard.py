@@ -15,12 +15,15 @@ detokenizer). Two mechanisms:
   parent that may start children from short-lived threads.
 - A watcher thread that sees the child re-parented (within half a second), sends SIGTERM
   where the kernel does not, and exits outright if the child is still running a minute
-  later.
+  later. A module that stops on a signal sets ``stop_requested`` when its stop begins, so
+  that the watcher does not send a second one into its shutdown (a whole process group
+  signalled, e.g. by ``timeout``, loses the parent too).
 """
 
 from __future__ import annotations
 
 import ctypes
+import importlib
 import os
 import runpy
 import signal
@@ -32,22 +35,30 @@ _POLL_S = 0.5
 _GRACE_S = 60.0
 _PR_SET_PDEATHSIG = 1
 WATCH_ONLY = "--watch-only"
+stop_requested = threading.Event()  # set by the guarded module when it has begun to stop
 
 
 def stop_with_parent(parent_pid: int, *, death_signal: bool = True) -> None:
     """Exit at once if ``parent_pid`` is not (any longer) this process's parent; else get
     SIGTERM when it goes (``death_signal``: also from the kernel, see above)."""
-    if death_signal and sys.platform.startswith("linux"):
+    kernel_signals = death_signal and sys.platform.startswith("linux")
+    if kernel_signals:
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
     if os.getppid() != parent_pid:  # the parent died before the signal was set up
+        print(f"orphan_guard: parent process {parent_pid} is gone; not starting", file=sys.stderr, flush=True)
         sys.exit(1)
+
+    # Run as ``python -m``, this file is ``__main__``; the guarded module imports (and sets)
+    # the ``stop_requested`` of ``runtime.server.orphan_guard``, another module object.
+    stopping = importlib.import_module(__spec__.name).stop_requested if __spec__ else stop_requested
 
     def watch() -> None:
         while os.getppid() == parent_pid:
             time.sleep(_POLL_S)
-        if not death_signal:  # else the kernel has sent it: a second one would cut the shutdown short
+        # a second signal would cut a shutdown under way short
+        if not kernel_signals and not stopping.is_set():
             os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(_GRACE_S)
         os._exit(1)
