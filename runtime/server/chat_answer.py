@@ -22,8 +22,6 @@ class ChatAnswer:
         self.calls_finish = calls_finish
         self.tool_streams: dict[int, StreamingToolParser] = {}
         self.reasoning_streams: dict[int, StreamingReasoning] = {}
-        # whether the last ``message`` left out a call max_tokens cut (one a stream has shown)
-        self.dropped_cut_call = False
 
     @property
     def is_plain(self) -> bool:
@@ -34,20 +32,23 @@ class ChatAnswer:
         """The assistant message for the whole ``text``, and the finish reason (``calls_finish``
         when the answer stopped on its own after calls)."""
         message: dict[str, Any] = {"role": "assistant", "content": text}
-        self.dropped_cut_call = False
         if self.reasoning is not None:
             reasoning, message["content"], _ = self.reasoning.split(text)
             message["reasoning_content"] = (reasoning or None) if self.include_reasoning else None
         if self.tool_parser is not None:
-            content, calls = self.tool_parser.parse(message["content"])
+            text = message["content"]
+            content, parsed = self.tool_parser.parse(text)
+            calls = [c.as_openai() for c in parsed]
+            if finish == "length":  # a last call cut inside its arguments: as far as it was written,
+                cut = streamed_calls(self.tool_parser, text)[len(calls):]  # as a stream shows it (and OpenAI)
+                if not calls and (start := self.tool_parser.markup_start(text)) >= 0:
+                    content = text[:start].rstrip()  # markup cut before a call's name: dropped
+                calls += cut
             if calls:
-                message.update(content=content or None, tool_calls=[c.as_openai() for c in calls])
+                message.update(content=content or None, tool_calls=calls)
                 finish = self.calls_finish if finish == "stop" else finish
-            elif finish == "length" and (start := self.tool_parser.markup_start(content)) >= 0:
-                message["content"] = content[:start].rstrip() or None  # its only call, cut off: dropped
-                shown = StreamingToolParser(self.tool_parser)  # had a stream shown it (its name written)?
-                shown.feed(content, finished=True, cut_off=True)
-                self.dropped_cut_call = shown.sent_calls > 0
+            elif finish == "length" and content != text:
+                message["content"] = content or None
         return message, finish
 
     def delta(self, index: int, text: str, finish: str | None) -> tuple[dict[str, Any] | None, str | None]:
@@ -72,3 +73,15 @@ class ChatAnswer:
         if calls:
             delta["tool_calls"] = calls
         return delta, finish
+
+
+def streamed_calls(parser: ToolCallParser, text: str) -> list[dict[str, Any]]:
+    """The calls a stream of the whole ``text``, cut off by max_tokens, shows (a call once its
+    name is written; its arguments as far as they are), in OpenAI's shape."""
+    calls: list[dict[str, Any]] = []
+    for delta in StreamingToolParser(parser).feed(text, finished=True, cut_off=True)[1]:
+        if delta["index"] == len(calls):
+            calls.append({"id": delta["id"], "type": "function", "function": {**delta["function"]}})
+        else:
+            calls[delta["index"]]["function"]["arguments"] += delta["function"].get("arguments", "")
+    return calls

@@ -161,7 +161,7 @@ class ResponseCreation(OutputItems, ChatCompletion):
             raise err
         message, finish = self.answer.message(state.text, finish_reason_of(state))
         logprobs = self.all_logprobs(state)
-        output = self.whole_items(message, logprobs, finish, self.answer.dropped_cut_call)
+        output = self.whole_items(message, logprobs, finish)
         return JsonResponse(self.finish(output, finish, states))
 
     def all_logprobs(self, state: ReqState) -> list[dict[str, Any]] | None:

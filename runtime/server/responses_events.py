@@ -31,11 +31,11 @@ class OutputItems:
         return {"type": "function_call", "id": f"fc_{self.hex}_{k}", "call_id": call_id, "name": name,
                 "arguments": arguments, "status": status}
 
-    def whole_items(self, message: dict[str, Any], logprobs: list[dict[str, Any]] | None, finish: str | None,
-                    dropped_cut_call: bool = False) -> list[dict[str, Any]]:
+    def whole_items(self, message: dict[str, Any], logprobs: list[dict[str, Any]] | None,
+                    finish: str | None) -> list[dict[str, Any]]:
         """A whole chat answer's items: its reasoning, its text, its calls; under
-        ``max_output_tokens`` the item the limit cut is incomplete (a call here is whole; one
-        the limit cut was left out, ``dropped_cut_call``), as the stream ends them."""
+        ``max_output_tokens`` the item the limit cut is incomplete (a text, or a call cut
+        inside its arguments), as the stream ends them."""
         output = []
         if message.get("reasoning_content"):
             output.append(self.text_item("reasoning", message["reasoning_content"]))
@@ -43,7 +43,8 @@ class OutputItems:
             output.append(self.text_item("message", message["content"], logprobs or []))
         for k, call in enumerate(message.get("tool_calls") or []):
             output.append(self.call_item(k, call["id"], call["function"]["name"], call["function"]["arguments"]))
-        if finish == "length" and output and output[-1]["type"] != "function_call" and not dropped_cut_call:
+        if finish == "length" and output and (output[-1]["type"] != "function_call"
+                                              or not _whole_object(output[-1]["arguments"])):
             output[-1]["status"] = "incomplete"
         return output
 

@@ -278,8 +278,7 @@ class StreamingToolParser:
     writes them. At the end the whole parse has the last word: a call it has that the
     stream has not shown completely (arguments first, or written as a string) is sent then.
     A last call cut off by max_tokens inside its arguments stays as far as it was streamed
-    (finish_reason ``length``), where the whole answer leaves it out (one cut after its
-    arguments is a call in both). Markup that never parses as a call
+    (finish_reason ``length``), as in the whole answer (``chat_answer.streamed_calls``). Markup that never parses as a call
     (no call announced) is content in the end, as in the whole parse, unless max_tokens cut
     the answer inside it (``markup_start``): then, as in the whole answer, it is dropped. A call announced
     that the whole parse then rejects cannot be taken back."""
