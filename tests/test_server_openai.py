@@ -158,6 +158,9 @@ def test_n_choices_and_max_completion_tokens(client):
     assert [c.index for c in resp.choices] == [0, 1, 2]
     assert len({c.message.content for c in resp.choices}) == 1  # greedy: all the same
     assert 3 <= resp.usage.completion_tokens <= 36
+    both = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Count to ten."}],
+                                          temperature=0, max_tokens=40, max_completion_tokens=5)
+    assert both.choices[0].finish_reason == "length" and both.usage.completion_tokens == 5  # the newer field wins
 
 
 def test_stop_strings_and_seed(client):

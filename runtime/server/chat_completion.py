@@ -45,6 +45,7 @@ class ChatCompletion(OpenAIHandler):
         r = self.req
         self.check_request()
         prompts = [await self.prompt_ids()]
+        # both given (some client wrappers do): the newer field wins, as on vLLM and SGLang
         max_tokens = r.max_completion_tokens if r.max_completion_tokens is not None else r.max_tokens
         return self.submit(prompts, max_tokens, (r.top_logprobs or 0) if r.logprobs else None)
 
@@ -94,8 +95,6 @@ class ChatCompletion(OpenAIHandler):
             raise ApiError(400, "only the text modality is supported", param="modalities")
         if any(m.function_call for m in r.messages):
             raise ApiError(400, "'function_call' in messages is the deprecated form; send 'tool_calls'", param="messages")
-        if r.max_tokens is not None and r.max_completion_tokens is not None and r.max_tokens != r.max_completion_tokens:
-            raise ApiError(400, "give max_tokens or max_completion_tokens, not two different values", param="max_tokens")
         for name in ("max_tokens", "max_completion_tokens"):  # completions' echo may score with 0; a chat may not
             value = getattr(r, name)
             if value is not None and value < 1:
