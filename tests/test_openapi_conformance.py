@@ -36,7 +36,7 @@ def test_the_document_names_every_route_and_its_answers(small_server):
     body = doc["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert body["$ref"].endswith("/ChatCompletionRequest")
     # a field accepted only unset shows only that (NeutralOnly), on every route's body
-    for model, field in (("ChatCompletionRequest", "logit_bias"), ("CompletionRequest", "suffix"),
+    for model, field in (("ChatCompletionRequest", "lora_path"), ("CompletionRequest", "suffix"),
                          ("GenerateReqInput", "lora_path"), ("ResponsesRequest", "prompt"),
                          ("StructuredOutputs", "whitespace_pattern")):
         assert "not supported" in doc["components"]["schemas"][model]["properties"][field]["description"], model

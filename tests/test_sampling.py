@@ -289,6 +289,21 @@ def test_penalties_match_hand_computation():
     torch.testing.assert_close(logits[0], torch.tensor(expected))
 
 
+def test_logit_bias_is_added_after_the_penalties_and_logprobs_stay_the_models():
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0]])
+    req = FakeReq(_params(repetition_penalty=2.0, logit_bias={"0": -5, "2": 10.5}), input_ids=[0, 3],
+                  return_logprob=True)
+    raw = torch.log_softmax(logits[0], -1)
+    out = sample(logits.clone(), [req], [[]], _gen(0))
+    assert out.next_ids == [2]  # 0.5 + 10.5 beats 3.0 / 2
+    assert out.logprobs[0] == pytest.approx(float(raw[2]))  # the model's own, not the biased
+    biased = logits.clone()
+    apply_penalties(biased, [req], [[]])
+    torch.testing.assert_close(biased[0], torch.tensor([2.0 / 2 - 5, -1.0, 0.5 + 10.5, 3.0 / 2]))
+    unbiased = FakeReq(_params(logit_bias={}), input_ids=[0, 3])
+    assert sample(logits.clone(), [unbiased], [[]], _gen(0)).next_ids == [3] and not unbiased.params.has_penalties
+
+
 def test_frequency_and_presence_only_touch_output_tokens():
     logits = torch.zeros(1, 5)
     req = FakeReq(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from runtime.request_options import RequestOptions
-from runtime.sampling.params import SamplingParams
+from runtime.sampling.params import InvalidField, SamplingParams
 
 
 def test_from_dict_defaults_and_normalisation():
@@ -126,8 +126,18 @@ def test_unknown_names_are_an_error_offline_and_reported_when_the_caller_asks():
     assert SamplingParams.from_dict({"sampling_seed": 3}).seed == 3  # SGLang's name
     assert SamplingParams.from_dict({"logit_bias": {}, "custom_params": None}) == SamplingParams()
     with pytest.raises(InvalidField) as err:
-        SamplingParams.from_dict({"logit_bias": {"1": 2.0}}, seen.append)
-    assert err.value.field == "logit_bias"
+        SamplingParams.from_dict({"custom_params": {"a": 1}}, seen.append)
+    assert err.value.field == "custom_params"
+
+
+def test_logit_bias_keys_are_token_ids_and_values_within_openais_range():
+    assert SamplingParams.from_dict({"logit_bias": {"50": -100, 7: 2.5}}).logit_bias == {50: -100, 7: 2.5}
+    for bad in ({"x": 1}, {"-1": 1}, {"5": 100.5}, {"5": "high"}, [5]):
+        with pytest.raises(InvalidField) as err:
+            SamplingParams.from_dict({"logit_bias": bad})
+        assert err.value.field == "logit_bias", bad
+    with pytest.raises(InvalidField, match="vocabulary"):
+        SamplingParams.from_dict({"logit_bias": {"100": 1}}).check_vocab(100)
 
 
 def test_whole_floats_for_integer_fields_are_those_integers():

@@ -107,7 +107,8 @@ def test_unknown_fields_are_ignored_with_one_warning(server):
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("logit_bias", {"42": 5}), ("audio", {"voice": "alloy", "format": "mp3"}), ("prediction", {"type": "content", "content": "x"}),
+        ("logit_bias", {"42": 101}), ("logit_bias", {"999999": 1}), ("audio", {"voice": "alloy", "format": "mp3"}),
+        ("prediction", {"type": "content", "content": "x"}),
         ("web_search_options", {}), ("modalities", ["text", "audio"]),
         ("moderation", {"model": "omni-moderation-latest"}),
         ("return_hidden_states", True), ("lora_path", "adapter"),
@@ -286,7 +287,7 @@ def test_unknown_sampling_params_are_ignored_with_one_warning_and_known_ones_che
     assert server.read_output().count("ignoring unknown sampling parameter 'wibble_factor'") == 1
     neutral = {"structural_tag": None, "custom_params": None, "logit_bias": None}
     assert post(server, "/generate", {"text": "Hi", "sampling_params": {**greedy, **neutral, "stream_interval": 2}}).status_code == 200
-    for field, value in [("logit_bias", {"42": 5.0}), ("structural_tag", "{}"), ("max_new_tokens", "4")]:
+    for field, value in [("logit_bias", {"42": "much"}), ("structural_tag", "{}"), ("max_new_tokens", "4")]:
         resp = post(server, "/generate", {"text": "Hi", "sampling_params": {**greedy, field: value}})
         assert resp.status_code == 400 and resp.json()["error"]["param"] == field, resp.text
     sampled = {"max_new_tokens": 8, "temperature": 1.0}

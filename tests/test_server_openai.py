@@ -163,6 +163,25 @@ def test_n_choices_and_max_completion_tokens(client):
     assert both.choices[0].finish_reason == "length" and both.usage.completion_tokens == 5  # the newer field wins
 
 
+def test_logit_bias_steers_every_route(client, server):
+    """OpenAI's logit_bias (token id strings -> [-100, 100]), also SGLang's sampling field:
+    +100 makes a token every greedy pick; -100 on the greedy first token moves it."""
+    import httpx
+
+    token = 1000  # any ordinary token
+    chat = dict(model=MODEL, messages=[{"role": "user", "content": "Say hi."}], temperature=0, max_tokens=4)
+    forced = client.chat.completions.create(**chat, logit_bias={str(token): 100}, extra_body={"return_token_ids": True})
+    assert forced.choices[0].token_ids == [token] * 4
+    first = client.completions.create(model=MODEL, prompt="The capital of France is", temperature=0, max_tokens=1,
+                                      extra_body={"return_token_ids": True}).choices[0].token_ids[0]
+    moved = client.completions.create(model=MODEL, prompt="The capital of France is", temperature=0, max_tokens=1,
+                                      logit_bias={str(first): -100}, extra_body={"return_token_ids": True})
+    assert moved.choices[0].token_ids[0] != first
+    native = httpx.post(server.url + "/generate", timeout=60, json={
+        "text": "Hello", "sampling_params": {"max_new_tokens": 3, "temperature": 0, "logit_bias": {str(token): 100}}})
+    assert native.json()["output_ids"] == [token] * 3
+
+
 def test_stop_strings_and_seed(client):
     resp = client.completions.create(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=30, temperature=0, stop=[" 7"])
     assert resp.choices[0].finish_reason == "stop"

@@ -22,6 +22,17 @@ class InvalidField(ValueError):
         return InvalidField, (self.field, str(self))
 
 
+def _logit_bias(value: Any) -> Any:
+    """A logit bias with integer token ids (JSON's keys are strings: "50256"); empty is none.
+    What is not such a map is left for ``validate`` to name."""
+    if not isinstance(value, dict):
+        return value
+    out: dict[Any, Any] = {}
+    for key, bias in value.items():
+        out[int(key) if isinstance(key, str) and key.strip().lstrip("-").isdigit() else key] = bias
+    return out or None
+
+
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
@@ -50,7 +61,8 @@ TOP_K_ALL = 2**31 - 1  # a top_k past any vocabulary's size is off (a tensor cou
 BOOL_FIELDS = ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim")
 # SGLang's sampling fields this engine does not implement: accepted at their neutral value
 # (what SGLang's own clients send when the feature is off), anything else is refused.
-SGLANG_NEUTRAL_ONLY = ("structural_tag", "custom_params", "logit_bias")
+SGLANG_NEUTRAL_ONLY = ("structural_tag", "custom_params")
+LOGIT_BIAS_RANGE = 100.0  # OpenAI's: each bias in [-100, 100]
 SGLANG_ALIASES = {"sampling_seed": "seed"}
 
 
@@ -71,6 +83,9 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    # added to the logits of these token ids before sampling (OpenAI's logit_bias; keys
+    # may come as strings, as JSON objects have them); the reported logprobs are the model's
+    logit_bias: dict[int, float] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
@@ -111,6 +126,8 @@ class SamplingParams:
             del d[name]
         # JSON clients send null for "use the default".
         d = {k: v for k, v in d.items() if v is not None or k in ("seed", "regex", "json_schema", "ebnf")}
+        if "logit_bias" in d:
+            d["logit_bias"] = _logit_bias(d["logit_bias"])
         if isinstance(d.get("json_schema"), dict):  # a schema object is as good as its JSON text
             d["json_schema"] = json.dumps(d["json_schema"])
         for name in ("stop", "stop_regex"):
@@ -160,6 +177,9 @@ class SamplingParams:
         need(_is_int(self.n) and 1 <= self.n <= MAX_N, "n", f"must be an integer in [1, {MAX_N}]")
         need(self.stream_interval is None or (_is_int(self.stream_interval) and self.stream_interval >= 1),
              "stream_interval", "must be an integer >= 1")
+        need(self.logit_bias is None or (isinstance(self.logit_bias, dict) and all(
+            _is_int(t) and t >= 0 and is_num(b) and abs(b) <= LOGIT_BIAS_RANGE for t, b in self.logit_bias.items())),
+            "logit_bias", f"must map token ids to numbers in [-{LOGIT_BIAS_RANGE:g}, {LOGIT_BIAS_RANGE:g}]")
         for name in ("regex", "json_schema", "ebnf"):
             need(getattr(self, name) is None or (isinstance(getattr(self, name), str) and getattr(self, name) != ""),
                  name, "must be a non-empty string")
@@ -168,9 +188,10 @@ class SamplingParams:
 
     def check_vocab(self, vocab_size: int) -> None:
         """Token ids must exist in the model's vocabulary (the sampler indexes logits by them)."""
-        bad = [t for t in self.stop_token_ids if t >= vocab_size]
-        if bad:
-            raise InvalidField("stop_token_ids", f"stop_token_ids must be in [0, {vocab_size}) (the vocabulary), got {bad[:5]!r}")
+        for name, ids in (("stop_token_ids", self.stop_token_ids), ("logit_bias", self.logit_bias or ())):
+            bad = [t for t in ids if t >= vocab_size]
+            if bad:
+                raise InvalidField(name, f"{name}: token ids must be in [0, {vocab_size}) (the vocabulary), got {bad[:5]!r}")
 
     @property
     def is_greedy(self) -> bool:
@@ -178,4 +199,6 @@ class SamplingParams:
 
     @property
     def has_penalties(self) -> bool:
-        return self.frequency_penalty != 0 or self.presence_penalty != 0 or self.repetition_penalty != 1
+        """Penalties or a logit bias: the sampler changes the logits row on the host."""
+        return (self.frequency_penalty != 0 or self.presence_penalty != 0 or self.repetition_penalty != 1
+                or bool(self.logit_bias))

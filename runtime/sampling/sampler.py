@@ -1,4 +1,4 @@
-"""Turn a step's logits into next tokens: penalties, then greedy or temperature/top-k/top-p/min-p.
+"""Turn a step's logits into next tokens: penalties and logit bias, then greedy or temperature/top-k/top-p/min-p.
 
 Logprobs reported to users are those of the model's raw distribution (``log_softmax`` of
 the logits before penalties and temperature), which is what a client comparing against
@@ -37,7 +37,8 @@ class SampleOutput:
 
 def apply_penalties(logits: torch.Tensor, reqs: list[SamplingRequest], banned: list[list[int]]) -> None:
     """In place: frequency/presence penalties on output tokens (OpenAI's rule), repetition
-    penalty on prompt and output tokens (the CTRL/HF rule), and ``banned`` ids set to -inf."""
+    penalty on prompt and output tokens (the CTRL/HF rule), then the ``logit_bias`` added
+    (OpenAI's), and ``banned`` ids set to -inf."""
     for i, req in enumerate(reqs):
         p = req.params
         if p.has_penalties:
@@ -49,6 +50,9 @@ def apply_penalties(logits: torch.Tensor, reqs: list[SamplingRequest], banned: l
                 seen = torch.tensor(sorted(set(req.input_ids) | set(req.output_ids)))
                 vals = row[seen]
                 row[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+            if p.logit_bias:
+                ids = torch.tensor(list(p.logit_bias))
+                row[ids] += torch.tensor(list(p.logit_bias.values()), dtype=row.dtype)
         if banned[i]:
             logits[i, banned[i]] = float("-inf")
 

@@ -69,6 +69,7 @@ class OpenAIHandler:
             "frequency_penalty": r.frequency_penalty,
             "presence_penalty": r.presence_penalty,
             "repetition_penalty": r.repetition_penalty,
+            "logit_bias": r.logit_bias,
             "ignore_eos": r.ignore_eos,
             "skip_special_tokens": r.skip_special_tokens,
             "no_stop_trim": r.no_stop_trim or r.include_stop_str_in_output,

@@ -70,6 +70,7 @@ class OpenAISampling(SharedSampling):
     top_p: float | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    logit_bias: dict[str, float] | None = None  # token id (a JSON key) -> a bias in [-100, 100]
     # accepted and ignored: they change nothing here
     user: str | None = None
     # extras (vLLM / SGLang names)
@@ -119,7 +120,6 @@ class OpenAISampling(SharedSampling):
     mm_payload: str | None = None
     return_mm_kwargs: bool | None = None
     # accepted at their neutral value only
-    logit_bias: NeutralOnly[dict[str, float] | None] = None
     best_of: int | None = None
     lora_path: NeutralOnly[Any] = None
     session_params: NeutralOnly[Any] = None
