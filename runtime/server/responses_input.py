@@ -156,6 +156,9 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
         if tool.get("type") != "function":
             raise ApiError(400, f"tools[{i}]: tools of type '{tool.get('type')}' are not supported by this server "
                                 "(function tools only)", param=f"tools[{i}]")
+        if not isinstance(tool.get("name"), str) or not tool["name"]:  # the chat route's check would name its own path
+            raise ApiError(400, f"tools[{i}].name: a function tool needs a name (a non-empty string)",
+                           param=f"tools[{i}].name")
         function = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
         out.append({"type": "function", "function": function})
     return out
