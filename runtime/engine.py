@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import contextvars
 import dataclasses
+import gc
 import itertools
 import threading
 import time
@@ -28,6 +29,7 @@ from runtime.executor.worker import ModelWorker
 from runtime.incremental_text import IncrementalText
 from runtime.model_loader import resolve_model_path
 from runtime.output_format import logprob_meta
+from runtime.process_memory import glibc_trim
 from runtime.request_builder import (
     RequestLimits,
     build_requests,
@@ -265,8 +267,13 @@ class Engine:
         self._steps.abort(reqs)
 
     def shutdown(self) -> None:
-        """End the engine (its core checks that no KV slot leaked); calls after it raise."""
+        """End the engine (its core checks that no KV slot leaked) and give its memory back
+        (the weights and the KV pool, also where the engine stays referenced, as in a
+        notebook that makes a new one); calls after it raise."""
         self._steps.shutdown()
+        gc.collect()
+        if (trim := glibc_trim()) is not None:  # glibc keeps what was freed (the worker's setting)
+            trim()
 
     def _check_open(self) -> None:
         self._steps.check_open()

@@ -282,9 +282,13 @@ class ModelWorker:
             return self.model(fwd.input_ids.to(self.device), fwd.positions.to(self.device))
 
     def shutdown(self) -> None:
+        """Stop the tensor-parallel peers and let go of the weights and the KV pool, so that
+        an offline ``Engine`` shut down but still referenced holds no memory (1.4 GB for the
+        default model); the worker is unusable after."""
         if self.peers is not None:
             self.peers.stop()
             self.peers = None
+        self.model = self.kv_pool = self.graph_runner = self.attn_backend = self.device_table = None  # type: ignore[assignment]
 
     @staticmethod
     def _greedy_ids(inp: ModelInput, ids: list[int]) -> BatchResult:

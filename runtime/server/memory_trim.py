@@ -11,34 +11,9 @@ glibc it does nothing.
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
-import os
 from collections.abc import Callable
 
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-
-def resident_mib() -> int | None:
-    """This process's resident memory (Linux), else None."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * _PAGE >> 20
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def glibc_trim() -> Callable[[], int] | None:
-    """``malloc_trim(0)`` of this process's C library, where it is glibc."""
-    name = ctypes.util.find_library("c")
-    try:
-        trim = ctypes.CDLL(name).malloc_trim if name else None
-    except (OSError, AttributeError):
-        return None
-    if trim is None:
-        return None
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    return lambda: trim(0)
+from runtime.process_memory import glibc_trim, resident_mib
 
 
 async def trim_when_grown(grown_mib: int = 256, period_s: float = 5.0, again_s: float = 30.0, *,
