@@ -61,8 +61,8 @@ def tool_loop(client: httpx.Client, model: str, city: str) -> list[Call]:
         out = _chat(client, body)
         calls.append((body, out["usage"]["completion_tokens"]))
         msg = out["choices"][0]["message"]
-        if not msg.get("tool_calls"):
-            break
+        if not msg.get("tool_calls") or out["choices"][0]["finish_reason"] == "length":
+            break  # answered, or a call cut by max_tokens (its arguments are not whole JSON)
         messages.append({"role": "assistant", "content": msg.get("content"), "tool_calls": msg["tool_calls"]})
         for call in msg["tool_calls"]:
             args = json.loads(call["function"]["arguments"])

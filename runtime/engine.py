@@ -214,7 +214,7 @@ class Engine:
                                   namespace, program_id) for want, start, top in logprobs]
         requests = build_requests(prompts, parse_sampling_params(sampling_params, n), options,
                                   self.limits, prompt_field="prompt" if input_ids is None else "input_ids")
-        requests, prompt_source = score_each_prompt_once(requests, stream=stream)
+        requests, prompt_source = score_each_prompt_once(requests, each_own=stream)  # aborts are per call
         reqs = [Req(f"req-{next(self._rids)}", r.input_ids, r.params, r.options) for r in requests]
         return reqs, is_batch, prompt_source
 

@@ -105,15 +105,16 @@ def build_requests(prompts: list[list[int]], params: list[SamplingParams],
     return requests
 
 
-def score_each_prompt_once(requests: list[GenerateRequest], *, stream: bool = False,
+def score_each_prompt_once(requests: list[GenerateRequest], *, each_own: bool = False,
                            ) -> tuple[list[GenerateRequest], list[int]]:
     """The ``n`` samples of a prompt that ask for its logprobs (``logprob_start_len`` inside
     it) all report the same ones: only the first computes them, the others ask for none
     (and reuse its cached prompt); n 8 of an 8k-token prompt computed them 8 times. Returns
     the requests so changed and, for each, the index of the request whose prompt logprobs
-    it reports. For answers given whole: with ``stream``, each sample reports its own (as
-    they come), so nothing changes."""
-    if stream:
+    it reports. ``each_own``: nothing changes, each sample reports its own: a stream (its
+    samples report as they come), or samples with ids of the client's, which it may abort
+    one at a time (the others would have lost the first's logprobs)."""
+    if each_own:
         return requests, list(range(len(requests)))
     out: list[GenerateRequest] = []
     source: list[int] = []

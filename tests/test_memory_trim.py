@@ -76,6 +76,21 @@ def test_trims_again_after_a_while_what_a_finished_request_freed():
     assert _trims(sizes, again_s=1e9) == [400]
 
 
+def test_a_trim_that_gives_nothing_back_waits_longer_each_time():
+    """Memory in use stays in use: trimming it every ``again_s`` only holds glibc's locks."""
+    sizes = iter([100])
+    trims = []
+
+    async def scenario() -> None:
+        task = asyncio.create_task(trim_when_grown(256, period_s=0.001, again_s=0.02,
+                                                   resident=lambda: next(sizes, 400), trim=lambda: trims.append(1) or 1))
+        await asyncio.sleep(0.6)
+        task.cancel()
+
+    asyncio.run(scenario())
+    assert 3 <= len(trims) <= 8, len(trims)  # 0.02, 0.04, 0.08, ... s apart; every 0.02 s would be ~30
+
+
 _ENGINE = """
 from runtime.engine import Engine
 from runtime.process_memory import resident_mib

@@ -132,7 +132,9 @@ def test_unknown_names_are_an_error_offline_and_reported_when_the_caller_asks():
 
 def test_logit_bias_keys_are_token_ids_and_values_within_openais_range():
     assert SamplingParams.from_dict({"logit_bias": {"50": -100, 7: 2.5}}).logit_bias == {50: -100, 7: 2.5}
-    for bad in ({"x": 1}, {"-1": 1}, {"5": 100.5}, {"5": "high"}, [5]):
+    assert SamplingParams.from_dict({"logit_bias": {" 5 ": 1}}).logit_bias == {5: 1}
+    for bad in ({"x": 1}, {"-1": 1}, {"--5": 1}, {"\u00b2": 1}, {"5": 100.5}, {"5": "high"}, [5],
+                {"5": 1, " 5": -100}, {5: 1, "5": 2}):
         with pytest.raises(InvalidField) as err:
             SamplingParams.from_dict({"logit_bias": bad})
         assert err.value.field == "logit_bias", bad

@@ -137,6 +137,11 @@ def test_n_samples_report_their_prompts_logprobs_computed_once(server, engine, s
                           logprob_start_len=start, top_logprobs_num=2, namespace=f"n-{start}")
     assert [o["meta_info"]["cached_tokens"] > 0 for o in outs] == [False, True, True]
     assert [r["meta_info"]["cached_tokens"] > 0 for r in ref] == [False, True, True]
+    # with ids of its own the client may abort one sample (/abort_request "s_0"): each scores its own,
+    # or the others would lose the prompt's logprobs with the first
+    own = post(server, "/generate", {**body, "rid": "s", "extra_key": f"own-{start}"}).json()
+    assert all(o["meta_info"]["cached_tokens"] <= start for o in own)  # the scored part computed by each
+    outs += own
     for meta in [o["meta_info"] for o in outs] + [r["meta_info"] for r in ref]:
         assert len(meta["input_token_logprobs"]) == meta["prompt_tokens"] - start
         for got, want in zip(meta["input_token_logprobs"], alone["input_token_logprobs"], strict=True):

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runtime.sampling.stop_regex import check_pattern
+
+if TYPE_CHECKING:
+    import torch
 
 
 class InvalidField(ValueError):
@@ -24,12 +29,16 @@ class InvalidField(ValueError):
 
 def _logit_bias(value: Any) -> Any:
     """A logit bias with integer token ids (JSON's keys are strings: "50256"); empty is none.
-    What is not such a map is left for ``validate`` to name."""
+    A key that is no token id is left for ``validate`` to name; one id given twice (``"5"``
+    and ``" 5"``) is an error."""
     if not isinstance(value, dict):
         return value
     out: dict[Any, Any] = {}
     for key, bias in value.items():
-        out[int(key) if isinstance(key, str) and key.strip().lstrip("-").isdigit() else key] = bias
+        token = int(key) if isinstance(key, str) and re.fullmatch(r"\s*[0-9]+\s*", key, re.ASCII) else key
+        if token in out:
+            raise InvalidField("logit_bias", f"logit_bias gives token {token} more than once")
+        out[token] = bias
     return out or None
 
 
@@ -196,6 +205,14 @@ class SamplingParams:
     @property
     def is_greedy(self) -> bool:
         return self.temperature < 1e-6 or self.top_k == 1
+
+    @functools.cached_property
+    def logit_bias_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``logit_bias`` as (token ids, biases), made once (the sampler adds them each step)."""
+        import torch
+
+        bias = self.logit_bias or {}
+        return torch.tensor(list(bias), dtype=torch.long), torch.tensor(list(bias.values()), dtype=torch.float32)
 
     @property
     def has_penalties(self) -> bool:

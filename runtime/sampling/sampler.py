@@ -51,8 +51,8 @@ def apply_penalties(logits: torch.Tensor, reqs: list[SamplingRequest], banned: l
                 vals = row[seen]
                 row[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
             if p.logit_bias:
-                ids = torch.tensor(list(p.logit_bias))
-                row[ids] += torch.tensor(list(p.logit_bias.values()), dtype=row.dtype)
+                ids, biases = p.logit_bias_tensors
+                row[ids] += biases.to(row.dtype)
         if banned[i]:
             logits[i, banned[i]] = float("-inf")
 

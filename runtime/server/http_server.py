@@ -288,7 +288,7 @@ async def handle_generate(ctx: ServerContext, req: GenerateReqInput, request: Re
         requests = build_requests(prompts, params, options, ctx.limits,
                                   prompt_field="text" if req.text is not None else "input_ids")
     is_batch = is_batch or len(requests) > 1
-    requests, prompt_source = score_each_prompt_once(requests, stream=bool(req.stream))
+    requests, prompt_source = score_each_prompt_once(requests, each_own=bool(req.stream) or req.rid is not None)
     states = ctx.submit_group(requests, request_ids(req.rid, [p.n for p in params]), request)
     prompt_of = {id(s): r.input_ids for s, r in zip(states, requests, strict=True)}
     # whose prompt logprobs each output reports: another sample of its prompt's, or its own

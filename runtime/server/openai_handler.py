@@ -243,9 +243,9 @@ class OpenAIHandler:
                 samples = build_requests([ids], [params], options, ctx.limits, prompt_field=self.prompt_field)
             requests += samples
         # not streamed: the prompt scored once, not once per sample (n 128 of an 8k-token prompt took 19 minutes)
-        requests, self.prompt_source = score_each_prompt_once(requests, stream=bool(self.req.stream))
-        self.num_prompts, self.prompts = len(prompts), prompts
         rid = self.req.rid if self.req.rid is not None else self.req.request_id
+        requests, self.prompt_source = score_each_prompt_once(requests, each_own=bool(self.req.stream) or rid is not None)
+        self.num_prompts, self.prompts = len(prompts), prompts
         self.states = ctx.submit_group(requests, request_ids(rid, [self.req.n] * len(prompts)), self.request)
         return self.states
 

@@ -183,8 +183,11 @@ class ToolCall(_Body):
     function: FunctionCall
 
 
+FUNCTION_NAME = r"^[A-Za-z0-9_.-]{1,64}$"  # OpenAI's rule for a function's name
+
+
 class FunctionDef(_Body):
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    name: str = Field(pattern=FUNCTION_NAME)
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None

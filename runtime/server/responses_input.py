@@ -10,13 +10,14 @@ And a stored request's input items, as ``GET /v1/responses/{id}/input_items`` pa
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pydantic import ValidationError
 
 from runtime.server.context import validation_400
 from runtime.server.protocol import ApiError
-from runtime.server.protocol_openai import ChatCompletionRequest, SharedSampling
+from runtime.server.protocol_openai import FUNCTION_NAME, ChatCompletionRequest, SharedSampling
 from runtime.server.protocol_responses import ResponsesRequest
 
 TEXT_PARTS = ("input_text", "output_text", "text")
@@ -156,9 +157,10 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
         if tool.get("type") != "function":
             raise ApiError(400, f"tools[{i}]: tools of type '{tool.get('type')}' are not supported by this server "
                                 "(function tools only)", param=f"tools[{i}]")
-        if not isinstance(tool.get("name"), str) or not tool["name"]:  # the chat route's check would name its own path
-            raise ApiError(400, f"tools[{i}].name: a function tool needs a name (a non-empty string)",
-                           param=f"tools[{i}].name")
+        name = tool.get("name")
+        if not isinstance(name, str) or re.match(FUNCTION_NAME, name) is None:  # the chat route would name its own path
+            raise ApiError(400, f"tools[{i}].name: a function tool needs a name of 1 to 64 letters, digits, "
+                                f"'_', '.' or '-', got {name!r}", param=f"tools[{i}].name")
         function = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
         out.append({"type": "function", "function": function})
     return out
