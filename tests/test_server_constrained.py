@@ -39,18 +39,6 @@ def test_parse_with_a_pydantic_model(client):
     assert isinstance(city, City) and resp.choices[0].finish_reason == "stop"
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_a_seeded_constrained_answer_is_the_same_with_logprobs(client, seed):
-    """Asking for logprobs turns jump-forward off; a seeded request jumped gave other output
-    than the same request with logprobs (a jump skips the draws of the tokens it forces)."""
-    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
-              "required": ["name", "age"]}
-    kw = dict(model=MODEL, messages=[{"role": "user", "content": "Make up a person."}], seed=seed, max_tokens=30,
-              response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": schema}})
-    plain = client.chat.completions.create(**kw).choices[0].message.content
-    assert client.chat.completions.create(**kw, logprobs=True).choices[0].message.content == plain
-
-
 def test_json_object_streamed_and_not(client):
     kw = dict(model=MODEL, temperature=0, max_tokens=120, response_format={"type": "json_object"},
               messages=[{"role": "user", "content": 'Give me a JSON object with keys "name" and "age" for a dog.'}])

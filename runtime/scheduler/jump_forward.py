@@ -20,12 +20,9 @@ MAX_JUMP_TOKENS = 32  # a jump is one extend chunk; longer forced text jumps aga
 
 def is_eligible(req: Req) -> bool:
     """Requests whose per-token reports a jump would skip are never jumped: logprobs (no
-    logits for forced tokens) and stop strings / regexes (checked on sampled tokens). Nor
-    are seeded ones: a jump skips the random draws of the tokens it forces (and may give
-    other tokens), so a seed would give other output once logprobs turned jumps off."""
+    logits for forced tokens) and stop strings / regexes (checked on sampled tokens)."""
     p = req.params
-    return (req.grammar is not None and not req.options.return_logprob and not p.stop and not p.stop_regex
-            and p.seed is None)
+    return req.grammar is not None and not req.options.return_logprob and not p.stop and not p.stop_regex
 
 
 def jump_forward(req: Req, decode: Callable[[list[int]], str], encode: Callable[[str], list[int]], room: int) -> int:
