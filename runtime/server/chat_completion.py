@@ -179,7 +179,7 @@ class ChatCompletion(OpenAIHandler):
     def answer_fields(self, states: list[ReqState]) -> dict[str, Any]:
         fields = self.opening_fields(0)
         if self.scores_prompt:  # one prompt: beside the choices, as vLLM has it
-            fields["prompt_logprobs"] = self.vllm_prompt_logprobs(0, states[0])
+            fields["prompt_logprobs"] = self.vllm_prompt_logprobs(0)
         return fields
 
     def opening_fields(self, index: int) -> dict[str, Any]:

@@ -51,7 +51,7 @@ class Completion(OpenAIHandler):
         choice = {"index": index, "text": echo + state.text, "logprobs": self.with_prompt(index, state, logprobs),
                   "finish_reason": finish_reason_of(state), **self.prompt_ids_field(index)}
         if self.scores_prompt:
-            choice["prompt_logprobs"] = self.vllm_prompt_logprobs(index, state)
+            choice["prompt_logprobs"] = self.vllm_prompt_logprobs(index)
         return choice
 
     def prompt_ids_field(self, index: int) -> dict[str, Any]:
@@ -68,7 +68,7 @@ class Completion(OpenAIHandler):
         # a special first token the tokenizer added (a BOS) is not in the echoed text
         added = {first} if first in token_bytes.special and not self.echo(index).startswith(
             token_bytes.of(first).decode(errors="replace")) else set()
-        scored = self.prompt_state(index, state)
+        scored = self.prompt_state(index)
         prompt = self.entries(scored.input_token_logprobs, scored.input_top_logprobs, 0, unseen=added)
         return {key: prompt[key] + logprobs[key] for key in logprobs}
 

@@ -161,16 +161,12 @@ class ServerContext:
         self.check_available()
         self.check_capacity(len(requests))
         rids = [rid for rid, _ in ids] if ids else [self.client.new_rid() for _ in requests]
-        seen: set[str] = set()
-        clashes = [r for r in rids if r in self.client.states or r in seen or seen.add(r)]
-        if clashes:
-            raise ApiError(400, f"request ids must be unique and not in use: {_some(clashes)}", param="rid")
         try:
             states = self.client.submit_many([(rid, r.input_ids, r.params, r.options)
                                               for rid, r in zip(rids, requests, strict=True)])
         except ServerUnavailable as err:
             raise ApiError(500, f"The server cannot serve requests: {err}") from err
-        except ValueError as err:
+        except ValueError as err:  # an id repeated or in use
             raise ApiError(400, str(err), param="rid") from err
         aborts = self.arrivals.submitted(request)
         for state, (_, given) in zip(states, ids or [(s.rid, None) for s in states], strict=True):
@@ -187,12 +183,6 @@ class ServerContext:
         self.client.cancel_many([state for state in self.client.states.values()
                                  if abort_all or (rid and rid in (state.rid, state.client_rid))],
                                 "aborted by /abort_request")
-
-
-def _some(items: list[str], most: int = 10) -> str:
-    """The first ``most`` of ``items`` for an error message, and how many more there are."""
-    more = f" and {len(items) - most} more" if len(items) > most else ""
-    return ", ".join(map(repr, items[:most])) + more
 
 
 def in_api_words(message: str, names: dict[str, str] | None) -> str:

@@ -290,15 +290,13 @@ async def handle_generate(ctx: ServerContext, req: GenerateReqInput, request: Re
     is_batch = is_batch or len(requests) > 1
     requests, prompt_source = score_each_prompt_once(requests, each_own=bool(req.stream) or req.rid is not None)
     states = ctx.submit_group(requests, request_ids(req.rid, [p.n for p in params]), request)
-    prompt_of = {id(s): r.input_ids for s, r in zip(states, requests, strict=True)}
-    # whose prompt logprobs each output reports: another sample of its prompt's, or its own
-    scored_by = {id(s): states[k] for s, k in zip(states, prompt_source, strict=True)}
 
-    def render(state: Any, logprobs_from: int = 0) -> dict[str, Any]:
-        out = native_output(state, ctx.tokenizer, req.return_text_in_logprobs, logprobs_from,
-                            prompt_scored_by=scored_by.get(id(state)))
+    def render(i: int, logprobs_from: int = 0) -> dict[str, Any]:
+        """Request ``i``'s output, with the prompt logprobs of the sample that scored its prompt."""
+        out = native_output(states[i], ctx.tokenizer, req.return_text_in_logprobs, logprobs_from,
+                            prompt_scored_by=states[prompt_source[i]])
         if req.return_prompt_token_ids:  # SGLang's: in every output, every event too
-            out["prompt_token_ids"] = list(prompt_of[id(state)])
+            out["prompt_token_ids"] = list(requests[i].input_ids)
         return out
 
     if not req.stream:
@@ -309,7 +307,7 @@ async def handle_generate(ctx: ServerContext, req: GenerateReqInput, request: Re
                 raise err
 
         def answer() -> JsonResponse:
-            outs = [render(s) for s in states]
+            outs = [render(i) for i in range(len(states))]
             return JsonResponse(outs if is_batch else outs[0])
 
         # A large batch's answer is built on a thread, so that other clients are served meanwhile.
@@ -326,7 +324,7 @@ async def handle_generate(ctx: ServerContext, req: GenerateReqInput, request: Re
                 if err is not None:
                     yield sse(err.body())
                     continue
-                out = render(state, 0 if ctx.http.stream_cumulative_logprobs else sent_logprobs[i])
+                out = render(i, 0 if ctx.http.stream_cumulative_logprobs else sent_logprobs[i])
                 sent_logprobs[i] = len(state.output_token_logprobs)
                 if is_batch:
                     out["index"] = i

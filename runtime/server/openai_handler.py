@@ -242,24 +242,25 @@ class OpenAIHandler:
             with bad_input_as_400(self.prompt_field, self.api_names):
                 samples = build_requests([ids], [params], options, ctx.limits, prompt_field=self.prompt_field)
             requests += samples
-        # not streamed: the prompt scored once, not once per sample (n 128 of an 8k-token prompt took 19 minutes)
+        # the prompt scored once, not once per sample (n 128 of an 8k-token prompt took 19 minutes),
+        # unless streamed or the samples have the client's ids (``score_each_prompt_once``)
         rid = self.req.rid if self.req.rid is not None else self.req.request_id
         requests, self.prompt_source = score_each_prompt_once(requests, each_own=bool(self.req.stream) or rid is not None)
         self.num_prompts, self.prompts = len(prompts), prompts
         self.states = ctx.submit_group(requests, request_ids(rid, [self.req.n] * len(prompts)), self.request)
         return self.states
 
-    def prompt_state(self, index: int, state: ReqState) -> ReqState:
-        """The request whose prompt logprobs choice ``index`` (``state``) reports: the first
-        sample of its prompt, unless each sample scored the prompt itself (streamed)."""
+    def prompt_state(self, index: int) -> ReqState:
+        """The request whose prompt logprobs choice ``index`` reports: the first
+        sample of its prompt, unless each sample scored the prompt itself (``submit``)."""
         return self.states[self.prompt_source[index]]
 
-    def vllm_prompt_logprobs(self, index: int, state: ReqState) -> list[dict[str, Any] | None]:
+    def vllm_prompt_logprobs(self, index: int) -> list[dict[str, Any] | None]:
         """vLLM's ``prompt_logprobs`` of choice ``index``'s prompt (``prompt_logprobs.render``),
         rendered once for the n samples of a prompt."""
         prompt = index // self.req.n
         if prompt not in self.rendered_prompt_logprobs:
-            self.rendered_prompt_logprobs[prompt] = render(self.prompt_state(index, state), self.prompt_ids_of(index),
+            self.rendered_prompt_logprobs[prompt] = render(self.prompt_state(index), self.prompt_ids_of(index),
                                                            self.prompt_top_logprobs, self.ctx.tokenizer)
         return self.rendered_prompt_logprobs[prompt]
 

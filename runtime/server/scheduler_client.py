@@ -193,10 +193,9 @@ class SchedulerClient:
         if self.failure is not None:
             raise ServerUnavailable(self.failure)
         seen: set[str] = set()
-        for rid, *_ in requests:
-            if rid in self.states or rid in seen:
-                raise ValueError(f"request id {rid!r} is already in use")
-            seen.add(rid)
+        clashes = [rid for rid, *_ in requests if rid in self.states or rid in seen or seen.add(rid)]
+        if clashes:
+            raise ValueError(f"request ids must be unique, not already in use: {_first_few(clashes)}")
         states, msgs = [], []
         # The collector would run many times over a heap growing by 100k states (2/3 of
         # the loop's time then, with the event loop held): it runs after, once if at all.
@@ -349,6 +348,13 @@ class SchedulerClient:
                 fut = self.calls.get(msg.call_id)
                 if fut is not None and not fut.done():
                     fut.set_result(msg.result)
+
+
+def _first_few(items: list[str], most: int = 10) -> str:
+    """The first ``most`` of ``items`` for an error message, and how many more there are
+    (a 100k-prompt batch's ids are no message)."""
+    more = f" and {len(items) - most} more" if len(items) > most else ""
+    return ", ".join(map(repr, items[:most])) + more
 
 
 @contextlib.contextmanager
