@@ -1,5 +1,5 @@
-"""Probing a live server in tests: its Prometheus counters, and a request whose client
-leaves at once."""
+"""Probing a live server in tests: a JSON POST, its Prometheus counters, waiting until it is
+idle, and a request whose client leaves at once."""
 
 from __future__ import annotations
 
@@ -10,6 +10,21 @@ import httpx
 import orjson
 
 ABORTED = "forkserve:requests_aborted_total"
+
+
+def post(server, path: str, body: dict, timeout: float = 120) -> httpx.Response:
+    return httpx.post(server.url + path, json=body, timeout=timeout)
+
+
+def wait_idle(server, timeout: float = 15.0) -> dict:
+    """The scheduler's stats once nothing runs or waits."""
+    deadline = time.monotonic() + timeout
+    while True:
+        sched = server.info()["scheduler"]
+        if sched["num_running_reqs"] == 0 and sched["num_waiting_reqs"] == 0:
+            return sched
+        assert time.monotonic() < deadline, f"server never went idle: {sched}"
+        time.sleep(0.2)
 
 
 def metric(server, name: str) -> float:

@@ -1,5 +1,5 @@
 """Request ids from a client's ``rid`` and the aborts kept for requests still arriving (no
-model, no server; the live checks are in test_server_native.py)."""
+model, no server; the live checks are in test_server_native.py and test_server_native_aborts.py)."""
 
 from __future__ import annotations
 
