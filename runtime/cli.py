@@ -158,9 +158,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_serve(ns: argparse.Namespace) -> int:
-    from runtime.ipc import raise_keyboard_interrupt
+    from runtime.server.orphan_guard import interrupt
 
-    signal.signal(signal.SIGTERM, raise_keyboard_interrupt)  # from here SIGTERM stops the start as Ctrl-C does
+    signal.signal(signal.SIGTERM, interrupt)  # from here SIGTERM stops the start as Ctrl-C does
     from runtime.server.launch import serve
 
     if ns.model is not None:

@@ -21,13 +21,18 @@ def resident_mib() -> int | None:
         return None
 
 
-def glibc_trim() -> Callable[[], int] | None:
-    """``malloc_trim(0)`` of this process's C library, where it is glibc."""
+def c_library() -> ctypes.CDLL | None:
+    """This process's C library, or None where it cannot be found."""
     name = ctypes.util.find_library("c")
     try:
-        trim = ctypes.CDLL(name).malloc_trim if name else None
-    except (OSError, AttributeError):
+        return ctypes.CDLL(name) if name else None
+    except OSError:
         return None
+
+
+def glibc_trim() -> Callable[[], int] | None:
+    """``malloc_trim(0)`` of this process's C library, where it is glibc."""
+    trim = getattr(c_library(), "malloc_trim", None)
     if trim is None:
         return None
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int

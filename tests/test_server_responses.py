@@ -336,6 +336,7 @@ def test_running_out_of_tokens_is_an_incomplete_response(client):
     ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0]", "function tools only"),
     ({"input": "hi", "tools": [TOOL, {"type": "function"}]}, "tools[1].name", "needs a name"),  # not the chat route's path
     ({"input": "hi", "tools": [{**TOOL, "name": "my tool"}]}, "tools[0].name", "'my tool'"),
+    ({"input": "hi", "tools": [{**TOOL, "name": "get\n"}]}, "tools[0].name", "needs a name"),  # "$" alone lets a newline end it
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0]", "item_reference"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]},
      "input[0]", "text only"),

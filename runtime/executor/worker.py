@@ -35,6 +35,7 @@ from runtime.executor.model_input import ForwardInput, ModelInput, PromptLogprob
 from runtime.layers import enable_fused_elementwise, pack_linear_weights, packed_weights
 from runtime.model_loader.load_model import load_model
 from runtime.models.cpu_decoder_layers import CpuDecoderLayers
+from runtime.process_memory import c_library
 from runtime.sampling.sampler import sample, torch_argmax
 
 logger = logging.getLogger("forkserve")
@@ -382,16 +383,9 @@ def _keep_freed_memory_in_process() -> None:
     memory to the OS. Each step allocates and frees tensors of a few MiB (activations,
     gathered K/V); by default these are fresh mmap'd pages every time, and the page faults
     cost more than the work (measured: ~25% of a batch-64 decode step)."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return
-    try:
-        libc = ctypes.CDLL(name)
-        m_trim_threshold, m_mmap_threshold = -1, -3
-        libc.mallopt(m_mmap_threshold, 32 << 20)
-        libc.mallopt(m_trim_threshold, 1 << 30)
-    except (OSError, AttributeError):
-        pass  # not glibc: keep the allocator's defaults
+    mallopt = getattr(c_library(), "mallopt", None)
+    if mallopt is None:
+        return  # not glibc: keep the allocator's defaults
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    mallopt(m_mmap_threshold, 32 << 20)
+    mallopt(m_trim_threshold, 1 << 30)

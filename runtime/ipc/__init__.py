@@ -99,11 +99,6 @@ def connect(ctx: zmq.Context, kind: int, endpoint: str) -> zmq.Socket:
     return sock
 
 
-def raise_keyboard_interrupt(signum: int, frame: Any) -> None:
-    """A SIGTERM handler: the same shutdown path as Ctrl-C's."""
-    raise KeyboardInterrupt
-
-
 def exit_with_parent(parent_pid: int, period_s: float = 0.5) -> None:
     """In a child process: a daemon thread that ends the process as soon as ``parent_pid``
     is no longer its parent, even while the main thread is blocked (loading a model,

@@ -33,9 +33,9 @@ from typing import IO
 
 import httpx
 
-from runtime import ipc
 from runtime.config import ServerArgs
 from runtime.serve_args import DataParallelArgs, HttpArgs
+from runtime.server import orphan_guard
 from runtime.server.data_parallel import (
     INSTALL_HINT,
     REPLICA_HOST,
@@ -292,9 +292,9 @@ def _terminate(children: list[Child], timeout: float) -> None:
 def serve_data_parallel(args: ServerArgs, http: HttpArgs, dp: DataParallelArgs) -> int:
     """Run replicas and gateway until SIGINT/SIGTERM (exit code 0; 130 before they were
     ready) or until the gateway or every replica dies (1)."""
-    signal.signal(signal.SIGTERM, ipc.raise_keyboard_interrupt)
+    signal.signal(signal.SIGTERM, orphan_guard.interrupt)
     # Ctrl-C too, even where this process started with SIGINT ignored (a shell's background job)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGINT, orphan_guard.interrupt)
     launcher = DataParallelLauncher(args, http, dp)
     try:
         return launcher.run()

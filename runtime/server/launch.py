@@ -29,7 +29,7 @@ from runtime import ipc
 from runtime.arg_fields import field_names, fields_as_flags
 from runtime.config import ServerArgs
 from runtime.serve_args import HttpArgs
-from runtime.server.orphan_guard import stop_requested
+from runtime.server.orphan_guard import interrupt, stop_requested
 from runtime.server.response_store import SqliteTable
 from runtime.server.tools.template import load_chat_template
 
@@ -275,13 +275,6 @@ def _server(config: Any, answer_open_requests: Callable[[], None]) -> Any:
     return Server(config)
 
 
-def _stop_signal(signum: int, frame: Any) -> None:
-    """SIGTERM as Ctrl-C: the same shutdown. Whoever watches for an orphaned server
-    (``orphan_guard``) is told that a stop has begun."""
-    stop_requested.set()
-    raise KeyboardInterrupt
-
-
 def stopped_by_signal(was_ready: bool, exit_code: int = 0) -> int:
     """What a server stopped by SIGINT/SIGTERM says, and its exit code: ``exit_code`` once it
     was ready, 130 (an interrupted command) before."""
@@ -295,8 +288,8 @@ def stopped_by_signal(was_ready: bool, exit_code: int = 0) -> int:
 def serve(args: ServerArgs, http: HttpArgs) -> int:
     """Run the server until SIGINT/SIGTERM (exit code 0; 130 before it was ready, as an
     interrupted command) or a child process dies (1)."""
-    signal.signal(signal.SIGTERM, _stop_signal)
-    signal.signal(signal.SIGINT, _stop_signal)
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, interrupt)
     launcher = Launcher(args, http)
     try:
         return launcher.run()

@@ -38,6 +38,13 @@ WATCH_ONLY = "--watch-only"
 stop_requested = threading.Event()  # set by the guarded module when it has begun to stop
 
 
+def interrupt(signum: int, frame: object) -> None:
+    """A SIGTERM (or SIGINT) handler: the same shutdown as Ctrl-C's, with ``stop_requested``
+    set so that the watcher adds no signal of its own to it."""
+    stop_requested.set()
+    raise KeyboardInterrupt
+
+
 def stop_with_parent(parent_pid: int, *, death_signal: bool = True) -> None:
     """Exit at once if ``parent_pid`` is not (any longer) this process's parent; else get
     SIGTERM when it goes (``death_signal``: also from the kernel, see above)."""

@@ -13,7 +13,6 @@ input and output items to it (``conversations_api.py``)."""
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -30,7 +29,7 @@ from runtime.server.protocol import ApiError, reject_unsupported
 from runtime.server.protocol_responses import ResponsesRequest
 from runtime.server.response_store import ConversationStore, ResponseStore, check_new_ids
 from runtime.server.responses import JsonResponse, error_of, merged_updates, wait_all
-from runtime.server.responses_events import OutputItems, StreamedOutput
+from runtime.server.responses_events import OutputItems, StreamedOutput, whole_arguments
 from runtime.server.responses_input import (
     chat_request,
     input_messages,
@@ -200,7 +199,7 @@ class ResponseCreation(OutputItems, ChatCompletion):
                 self.store.put(body, None, self.input_items)
             return body
         body = self.body(output, "incomplete" if finish == "length" else "completed", usage)
-        kept = [i for i in output if i["type"] != "function_call" or _is_json(i["arguments"])]
+        kept = [i for i in output if i["type"] != "function_call" or whole_arguments(i["arguments"])]
         if self.conversation_id is not None:  # the request's input and the answer join the conversation
             try:
                 self.conversations.append(self.conversation_id, [*self.input_items, *kept], param="input")
@@ -252,11 +251,3 @@ class ResponseCreation(OutputItems, ChatCompletion):
             self.release_hold()
         if body["status"] != "cancelled":  # as OpenAI's: a cancelled stream has no event of its end
             yield out.event(f"response.{body['status']}", response=body)
-
-
-def _is_json(text: str) -> bool:
-    try:
-        json.loads(text)
-    except ValueError:
-        return False
-    return True

@@ -44,7 +44,7 @@ class OutputItems:
         for k, call in enumerate(message.get("tool_calls") or []):
             output.append(self.call_item(k, call["id"], call["function"]["name"], call["function"]["arguments"]))
         if finish == "length" and output and (output[-1]["type"] != "function_call"
-                                              or not _whole_object(output[-1]["arguments"])):
+                                              or not whole_arguments(output[-1]["arguments"])):
             output[-1]["status"] = "incomplete"
         return output
 
@@ -88,7 +88,7 @@ class StreamedOutput:
         sent only by the final parse) stays open until they are or the answer ends."""
         chunks = self.close(only_text=True)
         for open_key, index in sorted(self.open.items(), key=lambda kv: kv[1]):  # calls in output order,
-            if not _whole_object(self.items[index]["arguments"]):  # up to the first not yet whole
+            if not whole_arguments(self.items[index]["arguments"]):  # up to the first not yet whole
                 break
             chunks += self.close_item(open_key, "completed")
         self.open[key] = len(self.items)
@@ -138,7 +138,7 @@ class StreamedOutput:
         chunks: list[bytes] = []
         for key, index in sorted(self.open.items(), key=lambda kv: kv[1]):
             if not only_text or key in TEXT_ITEMS:
-                cut = incomplete and (key in TEXT_ITEMS or not _whole_object(self.items[index]["arguments"]))
+                cut = incomplete and (key in TEXT_ITEMS or not whole_arguments(self.items[index]["arguments"]))
                 chunks += self.close_item(key, "incomplete" if cut else "completed", logprobs)
         return chunks
 
@@ -164,7 +164,9 @@ class StreamedOutput:
         return chunks
 
 
-def _whole_object(arguments: str) -> bool:
+def whole_arguments(arguments: str) -> bool:
+    """A function call's arguments are whole once they are a JSON object: the item is
+    then ``completed`` and part of the stored conversation (a call cut off is neither)."""
     try:
         return isinstance(json.loads(arguments), dict)
     except ValueError:

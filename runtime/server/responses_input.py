@@ -158,7 +158,7 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
             raise ApiError(400, f"tools[{i}]: tools of type '{tool.get('type')}' are not supported by this server "
                                 "(function tools only)", param=f"tools[{i}]")
         name = tool.get("name")
-        if not isinstance(name, str) or re.match(FUNCTION_NAME, name) is None:  # the chat route would name its own path
+        if not isinstance(name, str) or re.fullmatch(FUNCTION_NAME, name) is None:  # the chat route would name its own path
             raise ApiError(400, f"tools[{i}].name: a function tool needs a name of 1 to 64 letters, digits, "
                                 f"'_', '.' or '-', got {name!r}", param=f"tools[{i}].name")
         function = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
