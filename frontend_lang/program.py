@@ -7,7 +7,7 @@ import functools
 import inspect
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from tqdm import tqdm
@@ -98,6 +98,9 @@ def _run_defaults(
     }
 
 
+_SAMPLING_DEFAULTS = frozenset(inspect.signature(_run_defaults).parameters)
+
+
 class SglFunction:
     """A program: a Python function whose first parameter is the state ``s``."""
 
@@ -165,11 +168,14 @@ class SglFunction:
         return self._run(args, kwargs, backend, False, True, batch)
 
     def _run(self, args: tuple[Any, ...], kwargs: dict[str, Any], backend: Any, stream: bool, pin_cache: bool,
-             batch: ProgramBatch | None) -> ProgramState:
+             batch: ProgramBatch | None, sampling: dict[str, Any] | None = None) -> ProgramState:
+        """``sampling``: the run's sampling defaults, with every key of ``kwargs`` the program's
+        (``run_batch``); None takes those among ``kwargs`` that name one (``run``, as SGLang's)."""
         kwargs = {**kwargs, **self.bind_arguments}  # bound arguments win, as in SGLang
-        defaults_kw = {k: kwargs.pop(k) for k in list(kwargs) if k in _run_defaults.__code__.co_varnames}
+        if sampling is None:
+            sampling = {k: kwargs.pop(k) for k in list(kwargs) if k in _SAMPLING_DEFAULTS}
         chosen = _backend_or_default(backend)
-        program = Program(chosen, _run_defaults(**defaults_kw), pin_cache, stream)
+        program = Program(chosen, _run_defaults(**sampling), pin_cache, stream)
         if batch is not None:
             batch.add(program)
         state = ProgramState(program)
@@ -223,7 +229,20 @@ class SglFunction:
         SGLang takes them), ``num_threads`` at a time (``auto``: all of them up to 256, so their
         requests batch together). A program that fails does not stop the others: its state's
         ``error()`` says why. ``generator_style``: the states are yielded, in order, as each
-        is done (SGLang's option)."""
+        is done (SGLang's option). The keywords are the runs' sampling defaults (``run``'s);
+        every key of a ``batch_kwargs`` dict is the program's argument, whatever its name."""
+        if isinstance(batch_kwargs, (dict, str, bytes)) or not isinstance(batch_kwargs, Sequence):
+            raise TypeError("run_batch takes a list of argument dicts (or of tuples / lists of "
+                            f"arguments in order), got a {type(batch_kwargs).__name__}")
+        pin_cache = defaults.pop("pin_cache", True)
+        for unused in ("use_thread", "stream"):  # run()'s: taken, and unused in a batch
+            defaults.pop(unused, None)
+        unknown = sorted(set(defaults) - _SAMPLING_DEFAULTS)
+        if unknown:
+            raise TypeError(f"run_batch() got unexpected keyword argument(s) {', '.join(unknown)}: "
+                            "the programs' arguments go in batch_kwargs")
+        _run_defaults(**defaults)  # a bad value fails here, not once per program
+        _backend_or_default(backend)  # as run(): no backend is an error, not one per state
         if num_threads == "auto":
             workers = max(1, min(len(batch_kwargs), 256))
         elif isinstance(num_threads, int) and num_threads >= 1:
@@ -236,15 +255,12 @@ class SglFunction:
         given = [self._by_name(args) for args in batch_kwargs] if self.bind_arguments else list(batch_kwargs)
 
         batch = ProgramBatch()
-        pin_cache = defaults.pop("pin_cache", True)
-        for unused in ("use_thread", "stream"):  # run()'s: taken, and unused in a batch
-            defaults.pop(unused, None)
 
         def one(args: dict[str, Any] | tuple[Any, ...] | list[Any]) -> ProgramState:
             try:
                 if isinstance(args, (tuple, list)):
-                    return self._run(tuple(args), dict(defaults), backend, False, pin_cache, batch)
-                return self._run((), {**defaults, **args}, backend, False, pin_cache, batch)
+                    return self._run(tuple(args), {}, backend, False, pin_cache, batch, defaults)
+                return self._run((), dict(args), backend, False, pin_cache, batch, defaults)
             except Exception as err:  # kept in the state; the caller inspects error()
                 return _failed_state(err, backend)
 
@@ -324,6 +340,7 @@ def _failed_state(err: Exception, backend: Any) -> ProgramState:
 
 
 def _backend_or_default(backend: Any) -> Backend:
+    """``backend`` as a ``Backend``, else the default one; an error if neither is set."""
     chosen = _as_backend(backend) if backend is not None else _default_backend
     if chosen is None:
         raise RuntimeError("no backend: pass backend=... or call set_default_backend(...) first")

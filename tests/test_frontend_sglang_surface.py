@@ -75,6 +75,35 @@ def test_run_batch_takes_argument_lists(local):
         echo.bind(times=1).run_batch([("a", 1, 2)], backend=local)
 
 
+def test_run_batch_gives_every_dict_key_to_the_program(local):
+    """SGLang's rule: a dict is the program's arguments, whatever their names (``n``,
+    ``temperature``); the sampling defaults are run_batch's own keywords."""
+    @sgl.function
+    def story(s, n, temperature="warm"):
+        s += f"{n} {temperature}" + sgl.gen("x", max_tokens=2)
+
+    states = story.run_batch([{"n": 5}, {"n": 6, "temperature": "cold"}], backend=local, temperature=0)
+    assert [st.error() for st in states] == [None, None]
+    assert [st.text()[: -len(st["x"]) or None] for st in states] == ["5 warm", "6 cold"]
+    with pytest.raises(TypeError, match="got a dict"):
+        story.run_batch({"n": 5}, backend=local)
+    with pytest.raises(TypeError, match="unexpected keyword argument.*topic.*batch_kwargs"):
+        story.run_batch([{"n": 5}], backend=local, topic="x")
+    with pytest.raises(ValueError, match="n must be a positive integer"):
+        story.run_batch([{"n": 5}], backend=local, n=0)
+
+
+def test_run_batch_without_a_backend_raises_as_run_does(monkeypatch):
+    monkeypatch.setattr("frontend_lang.program._default_backend", None)
+
+    @sgl.function
+    def echo(s, word):
+        s += word
+
+    with pytest.raises(RuntimeError, match="no backend"):
+        echo.run_batch([{"word": "a"}])
+
+
 def test_run_batch_generator_style_and_the_state_as_sglang_prints_it(local):
     @sgl.function
     def echo(s, word):
