@@ -311,19 +311,21 @@ class ProgramState(StreamedText, RoleForms, ToolTurns):
             out: dict[str, Any] = {"text": ""}
             shown = 0
             split = StreamingReasoning(REASONING_PARSERS[expr.reasoning]) if expr.reasoning else None
-            for out in backend.generate_stream(self.text_, params, program_id=pid):
-                if expr.name:  # what text_async_iter(return_meta_data=True) gives with each chunk
-                    self.meta_info[expr.name] = out.get("meta_info")
-                if split is None:
-                    self._emit(expr.name, out["text"][shown:])
-                    shown = max(shown, len(out["text"]))
-                else:
-                    self._emit_split(expr, split, out["text"], finished=False)
-            if split is not None:
-                self._emit_split(expr, split, out["text"], finished=True)
-            reasoning, text = self._split_reasoning(expr, out["text"])
-            self.text_ += text
-            self._store_output(expr, text, reasoning, out.get("meta_info"), streamed_reasoning="")
+            try:
+                for out in backend.generate_stream(self.text_, params, program_id=pid):
+                    if expr.name:  # what text_async_iter(return_meta_data=True) gives with each chunk
+                        self.meta_info[expr.name] = out.get("meta_info")
+                    if split is None:
+                        self._emit(expr.name, out["text"][shown:])
+                        shown = max(shown, len(out["text"]))
+                    else:
+                        self._emit_split(expr, split, out["text"], finished=False)
+                if split is not None:
+                    self._emit_split(expr, split, out["text"], finished=True)
+            finally:  # a stream cut off (the server gone, Ctrl-C) keeps what the reader was shown
+                reasoning, text = self._split_reasoning(expr, out["text"])
+                self.text_ += text
+                self._store_output(expr, text, reasoning, out.get("meta_info"), streamed_reasoning="")
             return
         out = backend.generate(self.text_, params, program_id=pid, **opts)  # type: ignore[assignment]
         reasoning, text = self._split_reasoning(expr, out["text"])

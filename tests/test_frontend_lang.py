@@ -346,6 +346,27 @@ def test_streaming_text_iter(which, request):
     assert "".join(asyncio.run(collect())) == state2["story"]
 
 
+def test_a_stream_cut_off_keeps_what_its_reader_was_shown(engine):
+    """SGLang appends a streamed gen's text as it comes: a stream that breaks (the server
+    gone) leaves that text in ``text()`` and the variable, and the error in ``error()``."""
+    class CutBackend(sgl.EngineBackend):
+        def generate_stream(self, *args, **kwargs):
+            for k, out in enumerate(super().generate_stream(*args, **kwargs)):
+                if k == 3:
+                    raise sgl.BackendError("the server went away")
+                yield out
+
+    @sgl.function
+    def story(s):
+        s += "Once upon a time" + sgl.gen("story", max_tokens=40, ignore_eos=True) + "."
+
+    state = story.run(temperature=0, backend=CutBackend(engine), stream=True)
+    shown = "".join(state.text_iter())
+    assert "went away" in str(state.error())
+    assert shown.startswith("Once upon a time") and len(shown) > len("Once upon a time")
+    assert state.text() == shown and state["story"] == shown.removeprefix("Once upon a time")
+
+
 def test_a_variables_text_iter_ends_with_the_variable(local):
     """``text_iter("a")`` ends when ``a`` is complete, as SGLang's does, while the program
     goes on (it waited for the whole program)."""
