@@ -62,6 +62,12 @@ def test_api_key_required(guarded):
     assert httpx.get(guarded.url + "/health").status_code == 200
     assert httpx.get(guarded.url + "/metrics").status_code == 200  # Prometheus scrapes without it, as on SGLang
     assert "requests need the --api-key bearer" in guarded.read_output()
+    from bench_agent.drivers.openai_chat import OpenAIChatBackend
+    from frontend_lang.backend.base import BackendError
+
+    with pytest.raises(BackendError, match="answered 401: .*API key"):  # not "pass the model name"
+        OpenAIChatBackend(guarded.url)
+    assert OpenAIChatBackend(guarded.url, api_key="s3cret").model == "smol"
 
 
 def test_several_served_model_names_as_vllm(guarded):

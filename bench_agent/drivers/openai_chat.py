@@ -109,9 +109,12 @@ class OpenAIChatBackend(StreamingBackend):
             resp = self.client.get("/models")
         except httpx.HTTPError as err:
             raise BackendError(f"cannot reach {self.base_url}/models: {err}") from err
-        if resp.status_code != 200 or not resp.json().get("data"):
-            raise BackendError(f"{self.base_url}/models answered {resp.status_code}; pass the model name explicitly")
-        return resp.json()["data"][0]["id"]
+        if resp.status_code != 200:  # e.g. a server that wants an API key: say what it said
+            raise BackendError(f"{self.base_url}/models answered {resp.status_code}: {resp.text[:500]}")
+        models = resp.json().get("data")
+        if not models:
+            raise BackendError(f"{self.base_url}/models lists no model; pass the model name explicitly")
+        return models[0]["id"]
 
     def role_markers(self) -> dict[str, Any]:
         return ROLE_MARKERS
