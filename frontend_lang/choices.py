@@ -126,9 +126,11 @@ def select_choice(
         for c, o in zip(choices, outs, strict=True)
     ]
     unscored = next((c for c, lps in zip(choices, per_choice, strict=True) if c and not lps), None)
-    if unscored is not None:  # only where nothing precedes the select: a first token has no logprob
-        raise ValueError(f"select(): with no text before it, choice {unscored!r} (one token) cannot be scored; "
-                         "put text before the select")
+    if unscored is not None:  # the choice is all in the prompt's first token, which has no logprob
+        where = ("with no text before it" if not prefix else
+                 f"the text before it ({prefix!r}) and choice {unscored!r} are one token, the prompt's first")
+        raise ValueError(f"select(): {where}, choice {unscored!r} cannot be scored (a prompt's first token has "
+                         "no logprob); put more text before the select")
     uncond = None
     if method.needs_unconditional:
         alone = backend.generate(list(choices), greedy, return_logprob=True, logprob_start_len=0, program_id=program_id)

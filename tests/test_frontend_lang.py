@@ -149,7 +149,13 @@ def test_select_with_nothing_before_it(local):
     def one_token_choices(s):  # with nothing before them, single tokens have no logprob to compare
         s += sgl.select("word", ["zzqx", "The", "Hello"])
 
-    assert_failed(one_token_choices.run(backend=local), "cannot be scored")
+    assert_failed(one_token_choices.run(backend=local), "with no text before it, .* cannot be scored")
+
+    @sgl.function
+    def merged(s):  # "QA" is one token: the choice is all in the prompt's first token
+        s += "Q" + sgl.select("a", ["A", "B"])
+
+    assert_failed(merged.run(backend=local), r"the text before it \('Q'\) and choice 'A' are one token")
 
 
 def test_sglang_program_idioms(local):
