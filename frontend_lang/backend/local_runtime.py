@@ -23,6 +23,7 @@ from typing import Any
 from frontend_lang.backend.runtime_endpoint import RuntimeEndpoint
 from runtime.arg_fields import args_from_namespace
 from runtime.cli import SERVE_ARGS, add_serve_args
+from runtime.cli_foreign_flags import hints
 from runtime.ipc import free_tcp_port
 from runtime.server.server_process import ServerProcess
 
@@ -33,8 +34,10 @@ def serve_flags(**kwargs: Any) -> list[str]:
     add_serve_args(parser)
     known = {option for action in parser._actions for option in action.option_strings}  # noqa: SLF001
     unknown = [name for name in kwargs if "--" + name.replace("_", "-") not in known]
-    if unknown:
-        raise TypeError(f"Runtime(): unknown argument(s) {', '.join(unknown)}; see forkserve serve --help")
+    if unknown:  # SGLang's or vLLM's names: what to give instead, as the command line says
+        said = hints(["--" + name for name in unknown])
+        raise TypeError("\n".join([f"Runtime(): unknown argument(s) {', '.join(unknown)}; see forkserve serve --help",
+                                    *said]))
     flags: list[str] = []
     for name, value in kwargs.items():
         flag = "--" + name.replace("_", "-")
