@@ -54,7 +54,9 @@ class StreamedText:
 
     async def text_async_iter(self, var_name: str | None = None, return_meta_data: bool = False) -> AsyncIterator[Any]:
         """``text_iter`` for asyncio. With ``return_meta_data`` (and ``var_name``), each chunk
-        comes as ``(text, meta_info)``: the variable's meta info once it is complete, else None."""
+        comes as ``(text, meta_info)``: the variable's meta info as it stands when the chunk is
+        read (while the gen runs, its latest update: ``finish_reason`` None and the tokens so
+        far; complete once the gen is; None before its first update)."""
         import asyncio
 
         it = self.text_iter(var_name)
