@@ -28,9 +28,12 @@ def backend_from_args(description: str, not_over_openai: str | None = None) -> t
                  "native API")
     import frontend_lang as sgl
 
-    if ns.openai:
-        from bench_agent.drivers.openai_chat import OpenAIChatBackend
+    try:  # a server that cannot be reached, or refuses: one line, not a traceback
+        if ns.openai:
+            from bench_agent.drivers.openai_chat import OpenAIChatBackend
 
-        return OpenAIChatBackend(ns.url, api_key=ns.api_key), ns
-    backend = sgl.RuntimeEndpoint(ns.url, api_key=ns.api_key) if ns.url else sgl.EngineBackend(dtype=ns.dtype)
+            return OpenAIChatBackend(ns.url, api_key=ns.api_key), ns
+        backend = sgl.RuntimeEndpoint(ns.url, api_key=ns.api_key) if ns.url else sgl.EngineBackend(dtype=ns.dtype)
+    except sgl.BackendError as err:
+        ap.exit(1, f"{ap.prog}: {err}\n")
     return backend, ns

@@ -436,3 +436,15 @@ def test_examples_a_chat_api_cannot_run_refuse_openai_up_front(example):
     done = subprocess.run([sys.executable, "-m", f"examples.{example}", "--url", "http://127.0.0.1:9", "--openai"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "cannot run with --openai" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("openai", [False, True])
+def test_an_example_against_no_server_says_so_in_one_line(openai):
+    import subprocess
+    import sys
+
+    flags = ["--url", "http://127.0.0.1:9", *(["--openai"] if openai else [])]
+    done = subprocess.run([sys.executable, "-m", "examples.react_tool", *flags], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().startswith("react_tool.py: cannot reach http://127.0.0.1:9"), done.stderr
