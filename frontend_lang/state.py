@@ -251,7 +251,8 @@ class ProgramState(StreamedText, RoleForms, ToolTurns):
             except Exception as err:
                 self._error = ProgramError(f"{expr.describe()} at {where} failed: {err}")
                 self._error.__cause__ = err
-                logger.warning("%s", self._error)  # as SGLang warns: the program ends, run() does not raise
+                if not self.program.interrupted:  # after Ctrl-C a gen cut short is expected, not news
+                    logger.warning("%s", self._error)  # as SGLang warns: the program ends, run() does not raise
 
     def _append(self, text: str, var: str | None = None) -> None:
         self.text_ += text
