@@ -10,17 +10,22 @@ from runtime.scheduler.req import Req
 pytestmark = pytest.mark.slow
 
 
-def test_lpm_does_not_starve_a_request_without_a_cached_prefix(engine):
+@pytest.mark.parametrize("backlog", [1, 12])
+def test_lpm_does_not_starve_a_request_without_a_cached_prefix(engine, backlog):
+    """A request matching the cached prefix arrives every step and would always win; with a
+    backlog every waiting request is soon passed over 8 times, and those go in arrival order
+    (sorted by their cached prefix again, the oldest one was starved)."""
     sched = engine.scheduler
     shared = engine.tokenizer.encode("A shared system prompt that every hot request starts with. " * 6)
     assert len(shared) >= 64
     engine.generate(input_ids=shared + [5], sampling_params={"max_new_tokens": 0})  # now cached
-    loner = Req("loner", list(range(1000, 1300)), SamplingParams(max_new_tokens=1))
+    loner = Req(f"loner-{backlog}", list(range(1000, 1300)), SamplingParams(max_new_tokens=1))
     sched.add_request(loner)
-    steps = 0
+    steps = hot = 0
     while not loner.is_finished:
-        # a new request matching the cached prefix arrives every step and would always win
-        sched.add_request(Req(f"hot-{steps}", shared + [200 + steps] * 300, SamplingParams(max_new_tokens=1)))
+        while hot <= steps or len(sched.waiting) < backlog:  # one chunk of prefill each
+            sched.add_request(Req(f"hot-{backlog}-{hot}", shared + [200 + hot] * 300, SamplingParams(max_new_tokens=1)))
+            hot += 1
         sched.step()
         steps += 1
         assert steps < 40, "the request without a cached prefix was starved"

@@ -25,7 +25,8 @@ MAX_PASSED_OVER = 8
 def order_waiting(waiting: Iterable[Req], policy: str, cache: CacheManager) -> list[Req]:
     """``lpm``: longest cached prefix first (ties, and matches under ``LPM_MIN_MATCH``
     tokens, keep arrival order); ``fcfs``: arrival order. Retracted requests go first (they
-    already waited and hold partial output), then requests passed over too often."""
+    already waited and hold partial output), then requests passed over too often, in arrival
+    order."""
     reqs = list(waiting)
     if policy == "fcfs" or len(reqs) > LPM_MAX_QUEUE or cache.tree.disable:
         return sorted(reqs, key=lambda r: not r.is_retracted)
@@ -34,8 +35,13 @@ def order_waiting(waiting: Iterable[Req], policy: str, cache: CacheManager) -> l
         n = cache.match_len(r)
         return n if n >= LPM_MIN_MATCH else 0
 
-    prefix = {id(r): match(r) for r in reqs}
-    return sorted(reqs, key=lambda r: (not r.is_retracted, r.num_passed_over < MAX_PASSED_OVER, -prefix[id(r)]))
+    def key(r: Req) -> tuple[bool, bool, int]:
+        late = r.num_passed_over >= MAX_PASSED_OVER
+        # the late keep arrival order among themselves: sorted by prefix again, a queue kept
+        # full of matching requests (all of them late soon) would starve an unmatched one
+        return not r.is_retracted, not late, 0 if late else -match(r)
+
+    return sorted(reqs, key=key)
 
 
 # Deferring a request is worth a step of its latency only when it saves real prefill work.
