@@ -236,6 +236,24 @@ def test_jump_forward_keeps_outputs_valid_in_fewer_steps(engine):
     assert steps[True] * 3 < steps[False], steps
 
 
+def test_a_stop_token_inside_forced_text_stops_a_jumped_request_too(engine):
+    """Jumped tokens are never checked against the stop rules: a jump now ends before a
+    ``stop_token_ids`` entry, which is then sampled (and stops), as without jumps."""
+    stop_id = engine.tokenizer.encode(" answer is", add_special_tokens=False)[0]
+    prompt = _chat(engine, "Is the sky blue?")
+    params = {"temperature": 0, "max_new_tokens": 20, "regex": r"The answer is (yes|no)\.", "stop_token_ids": [stop_id]}
+    outs = {}
+    for on in (False, True):
+        engine.scheduler.jump_forward = on
+        try:
+            outs[on] = engine.generate(prompt, params)
+        finally:
+            engine.scheduler.jump_forward = True
+    assert outs[False]["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop_id}
+    assert outs[True]["output_ids"] == outs[False]["output_ids"]
+    assert outs[True]["meta_info"]["finish_reason"] == outs[False]["meta_info"]["finish_reason"]
+
+
 class _SlowBackend:
     """Delays every compile, to show other requests do not wait for it."""
 

@@ -37,7 +37,7 @@ def jump_forward(req: Req, decode: Callable[[list[int]], str], encode: Callable[
     context = req.output_ids[-3:-1]
     before = decode([*context, newest])
     full = encode(decode([newest]) + forced)
-    ids = full[: min(room + 1, MAX_JUMP_TOKENS)]
+    ids = _before_stop_token(full[: min(room + 1, MAX_JUMP_TOKENS)], newest, req.params.stop_token_ids)
     if len(ids) <= 1 or decode([*context, *full]) != before + forced:
         return 0
     matcher.rollback(1)
@@ -49,3 +49,14 @@ def jump_forward(req: Req, decode: Callable[[list[int]], str], encode: Callable[
     req.output_ids[-1:] = ids
     req.stop_text = None  # its last token was replaced: decode the output afresh
     return len(ids) - 1
+
+
+def _before_stop_token(ids: list[int], newest: int, stop_token_ids: list[int]) -> list[int]:
+    """``ids`` up to a stop token among the forced ones: that one is sampled, so that the
+    stop rules see it (jumped tokens are never checked); the first id replaces ``newest``,
+    which was checked unless the tokenizer merged it into another token."""
+    if not stop_token_ids:
+        return ids
+    stops = set(stop_token_ids)
+    cut = next((k for k, t in enumerate(ids) if t in stops and (k > 0 or t != newest)), len(ids))
+    return ids[:cut]
