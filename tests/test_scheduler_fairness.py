@@ -48,3 +48,18 @@ def test_long_prompts_arriving_nonstop_do_not_stop_decoding(engine):
         assert steps < 60, "a running request never got to decode"
     while sched.has_work:
         sched.step()
+
+
+def test_samples_of_a_prompt_are_prefilled_together_without_a_radix_cache(model_dir):
+    """With the cache on, a sibling waits a step to reuse the prefix the first computes;
+    with it off nothing is kept, and the wait only cost a step each (four steps, not one)."""
+    from runtime.engine import Engine
+
+    eng = Engine(str(model_dir), dtype="float32", max_total_tokens=4000, disable_radix_cache=True)
+    try:
+        prompt = eng.tokenizer.encode("Tell me a story about a dragon and a knight. " * 8)
+        eng.generate(input_ids=prompt, sampling_params={"n": 4, "max_new_tokens": 1})
+        assert eng.core.stats()["num_forward_steps"] == 1
+        eng.scheduler.check_invariants()
+    finally:
+        eng.shutdown()

@@ -220,7 +220,7 @@ class Scheduler:
             if budget.exhausted or self.chunked is not None:  # one chunked request at a time
                 break
             cached = self.cache.match_len(req)
-            if shares_uncached_prefix(req, cached, picked):
+            if not self.cache.tree.disable and shares_uncached_prefix(req, cached, picked):
                 continue  # a request in this batch computes the same prefix; reuse it next step
             need = len(req.fill_ids) - cached
             n = budget.chunk(need)
