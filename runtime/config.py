@@ -129,8 +129,10 @@ class ServerArgs:
     )
     grammar_compile_timeout: float = flag_field(
         30.0,
-        "Seconds a request may wait for its regex / json_schema / ebnf grammar to compile (on a "
-        "worker thread; other requests keep running) before it fails with an error.",
+        "Seconds a request's regex / json_schema / ebnf grammar may take to compile (on a worker "
+        "thread; other requests keep running) before the request fails with an error; counted from "
+        "the start of its own compile (one queued behind a compile that ran past this fails after "
+        "waiting this long again).",
     )
     random_seed: int = flag_field(0, "Seed for sampling requests that do not give their own seed.")
     tp_size: int = flag_field(

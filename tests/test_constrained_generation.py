@@ -293,6 +293,61 @@ def test_a_compiling_grammar_blocks_no_one(engine):
         grammars._cache = fast_cache
 
 
+class _DelayedBackend:
+    """Delays the compile of the specs whose text is in ``delays`` (seconds)."""
+
+    def __init__(self, inner, delays: dict[str, float]) -> None:
+        self.inner, self.delays, self.vocab_size = inner, delays, inner.vocab_size
+
+    def compile(self, spec: GrammarSpec):
+        time.sleep(self.delays.get(spec.text, 0.0))
+        return self.inner.compile(spec)
+
+
+def test_a_compile_waiting_behind_a_slow_one_is_timed_from_its_own_start(engine, monkeypatch):
+    """The timeout counts from a request's own compile: one queued behind a slow compile is
+    not failed for that one's time (it was, counted from its arrival); a compile whose
+    request was aborted before it began is cancelled, so the queue behind it moves on."""
+    from runtime.sampling.params import SamplingParams
+    from runtime.scheduler.req import Req
+
+    grammars = engine.scheduler.grammars
+    fast_cache = grammars.cache
+    grammars._cache = GrammarCache(_DelayedBackend(fast_cache.backend, {"(a|b)": 1.0, "(c|d)": 1.0}))
+    monkeypatch.setattr(grammars, "timeout_s", 0.7)
+    try:
+        ids = engine.tokenizer.encode(_chat(engine, "Pick one."))
+
+        def req(rid: str, regex: str) -> Req:
+            return Req(rid, ids, SamplingParams(temperature=0, max_new_tokens=4, regex=regex))
+
+        slow, dropped, quick = req("slow", "(a|b)"), req("dropped", "(c|d)"), req("quick", "(yes|no)")
+        start = time.perf_counter()
+        for r in (slow, dropped, quick):
+            engine.core.add_request(r)
+        engine.core.abort("dropped")  # queued behind "slow": its 1 s compile never runs
+        done_at = {}
+        while engine.core.has_work:
+            for out in engine.core.step():
+                if out.finished:
+                    done_at[out.req.rid] = time.perf_counter() - start
+        assert slow.error is not None and "did not compile within 0.7 s" in slow.error  # its own 1 s
+        assert quick.error is None and re.fullmatch("(yes|no)", engine.tokenizer.decode(quick.output_ids[:-1]))
+        assert done_at["quick"] < 1.8, done_at  # not behind the dropped compile too
+        # a compile that runs past the timeout holds up the ones behind it for a timeout more at most
+        grammars.cache.backend.delays["(e|f)"] = 2.0
+        stuck, behind = req("stuck", "(e|f)"), req("behind", "(g|h)")
+        for r in (stuck, behind):
+            engine.core.add_request(r)
+        while engine.core.has_work:
+            engine.core.step()
+        assert "did not compile within 0.7 s" in stuck.error
+        assert "waited to compile behind another grammar that ran past 0.7 s" in behind.error
+    finally:
+        grammars._cache.shutdown()
+        grammars._cache = fast_cache
+
+
 def test_a_compile_past_the_timeout_fails_its_request_naming_the_field(engine, monkeypatch):
     """A grammar still compiling after --grammar-compile-timeout fails its request alone, with
     a message and field (``error_param``, the 400's ``param``) that say which constraint;

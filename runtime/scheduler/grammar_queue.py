@@ -1,7 +1,13 @@
 """Requests waiting for their grammar to compile (SGLang's grammar queue). Compiles run on
 the cache's worker thread; each step the scheduler moves the requests whose grammar is ready
 to the waiting queue, each with a matcher of its own, and fails those whose compile failed
-or took longer than the timeout. Other requests never wait for a compile."""
+or took longer than the timeout. Other requests never wait for a compile.
+
+The timeout counts from the start of a request's own compile, not its arrival: a compile
+waiting for the thread behind a slow one is not failed for that one's time. If the compile
+under way runs past the timeout, those behind it fail once they have waited a timeout more
+(a compile cannot be stopped). A request aborted or failed cancels its compile if it has
+not begun and no other request waits for the same grammar."""
 
 from __future__ import annotations
 
@@ -51,10 +57,10 @@ class GrammarQueue:
             fut = req.grammar_future
             assert fut is not None
             if not fut.done():
-                if now - req.created_at > self.timeout_s:
+                overdue = self._overdue(self._specs[req], now)
+                if overdue is not None:
                     self.cache.forget(self._specs[req])
-                    self._fail(req, f"its {self._specs[req].kind} did not compile within {self.timeout_s:g} s "
-                                    "(--grammar-compile-timeout)")
+                    self._fail(req, overdue)
                     failed.append(req)
                 continue
             try:
@@ -67,6 +73,17 @@ class GrammarQueue:
             self._drop(req)
             ready.append(req)
         return ready, failed
+
+    def _overdue(self, spec: GrammarSpec, now: float) -> str | None:
+        """Why a request still waiting for the compile of ``spec`` fails now, or None."""
+        limit = f"{self.timeout_s:g} s (--grammar-compile-timeout)"
+        started = self.cache.started_at(spec)
+        if started is not None:
+            return f"its {spec.kind} did not compile within {limit}" if now - started > self.timeout_s else None
+        busy = self.cache.busy_since()  # waiting for the thread: is the compile ahead stuck?
+        if busy is not None and now - busy > 2 * self.timeout_s:
+            return f"its {spec.kind} waited to compile behind another grammar that ran past {limit}"
+        return None
 
     def wait(self, timeout_s: float) -> None:
         """Block until a compile finishes (or ``timeout_s``): nothing else can run."""
@@ -89,7 +106,9 @@ class GrammarQueue:
     def _drop(self, req: Req) -> None:
         if req in self.reqs:
             self.reqs.remove(req)
-        self._specs.pop(req, None)
+        spec = self._specs.pop(req, None)
+        if spec is not None and req.grammar_future is not None and spec not in self._specs.values():
+            self.cache.cancel_unstarted(spec)  # nobody else waits for it: free the compile thread
         req.grammar_future = None
 
     def shutdown(self) -> None:
