@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from decimal import Decimal
 from typing import Literal
 
 import httpx
@@ -37,6 +38,34 @@ def test_parse_with_a_pydantic_model(client):
     )
     city = resp.choices[0].message.parsed
     assert isinstance(city, City) and resp.choices[0].finish_reason == "stop"
+
+
+class Invoice(BaseModel):
+    amount: Decimal  # a string pattern with a look-ahead: no grammar engine here keeps it
+    tags: set[str] = Field(max_length=3)  # uniqueItems: neither does llguidance
+
+
+def test_a_schema_without_strict_is_kept_as_far_as_it_can_be(client):
+    """OpenAI's ``strict`` false (or absent) promises best effort: instructor's JSON_SCHEMA
+    mode and pydantic-ai's NativeOutput got a 400 for a Decimal or a set. The part xgrammar
+    enforces is kept (as for a tool without strict); with strict it is still the 400."""
+    schema = Invoice.model_json_schema()
+    messages = [{"role": "user", "content": "Write an invoice as JSON."}]
+    for strict in (False, None):
+        json_schema = {"name": "invoice", "schema": schema, **({} if strict is None else {"strict": strict})}
+        resp = client.chat.completions.create(model=MODEL, temperature=0, max_tokens=80, messages=messages,
+                                              response_format={"type": "json_schema", "json_schema": json_schema})
+        choice = resp.choices[0]
+        if choice.finish_reason == "stop":
+            answer = json.loads(choice.message.content)
+            assert set(answer) == {"amount", "tags"} and isinstance(answer["tags"], list)
+        r = client.responses.create(model=MODEL, input="Write an invoice as JSON.", max_output_tokens=80, temperature=0,
+                                    text={"format": {"type": "json_schema", "name": "invoice", "schema": schema,
+                                                     **({} if strict is None else {"strict": strict})}})
+        assert r.status in ("completed", "incomplete")
+    with pytest.raises(openai.BadRequestError, match="cannot be enforced"):
+        client.chat.completions.create(model=MODEL, max_tokens=8, messages=messages, response_format={
+            "type": "json_schema", "json_schema": {"name": "invoice", "schema": schema, "strict": True}})
 
 
 def test_json_object_streamed_and_not(client):

@@ -118,12 +118,15 @@ def assert_error(resp: httpx.Response, status: int, *words: str, param: str | No
         ("/v1/chat/completions", {**CHAT, "tools": [GOOD_TOOL], "response_format": {"type": "json_schema", "json_schema": {
             "name": "x", "schema": {"type": "integer", "minimum": 5, "maximum": 1}}}}, 400, ["response_format schema"],
          "response_format"),
-        # constraints: a schema part the engine would not enforce; two constraints, however named; empty ones
-        ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
-            "type": "object", "properties": {"t": {"type": "array", "uniqueItems": True}}}}}}, 400,
+        # constraints: a strict schema part no engine would enforce (without strict: best effort);
+        # two constraints, however named; empty ones
+        ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {
+            "name": "x", "strict": True, "schema": {
+                "type": "object", "properties": {"t": {"type": "array", "uniqueItems": True}}}}}}, 400,
          ["cannot be enforced", "uniqueItems", "properties.t"], "response_format"),
-        ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
-            "type": "string", "pattern": "^(?!b)[a-z]+$"}}}}, 400, ["look-around"], "response_format"),
+        ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {
+            "name": "x", "strict": True, "schema": {"type": "string", "pattern": "^(?!b)[a-z]+$"}}}}, 400,
+         ["look-around"], "response_format"),
         ("/generate", {"text": "a", "sampling_params": {"json_schema": '{"type": "array", "uniqueItems": true}'}}, 400,
          ["uniqueItems"], "json_schema"),
         ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function", "function": {"name": "f", "strict": True, "parameters": {

@@ -109,6 +109,17 @@ def json_schema_error(schema: Any) -> str | None:
     return f"cannot be compiled: {broken}" if broken else None
 
 
+def best_effort_schema(schema: Any) -> Any:
+    """``schema`` for a request that did not ask for it to be kept strictly (OpenAI's
+    ``strict`` false or absent: adherence is best effort): whole where some engine enforces
+    it whole, else the part xgrammar enforces (``enforceable_part``), as a tool without
+    ``strict`` gets. A schema that is broken in itself stays as it is (its 400 says why)."""
+    why = json_schema_error(schema)
+    if why is None or not why.startswith("cannot be enforced"):
+        return schema
+    return enforceable_part(schema)[0]
+
+
 def _xgrammar_error(kind: Kind, text: str) -> str | None:
     """What xgrammar says against compiling ``text`` as ``kind``, or None."""
     import xgrammar as xgr  # imported on first use: it takes a second or two

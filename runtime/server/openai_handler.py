@@ -17,6 +17,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
+from runtime.constrained.spec import best_effort_schema
 from runtime.request_builder import build_requests, score_each_prompt_once
 from runtime.request_options import RequestOptions, cache_namespace
 from runtime.sampling.params import MAX_N, SamplingParams
@@ -162,7 +163,11 @@ class OpenAIHandler:
         if fmt.json_schema is None:
             raise ApiError(400, "response_format of type json_schema needs a 'json_schema' object", param="response_format")
         schema = fmt.json_schema.schema_
-        return {} if schema is None else schema  # type: ignore[return-value]  # true: any value; false: refused
+        if schema is None:
+            return {}
+        # without strict, OpenAI promises best effort: what no engine enforces whole is kept
+        # as far as xgrammar enforces it, not a 400 (strict, it is the 400 OpenAI gives too)
+        return schema if fmt.json_schema.strict else best_effort_schema(schema)  # type: ignore[return-value]
 
     def check_common(self) -> None:
         self.ctx.check_model(self.req.model)
