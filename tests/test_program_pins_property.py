@@ -3,8 +3,8 @@
 Programs pin prefixes that often coincide (a 3-letter alphabet, short sequences), so two
 programs regularly pin the same node, one pins a descendant of another's node, and nodes
 split under pins. The model is each program's set of pinned prefixes; after every step the
-tree's locks must be exactly those pins (protected tokens = the union of pinned paths) and
-the pinned-token count their sum.
+tree's locks must be exactly those pins (protected tokens = the union of pinned paths), and
+the pinned-token count that union too (a prefix several programs pin counts once).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class PinsMachine(RuleBasedStateMachine):
         super().__init__()
         self.allocator = SlotAllocator(self.CAPACITY + 1)
         self.tree = RadixCache(self.allocator, page_size=1)
-        self.pins = ProgramPins(self.tree, self.CAPACITY, max_fraction=0.25)
+        self.pins = ProgramPins(self.tree, self.CAPACITY, max_fraction=0.06)  # 12 tokens: the cap is met often
         self.model: dict[str, set[tuple[int, ...]]] = {}  # program -> pinned prefixes
         self.runs: dict[str, int] = {}  # each name's ended runs: a run's id is the name and this count
 
@@ -60,12 +60,11 @@ class PinsMachine(RuleBasedStateMachine):
         program = self._id(program)
         match = self.tree.match_prefix(tokens)
         prefix = tuple(tokens[: match.prefix_len])
-        before = self.pins.pinned_tokens
+        after = self._union() | {prefix[:j] for j in range(1, len(prefix) + 1)}
         mine = self.model.get(program, set())
         replaced = {p for p in mine if len(p) < len(prefix) and prefix[: len(p)] == p}
         pinned = self.pins.pin(program, tokens)
-        assert pinned == (bool(prefix) and (prefix in mine or
-                                           before - sum(map(len, replaced)) + len(prefix) <= self.pins.max_locked))
+        assert pinned == (bool(prefix) and (prefix in mine or len(after) <= self.pins.max_locked))
         if pinned and prefix not in mine:
             self.model[program] = (mine - replaced) | {prefix}
 
@@ -91,14 +90,18 @@ class PinsMachine(RuleBasedStateMachine):
     def evict(self, k: int) -> None:
         self.tree.evict(k)
 
+    def _union(self) -> set[tuple[int, ...]]:
+        """Every token of a pinned path, each as the prefix that ends at it."""
+        return {prefix[:j] for prefixes in self.model.values() for prefix in prefixes for j in range(1, len(prefix) + 1)}
+
     @invariant()
     def pins_are_the_models_and_the_trees_locks(self) -> None:
         got = {p: {path(n) for n in nodes} for p, nodes in self.pins.pins.items()}
         assert got == {p: prefixes for p, prefixes in self.model.items() if prefixes}
         for nodes in self.pins.pins.values():
             assert all(length == len(path(n)) for n, length in nodes.items())
-        assert self.pins.pinned_tokens == sum(len(p) for prefixes in self.model.values() for p in prefixes)
-        union = {prefix[:j] for prefixes in self.model.values() for prefix in prefixes for j in range(1, len(prefix) + 1)}
+        union = self._union()
+        assert self.pins.pinned_tokens == len(union)
         assert self.tree.protected_size == len(union), "every pinned path locked, nothing else"
         for prefixes in self.model.values():  # pinned prefixes are still cached
             for prefix in prefixes:
@@ -117,10 +120,25 @@ def test_two_programs_pinning_one_node_each_release_their_own_lock():
     tree.insert([1, 2, 3], allocator.alloc(3))
     pins = ProgramPins(tree, 64)
     assert pins.pin("a", [1, 2, 3]) and pins.pin("b", [1, 2, 3])
-    assert pins.pinned_tokens == 6 and tree.protected_size == 3
+    assert pins.pinned_tokens == 3 and tree.protected_size == 3  # one shared prefix: kept once, counted once
     assert pins.end("a") == 1 and tree.protected_size == 3  # b's lock holds
     assert pins.end("b") == 1 and tree.protected_size == 0 and pins.pinned_tokens == 0
     assert torch.equal(tree.match_prefix([1, 2, 3]).indices, tree.match_prefix([1, 2, 3, 4]).indices)
+
+
+def test_programs_sharing_a_system_prompt_count_it_once_against_the_cap():
+    """Ten agent programs on one 40-token system prompt pin 10 * 42 tokens if each counts the
+    shared path (past a cap of 64: most were refused); kept once, it counts once."""
+    allocator = SlotAllocator(257)
+    tree = RadixCache(allocator, page_size=1)
+    system, other = list(range(100, 140)), list(range(200, 210))
+    for ids in [system + [k, k] for k in range(10)] + [other]:
+        slots = allocator.alloc(len(ids))
+        allocator.free(slots[: tree.insert(ids, slots)])  # the tree already had those tokens' slots
+    pins = ProgramPins(tree, 128)  # cap: 64 tokens
+    assert all(pins.pin(f"p{k}", system + [k, k]) for k in range(10))
+    assert pins.pinned_tokens == 40 + 10 * 2 == tree.protected_size
+    assert not pins.pin("p10", other)  # 60 + 10 would pass the cap
 
 
 def test_a_program_idle_past_the_timeout_loses_its_pins_and_may_pin_again():

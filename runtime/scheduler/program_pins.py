@@ -6,8 +6,9 @@ each of its finished requests pins the tree node its tokens end at (a lock, as a
 request holds), so the program's prefixes cannot be evicted. A newer pin on a descendant
 replaces the pin on its ancestor (the lock covers the whole path). ``end`` releases them.
 
-Pins are a priority, never a reason to fail: a pin that would take the pinned tokens
-past ``max_fraction`` of the pool is not taken, and when the scheduler cannot admit work,
+Pins are a priority, never a reason to fail: a pin that would take the pinned tokens (the
+distinct tokens on the pinned paths: a system prompt many programs share counts once) past
+``max_fraction`` of the pool is not taken, and when the scheduler cannot admit work,
 or the running requests need slots for their next tokens, the oldest program's pins are
 dropped (``release_oldest``; for the latter, before a running request is sent back to the
 queue). A program that has ended pins nothing more: a request of it that was still running
@@ -38,9 +39,24 @@ class ProgramPins:
         # program -> its pinned nodes, each with the tokens on its path; oldest program first.
         # Programs that share a prefix may pin the same node: each holds its own lock on it.
         self.pins: dict[str, dict[TreeNode, int]] = {}
-        self.pinned_tokens = 0  # sum of those lengths (a node pinned by two programs counts twice)
         # the programs ended most recently (ids are unique per run; a bounded memory of them)
         self.ended: OrderedDict[str, None] = OrderedDict()
+
+    @property
+    def pinned_tokens(self) -> int:
+        """The distinct tokens the pins keep (every path from a pinned node to the root)."""
+        return sum(len(node.key) for node in self._covered())
+
+    def _covered(self) -> set[TreeNode]:
+        """The nodes on a pinned path. Walked afresh each time, so that a node split under a
+        pin (its path now two nodes) is counted as it is now."""
+        seen: set[TreeNode] = set()
+        for nodes in self.pins.values():
+            for node in nodes:
+                while not node.is_root and node not in seen:
+                    seen.add(node)
+                    node = node.parent
+        return seen
 
     @property
     def num_pinned_nodes(self) -> int:
@@ -61,18 +77,22 @@ class ProgramPins:
         if node in nodes:
             return True
         ancestors = _ancestors(node)
-        replaced = [n for n in nodes if n in ancestors]
-        # The cap counts pinned tokens only (not requests' own transient locks).
-        if self.pinned_tokens - sum(nodes[n] for n in replaced) + length > self.max_locked:
+        replaced = [n for n in nodes if n in ancestors]  # on the new path: still kept by it
+        # The cap counts pinned tokens only (not requests' own transient locks), each once.
+        covered = self._covered()
+        new_tokens, above = 0, node
+        while not above.is_root and above not in covered:
+            new_tokens += len(above.key)
+            above = above.parent
+        if sum(len(n.key) for n in covered) + new_tokens > self.max_locked:
             if not nodes:
                 del self.pins[program_id]
             return False
         self.tree.inc_lock_ref(node)
         for old in replaced:
             self.tree.dec_lock_ref(old)
-            self.pinned_tokens -= nodes.pop(old)
+            nodes.pop(old)
         nodes[node] = length
-        self.pinned_tokens += length
         return True
 
     def end(self, program_id: str) -> int:
@@ -103,9 +123,8 @@ class ProgramPins:
     def _release(self, program_id: str) -> int:
         self.last_pinned.pop(program_id, None)
         nodes = self.pins.pop(program_id, {})
-        for node, length in nodes.items():
+        for node in nodes:
             self.tree.dec_lock_ref(node)
-            self.pinned_tokens -= length
         return len(nodes)
 
     def release_all(self) -> None:
