@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 from fastapi.responses import Response
 
 from runtime.request_builder import check_prompt
+from runtime.server import legacy_functions
 from runtime.server.chat_answer import ChatAnswer
 from runtime.server.context import bad_input_as_400
 from runtime.server.openai_handler import OpenAIHandler, finish_reason_of
@@ -32,6 +33,8 @@ class ChatCompletion(OpenAIHandler):
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
+        self.legacy_functions = self.req.functions is not None  # answered in the deprecated shape
+        self.req = legacy_functions.as_tools(self.req)
         name = self.ctx.http.reasoning_parser
         self.reasoning = REASONING_PARSERS[name] if name and self.req.separate_reasoning else None
         self.answer = ChatAnswer(None, self.reasoning, self.req.stream_reasoning, include_reasoning=self.req.include_reasoning)
@@ -93,8 +96,6 @@ class ChatCompletion(OpenAIHandler):
             raise ApiError(400, "'web_search_options' is not supported by this server", param="web_search_options")
         if r.modalities not in (None, ["text"]):
             raise ApiError(400, "only the text modality is supported", param="modalities")
-        if any(m.function_call for m in r.messages):
-            raise ApiError(400, "'function_call' in messages is the deprecated form; send 'tool_calls'", param="messages")
         for name in ("max_tokens", "max_completion_tokens"):  # completions' echo may score with 0; a chat may not
             value = getattr(r, name)
             if value is not None and value < 1:
@@ -151,6 +152,8 @@ class ChatCompletion(OpenAIHandler):
 
     def choice(self, index: int, state: ReqState) -> dict[str, Any]:
         message, finish = self.answer.message(state.text, finish_reason_of(state))
+        if self.legacy_functions:
+            message, finish = legacy_functions.answer_message(message, finish)
         return {
             "index": index,
             "message": message,
@@ -207,6 +210,8 @@ class ChatCompletion(OpenAIHandler):
         delta, finish = self.answer.delta(index, state.text, finish)
         if delta is None:
             return None
+        if self.legacy_functions:
+            delta, finish = legacy_functions.answer_delta(delta, finish)
         return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
 
     def stream_start(self, num_choices: int) -> list[dict[str, Any]]:

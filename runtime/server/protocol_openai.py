@@ -211,7 +211,7 @@ class ChatMessage(_Body):
     refusal: str | None = None
     annotations: Any = None
     audio: Any = None
-    function_call: Any = None
+    function_call: FunctionCall | None = None  # the deprecated form of tool_calls (legacy_functions.py)
 
     def as_template_dict(self) -> dict[str, Any]:
         content = self.content
@@ -268,9 +268,10 @@ class ChatCompletionRequest(OpenAISampling):
     modalities: list[str] | None = None  # ["text"] only
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    # the deprecated form of tools / tool_choice (legacy_functions.py)
+    functions: list[FunctionDef] | None = None
+    function_call: Literal["none", "auto"] | dict[str, Any] | None = None
     # accepted at their neutral value only
-    functions: NeutralOnly[Any] = None
-    function_call: NeutralOnly[Any] = None
     audio: NeutralOnly[Any] = None
     prediction: NeutralOnly[Any] = None
     web_search_options: NeutralOnly[Any] = None
