@@ -41,6 +41,9 @@ FOREIGN_FLAGS = {
     "-tp": "--tp-size (or --tp)",
     "--pp-size": "pipeline parallelism is not supported; --tp-size splits a model over devices",
     "--enable-torch-compile": "the CPU kernels are compiled C++ and CUDA decode uses CUDA graphs; there is no torch.compile mode",
+    "--logprobs-mode": "logprobs are the model's own log-probabilities (under a grammar's mask), before temperature, "
+                       "penalties, logit_bias and the sampling filters (vLLM's default, raw_logprobs); no other mode "
+                       "is offered",
     "--swap-space": "a request that runs out of KV is sent back to the queue and recomputed, not swapped",
 }
 
