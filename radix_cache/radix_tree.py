@@ -23,7 +23,9 @@ Accounting: every cached token is either *evictable* (its node has ``lock_ref ==
 *protected* (some running request holds a lock on the node or a descendant). Locks are
 taken on a node and count on every ancestor up to the root, so a locked node's whole path
 stays cached. Eviction removes least-recently-used unlocked leaves, and a parent left
-without children becomes an evictable leaf in turn.
+without children becomes an evictable leaf in turn. Some locks are also *pins* (a program's
+cached conversation, ``runtime/scheduler/program_pins.py``): ``pin_ref`` counts them the
+same way, so ``pinned_size`` is the distinct tokens they keep, a shared prefix once.
 
 Namespaces (like SGLang's ``extra_key``): each namespace has its own root, so requests in
 different namespaces (tenants, LoRA adapters) never share a node.
@@ -46,7 +48,7 @@ _EMPTY_SLOTS = torch.empty(0, dtype=torch.int64)
 
 
 class TreeNode:
-    __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access", "node_id")
+    __slots__ = ("children", "parent", "key", "value", "lock_ref", "pin_ref", "last_access", "node_id")
 
     _ids = itertools.count()
 
@@ -56,6 +58,7 @@ class TreeNode:
         self.key = key
         self.value = value
         self.lock_ref = 0
+        self.pin_ref = 0  # how many of the locks through this node are pins (``inc_pin_ref``)
         self.last_access = 0
         self.node_id = next(TreeNode._ids)
 
@@ -109,6 +112,7 @@ class RadixCache:
         self._evictable_leaves: set[TreeNode] = set()
         self._evictable_size = 0
         self._protected_size = 0
+        self._pinned_size = 0
         self._clock = itertools.count(1)
 
     def reset(self) -> None:
@@ -131,6 +135,11 @@ class RadixCache:
     @property
     def protected_size(self) -> int:
         return self._protected_size
+
+    @property
+    def pinned_size(self) -> int:
+        """The distinct tokens on pinned paths (``inc_pin_ref``)."""
+        return self._pinned_size
 
     @property
     def total_size(self) -> int:
@@ -229,6 +238,33 @@ class RadixCache:
                     self._evictable_leaves.add(node)
             node = node.parent  # type: ignore[assignment]
 
+    def inc_pin_ref(self, node: TreeNode) -> None:
+        """Count a lock on ``node`` (taken with ``inc_lock_ref``) as a pin, on its whole path."""
+        while not node.is_root:
+            if node.pin_ref == 0:
+                self._pinned_size += len(node)
+            node.pin_ref += 1
+            node = node.parent  # type: ignore[assignment]
+
+    def dec_pin_ref(self, node: TreeNode) -> None:
+        """Undo one ``inc_pin_ref(node)`` (before its ``dec_lock_ref``)."""
+        while not node.is_root:
+            if node.pin_ref <= 0:
+                raise RuntimeError(f"dec_pin_ref on unpinned {node}")
+            node.pin_ref -= 1
+            if node.pin_ref == 0:
+                self._pinned_size -= len(node)
+            node = node.parent  # type: ignore[assignment]
+
+    def unpinned_len(self, node: TreeNode) -> int:
+        """The tokens a pin on ``node`` would add to ``pinned_size``: its path's up to the
+        first pinned node."""
+        n = 0
+        while not node.is_root and node.pin_ref == 0:
+            n += len(node)
+            node = node.parent  # type: ignore[assignment]
+        return n
+
     # ------------------------------------------------------------------ evict
     def evict(self, num_tokens: int) -> int:
         """Free least-recently-used unlocked leaves until ``num_tokens`` are freed.
@@ -260,7 +296,7 @@ class RadixCache:
         ``available + evictable + protected + num_held_outside == capacity`` where
         ``num_held_outside`` counts slots owned by running requests and not in the tree.
         """
-        evictable = protected = 0
+        evictable = protected = pinned = 0
         leaves: set[TreeNode] = set()
         values = []
         for node in self._iter_nodes():
@@ -270,9 +306,12 @@ class RadixCache:
                 assert len(child.key) == child.value.numel() > 0, f"{child} has key/value length mismatch"
                 assert len(child.key) % self.page_size == 0, f"{child} is not page aligned"
                 assert child.lock_ref <= node.lock_ref or node.is_root, f"{child} locked more than its parent"
+                assert child.pin_ref <= node.pin_ref or node.is_root, f"{child} pinned more than its parent"
             if node.is_root:
                 continue
             assert node.lock_ref >= 0, f"{node} has a negative lock_ref"
+            assert 0 <= node.pin_ref <= node.lock_ref, f"{node} has pins that are not locks"
+            pinned += len(node) if node.pin_ref else 0
             values.append(node.value)
             if node.lock_ref:
                 protected += len(node)
@@ -283,6 +322,7 @@ class RadixCache:
         assert evictable == self._evictable_size, f"evictable_size {self._evictable_size} != actual {evictable}"
         assert protected == self._protected_size, f"protected_size {self._protected_size} != actual {protected}"
         assert leaves == self._evictable_leaves, "the evictable-leaf set is stale"
+        assert pinned == self._pinned_size, f"pinned_size {self._pinned_size} != actual {pinned}"
         if values:
             slots = torch.cat(values)
             assert torch.unique(slots).numel() == slots.numel(), "a KV slot is cached twice"
@@ -324,7 +364,7 @@ class RadixCache:
         parent = child.parent
         assert parent is not None and 0 < n < len(child)
         mid = TreeNode(parent, child.key[:n], child.value[:n])
-        mid.lock_ref = child.lock_ref
+        mid.lock_ref, mid.pin_ref = child.lock_ref, child.pin_ref
         mid.last_access = child.last_access
         parent.children[self._child_key(child.key, 0)] = mid
         child.parent, child.key, child.value = mid, child.key[n:], child.value[n:]

@@ -44,19 +44,9 @@ class ProgramPins:
 
     @property
     def pinned_tokens(self) -> int:
-        """The distinct tokens the pins keep (every path from a pinned node to the root)."""
-        return sum(len(node.key) for node in self._covered())
-
-    def _covered(self) -> set[TreeNode]:
-        """The nodes on a pinned path. Walked afresh each time, so that a node split under a
-        pin (its path now two nodes) is counted as it is now."""
-        seen: set[TreeNode] = set()
-        for nodes in self.pins.values():
-            for node in nodes:
-                while not node.is_root and node not in seen:
-                    seen.add(node)
-                    node = node.parent
-        return seen
+        """The distinct tokens the pins keep (every path from a pinned node to the root),
+        counted by the tree (``pin_ref``, which a split copies as it copies locks)."""
+        return self.tree.pinned_size
 
     @property
     def num_pinned_nodes(self) -> int:
@@ -79,17 +69,14 @@ class ProgramPins:
         ancestors = _ancestors(node)
         replaced = [n for n in nodes if n in ancestors]  # on the new path: still kept by it
         # The cap counts pinned tokens only (not requests' own transient locks), each once.
-        covered = self._covered()
-        new_tokens, above = 0, node
-        while not above.is_root and above not in covered:
-            new_tokens += len(above.key)
-            above = above.parent
-        if sum(len(n.key) for n in covered) + new_tokens > self.max_locked:
+        if self.tree.pinned_size + self.tree.unpinned_len(node) > self.max_locked:
             if not nodes:
                 del self.pins[program_id]
             return False
         self.tree.inc_lock_ref(node)
+        self.tree.inc_pin_ref(node)
         for old in replaced:
+            self.tree.dec_pin_ref(old)
             self.tree.dec_lock_ref(old)
             nodes.pop(old)
         nodes[node] = length
@@ -124,6 +111,7 @@ class ProgramPins:
         self.last_pinned.pop(program_id, None)
         nodes = self.pins.pop(program_id, {})
         for node in nodes:
+            self.tree.dec_pin_ref(node)
             self.tree.dec_lock_ref(node)
         return len(nodes)
 
