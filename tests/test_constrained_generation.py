@@ -298,8 +298,10 @@ class _DelayedBackend:
 
     def __init__(self, inner, delays: dict[str, float]) -> None:
         self.inner, self.delays, self.vocab_size = inner, delays, inner.vocab_size
+        self.compiled: list[str] = []  # the specs' texts, as their compiles begin
 
     def compile(self, spec: GrammarSpec):
+        self.compiled.append(spec.text)
         time.sleep(self.delays.get(spec.text, 0.0))
         return self.inner.compile(spec)
 
@@ -321,9 +323,10 @@ def test_a_compile_waiting_behind_a_slow_one_is_timed_from_its_own_start(engine,
         def req(rid: str, regex: str) -> Req:
             return Req(rid, ids, SamplingParams(temperature=0, max_new_tokens=4, regex=regex))
 
-        slow, dropped, quick = req("slow", "(a|b)"), req("dropped", "(c|d)"), req("quick", "(yes|no)")
+        slow, twin = req("slow", "(a|b)"), req("twin", "(a|b)")  # two samples of one request, say
+        dropped, quick = req("dropped", "(c|d)"), req("quick", "(yes|no)")
         start = time.perf_counter()
-        for r in (slow, dropped, quick):
+        for r in (slow, twin, dropped, quick):
             engine.core.add_request(r)
         engine.core.abort("dropped")  # queued behind "slow": its 1 s compile never runs
         done_at = {}
@@ -332,6 +335,7 @@ def test_a_compile_waiting_behind_a_slow_one_is_timed_from_its_own_start(engine,
                 if out.finished:
                     done_at[out.req.rid] = time.perf_counter() - start
         assert slow.error is not None and "did not compile within 0.7 s" in slow.error  # its own 1 s
+        assert twin.error == slow.error and abs(done_at["twin"] - done_at["slow"]) < 0.05  # together, one reason
         assert quick.error is None and re.fullmatch("(yes|no)", engine.tokenizer.decode(quick.output_ids[:-1]))
         assert done_at["quick"] < 1.8, done_at  # not behind the dropped compile too
         # a compile that runs past the timeout holds up the ones behind it for a timeout more at most
@@ -343,6 +347,15 @@ def test_a_compile_waiting_behind_a_slow_one_is_timed_from_its_own_start(engine,
             engine.core.step()
         assert "did not compile within 0.7 s" in stuck.error
         assert "waited to compile behind another grammar that ran past 0.7 s" in behind.error
+        while grammars.cache.busy_since() is not None:  # the stuck compile ends in its own time
+            time.sleep(0.05)
+        time.sleep(0.1)
+        assert "(g|h)" not in grammars.cache.backend.compiled  # cancelled: nobody waited for it any more
+        retry = req("retry", "(g|h)")  # nothing stale about its spec: it compiles and runs
+        engine.core.add_request(retry)
+        while engine.core.has_work:
+            engine.core.step()
+        assert retry.error is None and retry.output_ids
     finally:
         grammars._cache.shutdown()
         grammars._cache = fast_cache

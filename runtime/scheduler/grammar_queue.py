@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 
-from runtime.constrained.backend import GrammarBackend
+from runtime.constrained.backend import Grammar, GrammarBackend
 from runtime.constrained.grammar_cache import GrammarCache
 from runtime.constrained.spec import GrammarSpec, spec_of
 from runtime.scheduler.req import Req
@@ -53,20 +53,24 @@ class GrammarQueue:
         """(requests whose matcher is ready, requests that failed: finished with an error)."""
         ready, failed = [], []
         now = time.perf_counter()
+        overdue: dict[int, str | None] = {}  # by compile: the requests sharing one fail together
         for req in list(self.reqs):
             fut = req.grammar_future
             assert fut is not None
             if not fut.done():
-                overdue = self._overdue(self._specs[req], now)
-                if overdue is not None:
-                    self.cache.forget(self._specs[req])
-                    self._fail(req, overdue)
+                spec = self._specs[req]
+                if id(fut) not in overdue:
+                    overdue[id(fut)] = self._overdue(spec, fut, now)
+                why = overdue[id(fut)]
+                if why is not None:
+                    self._fail(req, why)  # the last of them cancels the compile if it has not begun
+                    self.cache.forget(spec, fut)  # one under way: a retry compiles afresh
                     failed.append(req)
                 continue
             try:
                 req.grammar = fut.result().matcher()
             except ValueError as err:
-                self.cache.forget(self._specs[req])
+                self.cache.forget(self._specs[req], fut)
                 self._fail(req, str(err))
                 failed.append(req)
                 continue
@@ -74,10 +78,10 @@ class GrammarQueue:
             ready.append(req)
         return ready, failed
 
-    def _overdue(self, spec: GrammarSpec, now: float) -> str | None:
-        """Why a request still waiting for the compile of ``spec`` fails now, or None."""
+    def _overdue(self, spec: GrammarSpec, fut: Future[Grammar], now: float) -> str | None:
+        """Why the requests still waiting for ``fut``, the compile of ``spec``, fail now, or None."""
         limit = f"{self.timeout_s:g} s (--grammar-compile-timeout)"
-        started = self.cache.started_at(spec)
+        started = self.cache.started_at(fut)
         if started is not None:
             return f"its {spec.kind} did not compile within {limit}" if now - started > self.timeout_s else None
         busy = self.cache.busy_since()  # waiting for the thread: is the compile ahead stuck?
@@ -106,10 +110,10 @@ class GrammarQueue:
     def _drop(self, req: Req) -> None:
         if req in self.reqs:
             self.reqs.remove(req)
-        spec = self._specs.pop(req, None)
-        if spec is not None and req.grammar_future is not None and spec not in self._specs.values():
-            self.cache.cancel_unstarted(spec)  # nobody else waits for it: free the compile thread
+        spec, fut = self._specs.pop(req, None), req.grammar_future
         req.grammar_future = None
+        if spec is not None and fut is not None and all(r.grammar_future is not fut for r in self.reqs):
+            self.cache.cancel_unstarted(spec, fut)  # nobody else waits for it: free the compile thread
 
     def shutdown(self) -> None:
         if self._cache is not None:
