@@ -7,7 +7,7 @@ import functools
 import inspect
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from tqdm import tqdm
@@ -231,9 +231,10 @@ class SglFunction:
         ``error()`` says why. ``generator_style``: the states are yielded, in order, as each
         is done (SGLang's option). The keywords are the runs' sampling defaults (``run``'s);
         every key of a ``batch_kwargs`` dict is the program's argument, whatever its name."""
-        if isinstance(batch_kwargs, (dict, str, bytes)) or not isinstance(batch_kwargs, Sequence):
+        if isinstance(batch_kwargs, (dict, str, bytes)) or not isinstance(batch_kwargs, Iterable):
             raise TypeError("run_batch takes a list of argument dicts (or of tuples / lists of "
                             f"arguments in order), got a {type(batch_kwargs).__name__}")
+        batch_kwargs = list(batch_kwargs)  # a generator too
         pin_cache = defaults.pop("pin_cache", True)
         for unused in ("use_thread", "stream"):  # run()'s: taken, and unused in a batch
             defaults.pop(unused, None)

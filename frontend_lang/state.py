@@ -321,9 +321,9 @@ class ProgramState(StreamedText, RoleForms, ToolTurns):
                         shown = max(shown, len(out["text"]))
                     else:
                         self._emit_split(expr, split, out["text"], finished=False)
-                if split is not None:
+            finally:  # a stream cut off (the server gone) keeps the text its reader was shown
+                if split is not None:  # what it held back goes out, so the reader sees what is kept
                     self._emit_split(expr, split, out["text"], finished=True)
-            finally:  # a stream cut off (the server gone, Ctrl-C) keeps what the reader was shown
                 reasoning, text = self._split_reasoning(expr, out["text"])
                 self.text_ += text
                 self._store_output(expr, text, reasoning, out.get("meta_info"), streamed_reasoning="")

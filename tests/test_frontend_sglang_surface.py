@@ -85,6 +85,8 @@ def test_run_batch_gives_every_dict_key_to_the_program(local):
     states = story.run_batch([{"n": 5}, {"n": 6, "temperature": "cold"}], backend=local, temperature=0)
     assert [st.error() for st in states] == [None, None]
     assert [st.text()[: -len(st["x"]) or None] for st in states] == ["5 warm", "6 cold"]
+    generated = story.run_batch(({"n": k} for k in (1, 2)), backend=local, temperature=0, num_threads=2)
+    assert [st.text().split(" ")[0] for st in generated] == ["1", "2"]  # any iterable of them
     with pytest.raises(TypeError, match="got a dict"):
         story.run_batch({"n": 5}, backend=local)
     with pytest.raises(TypeError, match="unexpected keyword argument.*topic.*batch_kwargs"):

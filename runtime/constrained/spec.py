@@ -114,10 +114,19 @@ def best_effort_schema(schema: Any) -> Any:
     ``strict`` false or absent: adherence is best effort): whole where some engine enforces
     it whole, else the part xgrammar enforces (``enforceable_part``), as a tool without
     ``strict`` gets. A schema that is broken in itself stays as it is (its 400 says why)."""
+    reduced = _best_effort_text(json.dumps(schema, sort_keys=True))
+    return schema if reduced is None else json.loads(reduced)
+
+
+@lru_cache(maxsize=256)
+def _best_effort_text(text: str) -> str | None:
+    """``best_effort_schema`` of a schema as JSON text (compiling it takes milliseconds, and
+    a client sends the same schema again and again): None where it stays whole."""
+    schema = json.loads(text)
     why = json_schema_error(schema)
     if why is None or not why.startswith("cannot be enforced"):
-        return schema
-    return enforceable_part(schema)[0]
+        return None
+    return json.dumps(enforceable_part(schema)[0])
 
 
 def _xgrammar_error(kind: Kind, text: str) -> str | None:

@@ -35,6 +35,9 @@ class ChatCompletion(OpenAIHandler):
         super().__init__(*args)
         self.legacy_functions = self.req.functions is not None  # answered in the deprecated shape
         self.req = legacy_functions.as_tools(self.req)
+        self.field_names = dict(self.FIELD_NAMES)  # errors name the fields the client sent
+        if self.legacy_functions:
+            self.field_names.update(tools="functions", tool_choice="function_call")
         name = self.ctx.http.reasoning_parser
         self.reasoning = REASONING_PARSERS[name] if name and self.req.separate_reasoning else None
         self.answer = ChatAnswer(None, self.reasoning, self.req.stream_reasoning, include_reasoning=self.req.include_reasoning)
@@ -125,7 +128,7 @@ class ChatCompletion(OpenAIHandler):
         r = self.req
         tools = [t.model_dump(exclude_none=True) for t in r.tools] if r.tools else None
         messages = [m.as_template_dict() for m in r.messages]
-        with bad_input_as_400("messages", self.FIELD_NAMES):
+        with bad_input_as_400("messages", self.field_names):
             prompt = render_chat(
                 self.ctx.tokenizer.hf, messages, tools, tool_choice=r.tool_choice,
                 parallel_tool_calls=r.parallel_tool_calls, chat_template=self.ctx.chat_template_override,

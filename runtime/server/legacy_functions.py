@@ -55,14 +55,16 @@ def _tool_choice(function_call: Any) -> Any:
 
 
 def _messages(messages: list[ChatMessage]) -> list[ChatMessage]:
-    """Each assistant ``function_call`` as a tool call with an id of its own, and each
-    ``function`` message as the ``tool`` message answering the latest call of its name."""
+    """Each assistant ``function_call`` as a tool call with an id of its own (9 letters and
+    digits: Mistral's templates refuse any other), and each ``function`` message as the
+    ``tool`` message answering the latest call of its name (in either form)."""
     out, latest = [], {}
     for i, m in enumerate(messages):
         if m.role == "assistant" and m.function_call is not None:
-            call = ToolCall(id=f"call_legacy_{i}", type="function", function=m.function_call)
-            latest[call.function.name] = call.id
+            call = ToolCall(id=f"call{i:05d}", type="function", function=m.function_call)
             m = m.model_copy(update={"function_call": None, "tool_calls": [*(m.tool_calls or []), call]})
+        if m.role == "assistant":
+            latest.update((c.function.name, c.id) for c in m.tool_calls or ())
         elif m.role == "function":
             if m.name is None or m.name not in latest:
                 raise ApiError(400, f"messages[{i}]: a 'function' message answers an assistant 'function_call' "

@@ -97,7 +97,7 @@ def render_chat(
     if rule.mode == "none":
         return ChatPrompt(text, thinking=thinking)
     if other_constraint:
-        raise InvalidField("tools", "'tools' cannot be combined with another output constraint")
+        raise InvalidField("tools", "tools cannot be combined with another output constraint")
     parser = get_parser(tool_call_parser, template)
     ebnf = tool_grammar(tools, tool_choice, parser.name, parallel=parallel_tool_calls is not False,
                         answer_schema=answer_schema)
