@@ -10,6 +10,7 @@ import httpx
 import orjson
 
 ABORTED = "forkserve:requests_aborted_total"
+RECEIVED = "forkserve:requests_total"
 
 
 def post(server, path: str, body: dict, timeout: float = 120) -> httpx.Response:
@@ -44,10 +45,18 @@ def wait_for_aborts(server, before: float, count: int = 1, timeout: float = 15.0
     assert now == before + count, f"{now - before:g} requests aborted, {count} expected"
 
 
-def post_and_leave(server, path: str, body: dict) -> None:
-    """POST ``body`` as JSON to ``path`` and close the connection before reading a byte."""
+def post_and_leave(server, path: str, body: dict, timeout: float = 15.0) -> None:
+    """POST ``body`` as JSON to ``path`` and close the connection before reading a byte of
+    the answer, once the server has taken the request in (``requests_total`` grew): closed
+    sooner, on a busy machine, the server may see the close before it reads the body, and
+    then there is no request to abort."""
     payload = orjson.dumps(body)
     url = httpx.URL(server.url)
+    received = metric(server, RECEIVED)
     with socket.create_connection((url.host, url.port)) as sock:
         sock.sendall(f"POST {path} HTTP/1.1\r\nHost: {url.host}\r\nContent-Type: application/json\r\n"
                      f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+        deadline = time.monotonic() + timeout
+        while metric(server, RECEIVED) == received:
+            assert time.monotonic() < deadline, f"the server never took in the request to {path}"
+            time.sleep(0.02)
