@@ -312,6 +312,8 @@ class ProgramState(StreamedText, RoleForms, ToolTurns):
             out: dict[str, Any] = {"text": ""}
             shown = 0
             split = StreamingReasoning(REASONING_PARSERS[expr.reasoning]) if expr.reasoning else None
+            if expr.name:  # a name used again: not the earlier gen's meta info while this one runs
+                self.meta_info.pop(expr.name, None)
             try:
                 for out in backend.generate_stream(self.text_, params, program_id=pid):
                     if expr.name:  # what text_async_iter(return_meta_data=True) gives with each chunk

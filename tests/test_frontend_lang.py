@@ -356,9 +356,11 @@ def test_a_stream_cut_off_keeps_what_its_reader_was_shown(engine):
     """SGLang appends a streamed gen's text as it comes: a stream that breaks (the server
     gone) leaves that text in ``text()`` and the variable, and the error in ``error()``."""
     class CutBackend(sgl.EngineBackend):
+        cut_at = 3  # chunks
+
         def generate_stream(self, *args, **kwargs):
             for k, out in enumerate(super().generate_stream(*args, **kwargs)):
-                if k == 3:
+                if k == self.cut_at:
                     raise sgl.BackendError("the server went away")
                 yield out
 
@@ -371,6 +373,23 @@ def test_a_stream_cut_off_keeps_what_its_reader_was_shown(engine):
     assert "went away" in str(state.error())
     assert shown.startswith("Once upon a time") and len(shown) > len("Once upon a time")
     assert state.text() == shown and state["story"] == shown.removeprefix("Once upon a time")
+
+    @sgl.function
+    def twice(s):  # the second gen of the name breaks before its first chunk
+        s += "One" + sgl.gen("x", max_tokens=2, ignore_eos=True) + sgl.gen("x", max_tokens=4)
+
+    class CutSecond(CutBackend):
+        calls = 0
+
+        def generate_stream(self, *args, **kwargs):
+            self.calls += 1
+            self.cut_at = 3 if self.calls == 1 else 0
+            yield from super().generate_stream(*args, **kwargs)
+
+    state = twice.run(temperature=0, backend=CutSecond(engine), stream=True)
+    list(state.text_iter())
+    assert "went away" in str(state.error()) and state["x"] == ""
+    assert state.meta_info.get("x") is None  # not the first gen's
 
 
 def test_a_variables_text_iter_ends_with_the_variable(local):
