@@ -99,6 +99,10 @@ def _run_single(ns: argparse.Namespace) -> int:
         raise ValueError("--in-process applies to --backend dsl only")
     if ns.in_process and ns.url:
         raise ValueError("--in-process loads the model in this process; --url names a server: give one of them")
+    if ns.backend == "dsl" and ns.model is not None:  # else the default model would be measured under its name
+        raise ValueError("--model applies to --backend openai (the model to request) and hf (a model path); the "
+                         "dsl backend's local server or engine takes its model in --server-args, e.g. "
+                         "--server-args=\"--model-path PATH\"")
     concurrency = ns.concurrency or (1 if ns.backend == "hf" else 8)
     with open_driver(ns) as (backend, probe, label):
         rows = [

@@ -114,7 +114,7 @@ def open_peer(ns: argparse.Namespace) -> Iterator[tuple[Backend, KVProbe | None,
     try:
         backend = OpenAIChatBackend(ns.compare, None, ns.api_key)
         try:
-            yield backend, kv_probe_for_url(ns.compare), ns.compare_label or f"openai @ {ns.compare}"
+            yield backend, kv_probe_for_url(ns.compare, ns.api_key), ns.compare_label or f"openai @ {ns.compare}"
         finally:
             backend.shutdown()
     finally:

@@ -63,7 +63,7 @@ def open_driver(ns: argparse.Namespace) -> Iterator[tuple[Backend, KVProbe | Non
         backend = _http_backend(ns.backend, url, ns.model, ns.api_key)
         where = "local forkserve" if server else url
         try:
-            yield backend, kv_probe_for_url(url), label or _label(f"{ns.backend} @ {where}", ns.server_args if server else "")
+            yield backend, kv_probe_for_url(url, ns.api_key), label or _label(f"{ns.backend} @ {where}", ns.server_args if server else "")
         finally:
             backend.shutdown()
     finally:

@@ -231,6 +231,8 @@ def test_cli_rejects_contradictory_flags(capsys):
     assert "--url and --in-process do not apply" in capsys.readouterr().err
     assert bench_main(["--in-process", "--url", "http://127.0.0.1:1"]) == 1  # --url was ignored
     assert "give one of them" in capsys.readouterr().err
+    assert bench_main(["--in-process", "--model", "/nonexist"]) == 1  # the default model was measured
+    assert "--model applies to --backend openai" in capsys.readouterr().err
 
 
 def test_compare_runs_each_workload_on_both_servers_one_at_a_time(tmp_path, capsys, tiny_gqa_llama):

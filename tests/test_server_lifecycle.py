@@ -68,6 +68,10 @@ def test_api_key_required(guarded):
     with pytest.raises(BackendError, match="answered 401: .*API key"):  # not "pass the model name"
         OpenAIChatBackend(guarded.url)
     assert OpenAIChatBackend(guarded.url, api_key="s3cret").model == "smol"
+    from bench_agent.drivers import kv_probe_for_url
+
+    probe = kv_probe_for_url(guarded.url, "s3cret")  # the bench's KV column read n/a without the key
+    assert probe is not None and probe() is not None
 
 
 def test_several_served_model_names_as_vllm(guarded):

@@ -20,3 +20,18 @@ from runtime.server.server_process import _connect_host
 ])
 def test_the_url_host_follows_the_servers_host_flag(args, host):
     assert _connect_host(args) == host
+
+
+def test_a_port_in_the_flags_is_the_one_watched(monkeypatch):
+    """``forkserve bench --server-args="--port 30705"``: the server listened there while the
+    bench waited 180 s on the free port it had picked (the flag given last wins)."""
+    import subprocess
+
+    from runtime.server import server_process
+
+    started = []
+    monkeypatch.setattr(subprocess, "Popen", lambda cmd, **kw: started.append(cmd))
+    proc = server_process.ServerProcess("--port", "30705")
+    assert proc.port == 30705 and proc.url.endswith(":30705") and started[0][-2:] == ["--port", "30705"]
+    assert server_process.ServerProcess("--port=30706").port == 30706
+    assert server_process.ServerProcess().port != 30705

@@ -63,11 +63,13 @@ def kv_usage_from_stats(stats: dict[str, Any]) -> KVReading:
 _FOREIGN_GAUGES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")
 
 
-def kv_probe_for_url(url: str) -> KVProbe | None:
+def kv_probe_for_url(url: str, api_key: str | None = None) -> KVProbe | None:
     """A probe reading a server's KV usage: forkserve's ``/get_server_info``, else a known
-    gauge on ``/metrics``; ``None`` when the server shows neither."""
+    gauge on ``/metrics``; ``None`` when the server shows neither. ``api_key``: the bearer
+    token a server started with one asks for."""
     root = url.rstrip("/").removesuffix("/v1")
-    client = httpx.Client(base_url=root, timeout=10)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    client = httpx.Client(base_url=root, timeout=10, headers=headers)
 
     def forkserve() -> KVReading | None:
         return kv_usage_from_stats(client.get("/get_server_info").json()["scheduler"])

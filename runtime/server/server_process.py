@@ -15,7 +15,8 @@ from runtime.server.orphan_guard import guarded_command
 
 class ServerProcess:
     def __init__(self, *args: str, port: int | None = None) -> None:
-        self.port = port or free_tcp_port()
+        given = _flag_value(args, "--port")  # in the flags (bench's --server-args): that one is used
+        self.port = int(given) if given is not None and given.isdigit() else port or free_tcp_port()
         self.url = f"http://{_connect_host(args)}:{self.port}"
         # Guarded: a parent killed without stopping it (a killed test run or benchmark)
         # takes the server with it. Watch only: it may be started from a passing thread.
@@ -56,14 +57,21 @@ class ServerProcess:
             raise
 
 
+def _flag_value(args: tuple[str, ...], flag: str) -> str | None:
+    """The value ``args`` give ``flag`` (``--flag V`` or ``--flag=V``; the last one wins, as on
+    the command line), or None."""
+    value = None
+    for k, arg in enumerate(args):
+        if arg == flag and k + 1 < len(args):
+            value = args[k + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
 def _connect_host(args: tuple[str, ...]) -> str:
     """Where to reach a server started with ``args``: its ``--host`` (a wildcard address as
     this machine's loopback), by default 127.0.0.1."""
-    host = "127.0.0.1"
-    for k, arg in enumerate(args):  # the last one given wins, as on the command line
-        if arg == "--host" and k + 1 < len(args):
-            host = args[k + 1]
-        elif arg.startswith("--host="):
-            host = arg.split("=", 1)[1]
+    host = _flag_value(args, "--host") or "127.0.0.1"
     host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
     return f"[{host}]" if ":" in host else host
