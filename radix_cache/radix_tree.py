@@ -24,8 +24,9 @@ Accounting: every cached token is either *evictable* (its node has ``lock_ref ==
 taken on a node and count on every ancestor up to the root, so a locked node's whole path
 stays cached. Eviction removes least-recently-used unlocked leaves, and a parent left
 without children becomes an evictable leaf in turn. Some locks are also *pins* (a program's
-cached conversation, ``runtime/scheduler/program_pins.py``): ``pin_ref`` counts them the
-same way, so ``pinned_size`` is the distinct tokens they keep, a shared prefix once.
+cached conversation, ``runtime/scheduler/program_pins.py``; ``inc_lock_ref(node, pin=True)``):
+``pin_ref`` counts them the same way, so ``pinned_size`` is the distinct tokens they keep, a
+shared prefix once.
 
 Namespaces (like SGLang's ``extra_key``): each namespace has its own root, so requests in
 different namespaces (tenants, LoRA adapters) never share a node.
@@ -58,7 +59,7 @@ class TreeNode:
         self.key = key
         self.value = value
         self.lock_ref = 0
-        self.pin_ref = 0  # how many of the locks through this node are pins (``inc_pin_ref``)
+        self.pin_ref = 0  # how many of the locks through this node are pins
         self.last_access = 0
         self.node_id = next(TreeNode._ids)
 
@@ -138,7 +139,7 @@ class RadixCache:
 
     @property
     def pinned_size(self) -> int:
-        """The distinct tokens on pinned paths (``inc_pin_ref``)."""
+        """The distinct tokens on pinned paths (``inc_lock_ref(node, pin=True)``)."""
         return self._pinned_size
 
     @property
@@ -215,45 +216,39 @@ class RadixCache:
         return pos
 
     # ------------------------------------------------------------------ locks
-    def inc_lock_ref(self, node: TreeNode) -> None:
-        """Pin ``node`` and its ancestors: none of them can be evicted until unlocked."""
+    def inc_lock_ref(self, node: TreeNode, pin: bool = False) -> None:
+        """Lock ``node`` and its ancestors: none of them can be evicted until unlocked.
+        ``pin``: the lock is a program's pin, counted in ``pinned_size`` too."""
         while not node.is_root:
             if node.lock_ref == 0:
                 self._evictable_size -= len(node)
                 self._protected_size += len(node)
                 self._evictable_leaves.discard(node)
             node.lock_ref += 1
+            if pin:
+                if node.pin_ref == 0:
+                    self._pinned_size += len(node)
+                node.pin_ref += 1
             node = node.parent  # type: ignore[assignment]
 
-    def dec_lock_ref(self, node: TreeNode) -> None:
-        """Undo one ``inc_lock_ref(node)``. Unlocking an unlocked node raises."""
+    def dec_lock_ref(self, node: TreeNode, pin: bool = False) -> None:
+        """Undo one ``inc_lock_ref(node, pin)``. Unlocking an unlocked (or unpinning an
+        unpinned) node raises."""
         while not node.is_root:
             if node.lock_ref <= 0:
                 raise RuntimeError(f"dec_lock_ref on unlocked {node}")
+            if pin and node.pin_ref <= 0:
+                raise RuntimeError(f"dec_lock_ref(pin=True) on unpinned {node}")
             node.lock_ref -= 1
             if node.lock_ref == 0:
                 self._evictable_size += len(node)
                 self._protected_size -= len(node)
                 if not node.children:
                     self._evictable_leaves.add(node)
-            node = node.parent  # type: ignore[assignment]
-
-    def inc_pin_ref(self, node: TreeNode) -> None:
-        """Count a lock on ``node`` (taken with ``inc_lock_ref``) as a pin, on its whole path."""
-        while not node.is_root:
-            if node.pin_ref == 0:
-                self._pinned_size += len(node)
-            node.pin_ref += 1
-            node = node.parent  # type: ignore[assignment]
-
-    def dec_pin_ref(self, node: TreeNode) -> None:
-        """Undo one ``inc_pin_ref(node)`` (before its ``dec_lock_ref``)."""
-        while not node.is_root:
-            if node.pin_ref <= 0:
-                raise RuntimeError(f"dec_pin_ref on unpinned {node}")
-            node.pin_ref -= 1
-            if node.pin_ref == 0:
-                self._pinned_size -= len(node)
+            if pin:
+                node.pin_ref -= 1
+                if node.pin_ref == 0:
+                    self._pinned_size -= len(node)
             node = node.parent  # type: ignore[assignment]
 
     def unpinned_len(self, node: TreeNode) -> int:

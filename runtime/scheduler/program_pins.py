@@ -73,11 +73,9 @@ class ProgramPins:
             if not nodes:
                 del self.pins[program_id]
             return False
-        self.tree.inc_lock_ref(node)
-        self.tree.inc_pin_ref(node)
+        self.tree.inc_lock_ref(node, pin=True)
         for old in replaced:
-            self.tree.dec_pin_ref(old)
-            self.tree.dec_lock_ref(old)
+            self.tree.dec_lock_ref(old, pin=True)
             nodes.pop(old)
         nodes[node] = length
         return True
@@ -111,8 +109,7 @@ class ProgramPins:
         self.last_pinned.pop(program_id, None)
         nodes = self.pins.pop(program_id, {})
         for node in nodes:
-            self.tree.dec_pin_ref(node)
-            self.tree.dec_lock_ref(node)
+            self.tree.dec_lock_ref(node, pin=True)
         return len(nodes)
 
     def release_all(self) -> None:
