@@ -85,7 +85,9 @@ class ServerArgs:
     )
     schedule_policy: str = flag_field(
         "lpm",
-        "Order of waiting requests: lpm (longest cached prefix first, best reuse) or fcfs.",
+        "Order of waiting requests: lpm (longest cached prefix first, best reuse) or fcfs "
+        "(arrival). Either way the many requests of one call (n samples, a batch) take turns "
+        "with later calls instead of going first.",
         choices=["lpm", "fcfs"],
     )
     attention_backend: str | None = flag_field(

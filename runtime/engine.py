@@ -216,6 +216,9 @@ class Engine:
                                   self.limits, prompt_field="prompt" if input_ids is None else "input_ids")
         requests, prompt_source = score_each_prompt_once(requests, each_own=stream)  # aborts are per call
         reqs = [Req(f"req-{next(self._rids)}", r.input_ids, r.params, r.options) for r in requests]
+        if len(reqs) > 1:  # one call's requests are ordered fairly against other calls'
+            for req in reqs:
+                req.group = reqs[0].rid
         return reqs, is_batch, prompt_source
 
     def _queue(self, reqs: list[Req], rid: str | list[str] | None) -> None:

@@ -28,6 +28,7 @@ class TokenizedGenerateReq:
     input_ids: np.ndarray  # int32
     params: SamplingParams
     options: RequestOptions
+    group: str | None = None  # the wire id of its call's first request, when the call sent several
 
 
 @dataclass

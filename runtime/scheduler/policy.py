@@ -3,7 +3,10 @@ step for a request picked before them to compute a prefix they share."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import heapq
+import itertools
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -11,6 +14,7 @@ import numpy as np
 if TYPE_CHECKING:
     from runtime.scheduler.cache_manager import CacheManager
     from runtime.scheduler.req import Req
+    from runtime.scheduler.waiting_queue import WaitingQueue
 
 # Matching every waiting request costs a tree walk each; past this queue length the gain
 # from better ordering is not worth it and we fall back to arrival order (as SGLang does).
@@ -22,14 +26,18 @@ LPM_MIN_MATCH = 32
 MAX_PASSED_OVER = 8
 
 
-def order_waiting(waiting: Iterable[Req], policy: str, cache: CacheManager) -> list[Req]:
+def order_waiting(waiting: WaitingQueue, policy: str, cache: CacheManager,
+                  running: Counter[str]) -> Iterable[Req]:
     """``lpm``: longest cached prefix first (ties, and matches under ``LPM_MIN_MATCH``
     tokens, keep arrival order); ``fcfs``: arrival order. Retracted requests go first (they
     already waited and hold partial output), then requests passed over too often, in arrival
-    order."""
-    reqs = list(waiting)
-    if policy == "fcfs" or len(reqs) > LPM_MAX_QUEUE or cache.tree.disable:
-        return sorted(reqs, key=lambda r: not r.is_retracted)
+    order. Over all of it, fairness between groups (``Req.group``): the k-th waiting member
+    of a group with r members admitted goes as the (r + k)-th, so the samples of an ``n``
+    128 or a batch of 100k prompts do not hold every later request until they are done;
+    ``running`` counts each group's admitted members. Past ``LPM_MAX_QUEUE`` the order is
+    made as it is taken (the caller stops after a step's worth)."""
+    if policy == "fcfs" or len(waiting) > LPM_MAX_QUEUE or cache.tree.disable:
+        return _fair_arrival_order(waiting, running)
 
     def match(r: Req) -> int:
         n = cache.match_len(r)
@@ -41,7 +49,44 @@ def order_waiting(waiting: Iterable[Req], policy: str, cache: CacheManager) -> l
         # full of matching requests (all of them late soon) would starve an unmatched one
         return not r.is_retracted, not late, 0 if late else -match(r)
 
-    return sorted(reqs, key=key)
+    reqs = sorted(waiting, key=key)
+    seen: Counter[str] = Counter()
+    ranks = {}
+    for r in reqs:
+        if r.group is not None:
+            ranks[r] = running[r.group] + seen[r.group]
+            seen[r.group] += 1
+    return sorted(reqs, key=lambda r: (0,) if r.is_retracted else (1, ranks.get(r, 0)))  # retracted: as they were
+
+
+def _fair_arrival_order(waiting: WaitingQueue, running: Counter[str]) -> Iterator[Req]:
+    """Arrival order, fair between groups (see ``order_waiting``): the retracted requests
+    (at the queue's front), then a merge of the groups' queues by each one's next rank,
+    ties by arrival. Costs a copy of the queue and a heap of one entry per group."""
+    retracted = list(itertools.takewhile(lambda r: r.is_retracted, waiting))
+    groups = list(waiting.groups().items())  # copies: the caller takes requests out as it goes
+    queues = [list(members) for _, members in groups]
+    seen: Counter[str] = Counter(r.group for r in retracted if r.group is not None)
+    heap: list[tuple[int, float, int, int]] = []
+
+    def push(i: int, pos: int) -> None:
+        queue, group = queues[i], groups[i][0]
+        while pos < len(queue) and queue[pos].is_retracted:  # taken above
+            pos += 1
+        if pos < len(queue):
+            rank = 0 if group is None else running[group] + seen[group]
+            heapq.heappush(heap, (rank, queue[pos].created_at, i, pos))
+
+    for i in range(len(queues)):
+        push(i, 0)
+    yield from retracted
+    while heap:
+        _, _, i, pos = heapq.heappop(heap)
+        req = queues[i][pos]
+        if req.group is not None:
+            seen[req.group] += 1
+        yield req
+        push(i, pos + 1)
 
 
 # Deferring a request is worth a step of its latency only when it saves real prefill work.

@@ -82,7 +82,7 @@ class SchedulerServer:
             raise TypeError(f"scheduler got an unknown message {type(msg).__name__}")
 
     def add(self, msg: TokenizedGenerateReq) -> None:
-        req = Req(msg.rid, msg.input_ids.tolist(), msg.params, msg.options)
+        req = Req(msg.rid, msg.input_ids.tolist(), msg.params, msg.options, msg.group)
         try:
             self.core.add_request(req)
         except ValueError as err:

@@ -34,6 +34,8 @@ class Req:
     input_ids: list[int]
     params: SamplingParams
     options: RequestOptions = field(default_factory=RequestOptions)
+    group: str | None = None  # the call it came in with others (n samples, a batch); None: alone
+
 
     output_ids: list[int] = field(default_factory=list)
     finished_reason: dict[str, Any] | None = None

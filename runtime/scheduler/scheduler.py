@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
+from collections import Counter
 from collections.abc import Callable
 
 from radix_cache import RadixCache, SlotAllocator
@@ -26,6 +26,7 @@ from runtime.scheduler.req import Req
 from runtime.scheduler.scheduler_stats import scheduler_report
 from runtime.scheduler.step_stats import StepStats
 from runtime.scheduler.stop import check_stop, grammar_stop
+from runtime.scheduler.waiting_queue import WaitingQueue
 
 logger = logging.getLogger("forkserve")
 
@@ -51,7 +52,7 @@ class Scheduler:
         self.allocator = SlotAllocator(worker.num_slots)
         self.tree = RadixCache(self.allocator, page_size=args.page_size, disable=args.disable_radix_cache)
         self.cache = CacheManager(self.tree, self.allocator, worker.req_to_token)
-        self.waiting: deque[Req] = deque()
+        self.waiting = WaitingQueue()
         self.running: list[Req] = []
         self.chunked: Req | None = None  # the request whose prompt is part-way through prefill
         self.jumped: list[Req] = []  # running requests with forced tokens to compute (jump-forward)
@@ -195,6 +196,7 @@ class Scheduler:
         budget = PrefillBudget.for_step(self.args.chunked_prefill_size, self.args.max_running_requests,
                                         len(self.running), mix, self._decode_reserve())
         picked: list[tuple[Req, int]] = []
+        admitted_per_group = Counter(r.group for r in self.admitted() if r.group is not None)
         # Jumped requests first: their forced tokens are a few each, and behind a long
         # prompt's chunks (each taking the whole budget) they would wait for all of them.
         for req in list(self.jumped):  # forced tokens: one extend each, never split
@@ -215,7 +217,8 @@ class Scheduler:
                 self.chunked = None
                 picked.append((req, n))
                 budget.take(n)
-        candidates = order_waiting(self.waiting, self.args.schedule_policy, self.cache) if self.waiting else []
+        candidates = order_waiting(self.waiting, self.args.schedule_policy, self.cache,
+                                   admitted_per_group) if self.waiting else []
         for req in candidates:
             if budget.exhausted or self.chunked is not None:  # one chunked request at a time
                 break

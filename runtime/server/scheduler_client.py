@@ -200,15 +200,19 @@ class SchedulerClient:
         # The collector would run many times over a heap growing by 100k states (2/3 of
         # the loop's time then, with the event loop held): it runs after, once if at all.
         with _collector_paused(len(requests) > 1000):
+            group = None  # the scheduler orders one call's requests fairly against other calls'
             for rid, input_ids, params, options in requests:
                 state = ReqState(rid, len(input_ids), options.return_logprob, input_ids[0],
                                  f"{rid}#{next(self._wire_ids)}", stream=options.stream)
+                if group is None and len(requests) > 1:
+                    group = state.wire_id
                 self.states[rid] = self.by_wire_id[state.wire_id] = state
                 self.metrics.on_submit(len(input_ids))
                 if log:
                     self.request_log.received(state, input_ids, params)
                 states.append(state)
-                msgs.append(TokenizedGenerateReq(state.wire_id, np.asarray(input_ids, dtype=np.int32), params, options))
+                msgs.append(TokenizedGenerateReq(state.wire_id, np.asarray(input_ids, dtype=np.int32), params, options,
+                                                group))
         self.outbox.put_many(msgs)
         return states
 
