@@ -47,7 +47,7 @@ def _generate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128, help="Most tokens to generate per prompt.")
     p.add_argument("--temperature", type=float, default=0.0, help="Sampling temperature; 0 is greedy.")
     p.add_argument("--top-p", type=float, default=1.0, help="Nucleus sampling mass.")
-    p.add_argument("--top-k", type=int, default=-1, help="Sample among the k most likely tokens; -1 is off.")
+    p.add_argument("--top-k", type=int, default=-1, help="Sample among the k most likely tokens; 0 or -1 is off.")
     p.add_argument("--seed", type=int, default=None, help="Per-request sampling seed.")
     p.add_argument("--stop", action="append", default=[], help="Stop string (repeatable).")
     p.add_argument("--json", action="store_true", help="Print the full SGLang-style result objects as JSON.")

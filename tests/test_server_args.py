@@ -285,3 +285,15 @@ def test_generate_reads_a_prompt_from_standard_input():
 
     assert json.loads(done.stdout.splitlines()[0])["meta_info"]["prompt_tokens"] >= 5  # not the one token of '-'
 
+
+
+def test_the_start_up_line_names_the_settings_that_change_what_to_expect():
+    from runtime.server.launch import describe_engine
+
+    info = {"dtype": "bfloat16", "device": "cpu", "attention_backend": "cpu", "attention_kernel": None,
+            "num_threads": 2, "max_total_tokens": 46603, "max_context_len": 8192, "gemm": "F.linear", "elementwise": None}
+    plain = describe_engine(info, ServerArgs())
+    assert plain == ("bfloat16 on cpu, attention backend cpu, 2 compute threads, KV pool 46,603 tokens, "
+                     "context 8,192 tokens, F.linear")
+    both = describe_engine(info, ServerArgs(tp_size=2, disable_radix_cache=True))
+    assert "on cpu, tensor parallel over 2," in both and both.endswith(", radix cache off (no prefix reuse)")

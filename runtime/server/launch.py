@@ -66,15 +66,19 @@ def bind_port(host: str, port: int) -> socket.socket:
     return sock
 
 
-def describe_engine(info: dict[str, Any]) -> str:
+def describe_engine(info: dict[str, Any], args: ServerArgs) -> str:
     """What runs, in one line: dtype, device, attention backend, compute threads, KV pool
-    size in tokens, the GEMM kernels and, on CUDA, the elementwise ones (from the
-    scheduler's ready message)."""
+    size and context length in tokens, the GEMM kernels and, on CUDA, the elementwise ones
+    (from the scheduler's ready message), and the settings that change what to expect
+    (tensor parallel, no radix cache)."""
     threads = f", {info['num_threads']} compute threads" if info.get("num_threads") else ""
     kernel = f" ({info['attention_kernel']})" if info.get("attention_kernel") else ""
     elementwise = f", {info['elementwise']}" if info.get("elementwise") else ""
-    return (f"{info['dtype']} on {info['device']}, attention backend {info['attention_backend']}{kernel}{threads}, "
-            f"KV pool {info['max_total_tokens']:,} tokens, {info['gemm']}{elementwise}")
+    tp = f", tensor parallel over {args.tp_size}" if args.tp_size > 1 else ""
+    no_cache = ", radix cache off (no prefix reuse)" if args.disable_radix_cache else ""
+    return (f"{info['dtype']} on {info['device']}{tp}, attention backend {info['attention_backend']}{kernel}{threads}, "
+            f"KV pool {info['max_total_tokens']:,} tokens, context {info['max_context_len']:,} tokens, "
+            f"{info['gemm']}{elementwise}{no_cache}")
 
 
 def default_model_name(model_path: str | None, model_dir: Path) -> str:
@@ -202,7 +206,7 @@ class Launcher:
         ctx.is_ready = True
         if not serving.done():
             if await probe_generate(ctx, timeout=max(60.0, self.http.startup_timeout)):
-                print(f"forkserve: {describe_engine(client.info)}", flush=True)
+                print(f"forkserve: {describe_engine(client.info, self.args)}", flush=True)
                 host = f"[{self.http.host}]" if ":" in self.http.host else self.http.host
                 key = "; requests need the --api-key bearer" if self.http.api_key else ""
                 print(f"forkserve ready: http://{host}:{self.http.port} (model {names[0]}; OpenAI API under /v1{key})", flush=True)
