@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from functools import cached_property
@@ -121,10 +122,12 @@ class Tokenizer:
 
     def output_text(self, output_ids: list[int], finished_reason: dict[str, Any] | None, params: Any) -> str:
         """The response text: stop token dropped, cut before the stop string or the stop
-        regex's match that ended the request. ``params``: the request's ``SamplingParams``
-        or its ``TokenUpdate`` (both carry the fields read here)."""
+        regex's match that ended the request (after it with vLLM's
+        ``include_stop_str_in_output``; SGLang's ``no_stop_trim`` keeps the whole output).
+        ``params``: the request's ``SamplingParams`` or its ``TokenUpdate`` (both carry the
+        fields read here)."""
         matched = finished_reason.get("matched") if finished_reason and not params.no_stop_trim else None
-        ids = output_ids[:-1] if isinstance(matched, int) else output_ids
+        ids = output_ids[:-1] if isinstance(matched, int) and not params.include_stop_str_in_output else output_ids
         text = self.decode(ids, skip_special_tokens=params.skip_special_tokens)
         if isinstance(matched, str):
             # Cut at the match that stopped the request, which the text one token earlier
@@ -132,13 +135,13 @@ class Tokenizer:
             # min_new_tokens, or one this text has and the scheduler's had not (it reads
             # special tokens, which this text may skip).
             before = self.decode(ids[:-1], skip_special_tokens=params.skip_special_tokens)
+            span: tuple[int, int] | None = None
             if matched in params.stop:  # it ends in the newest token's text (a split character counts as new)
-                cut = stop_regex.find_ending_after(text, matched, len(os.path.commonprefix([before, text])))
+                start = stop_regex.find_ending_after(text, matched, len(os.path.commonprefix([before, text])))
+                span = (start, start + len(matched)) if start >= 0 else None
             else:  # one of params.stop_regex: with a lookahead, its match may end before the newest token
-                try:
-                    cut = stop_regex.first_new_match(matched, text, before)
-                except TimeoutError:  # as the scheduler's search would have: the text stays whole
-                    cut = -1
-            if cut >= 0:
-                text = text[:cut]
+                with contextlib.suppress(TimeoutError):  # as the scheduler's search would have: the text stays whole
+                    span = stop_regex.first_new_match(matched, text, before)
+            if span is not None:
+                text = text[: span[1] if params.include_stop_str_in_output else span[0]]
         return text

@@ -193,6 +193,12 @@ def test_vllm_guided_fields_and_stop_string_kept(server):
     kept = post(server, "/v1/completions", {"model": MODEL, "prompt": "1, 2, 3,", "max_tokens": 12, "temperature": 0,
                                             "stop": [" 5"], "include_stop_str_in_output": True}).json()["choices"][0]["text"]
     assert kept == plain + " 5"
+    # a stop string inside a token: the text ends with it (vLLM), not with the token's rest
+    story = {"model": MODEL, "prompt": "Once upon a time, in a small village,", "max_tokens": 30, "temperature": 0}
+    full = post(server, "/v1/completions", story).json()["choices"][0]["text"]
+    assert "r" in full, full
+    kept = post(server, "/v1/completions", {**story, "stop": ["r"], "include_stop_str_in_output": True}).json()
+    assert kept["choices"][0]["text"] == full[: full.index("r") + 1], (full, kept)
 
 
 def test_truncate_prompt_tokens_keeps_the_prompts_end_or_start(server, engine):

@@ -266,11 +266,14 @@ def test_a_stop_string_hidden_by_special_tokens_is_not_where_the_text_is_cut(tok
 @example(text=" omega", stops=["a", "e"])  # one token holds both: " omeg" held "e"
 @given(text=st.text(alphabet="abcde omg\n", min_size=1, max_size=40),
        stops=st.lists(st.text(alphabet="abcde omg", min_size=1, max_size=3), min_size=2, max_size=4, unique=True))
-def test_several_stop_strings_cut_at_the_first_in_the_text(tok, text, stops):
+@pytest.mark.parametrize("include", [False, True])
+def test_several_stop_strings_cut_at_the_first_in_the_text(tok, text, stops, include):
     """Whatever their order in the list: the answer is cut where the first stop string in
-    the text begins (it holds none of them), as OpenAI's are; Python's ``find`` the oracle."""
+    the text begins (it holds none of them), as OpenAI's are; Python's ``find`` the oracle.
+    With vLLM's ``include_stop_str_in_output`` it ends with that stop string, not with the
+    rest of the token that held it (SGLang's ``no_stop_trim`` keeps that)."""
     ids = tok.hf.encode(text, add_special_tokens=False)
-    params = SamplingParams(max_new_tokens=10**6, stop=stops)
+    params = SamplingParams(max_new_tokens=10**6, stop=stops, include_stop_str_in_output=include)
     req = _Req(params, [])
     for token in ids:
         req.output_ids.append(token)
@@ -282,7 +285,22 @@ def test_several_stop_strings_cut_at_the_first_in_the_text(tok, text, stops):
         assert not starts
     else:
         got = tok.output_text(req.output_ids, reason, params)
-        assert got == seen[:min(starts)] and not any(s in got for s in stops), (seen, stops, reason)
+        if include:
+            assert got == seen[:min(starts)] + reason["matched"], (seen, stops, reason)
+        else:
+            assert got == seen[:min(starts)] and not any(s in got for s in stops), (seen, stops, reason)
+
+
+def test_include_stop_str_in_output_ends_with_the_regex_match_or_the_stop_token(tok):
+    ids = tok.hf.encode(" omega", add_special_tokens=False)
+    params = SamplingParams(max_new_tokens=99, stop_regex=["m.g"], include_stop_str_in_output=True)
+    req = _Req(params, list(ids))
+    reason = check_stop(req, (), 10**9, tok.hf.decode)
+    assert tok.output_text(req.output_ids, reason, params) == " omeg"
+    end = tok.hf.convert_tokens_to_ids("<|im_end|>")
+    for include, want in ((False, " omega"), (True, " omega<|im_end|>")):
+        params = SamplingParams(stop_token_ids=[end], skip_special_tokens=False, include_stop_str_in_output=include)
+        assert tok.output_text([*ids, end], {"type": "stop", "matched": end}, params) == want
 
 
 def test_a_stop_regex_that_starts_before_a_stop_string_wins(tok):

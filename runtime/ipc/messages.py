@@ -80,6 +80,7 @@ class TokenUpdate:
     stop_regex: tuple[str, ...] = ()
     no_stop_trim: bool = False
     min_new_tokens: int = 0  # where a stop string's match may have stopped the request
+    include_stop_str_in_output: bool = False
     # logprob deltas as (logprob, token_id) pairs; top lists as lists of pairs
     input_token_logprobs: list[Any] | None = None
     input_top_logprobs: list[Any] | None = None

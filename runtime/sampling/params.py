@@ -67,7 +67,8 @@ MAX_TEMPERATURE = 1e4
 REPETITION_PENALTY_RANGE = (0.01, 100.0)
 MAX_N = 128  # OpenAI's limit on completions per request
 TOP_K_ALL = 2**31 - 1  # a top_k past any vocabulary's size is off (a tensor could not hold 2**63)
-BOOL_FIELDS = ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim")
+BOOL_FIELDS = ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
+               "include_stop_str_in_output")
 # SGLang's sampling fields this engine does not implement: accepted at their neutral value
 # (what SGLang's own clients send when the feature is off), anything else is refused.
 SGLANG_NEUTRAL_ONLY = ("structural_tag", "custom_params")
@@ -98,7 +99,8 @@ class SamplingParams:
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
-    no_stop_trim: bool = False
+    no_stop_trim: bool = False  # SGLang's: the output stays whole (the stop token, the whole token that held a stop string)
+    include_stop_str_in_output: bool = False  # vLLM's: the text ends with the stop string (or the stop token's text)
     seed: int | None = None
     n: int = 1
     stream_interval: int | None = None  # streamed: tokens per update (None: --stream-interval)

@@ -119,14 +119,14 @@ def first_match(patterns: list[str] | tuple[str, ...], text: str, ends_after: in
     return best
 
 
-def first_new_match(pattern: str, text: str, before: str) -> int:
+def first_new_match(pattern: str, text: str, before: str) -> tuple[int, int] | None:
     """Where the first match of ``pattern`` in ``text`` that ``before`` (the text one token
-    earlier) did not have starts, or -1: the match that stopped the request. (A match with
-    a lookahead can end before the newest token; an older one did not stop it.)"""
+    earlier) did not have starts and ends, or None: the match that stopped the request. (A
+    match with a lookahead can end before the newest token; an older one did not stop it.)"""
     compiled = compile_pattern(pattern)
     old = {m.span() for m in compiled.finditer(before, overlapped=True, timeout=MATCH_TIMEOUT_S)}
-    return next((m.start() for m in compiled.finditer(text, overlapped=True, timeout=MATCH_TIMEOUT_S)
-                 if m.span() not in old), -1)
+    return next((m.span() for m in compiled.finditer(text, overlapped=True, timeout=MATCH_TIMEOUT_S)
+                 if m.span() not in old), None)
 
 
 def held_from(patterns: tuple[str, ...], text: str) -> int:

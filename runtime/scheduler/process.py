@@ -123,6 +123,7 @@ def _update(out: RequestOutput) -> TokenUpdate:
         stop=tuple(p.stop),
         stop_regex=tuple(p.stop_regex),
         no_stop_trim=p.no_stop_trim,
+        include_stop_str_in_output=p.include_stop_str_in_output,
         min_new_tokens=p.min_new_tokens,
         error=out.error,
         error_param=req.error_param,

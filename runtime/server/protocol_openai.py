@@ -81,7 +81,7 @@ class OpenAISampling(SharedSampling):
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     no_stop_trim: bool = False
-    include_stop_str_in_output: bool = False  # vLLM's name for no_stop_trim
+    include_stop_str_in_output: bool = False  # vLLM's: the text ends with the stop string
     # constrained output: OpenAI's response_format, vLLM / SGLang's regex and ebnf, vLLM's guided_*
     response_format: ResponseFormat | None = None
     regex: str | None = None
