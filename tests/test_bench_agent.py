@@ -280,3 +280,13 @@ def test_ctrl_c_stops_a_benchmark_run_and_its_programs(server, ctrl_c):
     wait_until_idle(server.url)
     assert backend.sent == sent < 32 * workload.gen_calls(workload.sizes("quick")) / 4  # nothing more was sent
     assert pinned_programs(server.url) == 0
+
+
+def test_bench_fairness_sends_calls_while_the_batch_runs(server):
+    import argparse
+
+    from bench_agent.bench_fairness import measure
+
+    ns = argparse.Namespace(batch=300, batch_tokens=16, calls=2, interval=0.3)
+    result = measure(server.url, ns)
+    assert len(result["ttfts"]) >= 1 and all(t > 0 for t in result["ttfts"]) and result["batch_s"] > 0
