@@ -62,9 +62,9 @@ class Detokenizer:
             self.states.pop(u.rid, None)
             if u.error is not None:
                 return ""
-            return self.tokenizer.output_text(ids, u.finished_reason, u)
+            return self.tokenizer.output_text(ids, u.finished_reason, u, u.decode_context)
         if state is None:
-            state = self.states[u.rid] = IncrementalText()
+            state = self.states[u.rid] = IncrementalText(context=u.decode_context)
         state.feed(lambda ids: self.tokenizer.decode(ids, u.skip_special_tokens), new_ids.tolist())
         return shown_text(state.text, u)
 

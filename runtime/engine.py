@@ -316,6 +316,7 @@ class Engine:
                         chunk = self.format_output(req, text_in_logprobs)
                     elif length > len(text.ids):
                         skip = req.params.skip_special_tokens
+                        text.context = req.decode_context  # set by the scheduler, which has the request by now
                         text.feed(lambda ids, skip=skip: self.tokenizer.decode(ids, skip), req.output_ids[len(text.ids):length])
                         chunk = {"text": shown_text(text.text, req.params), "output_ids": req.output_ids[:length],
                                  "meta_info": self._meta_info(req, text_in_logprobs, length)}
@@ -364,7 +365,7 @@ class Engine:
 
     def format_output(self, req: Req, text_in_logprobs: bool = False, prompt_scored_by: Req | None = None) -> dict[str, Any]:
         return {
-            "text": self.tokenizer.output_text(req.output_ids, req.finished_reason, req.params),
+            "text": self.tokenizer.output_text(req.output_ids, req.finished_reason, req.params, req.decode_context),
             "output_ids": list(req.output_ids),
             "meta_info": self._meta_info(req, text_in_logprobs, prompt_scored_by=prompt_scored_by),
         }

@@ -10,6 +10,30 @@ from dataclasses import dataclass, field
 
 # Tokens re-decoded before the newest ones, so merges across the boundary come out right.
 _INITIAL_OFFSET = 5
+# A UTF-8 character has at most 4 bytes, so its first bytes at a prompt's end are in at most
+# its last 3 tokens (one more for merges across them).
+_CONTEXT_TOKENS = 4
+
+
+def partial_char_context(prompt_ids: list[int], decode: Callable[[list[int]], str]) -> tuple[int, ...]:
+    """The prompt's last tokens when its text ends in a partial character (a prompt of token
+    ids cut inside one), else ``()``: the output's first bytes may complete it
+    (``decode_after``)."""
+    tail = prompt_ids[-_CONTEXT_TOKENS:]
+    return tuple(tail) if tail and decode(tail).endswith("\ufffd") else ()
+
+
+def decode_after(decode: Callable[[list[int]], str], context: tuple[int, ...], ids: list[int]) -> str:
+    """The text of output ``ids`` after prompt tokens ``context``: a character whose first
+    bytes end the prompt and whose last bytes start the output is the output's (so the
+    prompt's text without its partial character, plus this, is the text of both)."""
+    if not context:
+        return decode(ids)
+    head = decode(list(context))
+    full = decode([*context, *ids])
+    if full.startswith(head):  # nothing completed the prompt's partial character (yet)
+        return full[len(head):]
+    return full[len(head) - 1:]  # head's last character is the partial one's U+FFFD
 
 
 @dataclass
@@ -23,13 +47,18 @@ class IncrementalText:
     read_offset: int = 0
     text: str = ""
     pending: str = ""
+    context: tuple[int, ...] = ()  # the prompt's tokens that end in a partial character (``partial_char_context``)
 
     def feed(self, decode: Callable[[list[int]], str], new_ids: list[int]) -> None:
         if not self.ids:
             self.prefix_offset = self.read_offset = 0
         self.ids.extend(new_ids)
-        before = decode(self.ids[self.prefix_offset : self.read_offset])
-        after = decode(self.ids[self.prefix_offset :])
+        if self.prefix_offset == 0 and self.context:
+            before = decode_after(decode, self.context, self.ids[: self.read_offset])
+            after = decode_after(decode, self.context, self.ids)
+        else:
+            before = decode(self.ids[self.prefix_offset : self.read_offset])
+            after = decode(self.ids[self.prefix_offset :])
         self.pending = after[len(before) :]
         if len(after) > len(before) and not after.endswith("\ufffd"):
             self.text += self.pending

@@ -50,6 +50,13 @@ class TokenBytes:
             out = self._cache[token_id] = self._bytes(token_id)
         return out
 
+    def ends_inside_character(self, ids: Sequence[int]) -> bool:
+        """Whether the bytes of ``ids`` end with the first bytes of a character (token ids
+        cut inside one)."""
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        decoder.decode(b"".join(self.of(t) for t in ids[-MAX_CHAR_BYTES:]))
+        return bool(decoder.getstate()[0])
+
     def _bytes(self, token_id: int) -> bytes:
         text = self.hf.decode([token_id], skip_special_tokens=False)
         if token_id in self.special:

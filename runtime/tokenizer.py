@@ -11,6 +11,7 @@ from typing import Any
 
 from transformers import AutoTokenizer, PretrainedConfig
 
+from runtime.incremental_text import decode_after
 from runtime.model_loader.weights import load_hf_config
 from runtime.sampling import stop_regex
 from runtime.token_bytes import TokenBytes
@@ -120,21 +121,25 @@ class Tokenizer:
         """Each token's own bytes and its name in OpenAI's logprobs (``runtime/token_bytes.py``)."""
         return TokenBytes(self.hf)
 
-    def output_text(self, output_ids: list[int], finished_reason: dict[str, Any] | None, params: Any) -> str:
+    def output_text(self, output_ids: list[int], finished_reason: dict[str, Any] | None, params: Any,
+                    context: tuple[int, ...] = ()) -> str:
         """The response text: stop token dropped, cut before the stop string or the stop
         regex's match that ended the request (after it with vLLM's
         ``include_stop_str_in_output``; SGLang's ``no_stop_trim`` keeps the whole output).
         ``params``: the request's ``SamplingParams`` or its ``TokenUpdate`` (both carry the
-        fields read here)."""
+        fields read here). ``context``: the prompt's last tokens where it ends inside a
+        character (``incremental_text.partial_char_context``)."""
         matched = finished_reason.get("matched") if finished_reason and not params.no_stop_trim else None
         ids = output_ids[:-1] if isinstance(matched, int) and not params.include_stop_str_in_output else output_ids
-        text = self.decode(ids, skip_special_tokens=params.skip_special_tokens)
+        skip = params.skip_special_tokens
+        decode = lambda part: self.decode(part, skip_special_tokens=skip)  # noqa: E731
+        text = decode_after(decode, context, ids)
         if isinstance(matched, str):
             # Cut at the match that stopped the request, which the text one token earlier
             # lacks. An earlier one did not stop it and was streamed: one before
             # min_new_tokens, or one this text has and the scheduler's had not (it reads
             # special tokens, which this text may skip).
-            before = self.decode(ids[:-1], skip_special_tokens=params.skip_special_tokens)
+            before = decode_after(decode, context, ids[:-1])
             span: tuple[int, int] | None = None
             if matched in params.stop:  # it ends in the newest token's text (a split character counts as new)
                 start = stop_regex.find_ending_after(text, matched, len(os.path.commonprefix([before, text])))

@@ -271,3 +271,23 @@ def test_a_chat_gets_the_templates_bos_only(bos_model):
         assert native["prompt_token_ids"] == expected
     finally:
         assert proc.stop() == 0
+
+
+def test_a_prompt_of_ids_cut_inside_a_character_gets_it_back_whole(server, engine):
+    """The output's first token completes the prompt's last character: the text has it
+    whole, streamed or not, in /v1/completions and /generate (it showed as U+FFFD)."""
+    ids = engine.tokenizer.hf.encode("日本語の文章。日本", add_special_tokens=False)[:-2]
+    head = engine.tokenizer.decode(ids)
+    assert head.endswith("\ufffd")
+    out = greedy_ids(engine, ids, 6)
+    want = engine.tokenizer.decode(ids + out)[len(head) - 1 :]
+    assert "\ufffd" not in want
+    body = {"prompt": ids, "max_tokens": 6, "temperature": 0}
+    assert post(server, "/v1/completions", body).json()["choices"][0]["text"] == want
+    echoed = post(server, "/v1/completions", {**body, "echo": True}).json()["choices"][0]["text"]
+    assert echoed == engine.tokenizer.decode(ids + out), "echo: the prompt's text and the output's, the character once"
+    streamed = "".join(e["choices"][0]["text"] for e in sse_events(server, "/v1/completions", body) if e["choices"])
+    assert streamed == want
+    native = httpx.post(server.url + "/generate", json={"input_ids": ids, "sampling_params": {"max_new_tokens": 6,
+                                                                                                "temperature": 0}})
+    assert native.json()["text"] == want

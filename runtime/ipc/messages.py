@@ -81,6 +81,7 @@ class TokenUpdate:
     no_stop_trim: bool = False
     min_new_tokens: int = 0  # where a stop string's match may have stopped the request
     include_stop_str_in_output: bool = False
+    decode_context: tuple[int, ...] = ()  # the prompt's last tokens if it ends inside a character
     # logprob deltas as (logprob, token_id) pairs; top lists as lists of pairs
     input_token_logprobs: list[Any] | None = None
     input_top_logprobs: list[Any] | None = None

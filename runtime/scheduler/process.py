@@ -124,6 +124,7 @@ def _update(out: RequestOutput) -> TokenUpdate:
         stop_regex=tuple(p.stop_regex),
         no_stop_trim=p.no_stop_trim,
         include_stop_str_in_output=p.include_stop_str_in_output,
+        decode_context=req.decode_context,
         min_new_tokens=p.min_new_tokens,
         error=out.error,
         error_param=req.error_param,

@@ -40,6 +40,7 @@ class Req:
     output_ids: list[int] = field(default_factory=list)
     finished_reason: dict[str, Any] | None = None
     stop_text: IncrementalText | None = None  # the output's text for unbounded stop regexes (stop.py)
+    decode_context: tuple[int, ...] = ()  # the prompt's last tokens if it ends inside a character (incremental_text.py)
     generator: torch.Generator | None = None
     error: str | None = None  # the request failed alone (e.g. its grammar did not compile)
     error_param: str | None = None  # the request field the error is about, when there is one

@@ -39,8 +39,14 @@ class Completion(OpenAIHandler):
                              prompt_logprobs=r.echo and r.logprobs is not None)
         # Only checked token ids are decoded (for echo); a truncated prompt echoes what was kept.
         texts = texts if r.truncate_prompt_tokens is None else None
-        self.prompt_texts = texts or ([self.ctx.tokenizer.decode(p, False) for p in self.prompts] if r.echo else [])
+        self.prompt_texts = texts or ([self._echoed(p) for p in self.prompts] if r.echo else [])
         return await self.respond(states)
+
+    def _echoed(self, prompt: list[int]) -> str:
+        """The text of prompt ids; a partial character at their end is left to the output,
+        whose first bytes may complete it (``incremental_text.decode_after``)."""
+        text = self.ctx.tokenizer.decode(prompt, False)
+        return text[:-1] if text.endswith("\ufffd") and self.ctx.tokenizer.token_bytes.ends_inside_character(prompt) else text
 
     def echo(self, index: int) -> str:
         return self.prompt_texts[index // self.req.n] if self.req.echo else ""
