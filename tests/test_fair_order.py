@@ -34,14 +34,15 @@ def _cache(disable: bool = False):
 
 def _brute_force(queue: list[Req], running: Counter[str]) -> list[Req]:
     """Retracted first (queue order), then everything else by (running members of its group
-    + members of its group before it in the queue, arrival); a request alone ranks 0."""
+    + members of its group before it in the queue, place in the queue); a request alone
+    ranks 0."""
     before: Counter[str] = Counter()
     rank = {}
     for r in queue:
         if r.group is not None:
             rank[r] = running[r.group] + before[r.group]
             before[r.group] += 1
-    rest = sorted((r for r in queue if not r.is_retracted), key=lambda r: (rank.get(r, 0), r.created_at))
+    rest = sorted((r for r in queue if not r.is_retracted), key=lambda r: (rank.get(r, 0), queue.index(r)))
     return [r for r in queue if r.is_retracted] + rest
 
 
@@ -49,7 +50,7 @@ def _queue(reqs: list[Req]) -> WaitingQueue:
     queue = WaitingQueue()
     for r in reqs:
         if r.is_retracted:
-            queue.appendleft(r)
+            queue.put_back(r)
         else:
             queue.append(r)
     return queue
@@ -78,7 +79,17 @@ def test_taking_requests_out_while_the_order_is_made():
     for req in order_waiting(queue, "lpm", _cache(), Counter(a=2)):  # past LPM_MAX_QUEUE: made as taken
         queue.remove(req)
         taken.append(req)
-    assert taken == _brute_force(reqs, Counter(a=2)) and not queue and not queue.groups()
+    assert taken == _brute_force(reqs, Counter(a=2)) and not queue and not queue.arrived_by_group()
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "lpm"])
+def test_a_request_that_joins_late_goes_by_when_it_joined(policy):
+    """A request whose grammar compiled late joins the queue after requests created later:
+    it goes by its place in the queue under both policies."""
+    late_grammar = _req(None)
+    queue = [_req(None), _req("g"), _req("g")]
+    order = list(order_waiting(_queue([*queue, late_grammar]), policy, _cache(), Counter()))
+    assert order == [queue[0], queue[1], late_grammar, queue[2]]
 
 
 @given(

@@ -36,57 +36,59 @@ def order_waiting(waiting: WaitingQueue, policy: str, cache: CacheManager,
     128 or a batch of 100k prompts do not hold every later request until they are done;
     ``running`` counts each group's admitted members. Past ``LPM_MAX_QUEUE`` the order is
     made as it is taken (the caller stops after a step's worth)."""
+    put_back = waiting.put_back_requests()
+    seen: Counter[str] = Counter(r.group for r in put_back if r.group is not None)
     if policy == "fcfs" or len(waiting) > LPM_MAX_QUEUE or cache.tree.disable:
-        return _fair_arrival_order(waiting, running)
+        return itertools.chain(put_back, _fair_merge(waiting, running, seen))
 
     def match(r: Req) -> int:
         n = cache.match_len(r)
         return n if n >= LPM_MIN_MATCH else 0
 
-    def key(r: Req) -> tuple[bool, bool, int]:
+    def key(r: Req) -> tuple[bool, int]:
         late = r.num_passed_over >= MAX_PASSED_OVER
         # the late keep arrival order among themselves: sorted by prefix again, a queue kept
         # full of matching requests (all of them late soon) would starve an unmatched one
-        return not r.is_retracted, not late, 0 if late else -match(r)
+        return not late, 0 if late else -match(r)
 
-    reqs = sorted(waiting, key=key)
-    seen: Counter[str] = Counter()
+    arrived = sorted(waiting.arrived(), key=key)
     ranks = {}
-    for r in reqs:
+    for r in arrived:
         if r.group is not None:
             ranks[r] = running[r.group] + seen[r.group]
             seen[r.group] += 1
-    return sorted(reqs, key=lambda r: (0,) if r.is_retracted else (1, ranks.get(r, 0)))  # retracted: as they were
+    return put_back + sorted(arrived, key=lambda r: ranks.get(r, 0))
 
 
-def _fair_arrival_order(waiting: WaitingQueue, running: Counter[str]) -> Iterator[Req]:
-    """Arrival order, fair between groups (see ``order_waiting``): the retracted requests
-    (at the queue's front), then a merge of the groups' queues by each one's next rank,
-    ties by arrival. Costs a copy of the queue and a heap of one entry per group."""
-    retracted = list(itertools.takewhile(lambda r: r.is_retracted, waiting))
-    groups = list(waiting.groups().items())  # copies: the caller takes requests out as it goes
-    queues = [list(members) for _, members in groups]
-    seen: Counter[str] = Counter(r.group for r in retracted if r.group is not None)
-    heap: list[tuple[int, float, int, int]] = []
+# Most members of one group a step looks at (it admits at most --max-running-requests).
+MERGE_DEPTH = 1024
 
-    def push(i: int, pos: int) -> None:
-        queue, group = queues[i], groups[i][0]
-        while pos < len(queue) and queue[pos].is_retracted:  # taken above
-            pos += 1
-        if pos < len(queue):
-            rank = 0 if group is None else running[group] + seen[group]
-            heapq.heappush(heap, (rank, queue[pos].created_at, i, pos))
 
-    for i in range(len(queues)):
-        push(i, 0)
-    yield from retracted
+def _fair_merge(waiting: WaitingQueue, running: Counter[str], seen: Counter[str]) -> Iterator[Req]:
+    """The arrived requests in arrival order, fair between groups (see ``order_waiting``): a
+    merge of the groups' queues by the rank of each one's next member, ties by arrival.
+    Costs a heap of one entry per group; a group's first ``MERGE_DEPTH`` members are copied
+    when it first comes up (the caller takes requests out of the queue as it goes, only
+    those yielded, so until then the group is as it was)."""
+    groups = list(waiting.arrived_by_group().items())
+    stamp = waiting.stamp
+    heap = [(0 if g is None else running.get(g, 0) + seen.get(g, 0), stamp(members[0]), i, 0)
+            for i, (g, members) in enumerate(groups)]
+    heapq.heapify(heap)
+    copies: dict[int, list[Req]] = {}
     while heap:
         _, _, i, pos = heapq.heappop(heap)
-        req = queues[i][pos]
-        if req.group is not None:
-            seen[req.group] += 1
+        group, members = groups[i]
+        queue = copies.get(i)
+        if queue is None:
+            queue = copies[i] = list(itertools.islice(members, MERGE_DEPTH))
+        req = queue[pos]
+        if group is not None:
+            seen[group] += 1
         yield req
-        push(i, pos + 1)
+        if pos + 1 < len(queue):
+            rank = 0 if group is None else running.get(group, 0) + seen[group]
+            heapq.heappush(heap, (rank, stamp(queue[pos + 1]), i, pos + 1))
 
 
 # Deferring a request is worth a step of its latency only when it saves real prefill work.

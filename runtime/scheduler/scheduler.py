@@ -198,7 +198,6 @@ class Scheduler:
         budget = PrefillBudget.for_step(self.args.chunked_prefill_size, self.args.max_running_requests,
                                         len(self.running), mix, self._decode_reserve())
         picked: list[tuple[Req, int]] = []
-        admitted_per_group = Counter(r.group for r in self.admitted() if r.group is not None)
         # Jumped requests first: their forced tokens are a few each, and behind a long
         # prompt's chunks (each taking the whole budget) they would wait for all of them.
         for req in list(self.jumped):  # forced tokens: one extend each, never split
@@ -219,6 +218,8 @@ class Scheduler:
                 self.chunked = None
                 picked.append((req, n))
                 budget.take(n)
+        admitted = self.admitted() + [r for r, _ in picked]  # those picked above left their lists
+        admitted_per_group = Counter(r.group for r in admitted if r.group is not None)
         candidates = order_waiting(self.waiting, self.args.schedule_policy, self.cache,
                                    admitted_per_group) if self.waiting else []
         for req in candidates:
@@ -318,7 +319,7 @@ class Scheduler:
             req.input_token_logprobs.clear()
             req.input_top_logprobs.clear()
             req.input_token_ranks.clear()
-        self.waiting.appendleft(req)
+        self.waiting.put_back(req)
         self.num_retractions += 1
         self.new_token_ratio = _INIT_NEW_TOKEN_RATIO
         logger.info("retracted request %s to free KV memory", req.rid)

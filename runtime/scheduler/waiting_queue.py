@@ -1,6 +1,6 @@
-"""The requests waiting for prefill: in arrival order (a retracted request goes back in
-front), and also by group, so that ordering them fairly over groups needs no walk over a
-long queue.
+"""The requests waiting for prefill: requests put back (retracted, most recent first), then
+arrivals in order; the arrivals also by group, so that ordering them fairly over groups
+(``policy.order_waiting``) needs no walk over a long queue.
 
 A group is the requests of one call (the ``n`` samples of a prompt, the prompts of a
 batch): ``Req.group``, None for a request alone. Each request alone is a group of its own.
@@ -8,6 +8,7 @@ batch): ``Req.group``, None for a request alone. Each request alone is a group o
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -18,41 +19,57 @@ if TYPE_CHECKING:
 
 class WaitingQueue:
     def __init__(self) -> None:
-        self._reqs: deque[Req] = deque()
-        # group -> its waiting members in queue order; None: every request alone, together
+        self._put_back: deque[Req] = deque()
+        self._arrived: dict[Req, int] = {}  # in arrival order, each with its stamp (its place in it)
+        # group -> its arrived members in order; None: every request alone, together
         self._groups: dict[str | None, deque[Req]] = {}
+        self._count = itertools.count()
 
     def append(self, req: Req) -> None:
-        self._reqs.append(req)
+        """A request arriving (new, or its grammar compiled)."""
+        self._arrived[req] = next(self._count)
         self._groups.setdefault(req.group, deque()).append(req)
 
-    def appendleft(self, req: Req) -> None:
-        self._reqs.appendleft(req)
-        self._groups.setdefault(req.group, deque()).appendleft(req)
+    def put_back(self, req: Req) -> None:
+        """A request sent back from running (retracted): it goes first."""
+        self._put_back.appendleft(req)
 
     def extend(self, reqs: list[Req]) -> None:
         for req in reqs:
             self.append(req)
 
     def remove(self, req: Req) -> None:
-        self._reqs.remove(req)
+        if req in self._put_back:
+            self._put_back.remove(req)
+            return
+        del self._arrived[req]
         members = self._groups[req.group]
-        members.remove(req)
+        members.remove(req)  # taken from near its group's front, mostly
         if not members:
             del self._groups[req.group]
 
-    def groups(self) -> dict[str | None, deque[Req]]:
-        """Each group's waiting members in queue order (key None: the requests alone)."""
+    def put_back_requests(self) -> list[Req]:
+        return list(self._put_back)
+
+    def arrived(self) -> list[Req]:
+        return list(self._arrived)
+
+    def arrived_by_group(self) -> dict[str | None, deque[Req]]:
+        """Each group's arrived members in order (key None: the requests alone)."""
         return self._groups
 
+    def stamp(self, req: Req) -> int:
+        """Where an arrived request came in, across groups (smaller: earlier)."""
+        return self._arrived[req]
+
     def __iter__(self) -> Iterator[Req]:
-        return iter(self._reqs)
+        return itertools.chain(self._put_back, self._arrived)
 
     def __len__(self) -> int:
-        return len(self._reqs)
+        return len(self._put_back) + len(self._arrived)
 
     def __bool__(self) -> bool:
-        return bool(self._reqs)
+        return bool(self._put_back or self._arrived)
 
     def __contains__(self, req: object) -> bool:
-        return req in self._reqs
+        return req in self._put_back or req in self._arrived
