@@ -125,7 +125,8 @@ class Tokenizer:
                     context: tuple[int, ...] = ()) -> str:
         """The response text: stop token dropped, cut before the stop string or the stop
         regex's match that ended the request (after it with vLLM's
-        ``include_stop_str_in_output``; SGLang's ``no_stop_trim`` keeps the whole output).
+        ``include_stop_str_in_output``; SGLang's ``no_stop_trim`` keeps the whole output),
+        without a partial character at its end.
         ``params``: the request's ``SamplingParams`` or its ``TokenUpdate`` (both carry the
         fields read here). ``context``: the prompt's last tokens where it ends inside a
         character (``incremental_text.partial_char_context``)."""
@@ -134,6 +135,10 @@ class Tokenizer:
         skip = params.skip_special_tokens
         decode = lambda part: self.decode(part, skip_special_tokens=skip)  # noqa: E731
         text = decode_after(decode, context, ids)
+        if text.endswith("\ufffd") and self.token_bytes.ends_inside_character(ids):
+            # a character cut short (by max_new_tokens) is no text yet (vLLM drops it too):
+            # resent as a prompt, these ids get it whole in the next output (decode_after)
+            text = text[:-1]
         if isinstance(matched, str):
             # Cut at the match that stopped the request, which the text one token earlier
             # lacks. An earlier one did not stop it and was streamed: one before

@@ -1,7 +1,9 @@
 """A prompt of token ids that ends inside a character (an RL or agent loop resending ids cut
 mid-character): the output's first bytes complete that character, and the output's text
 has it whole, never as U+FFFD. Oracle: the full decode of prompt + output, less the text
-of the prompt without its partial character."""
+of the prompt without its partial character. And an output cut inside a character ends
+before it, so the texts of two calls, the second resending the first's ids, join into
+the text of all the ids."""
 
 from __future__ import annotations
 
@@ -70,3 +72,14 @@ def test_engine_output_completes_the_prompts_character(engine):
     assert out["text"] == _expected(engine.tokenizer, ids, out["output_ids"]) and "\ufffd" not in out["text"], out
     chunks = [c["text"] for c in engine.generate(input_ids=ids, sampling_params=greedy, stream=True)]
     assert chunks[-1] == out["text"] and all(out["text"].startswith(c) for c in chunks), chunks
+
+
+def test_an_output_cut_inside_a_character_leaves_it_to_the_next_call(tok):
+    ids = tok.hf.encode(JAPANESE, add_special_tokens=False)
+    prompt, first, second = ids[:3], ids[3:5], ids[5:]  # 語 is split between the two calls
+    assert tok.decode(prompt + first).endswith("\ufffd")
+    cut = {"type": "length", "length": len(first)}
+    first_text = tok.output_text(first, cut, _Params(), partial_char_context(prompt, tok.decode))
+    second_text = tok.output_text(second, cut, _Params(), partial_char_context(prompt + first, tok.decode))
+    assert "\ufffd" not in first_text + second_text
+    assert tok.decode(prompt) + first_text + second_text == tok.decode(ids)

@@ -291,3 +291,16 @@ def test_a_prompt_of_ids_cut_inside_a_character_gets_it_back_whole(server, engin
     native = httpx.post(server.url + "/generate", json={"input_ids": ids, "sampling_params": {"max_new_tokens": 6,
                                                                                                 "temperature": 0}})
     assert native.json()["text"] == want
+
+
+def test_an_answer_cut_inside_a_character_ends_before_it(server):
+    """max_tokens ends the answer on a character's first bytes: the text leaves it out
+    (vLLM's rule), streamed or not; resent as the prompt, the next answer has it whole."""
+    body = {"prompt": "Say it:", "max_tokens": 1, "temperature": 0, "regex": "日本"}
+    whole = post(server, "/v1/completions", body).json()["choices"][0]
+    assert whole["finish_reason"] == "length" and whole["text"] == ""
+    streamed = "".join(e["choices"][0]["text"] for e in sse_events(server, "/v1/completions", body) if e["choices"])
+    assert streamed == ""
+    native = httpx.post(server.url + "/generate", json={"text": "Say it:", "sampling_params": {
+        "max_new_tokens": 1, "temperature": 0, "regex": "日本"}}).json()
+    assert native["text"] == ""
