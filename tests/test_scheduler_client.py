@@ -125,6 +125,32 @@ def test_one_loop_watches_a_group_and_aborts_it_when_the_client_goes():
     asyncio.run(scenario())
 
 
+def test_a_client_gone_is_seen_while_the_group_keeps_finishing_requests():
+    """A batch finishing a request every step never gave the wait a quiet second, and the
+    client's leaving was looked at only after one: the batch ran to its end for nobody."""
+    async def scenario() -> None:
+        async with _backend() as (client, scheduler, detokenizer):
+            states = [client.submit(f"r{i}", [1, 2], SamplingParams(max_new_tokens=1)) for i in range(400)]
+            left_at = asyncio.get_running_loop().time() + 0.5
+
+            async def gone() -> bool:
+                return asyncio.get_running_loop().time() >= left_at
+
+            async def finish_one_every_20_ms() -> None:
+                for state in states:
+                    ipc.send(detokenizer, _update(state.wire_id, [7], {"type": "length", "length": 1}))
+                    await asyncio.sleep(0.02)
+
+            finishing = asyncio.create_task(finish_one_every_20_ms())
+            await asyncio.wait_for(client.wait_all(states, gone), 30)
+            finishing.cancel()
+            done = sum(s.is_finished for s in states)
+            assert done < 150, f"the group ran on for {done * 0.02:.1f} s after its client left"
+            assert sum(isinstance(m, AbortReq) for m in _sent(scheduler)) == len(states) - done
+
+    asyncio.run(scenario())
+
+
 def test_merged_gives_each_change_once_and_closing_it_aborts_the_unfinished():
     async def scenario() -> None:
         async with _backend() as (client, scheduler, detokenizer):

@@ -281,8 +281,8 @@ class SchedulerClient:
     ) -> AsyncIterator[int]:
         """The index of one of ``states`` each time it changed (once for changes since it was
         last given), until all have finished; closing the iterator early, or the client gone
-        (``is_disconnected``, looked at once a second), aborts the unfinished ones. One loop
-        for the group, however many requests it has."""
+        (``is_disconnected``, looked at once a second, also while requests keep finishing),
+        aborts the unfinished ones. One loop for the group, however many requests it has."""
         changed: dict[int, None] = {}  # the indexes to give, in the order they changed
         woken = asyncio.Event()
 
@@ -295,14 +295,20 @@ class SchedulerClient:
             if state.changed.is_set():
                 mark(i)
         unfinished = len(states)
+        loop = asyncio.get_running_loop()
+        look_at = loop.time() + _DISCONNECT_CHECK_S
         try:
             while unfinished:
+                # on a clock, not on a quiet second: a batch finishing a request every step
+                # has none, and ran to its end for a client long gone
+                if loop.time() >= look_at:
+                    if is_disconnected is not None and await is_disconnected():
+                        return
+                    look_at = loop.time() + _DISCONNECT_CHECK_S
                 if not changed:
                     woken.clear()
-                    if not await _wait_event(woken, 1.0):
-                        if is_disconnected is not None and await is_disconnected():
-                            return
-                        continue
+                    await _wait_event(woken, max(look_at - loop.time(), 0.0))
+                    continue
                 i = next(iter(changed))
                 del changed[i]
                 states[i].changed.clear()
@@ -372,6 +378,10 @@ def _collector_paused(pause: bool) -> Iterator[None]:
     finally:
         if was_on:
             gc.enable()
+
+
+# How often a group's wait looks whether its client is still there.
+_DISCONNECT_CHECK_S = 1.0
 
 
 async def _wait_event(event: asyncio.Event, timeout: float) -> bool:
