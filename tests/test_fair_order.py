@@ -135,3 +135,28 @@ def test_a_request_behind_a_large_n_starts_when_rows_free(tiny_gqa_llama):
         sched.check_invariants()
     finally:
         eng.shutdown()
+
+
+@given(ops=st.lists(st.tuples(st.sampled_from(["append", "put_back", "remove"]), st.sampled_from(["a", None]),
+                              st.integers(0, 30)), max_size=60))
+def test_the_queue_keeps_its_order_groups_and_ids_as_a_list_would(ops):
+    """A model: a list with put-back requests in front (most recent first), arrivals after."""
+    queue, front, arrived = WaitingQueue(), [], []
+    for op, group, k in ops:
+        present = front + arrived
+        if op == "remove" and present:
+            req = present[k % len(present)]
+            queue.remove(req)
+            (front if req in front else arrived).remove(req)
+        elif op == "put_back":
+            req = _req(group, retracted=True)
+            queue.put_back(req)
+            front.insert(0, req)
+        elif op == "append":
+            req = _req(group)
+            queue.append(req)
+            arrived.append(req)
+        assert list(queue) == front + arrived and len(queue) == len(front) + len(arrived)
+        assert all(queue.find(r.rid) is r and r in queue for r in front + arrived)
+        by_group = {g: list(members) for g, members in queue.arrived_by_group().items()}
+        assert by_group == {g: [r for r in arrived if r.group == g] for g in {r.group for r in arrived}}

@@ -148,11 +148,12 @@ class Scheduler:
         """Drop request ``rid`` wherever it is and free what it holds; its computed KV stays
         in the tree. Returns the request (finished with an ``abort`` reason), or None if it
         is not here (already finished)."""
-        req = next((r for r in self.waiting if r.rid == rid), None) or self.grammars.remove(rid)
+        req = self.waiting.find(rid)
         if req is not None:
-            if req in self.waiting:
-                self.waiting.remove(req)
+            self.waiting.remove(req)
         else:
+            req = self.grammars.remove(rid)
+        if req is None:
             req = next((r for r in self.admitted() if r.rid == rid), None)
             if req is None:
                 return None

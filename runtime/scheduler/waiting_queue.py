@@ -23,22 +23,26 @@ class WaitingQueue:
         self._arrived: dict[Req, int] = {}  # in arrival order, each with its stamp (its place in it)
         # group -> its arrived members in order; None: every request alone, together
         self._groups: dict[str | None, deque[Req]] = {}
+        self._by_rid: dict[str, Req] = {}  # an abort of each of 100k requests finds its own at once
         self._count = itertools.count()
 
     def append(self, req: Req) -> None:
         """A request arriving (new, or its grammar compiled)."""
         self._arrived[req] = next(self._count)
         self._groups.setdefault(req.group, deque()).append(req)
+        self._by_rid[req.rid] = req
 
     def put_back(self, req: Req) -> None:
         """A request sent back from running (retracted): it goes first."""
         self._put_back.appendleft(req)
+        self._by_rid[req.rid] = req
 
     def extend(self, reqs: list[Req]) -> None:
         for req in reqs:
             self.append(req)
 
     def remove(self, req: Req) -> None:
+        del self._by_rid[req.rid]
         if req in self._put_back:
             self._put_back.remove(req)
             return
@@ -47,6 +51,9 @@ class WaitingQueue:
         members.remove(req)  # taken from near its group's front, mostly
         if not members:
             del self._groups[req.group]
+
+    def find(self, rid: str) -> Req | None:
+        return self._by_rid.get(rid)
 
     def put_back_requests(self) -> list[Req]:
         return list(self._put_back)
