@@ -15,12 +15,12 @@ _INITIAL_OFFSET = 5
 _CONTEXT_TOKENS = 4
 
 
-def partial_char_context(prompt_ids: list[int], decode: Callable[[list[int]], str]) -> tuple[int, ...]:
-    """The prompt's last tokens when its text ends in a partial character (a prompt of token
-    ids cut inside one), else ``()``: the output's first bytes may complete it
-    (``decode_after``)."""
+def partial_char_context(prompt_ids: list[int], ends_inside_character: Callable[[list[int]], bool]) -> tuple[int, ...]:
+    """The prompt's last tokens when its bytes end inside a character (a prompt of token ids
+    cut inside one), else ``()``: the output's first bytes may complete it (``decode_after``).
+    ``ends_inside_character``: ``TokenBytes.ends_inside_character``."""
     tail = prompt_ids[-_CONTEXT_TOKENS:]
-    return tuple(tail) if tail and decode(tail).endswith("\ufffd") else ()
+    return tuple(tail) if tail and ends_inside_character(tail) else ()
 
 
 def decode_after(decode: Callable[[list[int]], str], context: tuple[int, ...], ids: list[int]) -> str:

@@ -53,6 +53,8 @@ class TokenBytes:
     def ends_inside_character(self, ids: Sequence[int]) -> bool:
         """Whether the bytes of ``ids`` end with the first bytes of a character (token ids
         cut inside one)."""
+        if not ids or self.of(ids[-1])[-1:] < b"\x80":  # ends in an ASCII byte (most prompts): no
+            return False
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         decoder.decode(b"".join(self.of(t) for t in ids[-MAX_CHAR_BYTES:]))
         return bool(decoder.getstate()[0])

@@ -30,7 +30,7 @@ def _expected(tok, prompt: list[int], output: list[int]) -> str:
 def test_the_character_split_between_prompt_and_output_is_the_outputs(tok):
     ids = tok.hf.encode(JAPANESE, add_special_tokens=False)
     prompt, output = ids[:-2], ids[-2:]  # the prompt ends with the first bytes of the last 日
-    context = partial_char_context(prompt, tok.decode)
+    context = partial_char_context(prompt, tok.token_bytes.ends_inside_character)
     assert context == tuple(prompt[-4:])
     assert tok.decode(output).startswith("\ufffd")  # what the output alone decodes to
     assert decode_after(tok.decode, context, output) == _expected(tok, prompt, output) == "日本"
@@ -45,15 +45,17 @@ def test_the_character_split_between_prompt_and_output_is_the_outputs(tok):
 
 
 def test_a_prompt_that_ends_on_a_whole_character_has_no_context(tok):
-    assert partial_char_context(tok.hf.encode("日本語", add_special_tokens=False), tok.decode) == ()
-    assert partial_char_context([], tok.decode) == ()
+    ends_inside = tok.token_bytes.ends_inside_character
+    assert partial_char_context(tok.hf.encode("日本語", add_special_tokens=False), ends_inside) == ()
+    assert partial_char_context(tok.hf.encode("Hi 🙂", add_special_tokens=False), ends_inside) == ()
+    assert partial_char_context([], ends_inside) == ()
 
 
 def test_an_output_that_starts_a_new_character_leaves_the_prompts_partial_one(tok):
     ids = tok.hf.encode(JAPANESE, add_special_tokens=False)
     prompt = ids[:-2]
     output = tok.hf.encode(" hello", add_special_tokens=False)
-    context = partial_char_context(prompt, tok.decode)
+    context = partial_char_context(prompt, tok.token_bytes.ends_inside_character)
     assert decode_after(tok.decode, context, output) == " hello"
 
 
@@ -79,7 +81,8 @@ def test_an_output_cut_inside_a_character_leaves_it_to_the_next_call(tok):
     prompt, first, second = ids[:3], ids[3:5], ids[5:]  # 語 is split between the two calls
     assert tok.decode(prompt + first).endswith("\ufffd")
     cut = {"type": "length", "length": len(first)}
-    first_text = tok.output_text(first, cut, _Params(), partial_char_context(prompt, tok.decode))
-    second_text = tok.output_text(second, cut, _Params(), partial_char_context(prompt + first, tok.decode))
+    ends_inside = tok.token_bytes.ends_inside_character
+    first_text = tok.output_text(first, cut, _Params(), partial_char_context(prompt, ends_inside))
+    second_text = tok.output_text(second, cut, _Params(), partial_char_context(prompt + first, ends_inside))
     assert "\ufffd" not in first_text + second_text
     assert tok.decode(prompt) + first_text + second_text == tok.decode(ids)

@@ -289,7 +289,8 @@ def test_a_prompt_of_ids_cut_inside_a_character_gets_it_back_whole(server, engin
     streamed = "".join(e["choices"][0]["text"] for e in sse_events(server, "/v1/completions", body) if e["choices"])
     assert streamed == want
     native = httpx.post(server.url + "/generate", json={"input_ids": ids, "sampling_params": {"max_new_tokens": 6,
-                                                                                                "temperature": 0}})
+                                                                                                "temperature": 0}},
+                        timeout=120)
     assert native.json()["text"] == want
 
 
@@ -302,5 +303,5 @@ def test_an_answer_cut_inside_a_character_ends_before_it(server):
     streamed = "".join(e["choices"][0]["text"] for e in sse_events(server, "/v1/completions", body) if e["choices"])
     assert streamed == ""
     native = httpx.post(server.url + "/generate", json={"text": "Say it:", "sampling_params": {
-        "max_new_tokens": 1, "temperature": 0, "regex": "日本"}}).json()
+        "max_new_tokens": 1, "temperature": 0, "regex": "日本"}}, timeout=120).json()
     assert native["text"] == ""

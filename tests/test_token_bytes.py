@@ -50,3 +50,19 @@ def test_a_token_with_part_of_a_character_is_named_by_its_bytes(tok):
     names = [tok.token_bytes.name(t) for t in ids]
     assert all(n.startswith("bytes:\\x") for n in names)
     assert b"".join(tok.token_bytes.of(t) for t in ids).decode() == "🦙"
+
+
+@settings(max_examples=60, deadline=None)
+@given(pieces=st.lists(st.sampled_from(["Hi", " there", "é", "🦙", "龘", "日本語", "<|im_end|>", "\n"]), min_size=1,
+                       max_size=8))
+def test_ends_inside_character_where_the_bytes_so_far_end_in_a_partial_one(tok, pieces):
+    """Oracle: Python's strict UTF-8 decoding of the tokens' bytes fails at their end."""
+    ids = tok.hf.encode("".join(pieces), add_special_tokens=False)
+    for k in range(1, len(ids) + 1):
+        raw = b"".join(tok.token_bytes.of(t) for t in ids[:k])
+        try:
+            raw.decode()
+            cut = False
+        except UnicodeDecodeError as err:
+            cut = err.reason == "unexpected end of data"
+        assert tok.token_bytes.ends_inside_character(ids[:k]) == cut, (ids[:k], raw)

@@ -20,6 +20,7 @@ from runtime.config import ServerArgs
 from runtime.constrained.auto_backend import AutoGrammarBackend
 from runtime.executor.tp_worker import start_tp_peers
 from runtime.executor.worker import ModelWorker, prepare_process
+from runtime.incremental_text import partial_char_context
 from runtime.scheduler.req import Req
 from runtime.scheduler.scheduler import Scheduler
 from runtime.tokenizer import Tokenizer
@@ -55,6 +56,7 @@ class EngineCore:
             make_grammar_backend=lambda: AutoGrammarBackend(tokenizer.hf, vocab_size, eos),
             encode=lambda text: tokenizer.hf.encode(text, add_special_tokens=False),
         )
+        self._ends_inside_character = tokenizer.token_bytes.ends_inside_character
         self._reported: dict[str, int] = {}  # rid -> output tokens already reported
         self.stream_interval = args.stream_interval
         self.num_finished = 0
@@ -66,6 +68,7 @@ class EngineCore:
 
     def add_request(self, req: Req) -> None:
         """Queue ``req``; raises ``ValueError`` (queuing nothing) if it can never run here."""
+        req.decode_context = partial_char_context(req.input_ids, self._ends_inside_character)
         self.scheduler.add_request(req)
         self._reported[req.rid] = 0
 

@@ -15,7 +15,6 @@ from radix_cache import RadixCache, SlotAllocator
 from runtime.config import ServerArgs
 from runtime.constrained.backend import GrammarBackend
 from runtime.executor.worker import BatchResult, ModelWorker
-from runtime.incremental_text import partial_char_context
 from runtime.scheduler.batch import ScheduledBatch, decode_batch, extend_batch, lower
 from runtime.scheduler.cache_manager import CacheManager
 from runtime.scheduler.grammar_queue import GrammarQueue
@@ -84,7 +83,6 @@ class Scheduler:
 
     def add_request(self, req: Req) -> None:
         self.validate_request(req)
-        req.decode_context = partial_char_context(req.input_ids, self.decode_tail)
         if self.grammars.needs_grammar(req):
             self.grammars.add(req)  # joins the waiting queue once its grammar is compiled
         else:
