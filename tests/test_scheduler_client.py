@@ -151,6 +151,21 @@ def test_a_client_gone_is_seen_while_the_group_keeps_finishing_requests():
     asyncio.run(scenario())
 
 
+def test_tokens_made_for_a_request_aborted_here_count_as_generated():
+    async def scenario() -> None:
+        async with _backend() as (client, _, detokenizer):
+            state = client.submit("r0", [1, 2], SamplingParams(max_new_tokens=4))
+            client.abort(state)  # the client left; the scheduler's last word still comes
+            ipc.send(detokenizer, _update(state.wire_id, [7, 8, 9], {"type": "abort"}))
+            for _ in range(100):
+                if client.metrics.generation_tokens:
+                    break
+                await asyncio.sleep(0.01)
+            assert client.metrics.generation_tokens == 3 and client.metrics.requests_aborted == 1
+
+    asyncio.run(scenario())
+
+
 def test_merged_gives_each_change_once_and_closing_it_aborts_the_unfinished():
     async def scenario() -> None:
         async with _backend() as (client, scheduler, detokenizer):

@@ -344,8 +344,9 @@ class SchedulerClient:
             if isinstance(msg, BatchStrOut):
                 for u, new_ids in zip(msg.updates, split_ids(msg.ids, msg.updates), strict=True):
                     state = self.by_wire_id.get(u.token.rid)
-                    if state is None:
-                        continue  # aborted by us; the scheduler's last word on it
+                    if state is None:  # aborted by us; the scheduler's last word on it
+                        self.metrics.generation_tokens += len(new_ids)  # made all the same
+                        continue
                     first = state.first_token_at is None
                     last_at = state.last_token_at
                     state.apply(u, new_ids)
