@@ -22,7 +22,7 @@ import time
 import httpx
 
 from bench_agent.bench_ttft import first_token_seconds, forkserve_url
-from bench_agent.compare import PeerServer, add_compare_args
+from bench_agent.compare import add_compare_args, peer_running
 
 
 def measure(url: str, ns: argparse.Namespace) -> dict[str, object]:
@@ -78,12 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     with forkserve_url(ns) as url:
         results["forkserve"] = measure(url, ns)
     if ns.compare:
-        peer = PeerServer(ns.compare_cmd, ns.compare).wait_ready(ns.compare_timeout) if ns.compare_cmd else None
-        try:
+        with peer_running(ns):
             results[ns.compare_label or ns.compare] = measure(ns.compare, ns)
-        finally:
-            if peer is not None:
-                peer.stop()
     print(f"| server | call TTFT p50 (ms) | call TTFT worst (ms) | calls | batch of {ns.batch} (s) |")
     print("|---|---|---|---|---|")
     for name, res in results.items():

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 import httpx
 import orjson
 
-from bench_agent.compare import PeerServer, add_compare_args
+from bench_agent.compare import add_compare_args, peer_running
 from bench_agent.synth import rng_for, text
 
 SYSTEM_TOKENS = 240
@@ -95,12 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     with forkserve_url(ns) as url:
         results["forkserve"] = measure(url, tokenizer, ns.new_tokens, ns.repeats, "forkserve")
     if ns.compare:
-        peer = PeerServer(ns.compare_cmd, ns.compare).wait_ready(ns.compare_timeout) if ns.compare_cmd else None
-        try:
+        with peer_running(ns):
             results["other"] = measure(ns.compare, tokenizer, ns.new_tokens, ns.repeats, "other")
-        finally:
-            if peer is not None:
-                peer.stop()
     other = ns.compare_label or ns.compare
     head = "| new prompt tokens | forkserve TTFT p50 / best (ms) |"
     head += f" {other} TTFT p50 / best (ms) | {other} / forkserve (p50) |" if ns.compare else ""

@@ -103,23 +103,31 @@ class PeerServer:
 
 
 @contextlib.contextmanager
+def peer_running(ns: argparse.Namespace) -> Iterator[None]:
+    """The --compare server up for the block: started fresh by --compare-cmd and stopped
+    after it, or, without one, the server already at --compare."""
+    if not ns.compare_cmd:
+        yield
+        return
+    print(f"starting the compared server: {ns.compare_cmd}", file=sys.stderr)
+    peer = PeerServer(ns.compare_cmd, ns.compare).wait_ready(ns.compare_timeout)
+    try:
+        yield
+    finally:
+        peer.stop()
+
+
+@contextlib.contextmanager
 def open_peer(ns: argparse.Namespace) -> Iterator[tuple[Backend, KVProbe | None, str]]:
     """The --compare server as an OpenAI chat backend (started fresh with --compare-cmd)."""
     from bench_agent.drivers.openai_chat import OpenAIChatBackend
 
-    peer = None
-    if ns.compare_cmd:
-        print(f"starting the compared server: {ns.compare_cmd}", file=sys.stderr)
-        peer = PeerServer(ns.compare_cmd, ns.compare).wait_ready(ns.compare_timeout)
-    try:
+    with peer_running(ns):
         backend = OpenAIChatBackend(ns.compare, None, ns.api_key)
         try:
             yield backend, kv_probe_for_url(ns.compare, ns.api_key), ns.compare_label or f"openai @ {ns.compare}"
         finally:
             backend.shutdown()
-    finally:
-        if peer is not None:
-            peer.stop()
 
 
 def run_compared(ns: argparse.Namespace) -> int:
