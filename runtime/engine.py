@@ -316,7 +316,7 @@ class Engine:
                         chunk = self.format_output(req, text_in_logprobs)
                     elif length > len(text.ids):
                         skip = req.params.skip_special_tokens
-                        text.context = req.decode_context  # set by the scheduler, which has the request by now
+                        text.context = req.decode_context  # set by EngineCore.add_request, done by now
                         text.feed(lambda ids, skip=skip: self.tokenizer.decode(ids, skip), req.output_ids[len(text.ids):length])
                         chunk = {"text": shown_text(text.text, req.params), "output_ids": req.output_ids[:length],
                                  "meta_info": self._meta_info(req, text_in_logprobs, length)}

@@ -36,7 +36,6 @@ class Req:
     options: RequestOptions = field(default_factory=RequestOptions)
     group: str | None = None  # the call it came in with others (n samples, a batch); None: alone
 
-
     output_ids: list[int] = field(default_factory=list)
     finished_reason: dict[str, Any] | None = None
     stop_text: IncrementalText | None = None  # the output's text for unbounded stop regexes (stop.py)

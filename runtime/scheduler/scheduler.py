@@ -217,10 +217,8 @@ class Scheduler:
                 self.chunked = None
                 picked.append((req, n))
                 budget.take(n)
-        admitted = self.admitted() + [r for r, _ in picked]  # those picked above left their lists
-        admitted_per_group = Counter(r.group for r in admitted if r.group is not None)
         candidates = order_waiting(self.waiting, self.args.schedule_policy, self.cache,
-                                   admitted_per_group) if self.waiting else []
+                                   self._admitted_per_group(picked)) if self.waiting else []
         for req in candidates:
             if budget.exhausted or self.chunked is not None:  # one chunked request at a time
                 break
@@ -248,6 +246,12 @@ class Scheduler:
         if mix:
             self._mix_in_decodes(batch)
         return batch
+
+    def _admitted_per_group(self, picked: list[tuple[Req, int]]) -> Counter[str]:
+        """Each group's admitted members (fair order, ``policy.order_waiting``), with those
+        this step picked already (they left the jumped list and the chunked slot)."""
+        admitted = self.admitted() + [r for r, _ in picked]
+        return Counter(r.group for r in admitted if r.group is not None)
 
     def _mix_in_decodes(self, batch: ScheduledBatch) -> None:
         """Append every running request's next token to a prefill batch (as a one-token
