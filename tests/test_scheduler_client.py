@@ -49,11 +49,19 @@ async def _backend() -> AsyncIterator[tuple[SchedulerClient, zmq.Socket, zmq.Soc
         ipc.remove_ipc_files([to_scheduler, from_detokenizer])
 
 
-def _sent_messages(scheduler: zmq.Socket) -> list[object]:
-    """What the client sent the scheduler so far, message by message."""
-    out = []
-    while scheduler.poll(200):
-        out.append(ipc.recv(scheduler))
+async def _sent_messages(scheduler: zmq.Socket, quiet_s: float = 0.3) -> list[object]:
+    """What the client sent the scheduler so far, message by message: read until nothing
+    more came for ``quiet_s`` while the event loop ran (the client sends from this loop; a
+    blocking wait here would hold back what it has yet to send)."""
+    out: list[object] = []
+    loop = asyncio.get_running_loop()
+    quiet_until = loop.time() + quiet_s
+    while loop.time() < quiet_until:
+        if scheduler.poll(0):
+            out.append(ipc.recv(scheduler))
+            quiet_until = loop.time() + quiet_s
+        else:
+            await asyncio.sleep(0.005)
     return out
 
 
@@ -62,9 +70,9 @@ def _items(messages: list[object]) -> list[object]:
     return [item for m in messages for item in (m if isinstance(m, list) else [m])]
 
 
-def _sent(scheduler: zmq.Socket) -> list[object]:
+async def _sent(scheduler: zmq.Socket) -> list[object]:
     """What the client sent the scheduler so far, a chunk of a group as its items."""
-    return _items(_sent_messages(scheduler))
+    return _items(await _sent_messages(scheduler))
 
 
 def test_a_rid_sent_again_right_after_its_abort_gets_only_its_own_updates():
@@ -99,7 +107,7 @@ def test_a_group_finishing_in_any_order_is_waited_for_and_nothing_aborted():
             await asyncio.wait_for(client.wait_all(states), 30)
             assert all(s.output_ids == [7] for s in states) and client.num_open_requests == 0
             # more requests than ZMQ's default high-water mark (1,000) all went out, none aborted
-            sent = collections.Counter(type(m).__name__ for m in _sent(scheduler))
+            sent = collections.Counter(type(m).__name__ for m in await _sent(scheduler))
             assert sent == {"TokenizedGenerateReq": 1500}, sent
 
     asyncio.run(scenario())
@@ -120,7 +128,7 @@ def test_one_loop_watches_a_group_and_aborts_it_when_the_client_goes():
 
             await asyncio.wait_for(client.wait_all(states, gone), 30)
             assert asked == 2 and client.num_open_requests == 0
-            assert sum(isinstance(m, AbortReq) for m in _sent(scheduler)) == 200
+            assert sum(isinstance(m, AbortReq) for m in await _sent(scheduler)) == 200
 
     asyncio.run(scenario())
 
@@ -146,7 +154,7 @@ def test_a_client_gone_is_seen_while_the_group_keeps_finishing_requests():
             finishing.cancel()
             done = sum(s.is_finished for s in states)
             assert done < 150, f"the group ran on for {done * 0.02:.1f} s after its client left"
-            assert sum(isinstance(m, AbortReq) for m in _sent(scheduler)) == len(states) - done
+            assert sum(isinstance(m, AbortReq) for m in await _sent(scheduler)) == len(states) - done
 
     asyncio.run(scenario())
 
@@ -183,7 +191,7 @@ def test_merged_gives_each_change_once_and_closing_it_aborts_the_unfinished():
             ipc.send(detokenizer, _update(states[1].wire_id, [3]))
             assert await asyncio.wait_for(later, 10) == 1
             await changes.aclose()  # the client went away
-            aborted = [m.rid for m in _sent(scheduler) if isinstance(m, AbortReq)]
+            aborted = [m.rid for m in await _sent(scheduler) if isinstance(m, AbortReq)]
             assert aborted == [states[1].wire_id, states[2].wire_id] and client.num_open_requests == 0
 
     asyncio.run(scenario())
@@ -220,7 +228,7 @@ def test_merged_gives_a_request_finishing_while_the_consumer_holds_it_once():
                     ipc.send(detokenizer, _update(states[1].wire_id, [7], {"type": "length", "length": 1}))
                     await asyncio.sleep(0.3)
             assert sorted(given) == [(0, False), (0, True), (1, True)]
-            assert not any(isinstance(m, AbortReq) for m in _sent(scheduler))
+            assert not any(isinstance(m, AbortReq) for m in await _sent(scheduler))
 
     asyncio.run(scenario())
 
@@ -241,7 +249,7 @@ def test_a_large_group_goes_out_in_chunks_while_the_event_loop_runs_and_in_order
             client.abort(states[-1])  # not yet sent: its abort must not overtake it
             client.cancel(states[-2], "stop")
             await asyncio.sleep(0.1)
-            messages = _sent_messages(scheduler)
+            messages = await _sent_messages(scheduler)
             assert [len(m) for m in messages] == [chunk, chunk, chunk, 5 + 2]  # the aborts queued behind
             items = _items(messages)
             assert [m.rid for m in items[:len(states)]] == [s.wire_id for s in states]
@@ -260,7 +268,7 @@ def test_a_group_with_a_taken_or_repeated_id_opens_none():
                 with pytest.raises(ValueError, match="already in use"):
                     client.submit_many([(rid, [1], params, options) for rid in rids])
             assert list(client.states) == ["a"]
-            assert [m.rid for m in _sent(scheduler)] == [client.states["a"].wire_id]
+            assert [m.rid for m in await _sent(scheduler)] == [client.states["a"].wire_id]
 
     asyncio.run(scenario())
 
@@ -286,7 +294,7 @@ def test_requests_whose_chunk_could_not_be_sent_end_with_a_500_and_the_rest_go_o
             lost = states[chunk:2 * chunk]
             assert all(s.error is not None and "could not be sent" in s.error and s.error_status == 500 for s in lost)
             assert all(s.is_finished for s in lost) and client.num_open_requests == 2 * chunk
-            assert [m.rid for m in _sent(scheduler)] == [s.wire_id for s in states[:chunk] + states[2 * chunk:]]
+            assert [m.rid for m in await _sent(scheduler)] == [s.wire_id for s in states[:chunk] + states[2 * chunk:]]
             await asyncio.wait_for(client.wait_all(lost), 5)  # answered, not hanging
 
     asyncio.run(scenario())
@@ -314,11 +322,11 @@ def test_a_group_is_aborted_in_one_message_per_chunk():
             params = SamplingParams(max_new_tokens=1)
             states = client.submit_many([(f"r{k}", [1], params, RequestOptions()) for k in range(chunk + 1)])
             await asyncio.sleep(0.05)
-            _sent(scheduler)
+            await _sent(scheduler)
             client.abort_many(states)
             client.cancel_many(states, "too late")  # the aborted are no longer open: nothing
             await asyncio.sleep(0.05)
-            messages = _sent_messages(scheduler)
+            messages = await _sent_messages(scheduler)
             assert [len(m) if isinstance(m, list) else 1 for m in messages] == [chunk, 1]
             assert _items(messages) == [AbortReq(s.wire_id) for s in states] and client.num_open_requests == 0
 
