@@ -24,7 +24,7 @@ from runtime.capacity import (
     pool_tokens,
     weight_bytes,
 )
-from runtime.cli_types import fraction, nonnegative_int, positive_float, positive_int
+from runtime.cli_types import fraction, int_at_least, nonnegative_int, positive_float, positive_int
 from runtime.config import MIN_KV_TOKENS
 
 _GIB = 2**30
@@ -41,7 +41,7 @@ def add_capacity_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model-path", help="Model folder or .gguf file, as for serve (default: the default model).")
     p.add_argument("--dtype", choices=["auto", "float32", "float", "bfloat16"], default="auto",
                    help="KV and weight dtype; auto resolves as serve does on this machine" + d)
-    p.add_argument("--max-total-tokens", type=positive_int, help="One replica's KV pool in tokens, as for serve "
+    p.add_argument("--max-total-tokens", type=int_at_least(MIN_KV_TOKENS), help="One replica's KV pool in tokens, as for serve "
                    "(serve --dp-size N splits its own value over N replicas: give that share here).")
     p.add_argument("--kv-cache-memory", type=positive_float, default=1.0,
                    help="GiB of one replica's KV pool when --max-total-tokens is not given, as for serve (serve "

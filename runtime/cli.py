@@ -50,7 +50,8 @@ def _generate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-k", type=int, default=-1, help="Sample among the k most likely tokens; 0 or -1 is off.")
     p.add_argument("--seed", type=int, default=None, help="Per-request sampling seed.")
     p.add_argument("--stop", action="append", default=[], help="Stop string (repeatable).")
-    p.add_argument("--json", action="store_true", help="Print the full SGLang-style result objects as JSON.")
+    p.add_argument("--json", action="store_true", help="Print each prompt's full SGLang-style result object "
+                   "(text, output_ids, meta_info) as one line of JSON, in the prompts' order (JSON lines).")
     add_cli_args(p.add_argument_group("engine arguments"), ServerArgs)
     p.set_defaults(func=_run_generate)
 

@@ -14,20 +14,19 @@ def _number(kind: Callable[[str], float], text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}") from None
 
 
-def positive_int(text: str) -> int:
-    """An integer >= 1."""
-    value = int(_number(int, text))
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """A check for an integer >= ``minimum``."""
+    def check(text: str) -> int:
+        value = int(_number(int, text))
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return check
 
 
-def nonnegative_int(text: str) -> int:
-    """An integer >= 0."""
-    value = int(_number(int, text))
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
-    return value
+positive_int = int_at_least(1)
+nonnegative_int = int_at_least(0)
 
 
 def positive_float(text: str) -> float:
