@@ -139,12 +139,14 @@ class ServerArgs:
     random_seed: int = flag_field(0, "Seed for sampling requests that do not give their own seed.")
     tp_size: int = flag_field(
         1,
-        "Tensor parallel size: split every layer across this many worker processes (gloo on CPU, "
-        "NCCL on GPU). Must not exceed the model's KV heads.",
+        "Tensor parallel size: split every layer across this many ranks (rank 0 in the scheduler's, "
+        "or the Engine's, process; ranks 1..N-1 in processes of their own; gloo on CPU, NCCL on GPU). "
+        "Must not exceed the model's KV heads.",
         aliases=["--tp", "--tensor-parallel-size"],
     )
     num_threads: int | None = flag_field(
-        None, "CPU threads for torch (default: torch's own choice, usually one per core)."
+        None, "CPU threads for torch (default: torch's own choice, usually one per core; with --tp-size N, "
+        "cores / N per rank)."
     )
     log_level: str = flag_field(
         "info",

@@ -1,10 +1,10 @@
 """The engine core: the one owner of the model worker and the scheduler, and the only code
 that steps the scheduler.
 
-Three drivers sit on it, each a thin loop that feeds it requests and routes its outputs:
-the offline ``Engine`` (``runtime/engine.py``), the scheduler process's ZMQ loop
-(``runtime/scheduler/process.py``) and the DSL's in-process backend
-(``frontend_lang/backend/engine.py``). What they get back from ``step`` is the same:
+Two drivers sit on it, each a thin loop that feeds it requests and routes its outputs:
+the offline ``Engine`` (``runtime/engine.py``; the DSL's in-process backend,
+``frontend_lang/backend/engine.py``, calls it) and the scheduler process's ZMQ loop
+(``runtime/scheduler/process.py``). What they get back from ``step`` is the same:
 one ``RequestOutput`` per request with something to report — every new token of a
 streaming request, and each request once when it finishes.
 """
