@@ -33,17 +33,16 @@ def _cache(disable: bool = False):
 
 
 def _brute_force(queue: list[Req], running: Counter[str]) -> list[Req]:
-    """Retracted first (queue order), then everything else by (running members of its group
-    + members of its group before it in the queue, place in the queue); a request alone
-    ranks 0."""
+    """Everything by (running members of its group + members of its group before it in the
+    queue, place in the queue); a request alone ranks 0. Retracted requests are at the
+    queue's front, so they go first among their rank."""
     before: Counter[str] = Counter()
     rank = {}
     for r in queue:
         if r.group is not None:
             rank[r] = running[r.group] + before[r.group]
             before[r.group] += 1
-    rest = sorted((r for r in queue if not r.is_retracted), key=lambda r: (rank.get(r, 0), queue.index(r)))
-    return [r for r in queue if r.is_retracted] + rest
+    return sorted(queue, key=lambda r: (rank.get(r, 0), queue.index(r)))
 
 
 def _queue(reqs: list[Req]) -> WaitingQueue:
@@ -98,7 +97,7 @@ def test_a_request_that_joins_late_goes_by_when_it_joined(policy):
     policy=st.sampled_from(["fcfs", "lpm", "long"]),
 )
 def test_order_matches_the_brute_force_order(members, running, policy):
-    # retracted requests wait at the front, most recently retracted first
+    # retracted requests wait at the front, most recently retracted first; ranked like the rest
     reqs = [_req(g, retracted) for g, retracted in members]
     queue = _queue(reqs)
     in_queue_order = list(queue)
@@ -109,10 +108,10 @@ def test_order_matches_the_brute_force_order(members, running, policy):
 
 
 @pytest.mark.slow
-def test_a_request_behind_a_large_n_starts_when_rows_free(tiny_gqa_llama):
-    """With 2 rows, a call of 6 samples holds both; a request that comes next starts as
-    soon as they free, beside the call's third sample, not after all 6 (a call with nothing
-    running and a request alone take turns)."""
+def test_a_request_behind_a_large_n_starts_at_once(tiny_gqa_llama):
+    """With 2 rows, a call of 6 samples holds both; a request that comes next starts in the
+    next step (a sample yields it its row), not after all 6, and the call's samples that
+    had not started come after it."""
     from runtime.engine import Engine
 
     eng = Engine(str(tiny_gqa_llama), dtype="float32", max_total_tokens=2000, max_running_requests=2)
@@ -131,7 +130,8 @@ def test_a_request_behind_a_large_n_starts_when_rows_free(tiny_gqa_llama):
             for req in sched.step():
                 started.setdefault(req.rid, step)
             step += 1
-        assert started["later"] == started["s2"] < started["s3"], started
+        assert started["later"] == 1 < started["s2"] < started["s3"], started
+        assert sched.num_rows_yielded == 1
         sched.check_invariants()
     finally:
         eng.shutdown()
@@ -160,3 +160,107 @@ def test_the_queue_keeps_its_order_groups_and_ids_as_a_list_would(ops):
         assert all(queue.find(r.rid) is r and r in queue for r in front + arrived)
         by_group = {g: list(members) for g, members in queue.arrived_by_group().items()}
         assert by_group == {g: [r for r in arrived if r.group == g] for g in {r.group for r in arrived}}
+
+
+def test_a_request_sent_back_from_a_call_holding_many_rows_ranks_after_a_request_alone():
+    """A member of a call retracted or made to yield its row counts in its call's rank: put
+    first, it would take its row straight back from the request it yielded it to."""
+    loner, back = _req(None), _req("n64", retracted=True)
+    queue = _queue([loner, back])
+    for policy in ("fcfs", "lpm"):
+        assert list(order_waiting(queue, policy, _cache(), Counter(n64=63))) == [loner, back]
+        assert list(order_waiting(queue, policy, _cache(), Counter())) == [back, loner]  # equal ranks: put back first
+
+
+def _run_to_end(sched, step: int = 0) -> dict[str, tuple[int, int]]:
+    """Step until idle; each request's (first step it got a token, step it finished)."""
+    seen: dict[str, tuple[int, int]] = {}
+    while sched.has_work:
+        step += 1
+        for req in sched.step():
+            first = seen.get(req.rid, (step, step))[0]
+            seen[req.rid] = (first, step)
+    return seen
+
+
+@pytest.mark.slow
+def test_a_later_call_gets_a_row_from_a_call_holding_them_all(tiny_gqa_llama):
+    """4 rows, all held by one call's 4 samples of 40 tokens: a request that comes next
+    used to wait ~40 steps for a row. The call's least advanced sample yields its row (its
+    KV goes to the tree) and resumes after; every output is the one it gets unhindered."""
+    from runtime.engine import Engine
+
+    params = SamplingParams(max_new_tokens=40, ignore_eos=True, temperature=0)
+    short = SamplingParams(max_new_tokens=3, ignore_eos=True, temperature=0)
+
+    def reqs() -> tuple[list[Req], Req]:
+        return [Req(f"s{i}", [10 + i, 20, 30], params, group="s0") for i in range(4)], Req("later", [40, 50], short)
+
+    outputs = {}
+    for rows in (8, 4):  # 8: nobody waits (the oracle); 4: the later request waits for a row
+        eng = Engine(str(tiny_gqa_llama), dtype="float32", max_total_tokens=2000, max_running_requests=rows)
+        try:
+            sched = eng.scheduler
+            call, later = reqs()
+            for req in call:
+                sched.add_request(req)
+            for _ in range(3):  # prefill, then two decode steps
+                sched.step()
+            sched.add_request(later)
+            steps = _run_to_end(sched, 3)
+            outputs[rows] = {r.rid: list(r.output_ids) for r in [*call, later]}
+            if rows == 4:
+                assert steps["later"][1] <= 3 + 5, steps  # started at once, done in its 3 tokens
+                assert sched.num_rows_yielded == 1 and sched.num_retractions == 0
+            sched.check_invariants()
+        finally:
+            eng.shutdown()
+    assert outputs[4] == outputs[8]
+
+
+def _bare_scheduler(running: list[Req], max_running: int):
+    """A scheduler with only what deciding whether a row yields reads."""
+    from runtime.scheduler.scheduler import Scheduler
+
+    sched = Scheduler.__new__(Scheduler)
+    sched.args = SimpleNamespace(max_running_requests=max_running)
+    sched.cache = SimpleNamespace(tree=SimpleNamespace(disable=False))
+    sched.running, sched.jumped, sched.chunked, sched.num_rows_yielded = running, [], None, 0
+    sched.retracted = []
+    sched._retract = lambda req, for_memory: sched.retracted.append((req, for_memory))
+    return sched
+
+
+def _yields(sched, first: Req) -> bool:
+    admitted = Counter(r.group for r in sched.admitted() if r.group is not None)
+    hog = sched._call_that_may_yield(admitted)
+    return hog is not None and sched._yield_row(first, hog, admitted)
+
+
+def test_rows_are_not_taken_from_a_call_holding_at_most_one_more():
+    """Two calls of 2 rows each and a third sample of one of them waiting: nothing yields
+    (moving a row between them would only churn); nor for a request put back already, nor
+    without the radix cache (the victim would compute all its tokens again)."""
+    sched = _bare_scheduler([_req("a"), _req("a"), _req("b"), _req("b")], max_running=4)
+    for first in (_req("a"), _req("b"), _req(None, retracted=True)):
+        assert not _yields(sched, first)
+    assert _yields(_bare_scheduler([_req("a")] * 3 + [_req("b")], max_running=4), _req(None))
+    sched.cache.tree.disable = True
+    assert not _yields(sched, _req(None))
+
+
+def test_a_call_of_a_fair_size_keeps_its_rows():
+    """64 rows held by 16 programs' 4 forks each, and a request alone waiting: a fork
+    yielding would only slow a program down (its fair share is 64 / 17 rows, and it holds
+    less than twice that); nor do calls of 2 give rows to more calls of 2. One call holding
+    all 64 rows yields one to the same request, its least advanced member."""
+    loner = _req(None)
+    assert not _yields(_bare_scheduler([_req(f"program{p}") for p in range(16) for _ in range(4)], 64), loner)
+    assert not _yields(_bare_scheduler([_req(f"pair{p}") for p in range(32) for _ in range(2)], 64), _req("pair32"))
+    hog = [_req("n64") for _ in range(64)]
+    hog[5].output_ids = []
+    for r in hog[:5] + hog[6:]:
+        r.output_ids = [7]
+    sched = _bare_scheduler(list(hog), 64)
+    assert _yields(sched, loner) and sched.retracted == [(hog[5], False)]
+    assert len(sched.running) == 63 and sched.num_rows_yielded == 1

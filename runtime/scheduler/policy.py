@@ -29,17 +29,19 @@ MAX_PASSED_OVER = 8
 def order_waiting(waiting: WaitingQueue, policy: str, cache: CacheManager,
                   running: Counter[str]) -> Iterable[Req]:
     """``lpm``: longest cached prefix first (ties, and matches under ``LPM_MIN_MATCH``
-    tokens, keep arrival order); ``fcfs``: arrival order. Retracted requests go first (they
-    already waited and hold partial output), then requests passed over too often, in arrival
-    order. Over all of it, fairness between groups (``Req.group``): the k-th waiting member
-    of a group with r members admitted goes as the (r + k)-th, so the samples of an ``n``
-    128 or a batch of 100k prompts do not hold every later request until they are done;
-    ``running`` counts each group's admitted members. Past ``LPM_MAX_QUEUE`` the order is
-    made as it is taken (the caller stops after a step's worth)."""
-    put_back = waiting.put_back_requests()
-    seen: Counter[str] = Counter(r.group for r in put_back if r.group is not None)
+    tokens, keep arrival order); ``fcfs``: arrival order. Requests passed over too often go
+    first, in arrival order. Over all of it, fairness between groups (``Req.group``): the
+    k-th waiting member of a group with r members admitted goes as the (r + k)-th, so the
+    samples of an ``n`` 128 or a batch of 100k prompts do not hold every later request until
+    they are all done; ``running`` counts each group's admitted members. Retracted (put-back)
+    requests count first in their group's k, and go first among requests of their rank
+    (they already waited and hold partial output); a group's member sent back to make room
+    for another call (``Scheduler._yield_row``) so ranks after it. Past ``LPM_MAX_QUEUE``
+    the order is made as it is taken (the caller stops after a step's worth)."""
+    seen: Counter[str] = Counter()
+    put_back = [(_next_rank(r.group, running, seen), r) for r in waiting.put_back_requests()]
     if policy == "fcfs" or len(waiting) > LPM_MAX_QUEUE or cache.tree.disable:
-        return itertools.chain(put_back, _fair_merge(waiting, running, seen))
+        return _fair_merge(waiting, running, put_back, seen)
 
     def match(r: Req) -> int:
         n = cache.match_len(r)
@@ -51,44 +53,50 @@ def order_waiting(waiting: WaitingQueue, policy: str, cache: CacheManager,
         # full of matching requests (all of them late soon) would starve an unmatched one
         return not late, 0 if late else -match(r)
 
-    arrived = sorted(waiting.arrived(), key=key)
-    ranks = {}
-    for r in arrived:
-        if r.group is not None:
-            ranks[r] = running[r.group] + seen[r.group]
-            seen[r.group] += 1
-    return put_back + sorted(arrived, key=lambda r: ranks.get(r, 0))
+    ranked = put_back + [(_next_rank(r.group, running, seen), r) for r in sorted(waiting.arrived(), key=key)]
+    return [r for _, r in sorted(ranked, key=lambda pair: pair[0])]  # stable: put back first among equals
+
+
+def _next_rank(group: str | None, running: Counter[str], seen: Counter[str]) -> int:
+    """The rank of a group's next waiting member (0 for a request alone), counted as seen."""
+    if group is None:
+        return 0
+    rank = running.get(group, 0) + seen[group]
+    seen[group] += 1
+    return rank
 
 
 # Most members of one group a step looks at (it admits at most --max-running-requests).
 MERGE_DEPTH = 1024
 
 
-def _fair_merge(waiting: WaitingQueue, running: Counter[str], seen: Counter[str]) -> Iterator[Req]:
-    """The arrived requests in arrival order, fair between groups (see ``order_waiting``): a
-    merge of the groups' queues by the rank of each one's next member, ties by arrival.
-    Costs a heap of one entry per group; a group's first ``MERGE_DEPTH`` members are copied
-    when it first comes up (the caller takes requests out of the queue as it goes, only
-    those yielded, so until then the group is as it was)."""
+def _fair_merge(waiting: WaitingQueue, running: Counter[str], put_back: list[tuple[int, Req]],
+                seen: Counter[str]) -> Iterator[Req]:
+    """The ranked put-back requests and the arrived requests in arrival order, fair between
+    groups (see ``order_waiting``): a merge of the groups' queues by the rank of each one's
+    next member, ties by arrival (put-back requests before any arrival). Costs a heap of one
+    entry per group and per put-back request; a group's first ``MERGE_DEPTH`` members are
+    copied when it first comes up (the caller takes requests out of the queue as it goes,
+    only those yielded, so until then the group is as it was)."""
     groups = list(waiting.arrived_by_group().items())
     stamp = waiting.stamp
-    heap = [(0 if g is None else running.get(g, 0) + seen.get(g, 0), stamp(members[0]), i, 0)
-            for i, (g, members) in enumerate(groups)]
+    # (rank, tie-break, group index or -1 for put back, position); put back: negative stamps
+    heap = [(rank, j - len(put_back), -1, j) for j, (rank, _) in enumerate(put_back)]
+    heap += [(_next_rank(g, running, seen), stamp(members[0]), i, 0) for i, (g, members) in enumerate(groups)]
     heapq.heapify(heap)
     copies: dict[int, list[Req]] = {}
     while heap:
         _, _, i, pos = heapq.heappop(heap)
+        if i < 0:
+            yield put_back[pos][1]
+            continue
         group, members = groups[i]
         queue = copies.get(i)
         if queue is None:
             queue = copies[i] = list(itertools.islice(members, MERGE_DEPTH))
-        req = queue[pos]
-        if group is not None:
-            seen[group] += 1
-        yield req
+        yield queue[pos]
         if pos + 1 < len(queue):
-            rank = 0 if group is None else running.get(group, 0) + seen[group]
-            heapq.heappush(heap, (rank, stamp(queue[pos + 1]), i, pos + 1))
+            heapq.heappush(heap, (_next_rank(group, running, seen), stamp(queue[pos + 1]), i, pos + 1))
 
 
 # Deferring a request is worth a step of its latency only when it saves real prefill work.

@@ -31,7 +31,11 @@ class PrefillBudget:
 
     @property
     def exhausted(self) -> bool:
-        return self.tokens <= 0 or self.rows <= 0
+        return self.exhausted_tokens or self.rows <= 0
+
+    @property
+    def exhausted_tokens(self) -> bool:
+        return self.tokens <= 0
 
     def chunk(self, need: int) -> int:
         """How many of ``need`` prompt tokens fit this step."""

@@ -6,10 +6,12 @@ process the results (append tokens, stop checks, hand finished requests' KV to t
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 from radix_cache import RadixCache, SlotAllocator
 from runtime.config import ServerArgs
@@ -61,6 +63,7 @@ class Scheduler:
         self.vocab_size = worker.model_config.vocab_size
         self.eos_token_ids = worker.eos_token_ids
         self.num_retractions = 0
+        self.num_rows_yielded = 0  # running requests sent back so a call with fewer rows could start
         self.steps = StepStats()
         self.num_jumped_tokens = 0  # output tokens appended by jump-forward, not sampled
         self.prefill_streak = 0  # prefill steps since the last decode step
@@ -217,8 +220,17 @@ class Scheduler:
                 self.chunked = None
                 picked.append((req, n))
                 budget.take(n)
-        candidates = order_waiting(self.waiting, self.args.schedule_policy, self.cache,
-                                   self._admitted_per_group(picked)) if self.waiting else []
+        candidates: Iterator[Req] = iter(())
+        if self.waiting:
+            admitted = self._admitted_per_group(picked)
+            candidates = iter(order_waiting(self.waiting, self.args.schedule_policy, self.cache, admitted))
+            if budget.rows <= 0 and not budget.exhausted_tokens and self.chunked is None:
+                hog = self._call_that_may_yield(admitted)
+                if hog is not None:  # only then is the order's first worth making
+                    first = next(candidates)
+                    if self._yield_row(first, hog, admitted):
+                        budget.rows += 1
+                    candidates = itertools.chain([first], candidates)
         for req in candidates:
             if budget.exhausted or self.chunked is not None:  # one chunked request at a time
                 break
@@ -246,6 +258,45 @@ class Scheduler:
         if mix:
             self._mix_in_decodes(batch)
         return batch
+
+    def _call_that_may_yield(self, admitted: Counter[str]) -> _Hog | None:
+        """Every row is taken: the call holding the most rows, if it holds at least two and
+        twice its fair share were one more call to get a row (the rows over the calls
+        holding some, a request alone being a call); else None, and the waiting wait."""
+        if self.cache.tree.disable:  # a yielded request's KV would be freed: it would compute it all again
+            return None
+        held = Counter(r.group for r in self.running if r.group is not None)
+        if not held:
+            return None
+        group, most = held.most_common(1)[0]
+        calls = len(admitted) + sum(r.group is None for r in self.admitted())
+        if most < 2 or most * (calls + 1) < 2 * self.args.max_running_requests:
+            return None
+        return _Hog(group, most, calls)
+
+    def _yield_row(self, first: Req, hog: _Hog, admitted: Counter[str]) -> bool:
+        """``first`` (the next waiting request in fair order) finds every row taken: the
+        ``hog`` call gives one up when it holds two more rows than ``first``'s call and at
+        least twice its fair share (counting ``first``'s call if it holds none). Its least
+        advanced running member is retracted: its KV goes to the tree (it comes back with
+        one token to compute), and it ranks after ``first`` (``order_waiting``). So one
+        call's ``n`` 64 of long answers does not keep later calls waiting for a row until
+        it ends, while calls of a fair size (an agent's few forks among many programs, a
+        flood of calls of ``n`` 2) keep theirs, and a second call of 64 gets one row, not
+        half (sharing evenly would only delay the first call's end)."""
+        if first.is_retracted:  # put back (memory was short, or a row yielded): no churn
+            return False
+        has = admitted[first.group] if first.group is not None else 0
+        if hog.group == first.group or hog.rows < has + 2:
+            return False
+        if hog.rows * (hog.calls + (has == 0)) < 2 * self.args.max_running_requests:
+            return False
+        victim = min((r for r in self.running if r.group == hog.group), key=_progress)
+        self.running.remove(victim)
+        self._retract(victim, for_memory=False)
+        self.num_rows_yielded += 1
+        logger.debug("request %s yields its row to %s (its call holds %d rows)", victim.rid, first.rid, hog.rows)
+        return True
 
     def _admitted_per_group(self, picked: list[tuple[Req, int]]) -> Counter[str]:
         """Each group's admitted members (fair order, ``policy.order_waiting``), with those
@@ -311,11 +362,11 @@ class Scheduler:
     def _retract_one(self) -> None:
         """Free memory by sending the request with the least progress back to the queue;
         its computed KV goes to the tree, so it may be reused when it comes back."""
-        victim = min(self.running, key=lambda r: (len(r.output_ids), -len(r.input_ids)))
+        victim = min(self.running, key=_progress)
         self.running.remove(victim)
         self._retract(victim)
 
-    def _retract(self, req: Req) -> None:
+    def _retract(self, req: Req, for_memory: bool = True) -> None:
         self.cache.release(req)
         req.is_retracted = True
         if not req.output_ids:  # part-way through its prompt: its prompt logprobs start over
@@ -323,9 +374,10 @@ class Scheduler:
             req.input_top_logprobs.clear()
             req.input_token_ranks.clear()
         self.waiting.put_back(req)
-        self.num_retractions += 1
-        self.new_token_ratio = _INIT_NEW_TOKEN_RATIO
-        logger.info("retracted request %s to free KV memory", req.rid)
+        if for_memory:
+            self.num_retractions += 1
+            self.new_token_ratio = _INIT_NEW_TOKEN_RATIO
+            logger.info("retracted request %s to free KV memory", req.rid)
 
     def _decode_reserve(self) -> float:
         """KV slots the running requests may still need for their decode tokens."""
@@ -391,6 +443,20 @@ class Scheduler:
     def admitted(self) -> list[Req]:
         """The requests holding KV now: running, jumped and the one part-way through prefill."""
         return self.running + self.jumped + ([self.chunked] if self.chunked is not None else [])
+
+
+class _Hog(NamedTuple):
+    """The call holding the most rows (``Scheduler._call_that_may_yield``)."""
+
+    group: str
+    rows: int
+    calls: int  # calls holding rows (a request alone is a call)
+
+
+def _progress(req: Req) -> tuple[int, int]:
+    """Least first: what sending a running request back loses (its output so far; a longer
+    prompt is kept over a shorter one at equal output)."""
+    return len(req.output_ids), -len(req.input_ids)
 
 
 def _no_grammar_backend() -> GrammarBackend:

@@ -27,6 +27,7 @@ def scheduler_report(sched: Scheduler) -> dict[str, int | float]:
         "kv_held_by_requests": sched.held_slots(),
         "kv_peak_in_use": sched.kv_peak_in_use,
         "num_retractions": sched.num_retractions,
+        "num_rows_yielded": sched.num_rows_yielded,
         "num_pinned_programs": len(sched.pins.pins),
         "num_prefill_tokens": sched.num_prefill_tokens,
         "num_forward_steps": sched.num_forward_steps,
