@@ -20,10 +20,11 @@ from runtime.scheduler.waiting_queue import WaitingQueue
 _clock = itertools.count()
 
 
-def _req(group: str | None, retracted: bool = False) -> Req:
+def _req(group: str | None, retracted: bool = False, yielded: bool = False) -> Req:
     req = Req(f"r{next(_clock)}", [1, 2, 3], SamplingParams(), group=group)
     req.created_at = float(next(_clock))  # arrival order, strictly increasing
-    req.is_retracted = retracted
+    req.is_retracted = retracted or yielded
+    req.yielded = yielded
     return req
 
 
@@ -33,16 +34,20 @@ def _cache(disable: bool = False):
 
 
 def _brute_force(queue: list[Req], running: Counter[str]) -> list[Req]:
-    """Everything by (running members of its group + members of its group before it in the
-    queue, place in the queue); a request alone ranks 0. Retracted requests are at the
-    queue's front, so they go first among their rank."""
+    """``queue`` in the queue's order (put back, the most recent first, then arrivals).
+    Requests retracted for memory first, in that order; then everything else by (running
+    members of its group + members of its group counted before it, place), counting the
+    retracted, then those that yielded a row (the longest waiting first), then arrivals; a
+    request alone ranks 0."""
+    front = [r for r in queue if r.is_retracted and not r.yielded]
+    rest = [r for r in reversed(queue) if r.yielded] + [r for r in queue if not r.is_retracted]
     before: Counter[str] = Counter()
     rank = {}
-    for r in queue:
+    for r in front + rest:
         if r.group is not None:
             rank[r] = running[r.group] + before[r.group]
             before[r.group] += 1
-    return sorted(queue, key=lambda r: (rank.get(r, 0), queue.index(r)))
+    return front + sorted(rest, key=lambda r: (rank.get(r, 0), rest.index(r)))
 
 
 def _queue(reqs: list[Req]) -> WaitingQueue:
@@ -92,13 +97,14 @@ def test_a_request_that_joins_late_goes_by_when_it_joined(policy):
 
 
 @given(
-    members=st.lists(st.tuples(st.sampled_from(["a", "b", "c", None]), st.booleans()), max_size=40),
+    members=st.lists(st.tuples(st.sampled_from(["a", "b", "c", None]), st.sampled_from(["new", "retracted", "yielded"])),
+                     max_size=40),
     running=st.dictionaries(st.sampled_from(["a", "b", "c"]), st.integers(0, 8)),
     policy=st.sampled_from(["fcfs", "lpm", "long"]),
 )
 def test_order_matches_the_brute_force_order(members, running, policy):
-    # retracted requests wait at the front, most recently retracted first; ranked like the rest
-    reqs = [_req(g, retracted) for g, retracted in members]
+    # retracted requests wait at the front, most recently retracted first
+    reqs = [_req(g, retracted=state == "retracted", yielded=state == "yielded") for g, state in members]
     queue = _queue(reqs)
     in_queue_order = list(queue)
     want = _brute_force(in_queue_order, Counter(running))
@@ -162,14 +168,26 @@ def test_the_queue_keeps_its_order_groups_and_ids_as_a_list_would(ops):
         assert by_group == {g: [r for r in arrived if r.group == g] for g in {r.group for r in arrived}}
 
 
-def test_a_request_sent_back_from_a_call_holding_many_rows_ranks_after_a_request_alone():
-    """A member of a call retracted or made to yield its row counts in its call's rank: put
-    first, it would take its row straight back from the request it yielded it to."""
-    loner, back = _req(None), _req("n64", retracted=True)
-    queue = _queue([loner, back])
+def test_a_request_that_yielded_its_row_ranks_with_its_call_and_one_retracted_for_memory_goes_first():
+    """A member of a call that yielded its row to a later request counts in its call's
+    rank (put first, it would take its row straight back); one retracted because memory was
+    short still goes first (it waited already, and newcomers could evict its KV)."""
+    loner, yielded, retracted = _req(None), _req("n64", yielded=True), _req("n64", retracted=True)
     for policy in ("fcfs", "lpm"):
-        assert list(order_waiting(queue, policy, _cache(), Counter(n64=63))) == [loner, back]
-        assert list(order_waiting(queue, policy, _cache(), Counter())) == [back, loner]  # equal ranks: put back first
+        assert list(order_waiting(_queue([loner, yielded]), policy, _cache(), Counter(n64=62))) == [loner, yielded]
+        assert list(order_waiting(_queue([loner, yielded]), policy, _cache(), Counter())) == [yielded, loner]
+        assert list(order_waiting(_queue([loner, retracted]), policy, _cache(), Counter(n64=62))) == [retracted, loner]
+
+
+def test_of_a_calls_requests_that_yielded_rows_the_longest_waiting_goes_first():
+    """The least advanced member yields, so the one that came back last would be sent back
+    again while an older one waited on."""
+    older, newer = _req("n64", yielded=True), _req("n64", yielded=True)
+    queue = WaitingQueue()
+    queue.put_back(older)
+    queue.put_back(newer)
+    for policy in ("fcfs", "lpm"):
+        assert list(order_waiting(queue, policy, _cache(), Counter(n64=60))) == [older, newer]
 
 
 def _run_to_end(sched, step: int = 0) -> dict[str, tuple[int, int]]:
@@ -231,10 +249,9 @@ def _bare_scheduler(running: list[Req], max_running: int):
     return sched
 
 
-def _yields(sched, first: Req) -> bool:
-    admitted = Counter(r.group for r in sched.admitted() if r.group is not None)
-    hog = sched._call_that_may_yield(admitted)
-    return hog is not None and sched._yield_row(first, hog, admitted)
+def _yields(sched, first: Req, picked: list[Req] = ()) -> bool:
+    admitted = Counter(r.group for r in sched.admitted() + list(picked) if r.group is not None)
+    return sched._yield_row(first, admitted, [(r, 1) for r in picked])
 
 
 def test_rows_are_not_taken_from_a_call_holding_at_most_one_more():
@@ -264,3 +281,29 @@ def test_a_call_of_a_fair_size_keeps_its_rows():
     sched = _bare_scheduler(list(hog), 64)
     assert _yields(sched, loner) and sched.retracted == [(hog[5], False)]
     assert len(sched.running) == 63 and sched.num_rows_yielded == 1
+
+
+@pytest.mark.slow
+def test_no_row_is_yielded_to_a_request_the_memory_reserve_keeps_waiting(tiny_gqa_llama):
+    """A row yielded to a request that then cannot start for memory was lost for nothing:
+    the call decoded a row short, and its member's KV, freed to the tree, could be evicted
+    for the newcomer. The yield is decided only once the request passes every other check."""
+    from runtime.engine import Engine
+
+    eng = Engine(str(tiny_gqa_llama), dtype="float32", max_total_tokens=200, max_running_requests=4)
+    try:
+        sched = eng.scheduler
+        params = SamplingParams(max_new_tokens=40, ignore_eos=True, temperature=0)
+        for i in range(4):
+            sched.add_request(Req(f"s{i}", [10 + i, 20, 30], params, group="s0"))
+        for _ in range(3):
+            sched.step()
+        # 100 prompt tokens: under the pool, but not beside the 4 samples' decode reserve
+        sched.add_request(Req("later", list(range(100, 200)), SamplingParams(max_new_tokens=3, temperature=0)))
+        sched.step()
+        assert sched.num_rows_yielded == 0 and len(sched.running) == 4
+        done = _run_to_end(sched)
+        assert set(done) >= {"later"} and sched.num_retractions == 0
+        sched.check_invariants()
+    finally:
+        eng.shutdown()

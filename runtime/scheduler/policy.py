@@ -29,19 +29,25 @@ MAX_PASSED_OVER = 8
 def order_waiting(waiting: WaitingQueue, policy: str, cache: CacheManager,
                   running: Counter[str]) -> Iterable[Req]:
     """``lpm``: longest cached prefix first (ties, and matches under ``LPM_MIN_MATCH``
-    tokens, keep arrival order); ``fcfs``: arrival order. Requests passed over too often go
-    first, in arrival order. Over all of it, fairness between groups (``Req.group``): the
-    k-th waiting member of a group with r members admitted goes as the (r + k)-th, so the
-    samples of an ``n`` 128 or a batch of 100k prompts do not hold every later request until
-    they are all done; ``running`` counts each group's admitted members. Retracted (put-back)
-    requests count first in their group's k, and go first among requests of their rank
-    (they already waited and hold partial output); a group's member sent back to make room
-    for another call (``Scheduler._yield_row``) so ranks after it. Past ``LPM_MAX_QUEUE``
-    the order is made as it is taken (the caller stops after a step's worth)."""
+    tokens, keep arrival order); ``fcfs``: arrival order. Requests retracted for memory go
+    first (they already waited and hold partial output), then requests passed over too
+    often (``lpm``; ``fcfs`` is arrival order already), in arrival order. Over the rest,
+    fairness between groups (``Req.group``): the k-th waiting member of a group with r
+    members admitted goes as the (r + k)-th, so the samples of an ``n`` 128 or a batch of
+    100k prompts do not hold every later request until they are all done; ``running``
+    counts each group's admitted members, and the retracted count first in their group's
+    k. A request that yielded its row to another call (``Req.yielded``) ranks with its
+    group too, first among its rank, the longest waiting first: put first, it would take
+    its row straight back. Past ``LPM_MAX_QUEUE`` the order is made as it is taken (the
+    caller stops after a step's worth)."""
     seen: Counter[str] = Counter()
-    put_back = [(_next_rank(r.group, running, seen), r) for r in waiting.put_back_requests()]
+    put_back = waiting.put_back_requests()  # the most recently put back first
+    front = [r for r in put_back if not r.yielded]
+    for r in front:
+        _next_rank(r.group, running, seen)
+    yielded = [(_next_rank(r.group, running, seen), r) for r in reversed(put_back) if r.yielded]
     if policy == "fcfs" or len(waiting) > LPM_MAX_QUEUE or cache.tree.disable:
-        return _fair_merge(waiting, running, put_back, seen)
+        return itertools.chain(front, _fair_merge(waiting, running, yielded, seen))
 
     def match(r: Req) -> int:
         n = cache.match_len(r)
@@ -53,8 +59,8 @@ def order_waiting(waiting: WaitingQueue, policy: str, cache: CacheManager,
         # full of matching requests (all of them late soon) would starve an unmatched one
         return not late, 0 if late else -match(r)
 
-    ranked = put_back + [(_next_rank(r.group, running, seen), r) for r in sorted(waiting.arrived(), key=key)]
-    return [r for _, r in sorted(ranked, key=lambda pair: pair[0])]  # stable: put back first among equals
+    ranked = yielded + [(_next_rank(r.group, running, seen), r) for r in sorted(waiting.arrived(), key=key)]
+    return front + [r for _, r in sorted(ranked, key=lambda pair: pair[0])]  # stable: yielded first among equals
 
 
 def _next_rank(group: str | None, running: Counter[str], seen: Counter[str]) -> int:
@@ -70,25 +76,26 @@ def _next_rank(group: str | None, running: Counter[str], seen: Counter[str]) -> 
 MERGE_DEPTH = 1024
 
 
-def _fair_merge(waiting: WaitingQueue, running: Counter[str], put_back: list[tuple[int, Req]],
+def _fair_merge(waiting: WaitingQueue, running: Counter[str], yielded: list[tuple[int, Req]],
                 seen: Counter[str]) -> Iterator[Req]:
-    """The ranked put-back requests and the arrived requests in arrival order, fair between
-    groups (see ``order_waiting``): a merge of the groups' queues by the rank of each one's
-    next member, ties by arrival (put-back requests before any arrival). Costs a heap of one
-    entry per group and per put-back request; a group's first ``MERGE_DEPTH`` members are
-    copied when it first comes up (the caller takes requests out of the queue as it goes,
-    only those yielded, so until then the group is as it was)."""
+    """The ranked requests that yielded their rows and the arrived requests in arrival
+    order, fair between groups (see ``order_waiting``): a merge of the groups' queues by the
+    rank of each one's next member, ties by arrival (those that yielded a row before any
+    arrival). Costs a heap of one entry per group and per request that yielded a row; a
+    group's first ``MERGE_DEPTH`` members are copied when it first comes up (the caller
+    takes requests out of the queue as it goes, only those it was given, so until then the
+    group is as it was)."""
     groups = list(waiting.arrived_by_group().items())
     stamp = waiting.stamp
-    # (rank, tie-break, group index or -1 for put back, position); put back: negative stamps
-    heap = [(rank, j - len(put_back), -1, j) for j, (rank, _) in enumerate(put_back)]
+    # (rank, tie-break, group index or -1 for the yielded, position); the yielded: negative stamps
+    heap = [(rank, j - len(yielded), -1, j) for j, (rank, _) in enumerate(yielded)]
     heap += [(_next_rank(g, running, seen), stamp(members[0]), i, 0) for i, (g, members) in enumerate(groups)]
     heapq.heapify(heap)
     copies: dict[int, list[Req]] = {}
     while heap:
         _, _, i, pos = heapq.heappop(heap)
         if i < 0:
-            yield put_back[pos][1]
+            yield yielded[pos][1]
             continue
         group, members = groups[i]
         queue = copies.get(i)

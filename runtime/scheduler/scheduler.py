@@ -6,11 +6,10 @@ process the results (append tokens, stop checks, hand finished requests' KV to t
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 from radix_cache import RadixCache, SlotAllocator
@@ -220,27 +219,30 @@ class Scheduler:
                 self.chunked = None
                 picked.append((req, n))
                 budget.take(n)
-        candidates: Iterator[Req] = iter(())
-        if self.waiting:
-            admitted = self._admitted_per_group(picked)
-            candidates = iter(order_waiting(self.waiting, self.args.schedule_policy, self.cache, admitted))
-            if budget.rows <= 0 and not budget.exhausted_tokens and self.chunked is None:
-                hog = self._call_that_may_yield(admitted)
-                if hog is not None:  # only then is the order's first worth making
-                    first = next(candidates)
-                    if self._yield_row(first, hog, admitted):
-                        budget.rows += 1
-                    candidates = itertools.chain([first], candidates)
+        admitted = self._admitted_per_group(picked)
+        candidates: Iterable[Req] = ()
+        # With every row taken a waiting request can only start if a row is yielded to it;
+        # when no call could yield one, the order is not worth making.
+        if self.waiting and (budget.rows > 0 or self._call_that_may_yield(admitted, picked) is not None):
+            candidates = order_waiting(self.waiting, self.args.schedule_policy, self.cache, Counter(admitted))
+        yielded = False
         for req in candidates:
-            if budget.exhausted or self.chunked is not None:  # one chunked request at a time
+            if budget.exhausted_tokens or self.chunked is not None:  # one chunked request at a time
                 break
             cached = self.cache.match_len(req)
             if not self.cache.tree.disable and shares_uncached_prefix(req, cached, picked):
+                if budget.rows <= 0:
+                    break  # not worth a row yielded this step
                 continue  # a request in this batch computes the same prefix; reuse it next step
             need = len(req.fill_ids) - cached
             n = budget.chunk(need)
             if not budget.leaves_reserve(self.cache.free_slots, n):
                 break
+            if budget.rows <= 0:  # it could start but for a row: one may be yielded to it, once a step
+                if yielded or not self._yield_row(req, admitted, picked):
+                    break
+                yielded = True
+                budget.rows += 1
             if not self.cache.admit(req):
                 break
             if not self.cache.grant(req, len(req.fill_ids) - req.kv_len if n == need else n):
@@ -248,7 +250,10 @@ class Scheduler:
                 break
             n = req.alloc_len - req.kv_len
             self.waiting.remove(req)
+            req.yielded = False
             picked.append((req, n))
+            if req.group is not None:
+                admitted[req.group] += 1
             budget.take(n, PrefillBudget.expected_decode_tokens(req.params.max_new_tokens, self.new_token_ratio))
         if not picked:
             return None
@@ -259,32 +264,40 @@ class Scheduler:
             self._mix_in_decodes(batch)
         return batch
 
-    def _call_that_may_yield(self, admitted: Counter[str]) -> _Hog | None:
-        """Every row is taken: the call holding the most rows, if it holds at least two and
-        twice its fair share were one more call to get a row (the rows over the calls
-        holding some, a request alone being a call); else None, and the waiting wait."""
+    def _call_that_may_yield(self, admitted: Counter[str], picked: list[tuple[Req, int]]) -> _Hog | None:
+        """The call holding the most running rows, if it holds at least two and twice its
+        fair share were one more call to get a row (``--max-running-requests`` over the
+        calls holding rows, a request alone being a call); else None. ``admitted``: each
+        call's requests admitted, with those ``picked`` this step."""
         if self.cache.tree.disable:  # a yielded request's KV would be freed: it would compute it all again
             return None
         held = Counter(r.group for r in self.running if r.group is not None)
         if not held:
             return None
         group, most = held.most_common(1)[0]
-        calls = len(admitted) + sum(r.group is None for r in self.admitted())
+        alone = sum(r.group is None for r in self.admitted()) + sum(r.group is None for r, _ in picked)
+        calls = sum(1 for n in admitted.values() if n > 0) + alone
         if most < 2 or most * (calls + 1) < 2 * self.args.max_running_requests:
             return None
         return _Hog(group, most, calls)
 
-    def _yield_row(self, first: Req, hog: _Hog, admitted: Counter[str]) -> bool:
-        """``first`` (the next waiting request in fair order) finds every row taken: the
-        ``hog`` call gives one up when it holds two more rows than ``first``'s call and at
-        least twice its fair share (counting ``first``'s call if it holds none). Its least
-        advanced running member is retracted: its KV goes to the tree (it comes back with
-        one token to compute), and it ranks after ``first`` (``order_waiting``). So one
-        call's ``n`` 64 of long answers does not keep later calls waiting for a row until
-        it ends, while calls of a fair size (an agent's few forks among many programs, a
-        flood of calls of ``n`` 2) keep theirs, and a second call of 64 gets one row, not
-        half (sharing evenly would only delay the first call's end)."""
-        if first.is_retracted:  # put back (memory was short, or a row yielded): no churn
+    def _yield_row(self, first: Req, admitted: Counter[str], picked: list[tuple[Req, int]]) -> bool:
+        """``first``, the next waiting request in fair order, could start but every row is
+        taken: the call holding the most rows gives one up when it holds two more than
+        ``first``'s call and at least twice its fair share, counting ``first``'s call if
+        it holds none (``_call_that_may_yield``). Its least advanced running member goes
+        back to the queue (``_retract``: its KV to the tree, so it comes back computing
+        what the tree no longer holds, usually one token) and waits behind ``first``,
+        ranked with its call (``Req.yielded``, ``order_waiting``). So one call's ``n`` 64
+        of long answers does not keep later calls waiting for a row until it ends, while
+        calls of a fair size (an agent's few forks among many programs, a flood of calls
+        of ``n`` 2) keep theirs, and a second call of 64 gets one row, not half (sharing
+        evenly would only delay the first call's end). A request that is waiting after
+        being sent back (for memory or a yield) makes no other yield: no churn."""
+        if first.is_retracted:  # waiting, so put back
+            return False
+        hog = self._call_that_may_yield(admitted, picked)
+        if hog is None:
             return False
         has = admitted[first.group] if first.group is not None else 0
         if hog.group == first.group or hog.rows < has + 2:
@@ -367,8 +380,11 @@ class Scheduler:
         self._retract(victim)
 
     def _retract(self, req: Req, for_memory: bool = True) -> None:
+        """Send ``req`` back to the queue, its computed KV to the tree. Sent back for
+        memory, it goes first; yielding its row (``_yield_row``), it ranks with its call."""
         self.cache.release(req)
         req.is_retracted = True
+        req.yielded = not for_memory
         if not req.output_ids:  # part-way through its prompt: its prompt logprobs start over
             req.input_token_logprobs.clear()
             req.input_top_logprobs.clear()

@@ -1,5 +1,5 @@
 """The requests waiting for prefill: requests put back (retracted, most recent first), then
-arrivals in order; the arrivals also by group, so that ordering them fairly over groups
+arrivals in order (the order they are considered in is ``policy.order_waiting``'s); the arrivals also by group, so that ordering them fairly over groups
 (``policy.order_waiting``) needs no walk over a long queue.
 
 A group is the requests of one call (the ``n`` samples of a prompt, the prompts of a
@@ -33,7 +33,8 @@ class WaitingQueue:
         self._by_rid[req.rid] = req
 
     def put_back(self, req: Req) -> None:
-        """A request sent back from running (retracted): it goes first."""
+        """A request sent back from running (retracted): it goes first, unless it yielded
+        its row to another call (``Req.yielded``: ranked with its call, ``order_waiting``)."""
         self._put_back.appendleft(req)
         self._by_rid[req.rid] = req
 
