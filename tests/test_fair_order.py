@@ -143,17 +143,28 @@ def test_a_request_behind_a_large_n_starts_at_once(tiny_gqa_llama):
         eng.shutdown()
 
 
-@given(ops=st.lists(st.tuples(st.sampled_from(["append", "put_back", "remove"]), st.sampled_from(["a", None]),
+@given(ops=st.lists(st.tuples(st.sampled_from(["append", "put_back", "remove", "batch", "back_again"]), st.sampled_from(["a", None]),
                               st.integers(0, 30)), max_size=60))
 def test_the_queue_keeps_its_order_groups_and_ids_as_a_list_would(ops):
-    """A model: a list with put-back requests in front (most recent first), arrivals after."""
-    queue, front, arrived = WaitingQueue(), [], []
+    """A model: a list with put-back requests in front (most recent first), arrivals after;
+    each request's count of prefill batches formed while it waited, kept over its waits."""
+    queue, front, arrived, gone = WaitingQueue(), [], [], []
+    passed: dict[str, int] = {}
     for op, group, k in ops:
         present = front + arrived
         if op == "remove" and present:
             req = present[k % len(present)]
             queue.remove(req)
             (front if req in front else arrived).remove(req)
+            gone.append(req)
+        elif op == "batch":
+            queue.batch_formed()
+            for r in present:
+                passed[r.rid] = passed.get(r.rid, 0) + 1
+        elif op == "back_again" and gone:  # a request taken out earlier, retracted later
+            req = gone.pop(k % len(gone))
+            queue.put_back(req)
+            front.insert(0, req)
         elif op == "put_back":
             req = _req(group, retracted=True)
             queue.put_back(req)
@@ -166,6 +177,7 @@ def test_the_queue_keeps_its_order_groups_and_ids_as_a_list_would(ops):
         assert all(queue.find(r.rid) is r and r in queue for r in front + arrived)
         by_group = {g: list(members) for g, members in queue.arrived_by_group().items()}
         assert by_group == {g: [r for r in arrived if r.group == g] for g in {r.group for r in arrived}}
+        assert all(queue.passed_over(r) == passed.get(r.rid, 0) for r in front + arrived)
 
 
 def test_a_request_that_yielded_its_row_ranks_with_its_call_and_one_retracted_for_memory_goes_first():

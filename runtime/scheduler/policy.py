@@ -54,7 +54,7 @@ def order_waiting(waiting: WaitingQueue, policy: str, cache: CacheManager,
         return n if n >= LPM_MIN_MATCH else 0
 
     def key(r: Req) -> tuple[bool, int]:
-        late = r.num_passed_over >= MAX_PASSED_OVER
+        late = waiting.passed_over(r) >= MAX_PASSED_OVER
         # the late keep arrival order among themselves: sorted by prefix again, a queue kept
         # full of matching requests (all of them late soon) would starve an unmatched one
         return not late, 0 if late else -match(r)

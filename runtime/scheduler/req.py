@@ -57,7 +57,7 @@ class Req:
     cached_tokens: int = 0  # prompt tokens served from the cache at first admission
     is_retracted: bool = False  # sent back to the queue once (its cached_tokens stay those of its first admission)
     yielded: bool = False  # waiting after giving its row to another call (Scheduler._yield_row)
-    num_passed_over: int = 0  # prefill batches formed while it waited (for fairness)
+    num_passed_over: int = 0  # prefill batches formed while it waited, until it last left the queue (WaitingQueue.passed_over)
 
     # logprobs: [logprob, token_id] pairs (text is added by the detokenizer)
     input_token_logprobs: list[tuple[float | None, int]] = field(default_factory=list)

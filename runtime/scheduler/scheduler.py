@@ -257,8 +257,7 @@ class Scheduler:
             budget.take(n, PrefillBudget.expected_decode_tokens(req.params.max_new_tokens, self.new_token_ratio))
         if not picked:
             return None
-        for req in self.waiting:
-            req.num_passed_over += 1
+        self.waiting.batch_formed()
         batch = self._build_extend_batch(picked)
         if mix:
             self._mix_in_decodes(batch)

@@ -25,18 +25,24 @@ class WaitingQueue:
         self._groups: dict[str | None, deque[Req]] = {}
         self._by_rid: dict[str, Req] = {}  # an abort of each of 100k requests finds its own at once
         self._count = itertools.count()
+        # Prefill batches formed so far, and the number when each waiting request came in:
+        # how often a request was passed over is a subtraction, not a walk of the queue per step.
+        self._batches = 0
+        self._entered: dict[Req, int] = {}
 
     def append(self, req: Req) -> None:
         """A request arriving (new, or its grammar compiled)."""
         self._arrived[req] = next(self._count)
         self._groups.setdefault(req.group, deque()).append(req)
         self._by_rid[req.rid] = req
+        self._entered[req] = self._batches
 
     def put_back(self, req: Req) -> None:
         """A request sent back from running (retracted): it goes first, unless it yielded
         its row to another call (``Req.yielded``: ranked with its call, ``order_waiting``)."""
         self._put_back.appendleft(req)
         self._by_rid[req.rid] = req
+        self._entered[req] = self._batches
 
     def extend(self, reqs: list[Req]) -> None:
         for req in reqs:
@@ -44,6 +50,7 @@ class WaitingQueue:
 
     def remove(self, req: Req) -> None:
         del self._by_rid[req.rid]
+        req.num_passed_over += self._batches - self._entered.pop(req)
         if req in self._put_back:
             self._put_back.remove(req)
             return
@@ -52,6 +59,15 @@ class WaitingQueue:
         members.remove(req)  # taken from near its group's front, mostly
         if not members:
             del self._groups[req.group]
+
+    def batch_formed(self) -> None:
+        """A prefill batch was formed from the requests taken out: every one still waiting
+        was passed over once more."""
+        self._batches += 1
+
+    def passed_over(self, req: Req) -> int:
+        """Prefill batches formed while ``req`` waited (this time and any before)."""
+        return req.num_passed_over + self._batches - self._entered[req]
 
     def find(self, rid: str) -> Req | None:
         return self._by_rid.get(rid)
