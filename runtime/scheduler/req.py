@@ -55,7 +55,7 @@ class Req:
     kv_len: int = 0
     alloc_len: int = 0
     cached_tokens: int = 0  # prompt tokens served from the cache at first admission
-    is_retracted: bool = False  # sent back to the queue once (its cached_tokens stay those of its first admission)
+    is_retracted: bool = False  # sent back to the queue at least once (cached_tokens stay those of its first admission)
     yielded: bool = False  # waiting after giving its row to another call (Scheduler._yield_row)
     num_passed_over: int = 0  # prefill batches formed while it waited, until it last left the queue (WaitingQueue.passed_over)
 

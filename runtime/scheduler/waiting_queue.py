@@ -1,6 +1,7 @@
 """The requests waiting for prefill: requests put back (retracted, most recent first), then
-arrivals in order (the order they are considered in is ``policy.order_waiting``'s); the arrivals also by group, so that ordering them fairly over groups
-(``policy.order_waiting``) needs no walk over a long queue.
+arrivals in order; the arrivals also by group, so that ordering them fairly over groups
+(``policy.order_waiting``, which decides the order they are considered in) needs no walk
+over a long queue.
 
 A group is the requests of one call (the ``n`` samples of a prompt, the prompts of a
 batch): ``Req.group``, None for a request alone. Each request alone is a group of its own.
