@@ -261,9 +261,8 @@ def _bare_scheduler(running: list[Req], max_running: int):
     return sched
 
 
-def _yields(sched, first: Req, picked: list[Req] = ()) -> bool:
-    admitted = Counter(r.group for r in sched.admitted() + list(picked) if r.group is not None)
-    return sched._yield_row(first, admitted, [(r, 1) for r in picked])
+def _yields(sched, first: Req) -> bool:
+    return sched._yield_row(first, Counter(r.group for r in sched.admitted()))
 
 
 def test_rows_are_not_taken_from_a_call_holding_at_most_one_more():

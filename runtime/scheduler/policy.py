@@ -27,7 +27,7 @@ MAX_PASSED_OVER = 8
 
 
 def order_waiting(waiting: WaitingQueue, policy: str, cache: CacheManager,
-                  running: Counter[str]) -> Iterable[Req]:
+                  running: Counter[str | None]) -> Iterable[Req]:
     """``lpm``: longest cached prefix first (ties, and matches under ``LPM_MIN_MATCH``
     tokens, keep arrival order); ``fcfs``: arrival order. Requests retracted for memory go
     first (they already waited and hold partial output), then requests passed over too
@@ -43,8 +43,7 @@ def order_waiting(waiting: WaitingQueue, policy: str, cache: CacheManager,
     seen: Counter[str] = Counter()
     put_back = waiting.put_back_requests()  # the most recently put back first
     front = [r for r in put_back if not r.yielded]
-    for r in front:
-        _next_rank(r.group, running, seen)
+    seen.update(r.group for r in front if r.group is not None)  # they count first in their group's k
     yielded = [(_next_rank(r.group, running, seen), r) for r in reversed(put_back) if r.yielded]
     if policy == "fcfs" or len(waiting) > LPM_MAX_QUEUE or cache.tree.disable:
         return itertools.chain(front, _fair_merge(waiting, running, yielded, seen))
@@ -63,7 +62,7 @@ def order_waiting(waiting: WaitingQueue, policy: str, cache: CacheManager,
     return front + [r for _, r in sorted(ranked, key=lambda pair: pair[0])]  # stable: yielded first among equals
 
 
-def _next_rank(group: str | None, running: Counter[str], seen: Counter[str]) -> int:
+def _next_rank(group: str | None, running: Counter[str | None], seen: Counter[str]) -> int:
     """The rank of a group's next waiting member (0 for a request alone), counted as seen."""
     if group is None:
         return 0
@@ -76,7 +75,7 @@ def _next_rank(group: str | None, running: Counter[str], seen: Counter[str]) -> 
 MERGE_DEPTH = 1024
 
 
-def _fair_merge(waiting: WaitingQueue, running: Counter[str], yielded: list[tuple[int, Req]],
+def _fair_merge(waiting: WaitingQueue, running: Counter[str | None], yielded: list[tuple[int, Req]],
                 seen: Counter[str]) -> Iterator[Req]:
     """The ranked requests that yielded their rows and the arrived requests in arrival
     order, fair between groups (see ``order_waiting``): a merge of the groups' queues by the

@@ -10,7 +10,6 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
-from typing import NamedTuple
 
 from radix_cache import RadixCache, SlotAllocator
 from runtime.config import ServerArgs
@@ -24,6 +23,7 @@ from runtime.scheduler.policy import order_waiting, shares_uncached_prefix
 from runtime.scheduler.prefill_budget import PrefillBudget
 from runtime.scheduler.program_pins import ProgramPins
 from runtime.scheduler.req import Req
+from runtime.scheduler.row_sharing import Hog, call_that_may_yield, yields_to
 from runtime.scheduler.scheduler_stats import scheduler_report
 from runtime.scheduler.step_stats import StepStats
 from runtime.scheduler.stop import check_stop, grammar_stop
@@ -223,7 +223,7 @@ class Scheduler:
         candidates: Iterable[Req] = ()
         # With every row taken a waiting request can only start if a row is yielded to it;
         # when no call could yield one, the order is not worth making.
-        if self.waiting and (budget.rows > 0 or self._call_that_may_yield(admitted, picked) is not None):
+        if self.waiting and (budget.rows > 0 or self._call_that_may_yield(admitted) is not None):
             candidates = order_waiting(self.waiting, self.args.schedule_policy, self.cache, Counter(admitted))
         yielded = False
         for req in candidates:
@@ -239,7 +239,7 @@ class Scheduler:
             if not budget.leaves_reserve(self.cache.free_slots, n):
                 break
             if budget.rows <= 0:  # it could start but for a row: one may be yielded to it, once a step
-                if yielded or not self._yield_row(req, admitted, picked):
+                if yielded or not self._yield_row(req, admitted):
                     break
                 yielded = True
                 budget.rows += 1
@@ -252,8 +252,7 @@ class Scheduler:
             self.waiting.remove(req)
             req.yielded = False
             picked.append((req, n))
-            if req.group is not None:
-                admitted[req.group] += 1
+            admitted[req.group] += 1
             budget.take(n, PrefillBudget.expected_decode_tokens(req.params.max_new_tokens, self.new_token_ratio))
         if not picked:
             return None
@@ -263,45 +262,25 @@ class Scheduler:
             self._mix_in_decodes(batch)
         return batch
 
-    def _call_that_may_yield(self, admitted: Counter[str], picked: list[tuple[Req, int]]) -> _Hog | None:
-        """The call holding the most running rows, if it holds at least two and twice its
-        fair share were one more call to get a row (``--max-running-requests`` over the
-        calls holding rows, a request alone being a call); else None. ``admitted``: each
-        call's requests admitted, with those ``picked`` this step."""
-        if self.cache.tree.disable:  # a yielded request's KV would be freed: it would compute it all again
+    def _call_that_may_yield(self, admitted: Counter[str | None]) -> Hog | None:
+        """``row_sharing.call_that_may_yield``; none without the radix cache (a yielded
+        request's KV would be freed: it would compute it all again)."""
+        if self.cache.tree.disable:
             return None
-        held = Counter(r.group for r in self.running if r.group is not None)
-        if not held:
-            return None
-        group, most = held.most_common(1)[0]
-        alone = sum(r.group is None for r in self.admitted()) + sum(r.group is None for r, _ in picked)
-        calls = sum(1 for n in admitted.values() if n > 0) + alone
-        if most < 2 or most * (calls + 1) < 2 * self.args.max_running_requests:
-            return None
-        return _Hog(group, most, calls)
+        return call_that_may_yield(self.running, admitted, self.args.max_running_requests)
 
-    def _yield_row(self, first: Req, admitted: Counter[str], picked: list[tuple[Req, int]]) -> bool:
+    def _yield_row(self, first: Req, admitted: Counter[str | None]) -> bool:
         """``first``, the next waiting request in fair order, could start but every row is
-        taken: the call holding the most rows gives one up when it holds two more than
-        ``first``'s call and at least twice its fair share, counting ``first``'s call if
-        it holds none (``_call_that_may_yield``). Its least advanced running member goes
-        back to the queue (``_retract``: its KV to the tree, so it comes back computing
-        what the tree no longer holds, usually one token) and waits behind ``first``,
-        ranked with its call (``Req.yielded``, ``order_waiting``). So one call's ``n`` 64
-        of long answers does not keep later calls waiting for a row until it ends, while
-        calls of a fair size (an agent's few forks among many programs, a flood of calls
-        of ``n`` 2) keep theirs, and a second call of 64 gets one row, not half (sharing
-        evenly would only delay the first call's end). A request that is waiting after
-        being sent back (for memory or a yield) makes no other yield: no churn."""
+        taken: when a call gives one up to it (``runtime/scheduler/row_sharing.py``), that
+        call's least advanced running member goes back to the queue (``_retract``: its KV
+        to the tree, so it comes back computing what the tree no longer holds, usually one
+        token) and waits behind ``first``, ranked with its call (``Req.yielded``,
+        ``order_waiting``). A request that is waiting after being sent back (for memory or
+        a yield) makes no other yield: no churn."""
         if first.is_retracted:  # waiting, so put back
             return False
-        hog = self._call_that_may_yield(admitted, picked)
-        if hog is None:
-            return False
-        has = admitted[first.group] if first.group is not None else 0
-        if hog.group == first.group or hog.rows < has + 2:
-            return False
-        if hog.rows * (hog.calls + (has == 0)) < 2 * self.args.max_running_requests:
+        hog = self._call_that_may_yield(admitted)
+        if hog is None or not yields_to(first, hog, admitted, self.args.max_running_requests):
             return False
         victim = min((r for r in self.running if r.group == hog.group), key=_progress)
         self.running.remove(victim)
@@ -310,11 +289,11 @@ class Scheduler:
         logger.debug("request %s yields its row to %s (its call holds %d rows)", victim.rid, first.rid, hog.rows)
         return True
 
-    def _admitted_per_group(self, picked: list[tuple[Req, int]]) -> Counter[str]:
+    def _admitted_per_group(self, picked: list[tuple[Req, int]]) -> Counter[str | None]:
         """Each group's admitted members (fair order, ``policy.order_waiting``), with those
-        this step picked already (they left the jumped list and the chunked slot)."""
-        admitted = self.admitted() + [r for r, _ in picked]
-        return Counter(r.group for r in admitted if r.group is not None)
+        this step picked already (they left the jumped list and the chunked slot); the
+        requests alone under ``None``."""
+        return Counter(r.group for r in self.admitted() + [r for r, _ in picked])
 
     def _mix_in_decodes(self, batch: ScheduledBatch) -> None:
         """Append every running request's next token to a prefill batch (as a one-token
@@ -458,14 +437,6 @@ class Scheduler:
     def admitted(self) -> list[Req]:
         """The requests holding KV now: running, jumped and the one part-way through prefill."""
         return self.running + self.jumped + ([self.chunked] if self.chunked is not None else [])
-
-
-class _Hog(NamedTuple):
-    """The call holding the most rows (``Scheduler._call_that_may_yield``)."""
-
-    group: str
-    rows: int
-    calls: int  # calls holding rows (a request alone is a call)
 
 
 def _progress(req: Req) -> tuple[int, int]:
