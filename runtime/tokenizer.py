@@ -9,22 +9,33 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from transformers import AutoTokenizer, PretrainedConfig
-
 from runtime.incremental_text import decode_after
 from runtime.model_loader.weights import load_hf_config
 from runtime.sampling import stop_regex
 from runtime.token_bytes import TokenBytes
 
+# Tokenizer classes that are the tokenizers library's fast tokenizer with no model-specific rules.
+GENERIC_FAST_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
 
 def load_hf_tokenizer(model_dir: Path) -> Any:
-    """transformers' tokenizer of ``model_dir``. Where tokenizer_config.json names its class,
-    AutoTokenizer gets the model's config as a plain ``PretrainedConfig`` rather than loading
-    it: loading imports the model family's config module and with it much of transformers,
-    ~2 s in each of the server's three processes that tokenize. Otherwise AutoTokenizer
-    resolves the class itself, which needs that config class."""
+    """transformers' tokenizer of ``model_dir``. Where tokenizer_config.json names the
+    generic fast tokenizer (``TokenizersBackend``, or ``PreTrainedTokenizerFast`` before
+    transformers 5; what converting a GGUF here writes), that class loads it, as AutoTokenizer
+    would, without AutoTokenizer's imports: they pull in torch, ~1.5 s more in the HTTP
+    and detokenizer processes, which never compute. Where it names another class,
+    AutoTokenizer gets the model's config as a plain ``PretrainedConfig`` rather than
+    loading it (loading imports the model family's config module and with it much of
+    transformers); with no class named, AutoTokenizer resolves it from the config."""
     tokenizer_config = model_dir / "tokenizer_config.json"
     names_class = tokenizer_config.is_file() and json.loads(tokenizer_config.read_text()).get("tokenizer_class")
+    if names_class in GENERIC_FAST_CLASSES:
+        # from transformers 5 on, this name is TokenizersBackend itself
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(str(model_dir))
+    from transformers import AutoTokenizer, PretrainedConfig
+
     if names_class and (model_dir / "config.json").is_file():
         plain = PretrainedConfig.from_dict(load_hf_config(model_dir))
         return AutoTokenizer.from_pretrained(str(model_dir), config=plain)

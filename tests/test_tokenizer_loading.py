@@ -1,8 +1,14 @@
-"""``runtime.tokenizer.load_hf_tokenizer`` hands AutoTokenizer a plain config to skip
-importing the model family's config module; the tokenizer must be the one AutoTokenizer
-builds on its own (the oracle)."""
+"""``runtime.tokenizer.load_hf_tokenizer`` loads the generic fast tokenizer without
+AutoTokenizer (whose imports pull in torch) and otherwise hands AutoTokenizer a plain config
+to skip importing the model family's config module; the tokenizer must be the one
+AutoTokenizer builds on its own (the oracle), whichever way it was loaded."""
 
 from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -11,12 +17,31 @@ pytestmark = pytest.mark.slow
 TEXTS = ["Hello world", "  leading spaces\n\nand <|im_start|> markers", "wörld 123 + 4.5e-3 ```py\nx=1```", ""]
 
 
-def test_the_tokenizer_equals_autotokenizers_own(model_dir):
+def _folder_naming(model_dir, tmp_path, tokenizer_class):
+    """A copy of the default model's tokenizer and config whose tokenizer_config.json names
+    ``tokenizer_class`` (None: names no class)."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for name in ("config.json", "tokenizer.json", "generation_config.json"):
+        shutil.copy(model_dir / name, folder / name)
+    config = json.loads((model_dir / "tokenizer_config.json").read_text())
+    config.pop("tokenizer_class", None)
+    if tokenizer_class is not None:
+        config["tokenizer_class"] = tokenizer_class
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.parametrize("named", ["as converted", "GPT2Tokenizer", None])
+def test_the_tokenizer_equals_autotokenizers_own(model_dir, tmp_path, named):
+    """The class the GGUF conversion writes (the generic one: loaded directly), a model
+    family's class (AutoTokenizer with a plain config) and none (AutoTokenizer alone)."""
     from transformers import AutoTokenizer
 
     from runtime.tokenizer import load_hf_tokenizer
 
-    ours, theirs = load_hf_tokenizer(model_dir), AutoTokenizer.from_pretrained(str(model_dir))
+    folder = model_dir if named == "as converted" else _folder_naming(model_dir, tmp_path, named)
+    ours, theirs = load_hf_tokenizer(folder), AutoTokenizer.from_pretrained(str(folder))
     assert type(ours) is type(theirs)
     assert len(ours) == len(theirs) and ours.get_vocab() == theirs.get_vocab()
     for name in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id", "chat_template"):
@@ -42,3 +67,19 @@ def test_a_text_keeps_its_own_repeated_bos_where_the_tokenizer_adds_none(model_d
     assert ours.adds_bos is False
     text = theirs.bos_token * 2 + "hi"
     assert ours.encode(text) == theirs.encode(text) and ours.encode(text)[:2] == [theirs.bos_token_id] * 2
+
+
+def test_the_processes_that_only_tokenize_do_not_import_torch(model_dir):
+    """The HTTP and detokenizer processes never compute: importing their code and loading the
+    tokenizer leaves torch (~1.5 s of every start in each) unimported. The scheduler's
+    module, which needs it, is named to the process that runs it, not imported here."""
+    code = (
+        "import sys; from pathlib import Path\n"
+        "import runtime.server.launch, runtime.server.http_server, runtime.detokenizer, runtime.cli\n"
+        "from runtime.tokenizer import Tokenizer\n"
+        f"Tokenizer(Path({str(model_dir)!r})).apply_chat_template([{{'role': 'user', 'content': 'hi'}}])\n"
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout

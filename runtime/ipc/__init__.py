@@ -129,3 +129,14 @@ def children_ignore_sigint() -> Iterator[None]:
     finally:
         signal.signal(signal.SIGINT, previous)
 
+
+
+def run_named(target: str, *args: Any) -> None:
+    """Call ``target`` (``"package.module:function"``) with ``args``. As a spawned process's
+    target it lets the parent name what the child runs without importing it: the HTTP
+    process would otherwise import the scheduler's module, and with it torch and the model
+    code, ~1.5 s of a start it never uses."""
+    import importlib
+
+    module, function = target.split(":")
+    getattr(importlib.import_module(module), function)(*args)

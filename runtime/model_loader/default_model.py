@@ -19,10 +19,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import platformdirs
-import torch
+
+if TYPE_CHECKING:  # torch is imported where a GGUF is dequantized: resolving a path needs none
+    import torch
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
@@ -224,6 +226,7 @@ def _publish(tmp: Path, final: Path) -> None:
 
 def _build_hf_folder(gguf: Path, out_dir: Path) -> None:
     """Write config, float32 weights, generation config and tokenizer into ``out_dir``."""
+    import torch
     from transformers import AutoConfig, GenerationConfig
 
     # AutoConfig reads the GGUF metadata: sizes, rope_theta, special token ids, and
@@ -248,6 +251,7 @@ def _build_hf_folder(gguf: Path, out_dir: Path) -> None:
 
 def _meta_skeleton(config: Any) -> torch.nn.Module:
     """The causal-LM module for ``config`` on the meta device: names and shapes, no memory."""
+    import torch
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
@@ -264,6 +268,7 @@ def _dequantize_weights(
     directly avoids ``from_pretrained``'s hard dependency on ``accelerate`` and
     building a randomly initialised model just to save it again.
     """
+    import torch
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     parsed = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=skeleton)

@@ -6,10 +6,12 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from safetensors import safe_open
+
+if TYPE_CHECKING:  # torch is imported where tensors are read: the HTTP and detokenizer processes never need it
+    import torch
 
 
 def iter_safetensors(folder: str | os.PathLike[str]) -> Iterator[tuple[str, torch.Tensor]]:

@@ -127,20 +127,20 @@ class Launcher:
             self._stop_children()
 
     def _spawn(self, model_dir: Path) -> None:
-        from runtime.detokenizer import run_detokenizer_process
-        from runtime.scheduler.process import run_scheduler_process
-
         to_scheduler, to_detokenizer, _ = self.ipc_names
         mp = multiprocessing.get_context("spawn")
         pid = os.getpid()
+        # named, not imported: this process needs neither torch nor the model code
         self.children["scheduler"] = mp.Process(
-            target=run_scheduler_process,
-            args=(self.args, str(model_dir), to_scheduler, to_detokenizer, pid),
+            target=ipc.run_named,
+            args=("runtime.scheduler.process:run_scheduler_process", self.args, str(model_dir), to_scheduler,
+                  to_detokenizer, pid),
             name="forkserve-scheduler",
         )
         self.children["detokenizer"] = mp.Process(
-            target=run_detokenizer_process,
-            args=(str(model_dir), to_detokenizer, self.ipc_names[2], pid, self.args.log_level),
+            target=ipc.run_named,
+            args=("runtime.detokenizer:run_detokenizer_process", str(model_dir), to_detokenizer, self.ipc_names[2],
+                  pid, self.args.log_level),
             name="forkserve-detokenizer",
         )
         with ipc.children_ignore_sigint():
