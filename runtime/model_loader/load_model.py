@@ -19,8 +19,10 @@ def load_model(
     """The model with this rank's slice of every sharded weight (all of them at TP=1)."""
     cfg = ModelConfig.from_hf(load_hf_config(folder))
     with torch.device("meta"):
-        model = LlamaForCausalLM(cfg, tp)
-    model = model.to_empty(device="cpu").to(dtype)
+        model = LlamaForCausalLM(cfg, tp).to(dtype)
+    # Fresh CPU tensors of the meta shapes: Module.to_empty's empty_like of a meta tensor goes
+    # through torch's Python reference ops, whose import (sympy) costs ~0.5 s of every start.
+    model._apply(lambda t: torch.empty(t.shape, dtype=t.dtype))
     # Buffers (rotary tables) are not in checkpoints; compute them for real after the meta build.
     model.layers[0].self_attn.rotary.rebuild("cpu")
     _load_weights(model, iter_safetensors(folder))
