@@ -30,7 +30,8 @@ FOREIGN_FLAGS = {
     "--max-prefill-tokens": "--chunked-prefill-size caps the prompt tokens one step prefills",
     "--enable-mixed-chunk": "decodes ride along with prefill chunks by default (--disable-mixed-chunk turns it off)",
     "--enable-chunked-prefill": "prompts are prefilled in chunks of --chunked-prefill-size by default",
-    "--disable-log-stats": "the scheduler's periodic activity line is logged at info: --log-level warning hides it",
+    "--disable-log-stats": "the scheduler's periodic activity line is logged at info: --log-level warning hides it "
+                           "(--log-stats-interval sets how often it comes)",
     "--grammar-backend": "the grammar engine (xgrammar or llguidance) is chosen per constraint; nothing to set",
     "--guided-decoding-backend": "the grammar engine (xgrammar or llguidance) is chosen per constraint; nothing to set",
     "--download-dir": "nothing is downloaded: give a local model folder or .gguf file",

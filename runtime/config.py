@@ -151,10 +151,15 @@ class ServerArgs:
     log_level: str = flag_field(
         "info",
         "Log level of every forkserve process (HTTP, scheduler, detokenizer, tensor-parallel workers): debug "
-        "(also a line per scheduler step), info (also a line every 10 s of work: throughput, cache hits, "
-        "queues, KV pool), warning, error or critical. The libraries they use log warnings and errors. An "
-        "Engine made in a program of yours leaves that program's logging as it is.",
+        "(also a line per scheduler step), info (also a line every --log-stats-interval seconds of work: "
+        "throughput, cache hits, queues, KV pool), warning, error or critical. The libraries they use log "
+        "warnings and errors. An Engine made in a program of yours leaves that program's logging as it is.",
         choices=list(LOG_LEVELS),
+    )
+    log_stats_interval: float = flag_field(
+        10.0,
+        "Seconds between the scheduler's activity lines at --log-level info (vLLM's VLLM_LOG_STATS_INTERVAL); "
+        "a period without work writes none.",
     )
 
     def __post_init__(self) -> None:
@@ -180,6 +185,8 @@ class ServerArgs:
             raise ValueError("kv_cache_memory must be positive")
         if not self.program_pin_timeout >= 0:
             raise ValueError(f"program_pin_timeout must be >= 0 (0: no timeout), got {self.program_pin_timeout}")
+        if self.log_stats_interval <= 0:
+            raise ValueError(f"log_stats_interval must be positive, got {self.log_stats_interval}")
         if self.grammar_compile_timeout <= 0:
             raise ValueError(f"grammar_compile_timeout must be positive, got {self.grammar_compile_timeout}")
         if self.max_context_len is not None and self.max_context_len < 2:

@@ -72,6 +72,7 @@ def _forkserve(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
         (["generate", ""], 2, "a prompt is empty"),  # before the model loads
         (["serve", "--startup-timeout", "0"], 2, "--startup-timeout must be positive"),
         (["serve", "--grammar-compile-timeout", "-1"], 2, "--grammar-compile-timeout must be positive"),
+        (["serve", "--log-stats-interval", "0"], 2, "--log-stats-interval must be positive"),
         (["serve", "--kv-cache-memory", "1e-9"], 1, "--kv-cache-memory 1e-09 GiB holds 0 tokens"),
         (["capacity", "--usable-fraction", "3"], 2, "argument --usable-fraction: must be in (0, 1]"),
         (["capacity", "--concurrent-programs", "0"], 2, "argument --concurrent-programs: must be at least 1"),

@@ -39,15 +39,16 @@ class SchedulerServer:
     """The multi-process driver of ``EngineCore``: requests in from the HTTP server process,
     outputs out to the detokenizer, a step whenever there is work."""
 
-    def __init__(self, core: EngineCore, recv_sock: zmq.Socket, send_sock: zmq.Socket) -> None:
-        self.core = core
+    def __init__(self, core: EngineCore, recv_sock: zmq.Socket, send_sock: zmq.Socket,
+                 log_stats_interval: float = 10.0) -> None:
+        self.core, self.log_stats_interval = core, log_stats_interval
         self.recv_sock = recv_sock
         self.send_sock = send_sock
 
     def loop(self) -> None:
         poller = zmq.Poller()
         poller.register(self.recv_sock, zmq.POLLIN)
-        activity = ActivityLog(self.core)
+        activity = ActivityLog(self.core, self.log_stats_interval)
         while True:
             if not self.core.has_work:
                 self.core.step()  # idle: checks the KV invariant once
@@ -176,4 +177,4 @@ def run_scheduler_process(args: ServerArgs, model_dir: str, recv_from: str, send
         "elementwise": worker.elementwise,
     }
     ipc.send(send_sock, ReadyOut(info=info))
-    SchedulerServer(core, recv_sock, send_sock).loop()
+    SchedulerServer(core, recv_sock, send_sock, args.log_stats_interval).loop()
