@@ -125,6 +125,17 @@ SERVER_ENGINE_ARGS = ("--dtype", "float32", "--max-total-tokens", "40000", "--ch
 
 
 @pytest.fixture(scope="session")
+def small_server():
+    """A real ``forkserve serve`` on the default model with a 64-token context: limits near
+    the context in a few steps, and the OpenAPI fuzzer's requests stay short."""
+    from runtime.server.server_process import ServerProcess
+
+    proc = ServerProcess("--max-context-len", "64", "--max-total-tokens", "4096", "--max-running-requests", "8").wait_ready()
+    yield proc
+    assert proc.stop() == 0, proc.read_output()
+
+
+@pytest.fixture(scope="session")
 def server():
     """A real ``forkserve serve`` on the default model, shared by the HTTP tests."""
     from runtime.server.server_process import ServerProcess

@@ -2,8 +2,9 @@
 documented bodies (its examples, boundary values and random ones) get no server error,
 and every answer's status code, content type and body are ones the document declares.
 
-The server runs with a short context (64 tokens), so that generated requests which ask for
-long outputs are refused quickly (a documented 400) and the ones that run stay short."""
+The server (``small_server`` in conftest.py) runs with a short context (64 tokens), so that
+generated requests which ask for long outputs are refused quickly (a documented 400) and the
+ones that run stay short."""
 
 from __future__ import annotations
 
@@ -16,15 +17,6 @@ import pytest
 pytestmark = pytest.mark.slow
 
 CHECKS = "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance"
-
-
-@pytest.fixture(scope="module")
-def small_server():
-    from runtime.server.server_process import ServerProcess
-
-    proc = ServerProcess("--max-context-len", "64", "--max-total-tokens", "4096", "--max-running-requests", "8").wait_ready()
-    yield proc
-    assert proc.stop() == 0, proc.read_output()
 
 
 def test_the_document_names_every_route_and_its_answers(small_server):

@@ -50,13 +50,16 @@ def test_input_ids_and_per_prompt_params(server, engine):
     assert [o["meta_info"]["completion_tokens"] for o in out] == [5, 9]
 
 
-def test_a_request_without_max_new_tokens_runs_to_the_context(server):
+def test_a_request_without_max_new_tokens_runs_to_the_context(small_server):
     """SGLang refuses only a max_new_tokens the client gave: left out near the context, the
-    default (128) is cut to the room left."""
-    resp = httpx.post(f"{server.url}/generate", json={"input_ids": [7] * 8190,
+    default (128) is cut to the room left (the context is 64 tokens here)."""
+    resp = httpx.post(f"{small_server.url}/generate", json={"input_ids": [7] * 62,
                       "sampling_params": {"ignore_eos": True}}, timeout=120)
     assert resp.status_code == 200, resp.text
     assert resp.json()["meta_info"]["completion_tokens"] == 2
+    given = httpx.post(f"{small_server.url}/generate", json={"input_ids": [7] * 62,
+                       "sampling_params": {"ignore_eos": True, "max_new_tokens": 3}}, timeout=120)
+    assert given.status_code == 400 and "max_new_tokens" in given.text, given.text
 
 
 def test_prefill_only_then_reuse(server):
