@@ -14,31 +14,35 @@ from runtime.model_loader.weights import load_hf_config
 from runtime.sampling import stop_regex
 from runtime.token_bytes import TokenBytes
 
-# Tokenizer classes that are the tokenizers library's fast tokenizer with no model-specific rules.
+# Tokenizer classes that are the tokenizers library's fast tokenizer with no model-specific
+# rules (PreTrainedTokenizerFast is transformers' name for TokenizersBackend before version 5).
 GENERIC_FAST_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+# Model types for which AutoTokenizer keeps such a class (for some others, Qwen2's among
+# them, transformers 5 puts the family's own class in its place).
+KEEPS_GENERIC_CLASS = ("llama", "mistral")
 
 
 def load_hf_tokenizer(model_dir: Path) -> Any:
-    """transformers' tokenizer of ``model_dir``. Where tokenizer_config.json names the
-    generic fast tokenizer (``TokenizersBackend``, or ``PreTrainedTokenizerFast`` before
-    transformers 5; what converting a GGUF here writes), that class loads it, as AutoTokenizer
-    would, without AutoTokenizer's imports: they pull in torch, ~1.5 s more in the HTTP
-    and detokenizer processes, which never compute. Where it names another class,
-    AutoTokenizer gets the model's config as a plain ``PretrainedConfig`` rather than
+    """transformers' tokenizer of ``model_dir``, the one AutoTokenizer gives.
+
+    Where tokenizer_config.json names the generic fast tokenizer and config.json a model
+    type that keeps it (a Llama GGUF converted under transformers 5, the default model's
+    case), that class loads it directly: AutoTokenizer's imports pull in torch, ~1.5 s more
+    in the HTTP and detokenizer processes, which never compute. Where it names another
+    class, AutoTokenizer gets the model's config as a plain ``PretrainedConfig`` rather than
     loading it (loading imports the model family's config module and with it much of
     transformers); with no class named, AutoTokenizer resolves it from the config."""
     tokenizer_config = model_dir / "tokenizer_config.json"
     names_class = tokenizer_config.is_file() and json.loads(tokenizer_config.read_text()).get("tokenizer_class")
-    if names_class in GENERIC_FAST_CLASSES:
-        # from transformers 5 on, this name is TokenizersBackend itself
+    config = load_hf_config(model_dir) if (model_dir / "config.json").is_file() else {}
+    if names_class in GENERIC_FAST_CLASSES and config.get("model_type") in KEEPS_GENERIC_CLASS:
         from transformers import PreTrainedTokenizerFast
 
         return PreTrainedTokenizerFast.from_pretrained(str(model_dir))
     from transformers import AutoTokenizer, PretrainedConfig
 
-    if names_class and (model_dir / "config.json").is_file():
-        plain = PretrainedConfig.from_dict(load_hf_config(model_dir))
-        return AutoTokenizer.from_pretrained(str(model_dir), config=plain)
+    if names_class and config:
+        return AutoTokenizer.from_pretrained(str(model_dir), config=PretrainedConfig.from_dict(config))
     return AutoTokenizer.from_pretrained(str(model_dir))
 
 

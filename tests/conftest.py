@@ -127,7 +127,9 @@ SERVER_ENGINE_ARGS = ("--dtype", "float32", "--max-total-tokens", "40000", "--ch
 @pytest.fixture(scope="session")
 def small_server():
     """A real ``forkserve serve`` on the default model with a 64-token context: limits near
-    the context in a few steps, and the OpenAPI fuzzer's requests stay short."""
+    the context in a few steps, and the OpenAPI fuzzer's requests stay short. The fuzzer
+    calls every route (``/flush_cache``, ``/configure_logging``, ...): tests using this
+    server after it must not depend on its cache or log settings."""
     from runtime.server.server_process import ServerProcess
 
     proc = ServerProcess("--max-context-len", "64", "--max-total-tokens", "4096", "--max-running-requests", "8").wait_ready()

@@ -35,4 +35,13 @@ def test_the_lines_report_what_the_steps_did(engine, caplog):
     assert f": {computed} prompt tokens computed (" in summary, summary
     cached = sum(r.cached_tokens for r in reqs) / sum(len(r.input_ids) for r in reqs)
     assert f"{cached:.0%} of the prompt tokens of 2 finished requests cached" in summary, summary
-    assert not activity.pending
+    assert not activity.pending and activity.idle_wait_ms() is None
+
+
+def test_a_long_interval_waits_at_most_what_a_poll_takes(engine):
+    """--log-stats-interval 1e9 (days): the idle wait for the pending line stays within a ZMQ
+    poll's range (2**31 - 1 ms; beyond it the poll raises and the scheduler would die)."""
+    activity = ActivityLog(engine.core, interval_s=1e9)
+    activity._generated = 1  # work to report
+    wait = activity.idle_wait_ms()
+    assert isinstance(wait, int) and 0 < wait < 2**31

@@ -9,6 +9,7 @@ import re
 import signal
 import socket
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -50,6 +51,18 @@ def guarded():
             assert time.monotonic() < deadline
     yield proc
     proc.stop()
+
+
+def test_the_grammar_engine_is_loaded_before_any_constrained_request(guarded):
+    """Checking a request's regex or schema needs xgrammar (and with it torch, ~2 s); imported
+    by the first such request, it would hold the event loop, and every client, that long.
+    The HTTP process imports it on a thread of its own at start, unasked (this server has
+    had no request yet)."""
+    maps = Path(f"/proc/{guarded.proc.pid}/maps")
+    deadline = time.monotonic() + 60
+    while "libxgrammar_bindings" not in maps.read_text():
+        assert time.monotonic() < deadline, "the HTTP process did not load xgrammar"
+        time.sleep(0.2)
 
 
 def test_api_key_required(guarded):

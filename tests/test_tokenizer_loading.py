@@ -14,16 +14,18 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-TEXTS = ["Hello world", "  leading spaces\n\nand <|im_start|> markers", "wörld 123 + 4.5e-3 ```py\nx=1```", ""]
+TEXTS = ["Hello world", "  leading spaces\n\nand <|im_start|> markers", "a\n\n\nb  \n c", "wörld 123 + 4.5e-3 ```py\nx=1```", ""]
 
 
-def _folder_naming(model_dir, tmp_path, tokenizer_class):
+def _folder_naming(model_dir, tmp_path, tokenizer_class, model_type):
     """A copy of the default model's tokenizer and config whose tokenizer_config.json names
-    ``tokenizer_class`` (None: names no class)."""
+    ``tokenizer_class`` (None: names no class) and whose config.json names ``model_type``."""
     folder = tmp_path / "model"
     folder.mkdir()
-    for name in ("config.json", "tokenizer.json", "generation_config.json"):
+    for name in ("tokenizer.json", "generation_config.json"):
         shutil.copy(model_dir / name, folder / name)
+    (folder / "config.json").write_text(json.dumps({**json.loads((model_dir / "config.json").read_text()),
+                                                    "model_type": model_type}))
     config = json.loads((model_dir / "tokenizer_config.json").read_text())
     config.pop("tokenizer_class", None)
     if tokenizer_class is not None:
@@ -32,15 +34,19 @@ def _folder_naming(model_dir, tmp_path, tokenizer_class):
     return folder
 
 
-@pytest.mark.parametrize("named", ["as converted", "GPT2Tokenizer", None])
-def test_the_tokenizer_equals_autotokenizers_own(model_dir, tmp_path, named):
-    """The class the GGUF conversion writes (the generic one: loaded directly), a model
-    family's class (AutoTokenizer with a plain config) and none (AutoTokenizer alone)."""
+@pytest.mark.parametrize(("named", "model_type"), [("as converted", "llama"), ("TokenizersBackend", "mistral"),
+                                                   ("TokenizersBackend", "qwen2"), ("GPT2Tokenizer", "llama"),
+                                                   (None, "llama")])
+def test_the_tokenizer_equals_autotokenizers_own(model_dir, tmp_path, named, model_type):
+    """The generic class the GGUF conversion writes, for a model type whose AutoTokenizer keeps
+    it (loaded directly) and for one whose AutoTokenizer puts the family's class in its place
+    (Qwen2's), a model family's class (AutoTokenizer with a plain config) and none
+    (AutoTokenizer alone)."""
     from transformers import AutoTokenizer
 
     from runtime.tokenizer import load_hf_tokenizer
 
-    folder = model_dir if named == "as converted" else _folder_naming(model_dir, tmp_path, named)
+    folder = model_dir if named == "as converted" else _folder_naming(model_dir, tmp_path, named, model_type)
     ours, theirs = load_hf_tokenizer(folder), AutoTokenizer.from_pretrained(str(folder))
     assert type(ours) is type(theirs)
     assert len(ours) == len(theirs) and ours.get_vocab() == theirs.get_vocab()
@@ -70,16 +76,32 @@ def test_a_text_keeps_its_own_repeated_bos_where_the_tokenizer_adds_none(model_d
 
 
 def test_the_processes_that_only_tokenize_do_not_import_torch(model_dir):
-    """The HTTP and detokenizer processes never compute: importing their code and loading the
-    tokenizer leaves torch (~1.5 s of every start in each) unimported. The scheduler's
-    module, which needs it, is named to the process that runs it, not imported here."""
+    """The HTTP and detokenizer processes never compute: importing their code, loading the
+    tokenizer and spawning the children leaves torch (~1.5 s of every start in each)
+    unimported in the HTTP process. The children's modules, which need it, are named to
+    the processes that run them (checked here to resolve), not imported there."""
     code = (
-        "import sys; from pathlib import Path\n"
+        "import multiprocessing, sys; from pathlib import Path\n"
         "import runtime.server.launch, runtime.server.http_server, runtime.detokenizer, runtime.cli\n"
+        "from runtime.config import ServerArgs; from runtime.serve_args import HttpArgs\n"
         "from runtime.tokenizer import Tokenizer\n"
-        f"Tokenizer(Path({str(model_dir)!r})).apply_chat_template([{{'role': 'user', 'content': 'hi'}}])\n"
+        f"model_dir = Path({str(model_dir)!r})\n"
+        "Tokenizer(model_dir).apply_chat_template([{'role': 'user', 'content': 'hi'}])\n"
+        "started = []\n"
+        "class Child:\n"
+        "    def __init__(self, target, args, name): self.target, self.args = target, args\n"
+        "    def start(self): started.append(self)\n"
+        "class Spawn:\n"
+        "    Process = Child\n"
+        "multiprocessing.get_context = lambda method: Spawn\n"
+        "runtime.server.launch.Launcher(ServerArgs(), HttpArgs())._spawn(model_dir)\n"
         "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n"
+        "import importlib\n"
+        "for child in started:\n"
+        "    module, function = child.args[0].split(':')\n"
+        "    assert child.target.__name__ == 'run_named' and callable(getattr(importlib.import_module(module), function))\n"
+        "print(len(started))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[]", done.stdout
+    assert done.stdout.split() == ["[]", "2"], done.stdout

@@ -129,6 +129,13 @@ def _best_effort_text(text: str) -> str | None:
     return json.dumps(enforceable_part(schema)[0])
 
 
+def import_grammar_engine() -> None:
+    """Import xgrammar (and torch with it, ~2 s) now. The HTTP server does this on a thread
+    of its own while the model loads: checking a request's constraint imports it where it is
+    missing, on the event loop, and every client would wait."""
+    import xgrammar  # noqa: F401
+
+
 def _xgrammar_error(kind: Kind, text: str) -> str | None:
     """What xgrammar says against compiling ``text`` as ``kind``, or None."""
     import xgrammar as xgr  # imported on first use: it takes a second or two

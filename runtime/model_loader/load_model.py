@@ -22,7 +22,7 @@ def load_model(
         model = LlamaForCausalLM(cfg, tp).to(dtype)
     # Fresh CPU tensors of the meta shapes: Module.to_empty's empty_like of a meta tensor goes
     # through torch's Python reference ops, whose import (sympy) costs ~0.5 s of every start.
-    model._apply(lambda t: torch.empty(t.shape, dtype=t.dtype))
+    model._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device="cpu"))
     # Buffers (rotary tables) are not in checkpoints; compute them for real after the meta build.
     model.layers[0].self_attn.rotary.rebuild("cpu")
     _load_weights(model, iter_safetensors(folder))

@@ -14,6 +14,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("forkserve")
 
+MAX_IDLE_WAIT_MS = 3_600_000
+
 
 class ActivityLog:
     def __init__(self, core: EngineCore, interval_s: float = 10.0) -> None:
@@ -54,6 +56,12 @@ class ActivityLog:
 
     def seconds_to_next(self) -> float:
         return max(0.0, self._since + self.interval_s - time.monotonic())
+
+    def idle_wait_ms(self) -> int | None:
+        """How long the idle loop may wait for a message: until a pending line is due, at
+        most an hour (a ZMQ poll takes at most 2**31 - 1 ms, and the interval may be any
+        length), or for ever (None) with nothing pending."""
+        return min(int(1000 * self.seconds_to_next()) + 1, MAX_IDLE_WAIT_MS) if self.pending else None
 
     def maybe_log(self) -> None:
         """The info line, if ``interval_s`` has passed since the last one and there was work."""

@@ -53,7 +53,7 @@ class SchedulerServer:
             if not self.core.has_work:
                 self.core.step()  # idle: checks the KV invariant once
                 activity.maybe_log()  # idle after work: its last line comes when its interval ends
-                poller.poll(int(1000 * activity.seconds_to_next()) + 1 if activity.pending else None)
+                poller.poll(activity.idle_wait_ms())
             for msg in ipc.recv_all(self.recv_sock):
                 self.handle(msg)
             if self.core.has_work:

@@ -20,6 +20,7 @@ import signal
 import socket
 import sqlite3
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -172,12 +173,15 @@ class Launcher:
     async def _serve(self, sock: socket.socket, model_dir: Path, tokenizer: Any) -> None:
         import uvicorn
 
+        from runtime.constrained.spec import import_grammar_engine
         from runtime.server.context import ServerContext
         from runtime.server.http_server import create_app, probe_generate
         from runtime.server.memory_trim import trim_when_grown
         from runtime.server.metrics import ServerMetrics
         from runtime.server.scheduler_client import SchedulerClient
 
+        # while the model loads: a constrained request would import it on the event loop
+        threading.Thread(target=import_grammar_engine, name="import xgrammar", daemon=True).start()
         to_scheduler, _, to_tokenizer = self.ipc_names
         client = SchedulerClient(to_scheduler, to_tokenizer, ServerMetrics())
         client.request_log.configure(self.http.log_requests, self.http.log_requests_level, self.http.log_requests_format)
