@@ -130,7 +130,6 @@ def children_ignore_sigint() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-
 def run_named(target: str, *args: Any) -> None:
     """Call ``target`` (``"package.module:function"``) with ``args``. As a spawned process's
     target it lets the parent name what the child runs without importing it: the HTTP
