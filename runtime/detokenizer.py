@@ -71,7 +71,7 @@ class Detokenizer:
 
 def run_detokenizer_process(model_dir: str, recv_from: str, send_to: str, parent_pid: int, log_level: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
-    ipc.exit_with_parent(parent_pid)  # the server is gone: do not linger as an orphan
+    ipc.exit_with_parent(parent_pid, endpoints=[recv_from, send_to])  # the server is gone: do not linger as an orphan
     configure_logging("detokenizer", log_level)
     ctx = zmq.Context()
     recv_sock = ipc.bind(ctx, zmq.PULL, recv_from)

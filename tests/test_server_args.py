@@ -123,20 +123,28 @@ def test_version():
     assert done.returncode == 0 and done.stdout.strip() == f"forkserve {version('forkserve')}"
 
 
-def test_a_child_exits_when_its_parent_dies_even_while_blocked():
+def test_a_child_exits_when_its_parent_dies_even_while_blocked(tmp_path):
     """``ipc.exit_with_parent``: the grandchild blocks in a sleep (as a rank blocks joining
-    its process group); killing its parent must end it within seconds, not leave an orphan."""
-    script = textwrap.dedent("""
+    its process group); killing its parent must end it within seconds, not leave an orphan,
+    and not leave the socket file of the endpoint it bound either."""
+    endpoint = f"ipc://{tmp_path}/rank-1"
+    script = textwrap.dedent(f"""
         import os, subprocess, sys, time
         child = subprocess.Popen([sys.executable, "-c",
-            "import os, time; from runtime import ipc; ipc.exit_with_parent(os.getppid(), 0.1); time.sleep(600)"])
+            "import os, time, zmq; from runtime import ipc; "
+            "ipc.exit_with_parent(os.getppid(), 0.1, endpoints=['{endpoint}']); "
+            "ipc.bind(zmq.Context(), zmq.PULL, '{endpoint}'); time.sleep(600)"])
         print(child.pid, flush=True)
         time.sleep(600)
     """)
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONPATH": os.getcwd()})
     grandchild = int(parent.stdout.readline())
-    time.sleep(1.0)  # the watch thread is running
+    socket_file = tmp_path / "rank-1"
+    deadline = time.monotonic() + 30
+    while not socket_file.exists() and time.monotonic() < deadline:  # the watch thread runs before the bind
+        time.sleep(0.1)
+    assert socket_file.exists()
     os.kill(parent.pid, signal.SIGKILL)
     parent.wait()
     deadline = time.monotonic() + 10
@@ -146,6 +154,7 @@ def test_a_child_exits_when_its_parent_dies_even_while_blocked():
     if alive:
         os.kill(grandchild, signal.SIGKILL)
     assert not alive
+    assert not socket_file.exists()
 
 
 def test_sglang_and_vllm_flag_names_are_aliases():

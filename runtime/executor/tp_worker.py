@@ -114,7 +114,7 @@ def run_tp_worker_process(
     args: ServerArgs, model_dir: str, rank: int, init_method: str, endpoint: str, parent_pid: int
 ) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0's process decides when we stop
-    ipc.exit_with_parent(parent_pid)
+    ipc.exit_with_parent(parent_pid, endpoints=[endpoint])  # rank 0's process stops without removing it
     configure_logging(f"tp rank {rank}", args.log_level)
     ctx = zmq.Context()
     sock = ipc.bind(ctx, zmq.PULL, endpoint)

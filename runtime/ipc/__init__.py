@@ -99,16 +99,19 @@ def connect(ctx: zmq.Context, kind: int, endpoint: str) -> zmq.Socket:
     return sock
 
 
-def exit_with_parent(parent_pid: int, period_s: float = 0.5) -> None:
+def exit_with_parent(parent_pid: int, period_s: float = 0.5, endpoints: list[str] | tuple[str, ...] = ()) -> None:
     """In a child process: a daemon thread that ends the process as soon as ``parent_pid``
     is no longer its parent, even while the main thread is blocked (loading a model,
-    joining a process group), so that a killed server leaves no orphans behind."""
+    joining a process group), so that a killed server leaves no orphans behind. It first
+    deletes the socket files of ``endpoints`` (the ``ipc://`` names the child was given),
+    which the parent, killed or stopped before it could, left behind."""
     import threading
     import time
 
     def watch() -> None:
         while os.getppid() == parent_pid:
             time.sleep(period_s)
+        remove_ipc_files(list(endpoints))
         os._exit(1)
 
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()

@@ -143,7 +143,7 @@ def _update(out: RequestOutput) -> TokenUpdate:
 def run_scheduler_process(args: ServerArgs, model_dir: str, recv_from: str, send_to: str, parent_pid: int) -> None:
     """Entry point of the scheduler process: load the model, report ready, serve."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
-    ipc.exit_with_parent(parent_pid)  # the server is gone: do not linger as an orphan
+    ipc.exit_with_parent(parent_pid, endpoints=[recv_from, send_to])  # the server is gone: do not linger as an orphan
     configure_logging("scheduler", args.log_level)
     ctx = zmq.Context()
     recv_sock = ipc.bind(ctx, zmq.PULL, recv_from)
