@@ -46,10 +46,26 @@ def load_hf_tokenizer(model_dir: Path) -> Any:
     return AutoTokenizer.from_pretrained(str(model_dir))
 
 
+def _invalid_json_file(model_dir: Path) -> str | None:
+    """Which of the model folder's JSON files does not parse, and why (None: all do)."""
+    for path in sorted(model_dir.glob("*.json")):
+        try:
+            json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as err:
+            return f"{path} is not valid JSON: {err}"
+    return None
+
+
 class Tokenizer:
     def __init__(self, model_dir: Path) -> None:
-        self.hf = load_hf_tokenizer(model_dir)
-        self.eos_token_ids = self._eos_ids(model_dir)
+        try:
+            self.hf = load_hf_tokenizer(model_dir)
+            self.eos_token_ids = self._eos_ids(model_dir)
+        except ValueError as err:  # json's errors name no file: name it (looked for only now)
+            why = _invalid_json_file(model_dir) if isinstance(err, json.JSONDecodeError) else None
+            if why is None:
+                raise
+            raise ValueError(why) from err
 
     def _eos_ids(self, model_dir: Path) -> tuple[int, ...]:
         ids: set[int] = set()

@@ -105,3 +105,17 @@ def test_the_processes_that_only_tokenize_do_not_import_torch(model_dir):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["[]", "2"], done.stdout
+
+
+@pytest.mark.parametrize("broken", ["tokenizer.json", "tokenizer_config.json", "generation_config.json"])
+def test_a_tokenizer_file_that_is_not_json_is_named(model_dir, tmp_path, broken):
+    """json's own message names no file ("Expecting value: line 1 column 1"); the error
+    ``forkserve serve`` prints in one line must say which file it is."""
+    from runtime.tokenizer import Tokenizer
+
+    for path in model_dir.iterdir():
+        (tmp_path / path.name).symlink_to(path)
+    (tmp_path / broken).unlink()
+    (tmp_path / broken).write_text("not json{")
+    with pytest.raises(ValueError, match=rf"{broken} is not valid JSON: Expecting value"):
+        Tokenizer(tmp_path)
