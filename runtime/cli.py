@@ -194,7 +194,12 @@ def _run_serve(ns: argparse.Namespace) -> int:
     return code
 
 
-def build_parser() -> argparse.ArgumentParser:
+BUILT_IN_COMMANDS = ("generate", "serve")
+
+
+def build_parser(registered: bool = True) -> argparse.ArgumentParser:
+    """The command line. ``registered``: with the commands other packages register (listed
+    in ``--help``; importing them takes ~0.3 s, which a built-in command need not wait for)."""
     parser = argparse.ArgumentParser(
         prog="forkserve",
         description="forkserve: an LLM engine for agent programs, with a token-level radix KV cache.",
@@ -203,7 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _generate_parser(sub)
     _serve_parser(sub)
-    _add_registered_commands(sub)
+    if registered:
+        _add_registered_commands(sub)
     parser.commands = sub.choices  # type: ignore[attr-defined]  # name -> the command's parser
     return parser
 
@@ -222,13 +228,13 @@ def _add_registered_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    words = sys.argv[1:] if argv is None else argv
     try:
-        parser = build_parser()  # a quarter of a second: it imports the registered commands
+        parser = build_parser(registered=not words or words[0] not in BUILT_IN_COMMANDS)
     except KeyboardInterrupt:
         print("forkserve: interrupted", file=sys.stderr)
         return 130
     ns, unrecognized = parser.parse_known_args(argv)
-    words = sys.argv[1:] if argv is None else argv
     model = getattr(ns, "model", None)  # serve's MODEL may be the value of a flag it does not know
     before = words[words.index(model) - 1] if model in words and words.index(model) > 0 else None
     if before in unrecognized:

@@ -244,14 +244,14 @@ def test_ctrl_c_in_generate_is_one_line_and_exit_130():
 
 
 def test_ctrl_c_while_the_command_line_is_built_is_one_line_and_exit_130(monkeypatch, capsys):
-    """The first quarter second of any command imports the registered subcommands."""
+    """The first ~0.3 s of a command that is not built in imports the registered subcommands."""
     from runtime import cli
 
     def interrupted(sub):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(cli, "_add_registered_commands", interrupted)
-    assert cli.main(["serve"]) == 130
+    assert cli.main(["capacity"]) == 130
     assert capsys.readouterr().err == "forkserve: interrupted\n"
 
 
@@ -309,3 +309,19 @@ def test_the_start_up_line_names_the_settings_that_change_what_to_expect():
                      "context 8,192 tokens, F.linear")
     both = describe_engine(info, ServerArgs(tp_size=2, disable_radix_cache=True))
     assert "on cpu, tensor parallel over 2," in both and both.endswith(", radix cache off (no prefix reuse)")
+
+
+def test_a_built_in_command_does_not_import_the_registered_ones():
+    """``forkserve serve`` and ``generate`` start ~0.3 s sooner without importing the
+    commands other packages register (``bench``, ``capacity``), which ``--help`` still lists."""
+    code = textwrap.dedent("""
+        import contextlib, sys
+        from runtime import cli
+        with contextlib.redirect_stdout(None), contextlib.suppress(SystemExit):
+            cli.main(["serve", "--help"])
+        print(sorted(m for m in ("bench_agent.cli", "runtime.capacity_cli") if m in sys.modules))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
+    listed = _forkserve("--help")
+    assert listed.returncode == 0 and "bench" in listed.stdout and "capacity" in listed.stdout, listed.stdout
