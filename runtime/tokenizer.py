@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.incremental_text import decode_after
-from runtime.model_loader.weights import load_hf_config
+from runtime.model_loader.weights import load_hf_config, read_json_file
 from runtime.sampling import stop_regex
 from runtime.token_bytes import TokenBytes
 
@@ -33,7 +33,7 @@ def load_hf_tokenizer(model_dir: Path) -> Any:
     loading it (loading imports the model family's config module and with it much of
     transformers); with no class named, AutoTokenizer resolves it from the config."""
     tokenizer_config = model_dir / "tokenizer_config.json"
-    names_class = tokenizer_config.is_file() and json.loads(tokenizer_config.read_text()).get("tokenizer_class")
+    names_class = tokenizer_config.is_file() and read_json_file(tokenizer_config).get("tokenizer_class")
     config = load_hf_config(model_dir) if (model_dir / "config.json").is_file() else {}
     if names_class in GENERIC_FAST_CLASSES and config.get("model_type") in KEEPS_GENERIC_CLASS:
         from transformers import PreTrainedTokenizerFast
@@ -50,9 +50,9 @@ def _invalid_json_file(model_dir: Path) -> str | None:
     """Which of the model folder's JSON files does not parse, and why (None: all do)."""
     for path in sorted(model_dir.glob("*.json")):
         try:
-            json.loads(path.read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError) as err:
-            return f"{path} is not valid JSON: {err}"
+            read_json_file(path)
+        except ValueError as err:
+            return str(err)
     return None
 
 
@@ -61,7 +61,7 @@ class Tokenizer:
         try:
             self.hf = load_hf_tokenizer(model_dir)
             self.eos_token_ids = self._eos_ids(model_dir)
-        except ValueError as err:  # json's errors name no file: name it (looked for only now)
+        except ValueError as err:  # transformers' reads name no file: name it (looked for only now)
             why = _invalid_json_file(model_dir) if isinstance(err, json.JSONDecodeError) else None
             if why is None:
                 raise
@@ -73,7 +73,7 @@ class Tokenizer:
             ids.add(self.hf.eos_token_id)
         gen_cfg = model_dir / "generation_config.json"
         if gen_cfg.exists():
-            eos = json.loads(gen_cfg.read_text()).get("eos_token_id")
+            eos = read_json_file(gen_cfg).get("eos_token_id")
             ids.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
         return tuple(sorted(ids))
 

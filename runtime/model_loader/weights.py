@@ -36,8 +36,13 @@ def load_hf_config(folder: str | os.PathLike[str]) -> dict[str, Any]:
     path = Path(folder) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"no config.json in {folder}")
-    with path.open(encoding="utf-8") as f:
-        try:
-            return json.load(f)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path} is not valid JSON: {err}") from err
+    return read_json_file(path)
+
+
+def read_json_file(path: Path) -> Any:
+    """A model folder's JSON file, parsed; ``ValueError`` naming the file where it is not
+    JSON (json's own message names none)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as err:  # not JSON, or not UTF-8
+        raise ValueError(f"{path} is not valid JSON: {err}") from err
