@@ -10,7 +10,13 @@ minutes on shared 2-core machines) hits both sides alike.
 The base revision's ``kernels/cpu`` sources are compiled with this checkout's flags into a
 temporary library; only the decoder layers' entry point is swapped, so both sides share
 the packed weights (the packed layout must be the same in both revisions) and the kernel
-settings measured at start-up (copied to the base library where it has them).
+settings measured at start-up (copied to the base library where it has them). Each row
+gives each side's median and the median of the per-round ratios, with their middle half.
+
+Revisions before the kernels' own buffers were 64-byte aligned (``kernels/cpu/aligned.h``)
+kept the layers' intermediates in a buffer whose placement varied from build to build and
+process to process, and prefill speed with it (up to ~1.25x): against such a base, two
+builds of the same sources could read anything from 0.85x to 1.25x.
 """
 
 from __future__ import annotations
@@ -77,6 +83,15 @@ def alternate(sides: dict[str, Callable[[], None]], measure: Callable[[], float]
     return times
 
 
+def paired_ratio(base: list[float], ours: list[float]) -> tuple[float, float, float]:
+    """The quartiles of ``base[i] / ours[i]``, each a pair of calls made one after the other:
+    this machine's speed swings by tens of percent within a minute, so a ratio of whole-run
+    means wanders from run to run where the per-pair ratios hold steady."""
+    ratios = sorted(b / o for b, o in zip(base, ours, strict=True))
+    q1, q2, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+    return q1, q2, q3
+
+
 def mean_decode_step(engine: Any, ids: list[list[int]], new_tokens: int) -> float:
     """Seconds per decode step while ``engine`` generates ``new_tokens`` for each of ``ids``
     (greedy, no early stop), from its step counters."""
@@ -134,14 +149,15 @@ def main(argv: list[str] | None = None) -> int:
 
         cases = [(f"prefill {n} new tokens after {ns.cached} cached (ms)", prefill, n) for n in ns.prefill]
         cases += [(f"decode step, batch {bs}, 400-token contexts (ms)", decode, bs) for bs in ns.decode]
-        print(f"| case | this checkout | {ns.base} | {ns.base} / this checkout |\n|---|---|---|---|")
+        print(f"| case | this checkout | {ns.base} | {ns.base} / this checkout (middle half) |\n|---|---|---|---|")
         for label, fn, arg in cases:
             fn(arg)  # warm up
             switches = {name: (lambda entry=entry: setattr(runner, "_run", entry)) for name, entry in sides.items()}
             times = alternate(switches, lambda fn=fn, arg=arg: fn(arg), ns.rounds)
             runner._run = ours
-            a, b = (statistics.mean(times[name]) for name in sides)
-            print(f"| {label} | {a * 1e3:.1f} | {b * 1e3:.1f} | {b / a:.3f}x |")
+            a, b = (statistics.median(times[name]) for name in sides)
+            low, mid, high = paired_ratio(times[ns.base], times["this checkout"])
+            print(f"| {label} | {a * 1e3:.1f} | {b * 1e3:.1f} | {mid:.3f}x ({low:.3f}-{high:.3f}) |")
     engine.shutdown()
     return 0
 

@@ -13,7 +13,8 @@ by ``build.py`` (``bf16.h`` and ``simd.h`` hold the shared conversions and AVX-5
 ``isa.h`` which instruction sets a build targets (or emulates, for tests: AVX-512 from
 SIMDe and ``avx512_emulated.h`` on AVX2-only CPUs), ``amx.h`` the tile configuration (or its
 emulation), ``gemm_panel.h`` the GEMMs' panel epilogue,
-``online_softmax.h`` the extend paths' softmax step, ``row_passes.h`` how the three GEMMs
+``online_softmax.h`` the extend paths' softmax step, ``aligned.h`` the 64-byte aligned
+buffers the kernels allocate for themselves, ``row_passes.h`` how the three GEMMs
 walk a product's rows and share its panels between threads, ``entries.h`` the entry points one file
 calls in another); ``paged_attention.py``, ``elementwise.py``, ``linear_bf16.py`` and
 ``linear_f32.py`` are their checked Python entry points (``entry_checks.py``: the checks and

@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "aligned.h"
 #include "bf16.h"
 #include "entries.h"
 #include "paged_batch.h"
@@ -76,17 +77,19 @@ struct DecoderStep {
 // Status codes (the Python side turns them into errors).
 enum : int { kOk = 0, kBadPosition = 1, kBadSlot = 2, kBadAttentionShape = 3, kNoGemm = 4, kNoMemory = 5 };
 
-// A buffer of at least `bytes`, reused from call to call (a step's intermediates are tens of
-// MiB at prefill sizes; mapping fresh pages for them every step costs page faults), or null.
-static void *scratch(size_t bytes) {
+// A buffer of at least `bytes`, 64-byte aligned (aligned.h), reused from call to call (a
+// step's intermediates are tens of MiB at prefill sizes; mapping fresh pages for them every
+// step costs page faults), or null.
+static unsigned char *scratch(size_t bytes) {
     static thread_local void *buffer = nullptr;
     static thread_local size_t size = 0;
     if (bytes > size) {
         std::free(buffer);
-        buffer = std::malloc(bytes);
-        size = buffer != nullptr ? bytes : 0;
+        const size_t rounded = forkserve::cache_lines(bytes);
+        buffer = std::aligned_alloc(forkserve::kCacheLine, rounded);
+        size = buffer != nullptr ? rounded : 0;
     }
-    return buffer;
+    return static_cast<unsigned char *>(buffer);
 }
 
 template <typename T>
@@ -96,14 +99,18 @@ static int decoder_layers(const DecoderShape *shape, const DecoderLayer<T> *laye
     const DecoderShape &s = *shape;
     const int64_t t = step->tokens, q_size = s.num_heads * s.head_dim, kv_size = s.kv_heads * s.head_dim;
     const int64_t qkv_size = q_size + 2 * kv_size;
-    // One buffer for every intermediate: h, qkv, q (contiguous), attention out, gate_up, act.
-    const int64_t sizes[] = {s.hidden, qkv_size, q_size, q_size, 2 * s.intermediate, s.intermediate};
-    int64_t total = 0;
-    for (int64_t n : sizes) total += t * n;
-    T *buffer = static_cast<T *>(scratch(sizeof(T) * static_cast<size_t>(total > 0 ? total : 1)));
+    // One buffer for every intermediate: h, qkv, q (contiguous), attention out, gate_up, act,
+    // each starting on a cache line.
+    constexpr int kParts = 6;
+    const int64_t widths[kParts] = {s.hidden, qkv_size, q_size, q_size, 2 * s.intermediate, s.intermediate};
+    size_t offsets[kParts + 1] = {0};
+    for (int i = 0; i < kParts; i++)
+        offsets[i + 1] = offsets[i] + forkserve::cache_lines(sizeof(T) * static_cast<size_t>(t * widths[i]));
+    unsigned char *buffer = scratch(offsets[kParts] > 0 ? offsets[kParts] : 1);
     if (buffer == nullptr) return kNoMemory;
-    T *h = buffer, *qkv = h + t * s.hidden, *q = qkv + t * qkv_size, *attn = q + t * q_size;
-    T *gate_up = attn + t * q_size, *act = gate_up + t * 2 * s.intermediate;
+    T *part[kParts];
+    for (int i = 0; i < kParts; i++) part[i] = reinterpret_cast<T *>(buffer + offsets[i]);
+    T *h = part[0], *qkv = part[1], *q = part[2], *attn = part[3], *gate_up = part[4], *act = part[5];
 
     // The step's batch as paged attention reads it, and its decode tokens' shared-prefix
     // groups, the same in every layer.

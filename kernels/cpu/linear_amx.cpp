@@ -26,6 +26,7 @@
 #include <cstring>
 #include <vector>
 
+#include "aligned.h"
 #include "amx.h"
 #include "bf16.h"
 #include "entries.h"
@@ -127,7 +128,7 @@ void amx_gemm(const AmxGemm &g, int num_threads) {
     const int64_t panels = (g.out_features + kPanel - 1) / kPanel, width = g.k_tiles * kTileK;
     const int64_t a_stride_bytes = g.x_stride * 2, pass = rows_per_pass(g.k_tiles);
     // Fewer than 32 rows: a zero-padded copy of the rows, 16 or 32 of them.
-    std::vector<Bf16> small;
+    forkserve::AlignedVector<Bf16> small;
     const Bf16 *x = g.x;
     int64_t small_stride_bytes = a_stride_bytes;
     if (g.rows < kBlockRows) {
@@ -190,7 +191,7 @@ int linear_amx(const forkserve::Bf16 *x, int64_t rows, int64_t in_features, int6
     if (!linear_amx_available()) return 1;
     const int64_t k_tiles = (in_features + kTileK - 1) / kTileK, panel_pairs = k_tiles * kTileK / 2;
     AmxGemm g{x, x_stride, rows, k_tiles, packed, panel_pairs, out_features, bias, out, out_stride};
-    std::vector<Bf16> padded;
+    forkserve::AlignedVector<Bf16> padded;
     if (in_features % kTileK != 0) {  // rows padded with zeros to whole tiles
         const int64_t width = k_tiles * kTileK;
         padded.assign(static_cast<size_t>(rows * width), Bf16{0});

@@ -39,6 +39,7 @@
 #include <cstring>
 #include <vector>
 
+#include "aligned.h"
 #include "bf16.h"
 #include "entries.h"
 #include "gemm_panel.h"
@@ -216,7 +217,7 @@ void gemm(const Bf16 *x, int64_t in_features, int64_t x_stride, Gemm g, bool wid
     const int64_t panels = (g.out_features + kPanel - 1) / kPanel, step = rows_per_pass(4 * words * g.pairs);
     // Reused across calls: a fresh (zero-filled, often freshly mapped) buffer per product cost
     // ~3% of a prefill step on Zen 4, and pack_rows writes every word that is read.
-    static thread_local std::vector<int32_t> x_pairs;
+    static thread_local AlignedVector<int32_t> x_pairs;
     const size_t need = static_cast<size_t>(words * g.rows * g.pairs);
     if (x_pairs.size() < need) x_pairs.resize(need);
     const TileFn *tile_fns = widened ? kTiles<true> : kTiles<false>;

@@ -43,6 +43,7 @@
 #include <utility>
 #include <vector>
 
+#include "aligned.h"
 #include "bf16.h"
 #include "entries.h"
 #include "paged_batch.h"
@@ -437,7 +438,7 @@ int paged_attention(const Batch &bt, const T *q, const T *k_cache, const T *v_ca
     last_shared_on_tiles.store(0, std::memory_order_relaxed);
     // The parts' rows: the shared chunks' and the grouped tokens' own, by (part, head).
     const size_t part_rows = static_cast<size_t>(plan->parts * bt.num_heads);
-    std::vector<float> partial_buffer(part_rows * static_cast<size_t>(bt.dim + 2));
+    AlignedVector<float> partial_buffer(part_rows * static_cast<size_t>(bt.dim + 2));
     const PartialRows partial{partial_buffer.data(), partial_buffer.data() + part_rows * bt.dim,
                               partial_buffer.data() + part_rows * (bt.dim + 1)};
     // Largest first (keys seen times query rows), so that the dynamic schedule ends on short
@@ -459,7 +460,7 @@ int paged_attention(const Batch &bt, const T *q, const T *k_cache, const T *v_ca
     const int64_t merged_rows = static_cast<int64_t>(merged.size()) * bt.num_heads;
 #pragma omp parallel num_threads(num_threads)
     {
-        std::vector<float> scores(static_cast<size_t>(group * (bt.max_keys > 0 ? bt.max_keys : 1)));
+        AlignedVector<float> scores(static_cast<size_t>(group * (bt.max_keys > 0 ? bt.max_keys : 1)));
         auto *attend = bt.dim == 64    ? attend_one<T, 64>
                        : bt.dim == 128 ? attend_one<T, 128>
                                        : attend_one<T, 0>;
