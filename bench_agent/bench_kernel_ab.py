@@ -15,8 +15,8 @@ gives each side's median and the median of the per-round ratios, with their midd
 
 Revisions before the kernels' own buffers were 64-byte aligned (``kernels/cpu/aligned.h``)
 kept the layers' intermediates in a buffer whose placement varied from build to build and
-process to process, and prefill speed with it (up to ~1.25x): against such a base, two
-builds of the same sources could read anything from 0.85x to 1.25x.
+process to process, and prefill speed with it: against such a base, two builds of the same
+sources read from 0.83x to 1.21x of each other (per-round ratios, a 512-token prefill).
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from runtime.cli_types import positive_int
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -87,8 +89,8 @@ def paired_ratio(base: list[float], ours: list[float]) -> tuple[float, float, fl
     """The quartiles of ``base[i] / ours[i]``, each a pair of calls made one after the other:
     this machine's speed swings by tens of percent within a minute, so a ratio of whole-run
     means wanders from run to run where the per-pair ratios hold steady."""
-    ratios = sorted(b / o for b, o in zip(base, ours, strict=True))
-    q1, q2, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+    ratios = [b / o for b, o in zip(base, ours, strict=True)]
+    q1, q2, q3 = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else ratios * 3
     return q1, q2, q3
 
 
@@ -108,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefill", type=int, nargs="*", default=[600], help="new prompt tokens per prefill call")
     ap.add_argument("--cached", type=int, default=240, help="cached prefix before each prefill (tokens)")
     ap.add_argument("--decode", type=int, nargs="*", default=[1, 16], help="batch sizes of decode runs")
-    ap.add_argument("--rounds", type=int, default=8, help="calls per side and case (default: %(default)s)")
+    ap.add_argument("--rounds", type=positive_int, default=8, help="calls per side and case (default: %(default)s)")
     ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
                     help="the model's dtype: bfloat16 layers need AVX512-BF16, float32 ones AVX2 and FMA "
                          "without AVX-512 (default: %(default)s)")

@@ -1,7 +1,8 @@
 // Buffers the kernels allocate for themselves, aligned to the 64-byte cache line.
 //
-// malloc and std::vector hand out 16-byte alignment (glibc's large blocks sit 16 bytes past
-// a page boundary). Rows in such a buffer start mid-line, so each 64-byte vector load or AMX
+// malloc, and std::vector of ordinary element types, hand out 16-byte alignment (glibc's
+// large blocks sit 16 bytes past a page boundary). Rows in such a buffer start mid-line
+// (where a row's bytes are a multiple of 64, every row), so each 64-byte vector load or AMX
 // tile row touches two cache lines: a 512-token prefill step of the default model, whose
 // intermediates live in one such buffer, ran ~1.2x slower than with the same buffer
 // 64-byte aligned (Intel Xeon with AMX), and a buffer's placement differed from process to
