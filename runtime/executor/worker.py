@@ -28,6 +28,7 @@ from radix_cache import ReqToTokenTable
 from runtime.capacity import available_memory_bytes
 from runtime.config import MIN_KV_TOKENS, ServerArgs
 from runtime.distributed import NO_TP, TPInfo, split_range
+from runtime.executor.compute_threads import ComputeThreads, available_cores
 from runtime.executor.cuda_graph_runner import CudaGraphRunner
 from runtime.executor.device_req_to_token import DeviceReqToToken
 from runtime.executor.kv_pool import KVPool
@@ -131,6 +132,11 @@ class ModelWorker:
         # scheduler's own table is read directly.
         self.device_table = DeviceReqToToken(self.req_to_token.table, self.device) if self._on_cuda else None
         self.graph_runner = self._build_graph_runner(cfg.hidden_size)
+        # Fewer compute threads while other processes keep cores busy (compute_threads.py),
+        # unless --num-threads fixed the count.
+        adaptive = self.device == "cpu" and args.num_threads is None and self.tp.size == 1
+        self.compute_threads = (ComputeThreads(torch.get_num_threads(), available_cores())
+                                if adaptive and torch.get_num_threads() > 1 else None)
         self.default_generator = torch.Generator().manual_seed(args.random_seed)
         # Off the CPU, a step whose requests all sample plainly greedily picks its tokens on
         # the device and copies back only their ids (not [batch, vocab] float32 logits).
@@ -237,6 +243,8 @@ class ModelWorker:
     @torch.inference_mode()
     def run(self, inp: ModelInput) -> BatchResult:
         """One step: the forward, then sampling and logprobs where ``inp`` asks for them."""
+        if self.compute_threads is not None:
+            self.compute_threads.update()
         if self.greedy_on_device and plain_greedy(inp):
             return self._greedy_ids(inp, self.argmax(self.device_logits(inp)).tolist())
         return self._postprocess(inp, self.forward(inp))

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import os
 import shlex
 from dataclasses import dataclass
 
 from runtime.arg_fields import cli_flags
 from runtime.capacity import available_memory_bytes, kv_bytes_per_token, model_config, weight_bytes
 from runtime.config import MIN_KV_TOKENS, ServerArgs
+from runtime.executor.compute_threads import available_cores
 from runtime.serve_args import DataParallelArgs, HttpArgs
 from runtime.server.orphan_guard import guarded_command
 
@@ -57,10 +57,6 @@ class Replica:
 
 def gateway_installed() -> bool:
     return importlib.util.find_spec("sglang_router") is not None
-
-
-def available_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def plan_replicas(args: ServerArgs, http: HttpArgs, dp: DataParallelArgs, ports: list[int]) -> list[Replica]:

@@ -34,13 +34,13 @@ from typing import IO
 import httpx
 
 from runtime.config import ServerArgs
+from runtime.executor.compute_threads import available_cores
 from runtime.serve_args import DataParallelArgs, HttpArgs
 from runtime.server import orphan_guard
 from runtime.server.data_parallel import (
     INSTALL_HINT,
     REPLICA_HOST,
     Replica,
-    available_cores,
     check_router_args,
     gateway_command,
     gateway_installed,
