@@ -145,9 +145,10 @@ class ServerArgs:
         aliases=["--tp", "--tensor-parallel-size"],
     )
     num_threads: int | None = flag_field(
-        None, "CPU threads for torch (default: torch's own choice, usually one per core, one fewer for each "
-        "core other processes keep busy, measured every 0.5 s; with --tp-size N, cores / N per rank). "
-        "Giving a number fixes the count."
+        None, "CPU threads for torch (default: torch's own choice, usually one per core; a server on CPU "
+        "with one rank and the compiled kernels then computes on one fewer for each core other processes keep "
+        "busy, measured every 0.5 s; with --tp-size N, cores / N per rank). Giving a number (or "
+        "OMP_NUM_THREADS) fixes the count."
     )
     log_level: str = flag_field(
         "info",

@@ -28,7 +28,7 @@ from radix_cache import ReqToTokenTable
 from runtime.capacity import available_memory_bytes
 from runtime.config import MIN_KV_TOKENS, ServerArgs
 from runtime.distributed import NO_TP, TPInfo, split_range
-from runtime.executor.compute_threads import ComputeThreads, available_cores
+from runtime.executor.compute_threads import ComputeThreads
 from runtime.executor.cuda_graph_runner import CudaGraphRunner
 from runtime.executor.device_req_to_token import DeviceReqToToken
 from runtime.executor.kv_pool import KVPool
@@ -132,11 +132,9 @@ class ModelWorker:
         # scheduler's own table is read directly.
         self.device_table = DeviceReqToToken(self.req_to_token.table, self.device) if self._on_cuda else None
         self.graph_runner = self._build_graph_runner(cfg.hidden_size)
-        # Fewer compute threads while other processes keep cores busy (compute_threads.py),
-        # unless --num-threads fixed the count.
-        adaptive = self.device == "cpu" and args.num_threads is None and self.tp.size == 1
-        self.compute_threads = (ComputeThreads(torch.get_num_threads(), available_cores())
-                                if adaptive and torch.get_num_threads() > 1 else None)
+        # Fewer compute threads while other processes keep cores busy: set by the server's
+        # scheduler process where that applies (compute_threads.adapts); run() asks it.
+        self.compute_threads: ComputeThreads | None = None
         self.default_generator = torch.Generator().manual_seed(args.random_seed)
         # Off the CPU, a step whose requests all sample plainly greedily picks its tokens on
         # the device and copies back only their ids (not [batch, vocab] float32 logits).

@@ -19,6 +19,7 @@ import zmq
 
 from runtime import ipc
 from runtime.config import ServerArgs
+from runtime.executor import compute_threads
 from runtime.ipc.messages import (
     AbortReq,
     BatchTokenOut,
@@ -164,6 +165,8 @@ def run_scheduler_process(args: ServerArgs, model_dir: str, recv_from: str, send
         time.sleep(0.2)  # let the message leave
         raise SystemExit(1) from err
     worker = core.worker
+    if compute_threads.adapts(args, worker):
+        worker.compute_threads = compute_threads.ComputeThreads(torch.get_num_threads(), compute_threads.available_cores())
     info = {
         "max_context_len": worker.max_context_len,
         "max_total_tokens": core.scheduler.allocator.capacity,
