@@ -60,14 +60,17 @@ def available_cores() -> int:
 def machine_busy_seconds(cpus: set[int] | None = None, stat: str = "/proc/stat") -> float | None:
     """Seconds of CPU time ``cpus`` (default: those this process may run on) have spent busy
     since boot: user, nice, system, irq, softirq and steal (guest time is inside user and
-    nice already); None where ``stat`` cannot be read."""
+    nice already); None where ``stat`` cannot be read. The cpu lines come first (proc(5)):
+    the reading stops at the next line (``intr``, thousands of counters on a large machine)."""
     cpus = _own_cpus() if cpus is None else cpus
     busy = 0
     try:
         with open(stat) as f:
             for line in f:
+                if not line.startswith("cpu"):
+                    break
                 name, *values = line.split()
-                if not name.startswith("cpu") or name == "cpu" or (cpus is not None and int(name[3:]) not in cpus):
+                if name == "cpu" or (cpus is not None and int(name[3:]) not in cpus):
                     continue
                 user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in (values + ["0"] * 8)[:8])
                 busy += user + nice + system + irq + softirq + steal
@@ -83,10 +86,6 @@ def adapts(args: ServerArgs, worker: ModelWorker) -> bool:
     threads = torch.get_num_threads()
     return (args.resolved_device == "cpu" and args.num_threads is None and "OMP_NUM_THREADS" not in os.environ
             and worker.tp.size == 1 and worker.model.compiled_layers is not None and 1 < threads <= available_cores())
-
-
-def own_cpu_seconds() -> float:
-    return time.process_time()
 
 
 def threads_for(others: float, cores: int, most: int, current: int) -> int:
@@ -106,7 +105,7 @@ class ComputeThreads:
     torch's thread count (which the CPU kernels use) and logs it."""
 
     def __init__(self, most: int, cores: int, busy: Callable[[], float | None] = machine_busy_seconds,
-                 own: Callable[[], float] = own_cpu_seconds, clock: Callable[[], float] = time.monotonic) -> None:
+                 own: Callable[[], float] = time.process_time, clock: Callable[[], float] = time.monotonic) -> None:
         self.most, self.cores, self.current = most, cores, most
         self._busy, self._own, self._clock = busy, own, clock
         self._last = self._sample()
