@@ -153,13 +153,15 @@ def test_bad_inputs_to_the_f32_kernel_raise():
         linear_f32.pack(torch.randn(40, 6).bfloat16())
 
 
-@pytest.mark.parametrize("rows", [1, 15, 16, 17, 31, 32, 33, 95, 450])
+@pytest.mark.parametrize("rows", [1, 15, 16, 17, 31, 32, 33, 40, 48, 49, 95, 450])
 @pytest.mark.parametrize("in_features", [32, 577])
 def test_amx_kernel_row_blocks(rows, in_features):
     """The AMX kernel's row handling: one padded tile (< 16 rows), a padded pair of tiles
-    (< 32), whole 32-row blocks, a last block that overlaps the one before it, and more rows
-    than one pass over the weights keeps in L2 (577 inputs: 416 rows a pass), read in place
-    (32 inputs) or from a zero-padded copy (577); inputs strided, with a bias."""
+    (< 32), whole 32-row blocks, a last block of one tile row (33, 40: overlapping the block
+    before it; 48: not) or two (49, 95: overlapping), and more rows than one pass over the
+    weights keeps in L2 (577 inputs: 416 rows a pass), read in place (32 inputs) or from a
+    zero-padded copy (577); inputs strided, with a bias, over three panels (each block asks
+    for the next panel ahead, the last one for none)."""
     _skip_without("amx")
     gen = torch.Generator().manual_seed(rows + in_features)
     weight = torch.randn(70, in_features, generator=gen).bfloat16()
