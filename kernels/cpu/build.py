@@ -150,6 +150,8 @@ _PLAIN_SIGNATURES = {
     "paged_attention_last_grouped_tokens": ([], _I64),
     "paged_attention_last_shared_on_tiles": ([], _I64),
     "linear_amx": ([_P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _INT], _INT),
+    "linear_amx_silu_mul": ([_P, _I64, _I64, _I64, _P, _I64, _P, _I64, _INT], _INT),
+    "linear_bf16_silu_mul": ([_P, _I64, _I64, _I64, _P, _I64, _P, _I64, _INT], _INT),
     "probe_read": ([_P, _I64, _INT], ctypes.c_uint64),
     "probe_bf16_dots": ([_I64, _INT, _P], _INT),
     "probe_f32_fmas": ([_I64, _INT, _P], _INT),

@@ -7,7 +7,7 @@
 //   qkv = h W_qkv^T (+ bias); rotary on q, k; store k, v at the step's slots
 //   a = paged attention of q over the layer's pool; x_attn = a W_o^T
 //   h = rms_norm(x_attn + residual)
-//   x = silu_and_mul(h W_gate_up^T) W_down^T
+//   x = silu_and_mul(h W_gate_up^T) W_down^T       (on AMX tiles in one kernel, same bits)
 // What it saves is the Python between them: on 2 cores the ~300 wrapper and module calls
 // of a decode step cost about as much as the batch-1 step's attention, norms and
 // activations together. The intermediate tensors live in one buffer, kept for the next call.
@@ -38,6 +38,7 @@ struct Kernels<Bf16> {
     static constexpr auto store_kv = store_kv_bf16;
     static constexpr auto silu_and_mul = silu_and_mul_bf16;
     static constexpr auto linear = linear_bf16;
+    static constexpr auto gate_up_silu = linear_bf16_silu_mul;
 };
 template <>
 struct Kernels<float> {
@@ -47,6 +48,10 @@ struct Kernels<float> {
     static constexpr auto store_kv = store_kv_f32;
     static constexpr auto silu_and_mul = silu_and_mul_f32;
     static constexpr auto linear = linear_f32;
+    // No fused form: always "not done" (the caller runs linear, then silu_and_mul).
+    static int gate_up_silu(const float *, int64_t, int64_t, int64_t, const float *, int64_t, float *, int64_t, int) {
+        return 1;
+    }
 };
 
 // The model's sizes and shared tables (field order as in the Python ctypes structure).
@@ -148,9 +153,13 @@ static int decoder_layers(const DecoderShape *shape, const DecoderLayer<T> *laye
         // x_out holds the attention block's output until the MLP overwrites it.
         K::linear(attn, t, q_size, q_size, w.o, s.hidden, nullptr, x_out, s.hidden, threads);
         K::rms_norm(x_out, residual, w.post_norm, h, t, s.hidden, s.eps, threads);
-        K::linear(h, t, s.hidden, s.hidden, w.gate_up, 2 * s.intermediate, nullptr, gate_up, 2 * s.intermediate,
-                  threads);
-        K::silu_and_mul(gate_up, act, t, s.intermediate, threads);
+        // On AMX tiles the activation comes straight from the gate-up product's tiles
+        // (linear_amx_silu_mul); elsewhere the product, then silu_and_mul. Same bits.
+        if (K::gate_up_silu(h, t, s.hidden, s.hidden, w.gate_up, s.intermediate, act, s.intermediate, threads) != 0) {
+            K::linear(h, t, s.hidden, s.hidden, w.gate_up, 2 * s.intermediate, nullptr, gate_up, 2 * s.intermediate,
+                      threads);
+            K::silu_and_mul(gate_up, act, t, s.intermediate, threads);
+        }
         K::linear(act, t, s.intermediate, s.intermediate, w.down, s.hidden, nullptr, x_out, s.hidden, threads);
     }
     return status;

@@ -127,13 +127,8 @@ void silu_and_mul(const T *gate_up, T *out, int64_t rows, int64_t width, int thr
         int64_t d = 0;
 #if defined(FORKSERVE_AVX512_BF16)
         if constexpr (std::is_same_v<T, Bf16>) {  // 16 at a time with exp16; the rest below
-            for (; d + 16 <= width; d += 16) {
-                const __m512 g = load16(gate + d);
-                const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
-                const __m256i silu = (__m256i)_mm512_cvtneps_pbh(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), e)));
-                const __m512 product = _mm512_mul_ps(widen16(silu), load16(up + d));
-                _mm256_storeu_si256(reinterpret_cast<__m256i *>(o + d), (__m256i)_mm512_cvtneps_pbh(product));
-            }
+            for (; d + 16 <= width; d += 16)
+                _mm256_storeu_si256(reinterpret_cast<__m256i *>(o + d), silu_mul16(load16(gate + d), load16(up + d)));
         }
 #endif
 #pragma omp simd

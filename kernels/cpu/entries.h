@@ -36,6 +36,12 @@ int linear_amx(const forkserve::Bf16 *x, int64_t rows, int64_t in_features, int6
 int linear_bf16(const forkserve::Bf16 *x, int64_t rows, int64_t in_features, int64_t x_stride, const uint16_t *packed,
                 int64_t out_features, const forkserve::Bf16 *bias, forkserve::Bf16 *out, int64_t out_stride,
                 int num_threads);
+int linear_amx_silu_mul(const forkserve::Bf16 *x, int64_t rows, int64_t in_features, int64_t x_stride,
+                        const uint16_t *packed, int64_t width, forkserve::Bf16 *out, int64_t out_stride,
+                        int num_threads);
+int linear_bf16_silu_mul(const forkserve::Bf16 *x, int64_t rows, int64_t in_features, int64_t x_stride,
+                         const uint16_t *packed, int64_t width, forkserve::Bf16 *out, int64_t out_stride,
+                         int num_threads);
 // The float32 ones that decoder_layers.cpp calls.
 void rms_norm_f32(const float *x, float *residual, const float *weight, float *out, int64_t rows, int64_t hidden,
                   float eps, int threads);

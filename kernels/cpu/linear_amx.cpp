@@ -86,6 +86,10 @@ struct AmxGemm {
     const Bf16 *bias;
     Bf16 *out;
     int64_t out_stride;
+    // 0: out = the product (+ bias). Else out_features = 2 * silu_width (the gate columns,
+    // then the up columns, of the MLP's fused gate-up projection), a multiple of 64, no
+    // bias, and out = silu(gate) * up, silu_width wide (linear_amx_silu_mul).
+    int64_t silu_width;
 };
 
 // Accumulates rows [0, 32) (or [0, 16) when TWO_ROW_TILES is false) of `a` times panel
@@ -139,6 +143,21 @@ void store_block(const AmxGemm &g, const float *c, int64_t row0, int64_t n, int6
     }
 }
 
+// As store_block for a product's gate panel p and its up panel: both rounded to bfloat16 (as
+// store_block would store them), then silu(gate) * up (silu_mul16, as silu_and_mul) into
+// columns [32 p, 32 p + 32) of out.
+void store_silu_block(const AmxGemm &g, const float *gate, const float *up, int64_t row0, int64_t n,
+                      int64_t first_row_in_c, int64_t p) {
+    auto rounded = [](const float *v) { return widen16((__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(v))); };
+    for (int64_t m = 0; m < n; m++) {
+        const int64_t at = (first_row_in_c + m) * kPanel;
+        Bf16 *dst = g.out + (row0 + m) * g.out_stride + p * kPanel;
+        for (int64_t half = 0; half < kPanel; half += 16)
+            _mm256_storeu_si256(reinterpret_cast<__m256i *>(dst + half),
+                                silu_mul16(rounded(gate + at + half), rounded(up + at + half)));
+    }
+}
+
 // Rows per pass over a thread's panels: the pass's inputs stay in L2 while each panel
 // (then in L1/L2) is multiplied against them.
 int64_t rows_per_pass(int64_t k_tiles) {
@@ -147,9 +166,13 @@ int64_t rows_per_pass(int64_t k_tiles) {
 }
 
 void amx_gemm(const AmxGemm &g, int num_threads) {
-    const int64_t panels = (g.out_features + kPanel - 1) / kPanel, width = g.k_tiles * kTileK;
+    const int64_t width = g.k_tiles * kTileK;
     const int64_t a_stride_bytes = g.x_stride * 2, pass = rows_per_pass(g.k_tiles);
     const int64_t panel_elems = g.panel_pairs * 2 * kPanel, panel_bytes = 2 * panel_elems;
+    // The threads share out panels; with silu, gate panels, each with its up panel.
+    const bool silu = g.silu_width > 0;
+    const int64_t up_offset = g.silu_width / kPanel * panel_elems;  // a gate panel's up panel, elements on
+    const int64_t panels = silu ? g.silu_width / kPanel : (g.out_features + kPanel - 1) / kPanel;
     // Fewer than 32 rows: a zero-padded copy of the rows, 16 or 32 of them.
     forkserve::AlignedVector<Bf16> small;
     const Bf16 *x = g.x;
@@ -167,12 +190,21 @@ void amx_gemm(const AmxGemm &g, int num_threads) {
 #pragma omp parallel num_threads(num_threads)
     {
         load_tile_config();
-        alignas(64) float c[kBlockRows * kPanel];
+        alignas(64) float c[kBlockRows * kPanel], c_up[kBlockRows * kPanel];
         passes.run(omp_get_thread_num(), [&](int64_t p, const RowTile *blocks, int64_t count) {
             const uint16_t *panel = g.packed + p * panel_elems;
+            // One block of `height` (16 or 32) rows from `a` on: the panel's product (and with
+            // silu its up panel's), then rows [row0, row0 + n) of it, from its row `first`, out.
+            auto run = [&](int64_t height, const Bf16 *a, int64_t stride_bytes, int64_t row0, int64_t n, int64_t first,
+                           Prefetch ahead, Prefetch ahead_up) {
+                const auto multiply = height == kTileRows ? block<false> : block<true>;
+                multiply(a, stride_bytes, panel, g.k_tiles, c, ahead);
+                if (!silu) return store_block(g, c, row0, n, first, p);
+                multiply(a, stride_bytes, panel + up_offset, g.k_tiles, c_up, ahead_up);
+                store_silu_block(g, c, c_up, row0, n, first, p);
+            };
             if (g.rows < kBlockRows) {  // one block of the padded copy: one row of tiles, or two
-                (g.rows <= kTileRows ? block<false> : block<true>)(x, small_stride_bytes, panel, g.k_tiles, c, {});
-                store_block(g, c, 0, g.rows, 0, p);
+                run(g.rows <= kTileRows ? kTileRows : kBlockRows, x, small_stride_bytes, 0, g.rows, 0, {}, {});
                 return;
             }
             // The next panel (this thread's likely next one), in shares, one per block.
@@ -185,16 +217,32 @@ void amx_gemm(const AmxGemm &g, int num_threads) {
                 const int64_t r = blocks[i].start, n = blocks[i].n;
                 const int64_t height = n <= kTileRows ? kTileRows : kBlockRows;
                 const int64_t start = r + height <= g.rows ? r : g.rows - height;
-                Prefetch prefetch;
-                if (next != nullptr && share > 0 && i * share < panel_bytes)
-                    prefetch = {next + i * share, panel_bytes - i * share < share ? panel_bytes - i * share : share};
-                (height == kTileRows ? block<false> : block<true>)(x + start * g.x_stride, a_stride_bytes, panel,
-                                                                    g.k_tiles, c, prefetch);
-                store_block(g, c, r, n, r - start, p);
+                Prefetch ahead, ahead_up;
+                if (next != nullptr && share > 0 && i * share < panel_bytes) {
+                    const int64_t bytes = panel_bytes - i * share < share ? panel_bytes - i * share : share;
+                    ahead = {next + i * share, bytes};
+                    ahead_up = {next + 2 * up_offset + i * share, bytes};
+                }
+                run(height, x + start * g.x_stride, a_stride_bytes, r, n, r - start, ahead, ahead_up);
             }
         });
         TILE_RELEASE();
     }
+}
+
+// The entries' shared part: x padded with zeros to whole tiles where in_features needs it.
+void padded_gemm(AmxGemm g, int64_t in_features, int num_threads) {
+    forkserve::AlignedVector<Bf16> padded;
+    if (in_features % kTileK != 0) {  // rows padded with zeros to whole tiles
+        const int64_t width = g.k_tiles * kTileK;
+        padded.assign(static_cast<size_t>(g.rows * width), Bf16{0});
+#pragma omp parallel for num_threads(num_threads)
+        for (int64_t m = 0; m < g.rows; m++)
+            std::memcpy(&padded[m * width], g.x + m * g.x_stride, 2 * static_cast<size_t>(in_features));
+        g.x = padded.data();
+        g.x_stride = width;
+    }
+    if (g.rows > 0) amx_gemm(g, num_threads);
 }
 
 #endif
@@ -224,21 +272,36 @@ int linear_amx(const forkserve::Bf16 *x, int64_t rows, int64_t in_features, int6
 #if defined(FORKSERVE_AMX_KERNELS)
     if (!linear_amx_available()) return 1;
     const int64_t k_tiles = (in_features + kTileK - 1) / kTileK, panel_pairs = k_tiles * kTileK / 2;
-    AmxGemm g{x, x_stride, rows, k_tiles, packed, panel_pairs, out_features, bias, out, out_stride};
-    forkserve::AlignedVector<Bf16> padded;
-    if (in_features % kTileK != 0) {  // rows padded with zeros to whole tiles
-        const int64_t width = k_tiles * kTileK;
-        padded.assign(static_cast<size_t>(rows * width), Bf16{0});
-#pragma omp parallel for num_threads(num_threads)
-        for (int64_t m = 0; m < rows; m++) std::memcpy(&padded[m * width], x + m * x_stride, 2 * static_cast<size_t>(in_features));
-        g.x = padded.data();
-        g.x_stride = width;
-    }
-    if (rows > 0) amx_gemm(g, num_threads);
+    padded_gemm({x, x_stride, rows, k_tiles, packed, panel_pairs, out_features, bias, out, out_stride, 0}, in_features,
+                num_threads);
     return 0;
 #else
     (void)x, (void)rows, (void)in_features, (void)x_stride, (void)packed, (void)out_features, (void)bias, (void)out,
         (void)out_stride, (void)num_threads;
+    return 1;
+#endif
+}
+
+// The MLP's middle straight from the tiles: out[rows, width] = silu(gate) * up, where the
+// packed weight is the fused gate-up projection (2 * width outputs: gate, then up) and
+// gate, up its product with x. The same bits as linear_amx then silu_and_mul_bf16, without
+// the gate-up rows in memory and the second pass over them: each thread multiplies a gate
+// panel and its up panel (width / 32 panels on) for the same rows and applies silu_mul16
+// (simd.h) to the two blocks of sums while they are in L1, and the vector units' work for
+// the activation overlaps the tiles' for the next block. Returns 0, or 1 when unavailable
+// or width is not a multiple of 32 (then the caller runs the two).
+int linear_amx_silu_mul(const forkserve::Bf16 *x, int64_t rows, int64_t in_features, int64_t x_stride,
+                        const uint16_t *packed, int64_t width, forkserve::Bf16 *out, int64_t out_stride,
+                        int num_threads) {
+#if defined(FORKSERVE_AMX_KERNELS)
+    if (!linear_amx_available() || width <= 0 || width % kPanel != 0) return 1;
+    const int64_t k_tiles = (in_features + kTileK - 1) / kTileK, panel_pairs = k_tiles * kTileK / 2;
+    padded_gemm({x, x_stride, rows, k_tiles, packed, panel_pairs, 2 * width, nullptr, out, out_stride, width},
+                in_features, num_threads);
+    return 0;
+#else
+    (void)x, (void)rows, (void)in_features, (void)x_stride, (void)packed, (void)width, (void)out, (void)out_stride,
+        (void)num_threads;
     return 1;
 #endif
 }

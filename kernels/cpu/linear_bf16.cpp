@@ -335,4 +335,14 @@ int linear_bf16(const forkserve::Bf16 *x, int64_t rows, int64_t in_features, int
                               num_threads);
 }
 
+// silu(gate) * up of the MLP's fused gate-up product (linear_amx_silu_mul) where linear_bf16
+// would multiply on AMX tiles. Returns 0, or 1 where it would not or cannot (then the caller
+// runs linear_bf16 and silu_and_mul_bf16, which give the same bits).
+int linear_bf16_silu_mul(const forkserve::Bf16 *x, int64_t rows, int64_t in_features, int64_t x_stride,
+                         const uint16_t *packed, int64_t width, forkserve::Bf16 *out, int64_t out_stride,
+                         int num_threads) {
+    if (rows < amx_min_rows || !linear_amx_available()) return 1;
+    return linear_amx_silu_mul(x, rows, in_features, x_stride, packed, width, out, out_stride, num_threads);
+}
+
 }  // extern "C"

@@ -116,3 +116,19 @@ inline void transpose16(__m512i r[16]) {
 
 }  // namespace forkserve
 #endif
+
+#if defined(FORKSERVE_AVX512_BF16)
+namespace forkserve {
+
+// The MLP's silu(gate) * up for 16 lanes of bfloat16 values (as float32), as PyTorch's
+// bfloat16 layers give it: silu rounded to bfloat16, the product rounded again (returned
+// as 16 bfloat16). The one definition for silu_and_mul (elementwise.cpp) and the GEMM that
+// applies it to its own tiles (linear_amx.cpp), so that both give the same bits.
+inline __m256i silu_mul16(__m512 gate, __m512 up) {
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gate));
+    const __m256i silu = (__m256i)_mm512_cvtneps_pbh(_mm512_div_ps(gate, _mm512_add_ps(_mm512_set1_ps(1.f), e)));
+    return (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(widen16(silu), up));
+}
+
+}  // namespace forkserve
+#endif
