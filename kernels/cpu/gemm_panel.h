@@ -21,6 +21,8 @@ struct PanelEpilogue {
     __mmask16 mask0, mask1;  // columns 0-15 and 16-31 that exist
     __m512 bias0, bias1;     // zeros without a bias
 
+    PanelEpilogue() = default;  // to be assigned before use
+
     // Columns [col0, col0 + 32) of an out_features-wide output; bias may be null.
     PanelEpilogue(const Bf16 *bias, int64_t out_features, int64_t col0) {
         const int64_t cols = out_features - col0 < kPanel ? out_features - col0 : kPanel;
