@@ -124,9 +124,16 @@ namespace forkserve {
 // bfloat16 layers give it: silu rounded to bfloat16, the product rounded again (returned
 // as 16 bfloat16). The one definition for silu_and_mul (elementwise.cpp) and the GEMM that
 // applies it to its own tiles (linear_amx.cpp), so that both give the same bits.
+// The division is a true one (the rounding-mode form, which -ffast-math leaves alone): as
+// a / b, GCC computed a * rcp14(b) refined by Newton, and for gate < ~-87 1 / (1 + e^-gate)
+// is subnormal, so the result hung on the calling thread's denormal handling (MXCSR),
+// which is not the same on every thread of a process: after a oneDNN product, one element
+// in ~15,000 differed between two kernels that split the rows among threads differently.
 inline __m256i silu_mul16(__m512 gate, __m512 up) {
     const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gate));
-    const __m256i silu = (__m256i)_mm512_cvtneps_pbh(_mm512_div_ps(gate, _mm512_add_ps(_mm512_set1_ps(1.f), e)));
+    const __m512 silu_f32 = _mm512_div_round_ps(gate, _mm512_add_ps(_mm512_set1_ps(1.f), e),
+                                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256i silu = (__m256i)_mm512_cvtneps_pbh(silu_f32);
     return (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(widen16(silu), up));
 }
 
