@@ -38,6 +38,7 @@
 #include <utility>
 #include <vector>
 
+#include "aligned.h"
 #include "amx.h"
 #include "bf16.h"
 #include "entries.h"
@@ -326,10 +327,12 @@ int extend_attention_amx_bf16(const forkserve::Bf16 *q, const forkserve::Bf16 *k
         key_words += kv_heads * blocks * 2 * kKeyTile;
         value_elems += kv_heads * blocks * kValueTile;
     }
-    // 64-byte aligned tile buffers for every request and KV head.
-    std::vector<__m512i> key_buf(static_cast<size_t>(key_words / 16)), value_buf(static_cast<size_t>(value_elems / 32));
-    int32_t *next_keys = reinterpret_cast<int32_t *>(key_buf.data());
-    Bf16 *next_values = reinterpret_cast<Bf16 *>(value_buf.data());
+    // Tile buffers for every request and KV head, on cache lines; pack_block writes every
+    // word of them (zero rows past a request's last key), so they are not zeroed first.
+    const forkserve::UninitializedBuffer<int32_t> key_buf(static_cast<size_t>(key_words));
+    const forkserve::UninitializedBuffer<Bf16> value_buf(static_cast<size_t>(value_elems));
+    int32_t *next_keys = key_buf.data();
+    Bf16 *next_values = value_buf.data();
     struct PackTask {
         int64_t req, h, block;
     };

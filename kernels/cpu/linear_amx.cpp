@@ -204,13 +204,14 @@ void amx_gemm(const AmxGemm &g, int num_threads) {
     const bool silu = g.silu_width > 0;
     const int64_t up_offset = g.silu_width / kPanel * panel_elems;  // a gate panel's up panel, elements on
     const int64_t panels = silu ? g.silu_width / kPanel : (g.out_features + kPanel - 1) / kPanel;
-    // Fewer than 32 rows: a zero-padded copy of the rows, 16 or 32 of them.
-    forkserve::AlignedVector<Bf16> small;
+    // Fewer than 32 rows: a copy of the rows, zeros below them to 16 or 32 rows.
+    const int64_t small_rows = g.rows < kBlockRows ? (g.rows <= kTileRows ? kTileRows : kBlockRows) : 0;
+    const forkserve::UninitializedBuffer<Bf16> small(static_cast<size_t>(small_rows * width));
     const Bf16 *x = g.x;
     int64_t small_stride_bytes = a_stride_bytes;
-    if (g.rows < kBlockRows) {
-        small.assign(static_cast<size_t>(kBlockRows * width), Bf16{0});
-        for (int64_t m = 0; m < g.rows; m++) std::memcpy(&small[m * width], x + m * g.x_stride, 2 * static_cast<size_t>(width));
+    if (small_rows > 0) {
+        for (int64_t m = 0; m < g.rows; m++) std::memcpy(small.data() + m * width, x + m * g.x_stride, 2 * static_cast<size_t>(width));
+        std::memset(static_cast<void *>(small.data() + g.rows * width), 0, 2 * static_cast<size_t>((small_rows - g.rows) * width));
         x = small.data();
         small_stride_bytes = width * 2;
     }
