@@ -32,8 +32,10 @@ class SlotAllocator:
         self.num_slots = num_slots
         self._is_free = torch.ones(num_slots, dtype=torch.bool)
         self._is_free[0] = False
-        # Freed slots are kept as a list of chunks and merged only when an alloc needs them:
-        # eviction frees many small runs, and concatenating on every free would be quadratic.
+        # Free slots as a stack of chunks: a free pushes its slots as one chunk, an alloc takes
+        # from the top (the most recently freed first) and copies only what it hands out.
+        # (Merging all chunks on the first alloc after a free copied the whole free list, ~46k
+        # slots for the default pool: ~1% of a busy scheduler's time.)
         self._free_chunks: list[torch.Tensor] = [torch.arange(1, num_slots, dtype=torch.int64)]
         self._available = num_slots - 1
 
@@ -51,10 +53,18 @@ class SlotAllocator:
             raise ValueError(f"alloc size must be a non-negative integer, got {n!r}")
         if n > self._available:
             return None
-        if len(self._free_chunks) > 1:
-            self._free_chunks = [torch.cat(self._free_chunks)]
-        pool = self._free_chunks[0]
-        out, self._free_chunks[0] = pool[:n], pool[n:]
+        taken: list[torch.Tensor] = []
+        need = n
+        while need > 0:
+            top = self._free_chunks[-1]
+            if top.numel() <= need:
+                taken.append(self._free_chunks.pop())
+                need -= top.numel()
+            else:
+                taken.append(top[:need])
+                self._free_chunks[-1] = top[need:]
+                need = 0
+        out = taken[0] if len(taken) == 1 else torch.cat(taken) if taken else torch.empty(0, dtype=torch.int64)
         self._is_free[out] = False
         self._available -= n
         return out
