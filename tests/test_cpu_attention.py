@@ -22,6 +22,7 @@ from kernels.cpu.paged_attention import (  # noqa: E402
     PagedBatch,
     bf16_rows_on_avx2,
     last_grouped_tokens,
+    last_shared_extend_blocks,
     last_shared_on_tiles,
     paged_attention,
     shared_min_keys,
@@ -243,6 +244,47 @@ def _forked_decodes(groups, geometry, gen, extend=(), prepare=None):
     scale = 1 / math.sqrt(dim)
     want = _reference(q.float(), ks, vs, prefix, lengths, scale)
     return batch, paged_attention(q, k_cache, v_cache, batch, scale).float(), want
+
+
+def _extends_sharing_prefixes(groups, geometry, gen):
+    """Extend requests in groups (requests, shared keys, new tokens): a group's requests
+    begin with the same pool slots (its first ``shared`` keys), then 0-40 keys of their own,
+    then their new query tokens. Returns the kernel's output and the float32 reference's."""
+    heads, kv_heads, dim = geometry
+    prefix, lengths = [], []
+    for requests, shared, new in groups:
+        for _ in range(requests):
+            prefix.append(shared + int(torch.randint(0, 41, (1,), generator=gen)))
+            lengths.append(new)
+    seqs = [p + e for p, e in zip(prefix, lengths, strict=True)]
+    k_cache, v_cache, table, _, _ = _random_pool(seqs, kv_heads, dim, torch.bfloat16, gen)
+    row = 1
+    for requests, shared, _ in groups:
+        for member in range(row + 1, row + requests):
+            table[member, :shared] = table[row, :shared]
+        row += requests
+    q = torch.randn(sum(lengths), heads, dim, generator=gen).bfloat16()
+    ks = [k_cache[:, table[i + 1, :n]].transpose(0, 1).float() for i, n in enumerate(seqs)]
+    vs = [v_cache[:, table[i + 1, :n]].transpose(0, 1).float() for i, n in enumerate(seqs)]
+    batch = PagedBatch.build(table, torch.arange(1, len(seqs) + 1), prefix, lengths)
+    scale = 1 / math.sqrt(dim)
+    return paged_attention(q, k_cache, v_cache, batch, scale).float(), _reference(q.float(), ks, vs, prefix, lengths,
+                                                                                  scale)
+
+
+def test_extends_sharing_a_prefix_match_the_reference(kernel_build):
+    """Extends of requests whose first keys are the same pool slots (forks of one prompt
+    prefilling their next turns together): on AMX tiles each whole 32-key block of the
+    shared keys is packed once and read by every request of the group (the count says so),
+    and the output is the reference's: groups whose shared keys end mid-block, take a
+    whole number of blocks, or are shorter than one block, and one request alone."""
+    geometry = GEOMETRIES[1]
+    groups = [(3, 70, 20), (2, 96, 17), (1, 40, 33), (4, 20, 16), (2, 130, 40)]
+    got, want = _extends_sharing_prefixes(groups, geometry, torch.Generator().manual_seed(3))
+    torch.testing.assert_close(got, want, **TOLERANCE[torch.bfloat16])
+    if kernel_build in ("native", "native_amx_always") and gemm_choice.amx_available() and geometry[2] == 64:
+        # (requests - 1) x whole shared blocks per group: 2 x 2 + 1 x 3 + 0 + 0 + 1 x 4
+        assert last_shared_extend_blocks() == 11
 
 
 # Every geometry at the default group size; the default model's (3 query heads per KV head)

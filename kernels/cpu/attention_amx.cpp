@@ -6,9 +6,11 @@
 // second on; each tdpbf16ps does 8,192 multiply-adds.
 //
 // Per (request, KV head), the request's visible keys and values are first read once from
-// the pool through its slot table into tile layouts (phase 1):
+// the pool through its slot table into tile layouts (phase 1), 32 keys at a time:
 //   keys   [16-key block][32-dim tile][16 dim pairs][16 keys] int32 pairs (a B tile of q.k)
 //   values [32-key block][16-dim tile][16 key pairs][16 dims][2]          (a B tile of p.v)
+// A whole block of 32 keys at the same pool slots in several requests of the step (forks of
+// one prompt prefilling their next turns together) is packed once for all of them.
 // Then each task is 16 consecutive query tokens of one query head (phase 2), its queries
 // in tiles 4-5 (64 dims), its output accumulators in tiles 0-3 (16 tokens x 64 dims, float32)
 // for the whole pass over the keys, 32 keys at a time:
@@ -70,11 +72,13 @@ struct Extend {
 };
 
 // One request's part of the step: its query tokens start at q_start in the batch, the first
-// sees prefix + 1 keys; its packed keys and values (all KV heads) start at `keys`/`values`.
+// sees prefix + 1 keys; the packed tiles of its KV head h's 32-key block b are at
+// key_blocks / value_blocks[h * blocks32 + b] (its own, or an earlier request's where both
+// have the same 32 slots there).
 struct Request {
     int64_t q_start, tokens, prefix, blocks32;  // blocks32: 32-key blocks of its last token's keys
-    int32_t *keys;
-    Bf16 *values;
+    const int32_t *const *key_blocks;
+    const Bf16 *const *value_blocks;
 };
 
 // Phase 1: keys [k0, k0 + 32) of one request and KV head, from the pool into tile layouts.
@@ -230,11 +234,11 @@ void attend_tile(const Extend &e, const Request &r, int64_t t0, int64_t count, i
     }
     float seen[kQueryRows];  // keys row m sees (padding rows: as the last real row)
     for (int64_t m = 0; m < kQueryRows; m++) seen[m] = static_cast<float>(r.prefix + t0 + (m < count ? m : count - 1) + 1);
-    const int32_t *key_tiles = r.keys + h * r.blocks32 * 2 * kKeyTile;
-    const Bf16 *value_tiles = r.values + h * r.blocks32 * kValueTile;
+    const int32_t *const *key_blocks = r.key_blocks + h * r.blocks32;
+    const Bf16 *const *value_blocks = r.value_blocks + h * r.blocks32;
     TileRows rows;
     attend_packed(q, q_stride_bytes, seen, r.prefix + t0 + count, count, [&](int64_t k0) {
-        return std::make_pair(key_tiles + (k0 / 16) * kKeyTile, value_tiles + (k0 / kKeys) * kValueTile);
+        return std::make_pair(key_blocks[k0 / kKeys], value_blocks[k0 / kKeys]);
     }, e.scale, rows);
     for (int64_t m = 0; m < count; m++) {
         const __m512 inv = _mm512_set1_ps(rows.broken[m] ? std::numeric_limits<float>::quiet_NaN() : 1.f / rows.total[m]);
@@ -254,6 +258,9 @@ namespace forkserve {
 namespace {
 // Set by paged_attention_set_shared_on_tiles (tests turn it off to check the vector path).
 std::atomic<bool> shared_on_tiles{true};
+// Blocks the last extend_attention_amx_bf16 call read from another request's tiles (tests:
+// paged_attention_last_shared_extend_blocks).
+std::atomic<int64_t> last_shared_extend_blocks{0};
 }  // namespace
 
 bool attend_shared_amx(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, const Bf16 *v_cache,
@@ -303,6 +310,10 @@ bool attend_shared_amx(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, cons
 
 extern "C" {
 
+// How many 32-key blocks (all KV heads) the last AMX extend call took from an earlier
+// request of its step instead of packing them again (tests).
+int64_t paged_attention_last_shared_extend_blocks() { return forkserve::last_shared_extend_blocks.load(); }
+
 // Whether decode tokens' shared keys are attended on AMX tiles where the tiles are there (1,
 // the default) or on vectors (0); returns the previous setting.
 int64_t paged_attention_set_shared_on_tiles(int64_t on) {
@@ -320,21 +331,62 @@ int extend_attention_amx_bf16(const forkserve::Bf16 *q, const forkserve::Bf16 *k
 #if defined(FORKSERVE_AMX_KERNELS)
     if (dim != kDim || !linear_amx_available()) return 1;
     std::vector<Request> requests(static_cast<size_t>(num_reqs));
-    int64_t key_words = 0, value_elems = 0;
+    // Per request, where its blocks start in the (block, KV head) tables below.
+    std::vector<int64_t> first_block(static_cast<size_t>(num_reqs) + 1, 0);
     for (int64_t i = 0; i < num_reqs; i++) {
         const int64_t b = reqs[i], blocks = (prefix[b] + tokens[b] + kKeys - 1) / kKeys;
         requests[i] = {q_start[b], tokens[b], prefix[b], blocks, nullptr, nullptr};
-        key_words += kv_heads * blocks * 2 * kKeyTile;
-        value_elems += kv_heads * blocks * kValueTile;
+        first_block[i + 1] = first_block[i] + blocks;
     }
-    // Tile buffers for every request and KV head, on cache lines; pack_block writes every
-    // word of them (zero rows past a request's last key), so they are not zeroed first.
-    const forkserve::UninitializedBuffer<int32_t> key_buf(static_cast<size_t>(key_words));
-    const forkserve::UninitializedBuffer<Bf16> value_buf(static_cast<size_t>(value_elems));
-    int32_t *next_keys = key_buf.data();
-    Bf16 *next_values = value_buf.data();
+    // Blocks packed once for several requests: where two requests of the step have the same
+    // 32 slots for a whole block (forks of one prompt, calls of one conversation: their
+    // shared prefix), the later one reads the earlier one's tiles. Requests sharing a first
+    // block have the same first slot, so only those are compared, block by block from the
+    // first until their slots differ. owner[t]: the block whose tiles block t reads (itself
+    // when packed here).
+    const int64_t total_blocks = first_block[num_reqs];
+    std::vector<int64_t> owner(static_cast<size_t>(total_blocks));
+    for (int64_t t = 0; t < total_blocks; t++) owner[t] = t;
+    auto slots_of = [&](int64_t i) { return req_to_token + rows[reqs[i]] * r2t_stride; };
+    auto full_blocks = [&](int64_t i) { return (requests[i].prefix + requests[i].tokens) / kKeys; };
+    std::vector<std::pair<int64_t, int64_t>> by_first_slot;  // (first slot, request), whole first block
+    for (int64_t i = 0; i < num_reqs; i++)
+        if (full_blocks(i) > 0) by_first_slot.emplace_back(slots_of(i)[0], i);
+    std::sort(by_first_slot.begin(), by_first_slot.end());
+    for (size_t lo = 0, hi; lo < by_first_slot.size(); lo = hi) {
+        for (hi = lo + 1; hi < by_first_slot.size() && by_first_slot[hi].first == by_first_slot[lo].first; hi++) {
+        }
+        for (size_t a = lo + 1; a < hi; a++)  // each member against the earlier ones of its group
+            for (size_t m = lo; m < a; m++) {
+                const int64_t i = by_first_slot[a].second, j = by_first_slot[m].second;
+                const int64_t whole = std::min(full_blocks(i), full_blocks(j));
+                for (int64_t blk = 0; blk < whole; blk++) {
+                    if (std::memcmp(slots_of(i) + blk * kKeys, slots_of(j) + blk * kKeys, kKeys * sizeof(int64_t)) != 0)
+                        break;
+                    int64_t &mine = owner[first_block[i] + blk];
+                    if (mine == first_block[i] + blk) mine = owner[first_block[j] + blk];
+                }
+            }
+    }
+    int64_t shared_blocks = 0;
+    for (int64_t t = 0; t < total_blocks; t++) shared_blocks += owner[t] != t;
+    forkserve::last_shared_extend_blocks.store(shared_blocks, std::memory_order_relaxed);
+    // The blocks packed here, numbered in order (pack_index[t] for owner[t] == t), and their
+    // tile buffers on cache lines; pack_block writes every word of them (zero rows past a
+    // request's last key), so they are not zeroed first.
+    std::vector<int64_t> pack_index(static_cast<size_t>(total_blocks), -1);
+    int64_t num_packed = 0;
+    for (int64_t t = 0; t < total_blocks; t++)
+        if (owner[t] == t) pack_index[t] = num_packed++;
+    const forkserve::UninitializedBuffer<int32_t> key_buf(static_cast<size_t>(num_packed * kv_heads * 2 * kKeyTile));
+    const forkserve::UninitializedBuffer<Bf16> value_buf(static_cast<size_t>(num_packed * kv_heads * kValueTile));
+    auto key_tiles = [&](int64_t n, int64_t h) { return key_buf.data() + (n * kv_heads + h) * 2 * kKeyTile; };
+    auto value_tiles = [&](int64_t n, int64_t h) { return value_buf.data() + (n * kv_heads + h) * kValueTile; };
+    // Each request's tile pointers, by KV head then block (Request::key_blocks).
+    std::vector<const int32_t *> key_blocks(static_cast<size_t>(total_blocks * kv_heads));
+    std::vector<const Bf16 *> value_blocks(key_blocks.size());
     struct PackTask {
-        int64_t req, h, block;
+        int64_t req, block, n;  // the request's block, packed n-th
     };
     struct QueryTask {
         int64_t req, t0, count, head, keys;
@@ -343,12 +395,16 @@ int extend_attention_amx_bf16(const forkserve::Bf16 *q, const forkserve::Bf16 *k
     std::vector<QueryTask> queries;
     for (int64_t i = 0; i < num_reqs; i++) {
         Request &r = requests[i];
-        r.keys = next_keys;
-        r.values = next_values;
-        next_keys += kv_heads * r.blocks32 * 2 * kKeyTile;
-        next_values += kv_heads * r.blocks32 * kValueTile;
-        for (int64_t h = 0; h < kv_heads; h++)
-            for (int64_t blk = 0; blk < r.blocks32; blk++) packs.push_back({i, h, blk});
+        r.key_blocks = key_blocks.data() + first_block[i] * kv_heads;
+        r.value_blocks = value_blocks.data() + first_block[i] * kv_heads;
+        for (int64_t blk = 0; blk < r.blocks32; blk++) {
+            const int64_t t = first_block[i] + blk, n = pack_index[owner[t]];
+            if (owner[t] == t) packs.push_back({i, blk, n});
+            for (int64_t h = 0; h < kv_heads; h++) {
+                key_blocks[first_block[i] * kv_heads + h * r.blocks32 + blk] = key_tiles(n, h);
+                value_blocks[first_block[i] * kv_heads + h * r.blocks32 + blk] = value_tiles(n, h);
+            }
+        }
         for (int64_t t0 = 0; t0 < r.tokens; t0 += kQueryRows)
             for (int64_t head = 0; head < num_heads; head++) {
                 const int64_t count = r.tokens - t0 < kQueryRows ? r.tokens - t0 : kQueryRows;
@@ -358,18 +414,17 @@ int extend_attention_amx_bf16(const forkserve::Bf16 *q, const forkserve::Bf16 *k
     // The longest tasks first, so that the last ones to finish are short.
     std::stable_sort(queries.begin(), queries.end(), [](const QueryTask &a, const QueryTask &b) { return a.keys > b.keys; });
     const Extend e{q, out, num_heads, kv_heads, scale};
-    const int64_t num_packs = static_cast<int64_t>(packs.size()), num_queries = static_cast<int64_t>(queries.size());
+    const int64_t num_packs = static_cast<int64_t>(packs.size()) * kv_heads;
+    const int64_t num_queries = static_cast<int64_t>(queries.size());
 #pragma omp parallel num_threads(num_threads)
     {
 #pragma omp for schedule(static)
-        for (int64_t i = 0; i < num_packs; i++) {
-            const PackTask &t = packs[i];
+        for (int64_t i = 0; i < num_packs; i++) {  // (KV head, pack task), a head's blocks in order
+            const int64_t h = i / static_cast<int64_t>(packs.size());
+            const PackTask &t = packs[i % static_cast<int64_t>(packs.size())];
             const Request &r = requests[t.req];
-            const int64_t b = reqs[t.req];
-            pack_block(k_cache + t.h * num_slots * kDim, v_cache + t.h * num_slots * kDim,
-                       req_to_token + rows[b] * r2t_stride, r.prefix + r.tokens, t.block * kKeys,
-                       r.keys + (t.h * r.blocks32 + t.block) * 2 * kKeyTile,
-                       r.values + (t.h * r.blocks32 + t.block) * kValueTile);
+            pack_block(k_cache + h * num_slots * kDim, v_cache + h * num_slots * kDim, slots_of(t.req),
+                       r.prefix + r.tokens, t.block * kKeys, key_tiles(t.n, h), value_tiles(t.n, h));
         }
         load_tile_config();
 #pragma omp for schedule(dynamic, 1)

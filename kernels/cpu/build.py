@@ -149,6 +149,7 @@ _PLAIN_SIGNATURES = {
     "paged_attention_shared_groups": ([_I64, _P, _I64, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _P, _P], _I64),
     "paged_attention_last_grouped_tokens": ([], _I64),
     "paged_attention_last_shared_on_tiles": ([], _I64),
+    "paged_attention_last_shared_extend_blocks": ([], _I64),
     "linear_amx": ([_P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _INT], _INT),
     "linear_amx_silu_mul": ([_P, _I64, _I64, _I64, _P, _I64, _P, _I64, _INT], _INT),
     "linear_bf16_silu_mul": ([_P, _I64, _I64, _I64, _P, _I64, _P, _I64, _INT], _INT),

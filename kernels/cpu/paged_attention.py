@@ -192,6 +192,12 @@ def last_shared_on_tiles() -> int:
     return int(entry_checks.load_kernels().paged_attention_last_shared_on_tiles())
 
 
+def last_shared_extend_blocks() -> int:
+    """How many 32-key blocks the last AMX extend attention took from another request of its
+    step (the same slots) instead of packing them again."""
+    return int(entry_checks.load_kernels().paged_attention_last_shared_extend_blocks())
+
+
 def use_amx_grouping_thresholds() -> None:
     """Lower the decode-grouping thresholds to the AMX ones, for the rest of the process (one
     whose GEMMs run on AMX tiles)."""
