@@ -6,6 +6,10 @@ minutes on shared 2-core machines) hits both sides alike.
     python -m bench_agent.bench_kernel_ab --base HEAD~1
     python -m bench_agent.bench_kernel_ab --base 613896e --prefill 600 2000 --decode 1 16
     python -m bench_agent.bench_kernel_ab --base HEAD~1 --dtype float32   # AVX2-only CPUs
+    python -m bench_agent.bench_kernel_ab --base HEAD~1 --prefill 28 --cached 450 --forks 4 --decode
+
+With ``--forks F`` each prefill call is F requests on the same cached prefix, each with its
+own new tokens (forks of one prompt prefilling their next turns in one step).
 
 The base revision's ``kernels/cpu`` sources are compiled with this checkout's flags into a
 temporary library; only the decoder layers' entry point is swapped, so both sides share
@@ -110,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefill", type=int, nargs="*", default=[600], help="new prompt tokens per prefill call")
     ap.add_argument("--cached", type=int, default=240, help="cached prefix before each prefill (tokens)")
     ap.add_argument("--decode", type=int, nargs="*", default=[1, 16], help="batch sizes of decode runs")
+    ap.add_argument("--forks", type=positive_int, default=1,
+                    help="requests per prefill call, all on the same cached prefix (default: %(default)s)")
     ap.add_argument("--rounds", type=positive_int, default=8, help="calls per side and case (default: %(default)s)")
     ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
                     help="the model's dtype: bfloat16 layers need AVX512-BF16, float32 ones AVX2 and FMA "
@@ -140,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def prefill(n: int) -> float:
             r = random.Random(next(seed))
-            ids = prefix + [r.randrange(100, 40_000) for _ in range(n)]
+            ids = [prefix + [r.randrange(100, 40_000) for _ in range(n)] for _ in range(ns.forks)]
             t = time.perf_counter()
             engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 1, "temperature": 0})
             return time.perf_counter() - t
@@ -149,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
             r = random.Random(next(seed))
             return mean_decode_step(engine, [[r.randrange(100, 40_000) for _ in range(400)] for _ in range(bs)], 24)
 
-        cases = [(f"prefill {n} new tokens after {ns.cached} cached (ms)", prefill, n) for n in ns.prefill]
+        forks = f"{ns.forks} forks x " if ns.forks > 1 else ""
+        cases = [(f"prefill {forks}{n} new tokens after {ns.cached} cached (ms)", prefill, n) for n in ns.prefill]
         cases += [(f"decode step, batch {bs}, 400-token contexts (ms)", decode, bs) for bs in ns.decode]
         print(f"| case | this checkout | {ns.base} | {ns.base} / this checkout (middle half) |\n|---|---|---|---|")
         for label, fn, arg in cases:
