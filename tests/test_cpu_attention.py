@@ -246,23 +246,16 @@ def _forked_decodes(groups, geometry, gen, extend=(), prepare=None):
     return batch, paged_attention(q, k_cache, v_cache, batch, scale).float(), want
 
 
-def _extends_sharing_prefixes(groups, geometry, gen):
-    """Extend requests in groups (requests, shared keys, new tokens): a group's requests
-    begin with the same pool slots (its first ``shared`` keys), then 0-40 keys of their own,
-    then their new query tokens. Returns the kernel's output and the float32 reference's."""
+def _extends_on_shared_slots(prefix, lengths, copies, geometry, gen):
+    """Extend requests (``prefix`` cached keys, ``lengths`` new tokens each) whose table rows
+    start with the same pool slots where ``copies`` says so: (request, from request, keys)
+    gives the first one the second one's first ``keys`` slots. Returns the kernel's output
+    and the float32 reference's."""
     heads, kv_heads, dim = geometry
-    prefix, lengths = [], []
-    for requests, shared, new in groups:
-        for _ in range(requests):
-            prefix.append(shared + int(torch.randint(0, 41, (1,), generator=gen)))
-            lengths.append(new)
     seqs = [p + e for p, e in zip(prefix, lengths, strict=True)]
     k_cache, v_cache, table, _, _ = _random_pool(seqs, kv_heads, dim, torch.bfloat16, gen)
-    row = 1
-    for requests, shared, _ in groups:
-        for member in range(row + 1, row + requests):
-            table[member, :shared] = table[row, :shared]
-        row += requests
+    for to, source, keys in copies:
+        table[to + 1, :keys] = table[source + 1, :keys]
     q = torch.randn(sum(lengths), heads, dim, generator=gen).bfloat16()
     ks = [k_cache[:, table[i + 1, :n]].transpose(0, 1).float() for i, n in enumerate(seqs)]
     vs = [v_cache[:, table[i + 1, :n]].transpose(0, 1).float() for i, n in enumerate(seqs)]
@@ -272,19 +265,45 @@ def _extends_sharing_prefixes(groups, geometry, gen):
                                                                                   scale)
 
 
+def _amx_extends_here(kernel_build, geometry) -> bool:
+    return kernel_build in ("native", "native_amx_always") and gemm_choice.amx_available() and geometry[2] == 64
+
+
 def test_extends_sharing_a_prefix_match_the_reference(kernel_build):
     """Extends of requests whose first keys are the same pool slots (forks of one prompt
-    prefilling their next turns together): on AMX tiles each whole 32-key block of the
-    shared keys is packed once and read by every request of the group (the count says so),
-    and the output is the reference's: groups whose shared keys end mid-block, take a
-    whole number of blocks, or are shorter than one block, and one request alone."""
-    geometry = GEOMETRIES[1]
+    prefilling their next turns together), in groups (requests, shared keys, new tokens),
+    each request with 0-40 keys of its own after the shared ones: on AMX tiles each whole
+    32-key block of the shared keys is packed once and read by every request of the group
+    (the count says so), and the output is the reference's. Groups whose shared keys end
+    mid-block, take a whole number of blocks, or are shorter than one block, and one
+    request alone."""
+    geometry, gen = GEOMETRIES[1], torch.Generator().manual_seed(3)
     groups = [(3, 70, 20), (2, 96, 17), (1, 40, 33), (4, 20, 16), (2, 130, 40)]
-    got, want = _extends_sharing_prefixes(groups, geometry, torch.Generator().manual_seed(3))
+    prefix, lengths, copies = [], [], []
+    for requests, shared, new in groups:
+        first = len(prefix)
+        for member in range(requests):
+            prefix.append(shared + int(torch.randint(0, 41, (1,), generator=gen)))
+            lengths.append(new)
+            if member > 0:
+                copies.append((first + member, first, shared))
+    got, want = _extends_on_shared_slots(prefix, lengths, copies, geometry, gen)
     torch.testing.assert_close(got, want, **TOLERANCE[torch.bfloat16])
-    if kernel_build in ("native", "native_amx_always") and gemm_choice.amx_available() and geometry[2] == 64:
+    if _amx_extends_here(kernel_build, geometry):
         # (requests - 1) x whole shared blocks per group: 2 x 2 + 1 x 3 + 0 + 0 + 1 x 4
         assert last_shared_extend_blocks() == 11
+
+
+def test_extends_sharing_different_spans_with_different_requests(kernel_build):
+    """Three extends: B has A's first 64 keys, C has B's first 128 (so A's first 64 too). C
+    reads its first two blocks from A's tiles and the next two from B's: 2 + 4 blocks not
+    packed again, and the output is the reference's."""
+    geometry = GEOMETRIES[1]
+    got, want = _extends_on_shared_slots([150, 140, 160], [20, 18, 24], [(1, 0, 64), (2, 1, 128)], geometry,
+                                         torch.Generator().manual_seed(11))
+    torch.testing.assert_close(got, want, **TOLERANCE[torch.bfloat16])
+    if _amx_extends_here(kernel_build, geometry):
+        assert last_shared_extend_blocks() == 6
 
 
 # Every geometry at the default group size; the default model's (3 query heads per KV head)

@@ -181,15 +181,16 @@ def _fused_silu_mul(entry: str, x: torch.Tensor, packed: torch.Tensor, width: in
     return status, out
 
 
-@pytest.mark.parametrize("rows", [1, 15, 17, 33, 40, 95, 450])
+@pytest.mark.parametrize("rows", [1, 15, 16, 17, 32, 33, 40, 48, 95, 450])
 @pytest.mark.parametrize("in_features", [32, 577])
 @pytest.mark.parametrize("width", [32, 96])
 def test_amx_gate_up_with_silu_gives_the_bits_of_the_product_then_silu_and_mul(rows, in_features, width):
     """The MLP's gate-up product with silu(gate) * up applied on its tiles
     (``linear_amx_silu_mul``) against the two steps it replaces, ``linear_bf16`` on AMX then
     ``silu_and_mul``: bit for bit, over the same row blocks as above (a padded tile, padded
-    pairs, whole blocks, 16- and 32-row last blocks, two passes), one or three gate panels
-    (each with its up panel, the next pair asked for ahead)."""
+    pairs, whole blocks, 16- and 32-row last blocks overlapping the block before or not, two
+    passes), one or three gate panels (each with its up panel, the next pair asked for
+    ahead)."""
     _skip_without("amx")
     from kernels.cpu import elementwise
 

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <new>
+#include <type_traits>
 #include <vector>
 
 namespace forkserve {
@@ -46,6 +47,8 @@ using AlignedVector = std::vector<T, CacheLineAllocator<T>>;
 // and values: ~400 KB a layer for 224 new tokens after 450 cached).
 template <typename T>
 class UninitializedBuffer {
+    static_assert(std::is_trivially_default_constructible_v<T>, "left uninitialised: trivial types only");
+
   public:
     explicit UninitializedBuffer(std::size_t n)
         : data_(static_cast<T *>(::operator new((n > 0 ? n : 1) * sizeof(T), std::align_val_t{kCacheLine}))) {}

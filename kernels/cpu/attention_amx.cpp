@@ -310,8 +310,8 @@ bool attend_shared_amx(const Batch &bt, const Bf16 *q, const Bf16 *k_cache, cons
 
 extern "C" {
 
-// How many 32-key blocks (all KV heads) the last AMX extend call took from an earlier
-// request of its step instead of packing them again (tests).
+// How many of its requests' 32-key blocks (each standing for all KV heads) the last AMX
+// extend call took from an earlier request of its step instead of packing them (tests).
 int64_t paged_attention_last_shared_extend_blocks() { return forkserve::last_shared_extend_blocks.load(); }
 
 // Whether decode tokens' shared keys are attended on AMX tiles where the tiles are there (1,

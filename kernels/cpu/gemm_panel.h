@@ -21,7 +21,8 @@ struct PanelEpilogue {
     __mmask16 mask0, mask1;  // columns 0-15 and 16-31 that exist
     __m512 bias0, bias1;     // zeros without a bias
 
-    PanelEpilogue() = default;  // to be assigned before use
+    // No columns, no bias (a placeholder until one is assigned).
+    PanelEpilogue() : mask0(0), mask1(0), bias0(_mm512_setzero_ps()), bias1(_mm512_setzero_ps()) {}
 
     // Columns [col0, col0 + 32) of an out_features-wide output; bias may be null.
     PanelEpilogue(const Bf16 *bias, int64_t out_features, int64_t col0) {

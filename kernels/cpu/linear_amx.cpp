@@ -57,16 +57,16 @@ constexpr int64_t kBlockRows = 2 * kTileRows;
 constexpr int64_t kTileBytes = kTileRows * 2 * kPanel * 2;  // one k-step's weights: two B tiles, 2 KiB
 
 // At decode sizes a block multiplies each weight tile once or twice and then waits on memory
-// for the next: the tile loads alone keep too few reads in flight. So a lone block (fewer
-// than 64 rows) asks for the weights this many bytes ahead (in the same panel or the next
-// one, which follows it in memory). On a 2-core Xeon (family 6 model 207), all the default
-// model's GEMMs of one step: 8 rows 22.9 -> 17.3 ms (1-8 KiB ahead all within 3%), 32 rows
-// 31.3 -> 24.6 ms, 128 rows 55.4 -> 49.5 ms.
+// for the next: the tile loads alone keep too few reads in flight. So a panel's only block
+// (a pass of at most 32 rows) asks for the weights this many bytes ahead (in the same panel
+// or the next one, which follows it in memory). On a 2-core Xeon (family 6 model 207), all
+// the default model's GEMMs of one step: 8 rows 22.9 -> 17.3 ms (1-8 KiB ahead all within
+// 3%), 32 rows 31.3 -> 24.6 ms (and, before the scheme below, 128 rows 55.4 -> 49.5 ms).
 constexpr int64_t kAheadBytes = 4096;
 // With several blocks per panel (prefill sizes) the first block still read its panel from
 // memory while the others found it in cache, and waited on it. Now each block of a panel
 // asks for its share of the thread's next panel into L2 (_MM_HINT_T1), spread over its
-// k-steps, so every panel is in cache before its first block. One thread on the same Xeon,
+// k-steps, so every panel is in cache before its first block (the last panel asks for none). One thread on the same Xeon,
 // weights of 30 layers from memory: 224 rows x 576 -> 3072 1,110 -> 1,374 GFLOP/s,
 // 224 x 1536 -> 576 1,289 -> 1,548, 96 x 576 -> 3072 1,101 -> 1,238.
 
@@ -111,7 +111,12 @@ void store_block(const AmxGemm &g, const PanelEpilogue &epilogue, const float *c
 // columns [32 p, 32 p + 32) of out.
 void store_silu_block(const AmxGemm &g, const float *gate, const float *up, int64_t row0, int64_t n,
                       int64_t first_row_in_c, int64_t p) {
-    auto rounded = [](const float *v) { return widen16((__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(v))); };
+    // The sums rounded exactly as store_block rounds them, the (zero) bias added included: a
+    // -0 sum comes out +0 there, so it must here too.
+    const PanelEpilogue none(g.bias, g.out_features, p * kPanel);
+    auto rounded = [&](const float *v) {
+        return widen16((__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_loadu_ps(v), none.bias0)));
+    };
     for (int64_t m = 0; m < n; m++) {
         const int64_t at = (first_row_in_c + m) * kPanel;
         Bf16 *dst = g.out + (row0 + m) * g.out_stride + p * kPanel;
@@ -334,7 +339,7 @@ int linear_amx_silu_mul(const forkserve::Bf16 *x, int64_t rows, int64_t in_featu
                         const uint16_t *packed, int64_t width, forkserve::Bf16 *out, int64_t out_stride,
                         int num_threads) {
 #if defined(FORKSERVE_AMX_KERNELS)
-    if (!linear_amx_available() || width <= 0 || width % kPanel != 0) return 1;
+    if (!linear_amx_available() || in_features <= 0 || width <= 0 || width % kPanel != 0) return 1;
     const int64_t k_tiles = (in_features + kTileK - 1) / kTileK, panel_pairs = k_tiles * kTileK / 2;
     padded_gemm({x, x_stride, rows, k_tiles, packed, panel_pairs, 2 * width, nullptr, out, out_stride, width},
                 in_features, num_threads);
