@@ -368,9 +368,6 @@ int extend_attention_amx_bf16(const forkserve::Bf16 *q, const forkserve::Bf16 *k
                 }
             }
     }
-    int64_t shared_blocks = 0;
-    for (int64_t t = 0; t < total_blocks; t++) shared_blocks += owner[t] != t;
-    forkserve::last_shared_extend_blocks.store(shared_blocks, std::memory_order_relaxed);
     // The blocks packed here, numbered in order (pack_index[t] for owner[t] == t), and their
     // tile buffers on cache lines; pack_block writes every word of them (zero rows past a
     // request's last key), so they are not zeroed first.
@@ -378,6 +375,7 @@ int extend_attention_amx_bf16(const forkserve::Bf16 *q, const forkserve::Bf16 *k
     int64_t num_packed = 0;
     for (int64_t t = 0; t < total_blocks; t++)
         if (owner[t] == t) pack_index[t] = num_packed++;
+    forkserve::last_shared_extend_blocks.store(total_blocks - num_packed, std::memory_order_relaxed);
     const forkserve::UninitializedBuffer<int32_t> key_buf(static_cast<size_t>(num_packed * kv_heads * 2 * kKeyTile));
     const forkserve::UninitializedBuffer<Bf16> value_buf(static_cast<size_t>(num_packed * kv_heads * kValueTile));
     auto key_tiles = [&](int64_t n, int64_t h) { return key_buf.data() + (n * kv_heads + h) * 2 * kKeyTile; };

@@ -18,12 +18,11 @@
 // over the whole input width; a final block of fewer rows overlaps the one before it
 // (recomputing the same values; 16 rows high when it has at most 16 new ones, so that at
 // most 15 rows are computed twice) or, below 32 rows, reads a zero-padded copy.
-// A block's sums go out (rounded, plus bias, or through silu) a few rows at a time between
-// the next block's tile instructions (Epilogue), so that the vector units work while the
-// tiles do: prefill 1.06-1.07x (224 and 512 new tokens after 450 cached, both builds
-// alternating in one process), decode unchanged. Products of
-// bf16 are exact, sums float32 (in the tile unit's order), the result rounded to nearest
-// even once.
+// Products of bf16 are exact, sums float32 (in the tile unit's order), the result rounded
+// to nearest even once. A block's sums go out (rounded, plus bias, or through silu) a few
+// rows at a time between the next block's tile instructions (Epilogue), so that the vector
+// units work while the tiles do: prefill 1.06-1.07x (224 and 512 new tokens after 450
+// cached, both builds alternating in one process), decode unchanged.
 //
 // The operating system must grant each process the tile state before its first use
 // (arch_prctl ARCH_REQ_XCOMP_PERM); linear_amx_available asks for it once.
@@ -66,9 +65,10 @@ constexpr int64_t kAheadBytes = 4096;
 // With several blocks per panel (prefill sizes) the first block still read its panel from
 // memory while the others found it in cache, and waited on it. Now each block of a panel
 // asks for its share of the thread's next panel into L2 (_MM_HINT_T1), spread over its
-// k-steps, so every panel is in cache before its first block (the last panel asks for none). One thread on the same Xeon,
-// weights of 30 layers from memory: 224 rows x 576 -> 3072 1,110 -> 1,374 GFLOP/s,
-// 224 x 1536 -> 576 1,289 -> 1,548, 96 x 576 -> 3072 1,101 -> 1,238.
+// k-steps, so every panel is in cache before its first block (the last panel asks for
+// none). One thread on the same Xeon, weights of 30 layers from memory: 224 rows x 576 ->
+// 3072 1,110 -> 1,374 GFLOP/s, 224 x 1536 -> 576 1,289 -> 1,548, 96 x 576 -> 3072 1,101
+// -> 1,238.
 
 // Where a block sends its prefetches: `bytes` from `from` to L2 (a share of the next panel),
 // or, with from == nullptr, kAheadBytes ahead of each k-step's weights into L1.
@@ -109,13 +109,12 @@ void store_block(const AmxGemm &g, const PanelEpilogue &epilogue, const float *c
 // As store_block for a product's gate panel p and its up panel: both rounded to bfloat16 (as
 // store_block would store them), then silu(gate) * up (silu_mul16, as silu_and_mul) into
 // columns [32 p, 32 p + 32) of out.
-void store_silu_block(const AmxGemm &g, const float *gate, const float *up, int64_t row0, int64_t n,
-                      int64_t first_row_in_c, int64_t p) {
+void store_silu_block(const AmxGemm &g, const PanelEpilogue &epilogue, const float *gate, const float *up,
+                      int64_t row0, int64_t n, int64_t first_row_in_c, int64_t p) {
     // The sums rounded exactly as store_block rounds them, the (zero) bias added included: a
     // -0 sum comes out +0 there, so it must here too.
-    const PanelEpilogue none(g.bias, g.out_features, p * kPanel);
     auto rounded = [&](const float *v) {
-        return widen16((__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_loadu_ps(v), none.bias0)));
+        return widen16((__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_loadu_ps(v), epilogue.bias0)));
     };
     for (int64_t m = 0; m < n; m++) {
         const int64_t at = (first_row_in_c + m) * kPanel;
@@ -132,7 +131,7 @@ void store_silu_block(const AmxGemm &g, const float *gate, const float *up, int6
 // epilogue; `finish` stores what is left.
 struct Epilogue {
     const AmxGemm *g = nullptr;
-    PanelEpilogue panel;                      // without silu: panel p's bias and masks
+    PanelEpilogue panel;                      // panel p's bias (zeros with silu) and masks
     const float *c = nullptr, *c_up = nullptr;  // the block's sums (c_up: its up panel's, with silu)
     int64_t row0 = 0, n = 0, first = 0, p = 0;
     int64_t done = 0, per_step = 0;  // rows stored so far; rows per k-step
@@ -142,7 +141,7 @@ struct Epilogue {
         const int64_t end = done + count < n ? done + count : n;
         if (end <= done) return;
         if (c_up != nullptr)
-            store_silu_block(*g, c, c_up, row0 + done, end - done, first + done, p);
+            store_silu_block(*g, panel, c, c_up, row0 + done, end - done, first + done, p);
         else
             store_block(*g, panel, c, row0 + done, end - done, first + done, p);
         done = end;
@@ -243,8 +242,8 @@ void amx_gemm(const AmxGemm &g, int num_threads) {
                 if (silu) multiply(a, stride_bytes, panel + up_offset, g.k_tiles, c_up[slot], ahead_up, pending);
                 pending.finish();
                 const int64_t steps = (silu ? 2 : 1) * g.k_tiles;
-                pending = Epilogue{&g, silu ? PanelEpilogue() : PanelEpilogue(g.bias, g.out_features, p * kPanel),
-                                   c[slot], silu ? c_up[slot] : nullptr, row0, n, first, p, 0, (n + steps - 1) / steps};
+                pending = Epilogue{&g, PanelEpilogue(g.bias, g.out_features, p * kPanel), c[slot],
+                                   silu ? c_up[slot] : nullptr, row0, n, first, p, 0, (n + steps - 1) / steps};
                 slot ^= 1;
             };
             if (g.rows < kBlockRows) {  // one block of the padded copy: one row of tiles, or two

@@ -246,6 +246,9 @@ int64_t panel_pairs_of(int64_t in_features) { return (in_features + 31) / 32 * 1
 
 // Rows from which linear_bf16 multiplies on AMX tiles (where it can); set by the caller.
 int64_t amx_min_rows = INT64_MAX;
+// Whether linear_bf16 multiplies a product of `rows` rows on AMX tiles.
+bool on_amx(int64_t rows) { return rows >= amx_min_rows && linear_amx_available(); }
+
 // Rows from which the vector kernel widens the weights to float32 (tile<N, true>); set by
 // the caller from a measurement (kernels/cpu/gemm_choice.py).
 int64_t widen_min_rows = INT64_MAX;
@@ -329,7 +332,7 @@ int linear_bf16_vector(const forkserve::Bf16 *x, int64_t rows, int64_t in_featur
 int linear_bf16(const forkserve::Bf16 *x, int64_t rows, int64_t in_features, int64_t x_stride,
                 const uint16_t *packed, int64_t out_features, const forkserve::Bf16 *bias, forkserve::Bf16 *out,
                 int64_t out_stride, int num_threads) {
-    if (rows >= amx_min_rows && linear_amx_available())
+    if (on_amx(rows))
         return linear_amx(x, rows, in_features, x_stride, packed, out_features, bias, out, out_stride, num_threads);
     return linear_bf16_vector(x, rows, in_features, x_stride, packed, out_features, bias, out, out_stride,
                               num_threads);
@@ -341,7 +344,7 @@ int linear_bf16(const forkserve::Bf16 *x, int64_t rows, int64_t in_features, int
 int linear_bf16_silu_mul(const forkserve::Bf16 *x, int64_t rows, int64_t in_features, int64_t x_stride,
                          const uint16_t *packed, int64_t width, forkserve::Bf16 *out, int64_t out_stride,
                          int num_threads) {
-    if (rows < amx_min_rows || !linear_amx_available()) return 1;
+    if (!on_amx(rows)) return 1;
     return linear_amx_silu_mul(x, rows, in_features, x_stride, packed, width, out, out_stride, num_threads);
 }
 
