@@ -122,6 +122,28 @@ class ServerArgs:
         "them in one step instead of sampling them one step each. Requests that ask for logprobs "
         "or have stop strings are never jumped. --no-enable-jump-forward turns it off.",
     )
+    speculative_algorithm: str | None = flag_field(
+        None,
+        "Speculative decoding: NGRAM (prompt lookup) guesses a request's next tokens from where its "
+        "last few tokens occurred before in its prompt or output, and the model checks all the guesses "
+        "in one step; each step then adds 1 to 1 + --speculative-num-draft-tokens tokens per request. "
+        "Greedy requests without logprobs, penalties, logit_bias or a grammar speculate, and get the "
+        "tokens plain decoding gives (the guesses are checked with the prefill kernels, so in bfloat16 "
+        "a near tie may fall the other way, as with another batch); others decode one token a step. "
+        "It pays where checking extra tokens costs little (decode bound by memory, not compute) and "
+        "outputs repeat their context. Off by default (SGLang's flag; its draft-model methods are not "
+        "offered).",
+    )
+    speculative_num_draft_tokens: int = flag_field(
+        4, "With --speculative-algorithm NGRAM: most guessed tokens a request checks per step."
+    )
+    speculative_ngram_min_match_window_size: int = flag_field(
+        1, "With --speculative-algorithm NGRAM: fewest trailing tokens that must match an earlier "
+        "occurrence for a guess."
+    )
+    speculative_ngram_max_match_window_size: int = flag_field(
+        3, "With --speculative-algorithm NGRAM: most trailing tokens matched (the longest match wins)."
+    )
     stream_interval: int = flag_field(
         1,
         "Streaming requests report their first token at once, then every this many new tokens "
@@ -203,6 +225,18 @@ class ServerArgs:
             raise ValueError(f"stream_interval must be at least 1, got {self.stream_interval}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError("num_threads must be at least 1")
+        if self.speculative_algorithm is not None:
+            algorithm = self.speculative_algorithm.upper()
+            if algorithm != "NGRAM":
+                raise ValueError(f"speculative_algorithm {self.speculative_algorithm!r} is not supported: only NGRAM "
+                                 "(prompt lookup, no draft model) is")
+            object.__setattr__(self, "speculative_algorithm", algorithm)
+        if self.speculative_num_draft_tokens < 1:
+            raise ValueError(f"speculative_num_draft_tokens must be at least 1, got {self.speculative_num_draft_tokens}")
+        if not 1 <= self.speculative_ngram_min_match_window_size <= self.speculative_ngram_max_match_window_size:
+            raise ValueError("the n-gram match window sizes must satisfy 1 <= min <= max, got "
+                             f"{self.speculative_ngram_min_match_window_size}.."
+                             f"{self.speculative_ngram_max_match_window_size}")
 
     @property
     def resolved_device(self) -> str:

@@ -12,7 +12,7 @@ The worker (``worker.py``) runs the forward, samples and returns a ``BatchResult
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -70,6 +70,9 @@ class ModelInput:
     logit_starts: list[int]
     sampling: list[SamplingRow | None]  # per request; None: it does not sample this step
     prompt_logprobs: list[PromptLogprobs | None]  # per request
+    # per request: guessed tokens after its last token that it checks (speculative decoding):
+    # it picks greedily at each of its last 1 + draft_lens[i] positions; empty: none anywhere
+    draft_lens: list[int] = field(default_factory=list)
 
     @property
     def batch_size(self) -> int:

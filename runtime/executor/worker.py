@@ -54,6 +54,9 @@ class BatchResult:
     input_top_logprobs: list[list[list[tuple[float, int]] | None]] = field(default_factory=list)
     # and each such token's rank (1 = the most likely; None for the unscored first one)
     input_ranks: list[list[int | None]] = field(default_factory=list)
+    # per request that checked a draft (``ModelInput.draft_lens``): the greedy pick at each of
+    # its last 1 + draft positions (``next_ids`` holds the first); empty: no request did
+    draft_picks: list[list[int] | None] = field(default_factory=list)
 
 
 class RankPeers(Protocol):
@@ -308,9 +311,11 @@ class ModelWorker:
 
     def _postprocess(self, inp: ModelInput, logits: torch.Tensor) -> BatchResult:
         bs = inp.batch_size
-        sample_rows, rows_of = [], []
+        sample_rows, rows_of, sampled = [], [], []
         result = BatchResult([None] * bs, [None] * bs, [None] * bs)
         fwd, offset = inp.forward, 0
+        if any(inp.draft_lens):
+            result.draft_picks = [None] * bs
         for i in range(bs):
             n = fwd.prefix_lens[i] + fwd.extend_lens[i] - inp.logit_starts[i]
             lp, tops, ranks = _prompt_logprobs(inp.prompt_logprobs[i], logits[offset : offset + n])
@@ -318,21 +323,23 @@ class ModelWorker:
             result.input_top_logprobs.append(tops)
             result.input_ranks.append(ranks)
             row = inp.sampling[i]
-            if row is not None:
+            if result.draft_picks and inp.draft_lens[i]:
+                # a plain greedy row (the scheduler drafts for no other): the argmax at each position
+                picks = self.argmax(logits[offset + n - 1 - inp.draft_lens[i] : offset + n]).tolist()
+                result.draft_picks[i], result.next_ids[i] = picks, picks[0]
+            elif row is not None:
                 sample_rows.append(offset + n - 1)
                 rows_of.append(row)
+                sampled.append(i)
             offset += n
         if rows_of:
             # Decode samples every row in order: skip copying the [bs, vocab] logits.
             picked = logits if len(sample_rows) == logits.shape[0] else logits[sample_rows]
             out = sample(picked, rows_of, [r.banned_ids for r in rows_of], self.default_generator, self.argmax)
-            j = 0
-            for i, row in enumerate(inp.sampling):
-                if row is not None:
-                    result.next_ids[i] = out.next_ids[j]
-                    result.output_logprobs[i] = out.logprobs[j]
-                    result.output_top_logprobs[i] = out.top_logprobs[j]
-                    j += 1
+            for j, i in enumerate(sampled):
+                result.next_ids[i] = out.next_ids[j]
+                result.output_logprobs[i] = out.logprobs[j]
+                result.output_top_logprobs[i] = out.top_logprobs[j]
         return result
 
 

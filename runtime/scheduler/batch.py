@@ -30,9 +30,20 @@ class ScheduledBatch:
     out_cache_loc: torch.Tensor
     logit_starts: list[int]
     samples: list[bool]  # whether request i samples a next token at its last position
-    # The last this many requests of an extend batch are running requests decoding one token
-    # each (mixed into a prefill step).
+    # The last this many requests of an extend batch are running requests decoding (mixed
+    # into a prefill step, or every request of a step that checks drafts).
     num_mixed_decodes: int = 0
+    # Per request: guessed tokens it checks after its last token (speculative decoding); it
+    # then samples greedily at each of its last 1 + draft_lens[i] positions. Empty: none.
+    draft_lens: list[int] | None = None
+
+    @property
+    def decodes_only(self) -> bool:
+        """Every request of the step is a running request decoding (with or without drafts)."""
+        return self.is_decode or self.num_mixed_decodes == len(self.reqs)
+
+    def draft_len(self, i: int) -> int:
+        return self.draft_lens[i] if self.draft_lens else 0
 
     def append_decodes(self, decodes: ScheduledBatch) -> None:
         """Mix a decode batch into this extend batch: each running request's next token as
@@ -46,6 +57,8 @@ class ScheduledBatch:
         self.logit_starts += decodes.logit_starts
         self.samples += decodes.samples
         self.num_mixed_decodes = len(decodes.reqs)
+        if decodes.draft_lens:
+            self.draft_lens = [0] * (len(self.reqs) - len(decodes.reqs)) + decodes.draft_lens
 
 
 def extend_batch(picked: list[tuple[Req, int]], table: ReqToTokenTable) -> ScheduledBatch:
@@ -73,11 +86,29 @@ def extend_batch(picked: list[tuple[Req, int]], table: ReqToTokenTable) -> Sched
 
 
 def decode_batch(reqs: list[Req], out_cache_loc: torch.Tensor) -> ScheduledBatch:
-    """A decode step: each request's last token at its last position, written to its new slot."""
+    """A decode step: each request's last token at its last position, written to its new slot.
+    Where requests carry drafts (``req.draft``, slots granted for them too), an extend of the
+    last token and the draft, with logits at each of those positions."""
+    if any(r.draft for r in reqs):
+        return _draft_check_batch(reqs, out_cache_loc)
     last = [r.alloc_len - 1 for r in reqs]
     return ScheduledBatch(True, reqs, torch.tensor([r.output_ids[-1] for r in reqs], dtype=torch.int64),
                           torch.tensor(last, dtype=torch.int64), last, [1] * len(reqs), out_cache_loc, list(last),
                           [True] * len(reqs))
+
+
+def _draft_check_batch(reqs: list[Req], out_cache_loc: torch.Tensor) -> ScheduledBatch:
+    ids: list[int] = []
+    starts, lens = [], []
+    for r in reqs:
+        n = 1 + len(r.draft)
+        ids += [r.output_ids[-1], *r.draft]
+        starts.append(r.alloc_len - n)
+        lens.append(n)
+    positions = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, lens, strict=True)])
+    return ScheduledBatch(False, reqs, torch.tensor(ids, dtype=torch.int64), positions, starts, lens, out_cache_loc,
+                          list(starts), [True] * len(reqs), num_mixed_decodes=len(reqs),
+                          draft_lens=[len(r.draft) for r in reqs])
 
 
 def lower(batch: ScheduledBatch, eos_token_ids: tuple[int, ...], vocab_size: int) -> ModelInput:
@@ -105,7 +136,7 @@ def lower(batch: ScheduledBatch, eos_token_ids: tuple[int, ...], vocab_size: int
             row = SamplingRow(req.params, req.input_ids, req.output_ids, req.generator, req.options, banned, allowed)
         sampling.append(row)
         start = batch.logit_starts[i]
-        num_prompt = batch.prefix_lens[i] + batch.extend_lens[i] - start - (1 if samples else 0)
+        num_prompt = batch.prefix_lens[i] + batch.extend_lens[i] - start - (1 if samples else 0) - batch.draft_len(i)
         # logits at position p give the logprob of prompt token p + 1; the prompt's last
         # position has none after it
         targets = req.input_ids[start + 1 : start + 1 + num_prompt] if num_prompt > 0 else []
@@ -116,7 +147,8 @@ def lower(batch: ScheduledBatch, eos_token_ids: tuple[int, ...], vocab_size: int
         top_k = opts.top_logprobs_num if opts.prompt_top_logprobs_num is None else opts.prompt_top_logprobs_num
         prompt.append(PromptLogprobs(targets, top_k, unscored)
                       if targets or unscored is not None else None)
-    return ModelInput(forward, list(batch.logit_starts), sampling, prompt)
+    return ModelInput(forward, list(batch.logit_starts), sampling, prompt,
+                      [batch.draft_len(i) for i in range(len(batch.reqs))])
 
 
 def banned_ids(req: Req, eos_token_ids: tuple[int, ...]) -> list[int]:

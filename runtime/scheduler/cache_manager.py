@@ -60,17 +60,30 @@ class CacheManager:
         return True
 
     def grant_one_each(self, reqs: list[Req]) -> torch.Tensor | None:
-        """One new slot per request (a decode step), in one allocation; returns the slots in
-        ``reqs`` order, or None (nothing changed) if memory is short."""
-        slots = self.alloc(len(reqs))
+        """One new slot per request (a decode step), and one more per token of its draft
+        (``req.draft``), in one allocation; returns the slots in ``reqs`` order, or None
+        (nothing changed) if memory is short."""
+        counts = [1 + len(r.draft) for r in reqs]
+        slots = self.alloc(sum(counts))
         if slots is None:
             return None
         rows = torch.tensor([r.row for r in reqs], dtype=torch.int64)
-        positions = torch.tensor([r.alloc_len for r in reqs], dtype=torch.int64)
+        if len(slots) == len(reqs):
+            positions = torch.tensor([r.alloc_len for r in reqs], dtype=torch.int64)
+        else:
+            rows = rows.repeat_interleave(torch.tensor(counts))
+            positions = torch.cat([torch.arange(r.alloc_len, r.alloc_len + n) for r, n in zip(reqs, counts, strict=True)])
         self.table.table[rows, positions] = slots.to(self.table.table.device)
-        for r in reqs:
-            r.alloc_len += 1
+        for r, n in zip(reqs, counts, strict=True):
+            r.alloc_len += n
         return slots
+
+    def take_back_unused(self, req: Req) -> None:
+        """Free the slots granted past ``req.kv_len`` (a draft's rejected tokens)."""
+        assert req.row is not None
+        if req.alloc_len > req.kv_len:
+            self.allocator.free(self.table.read(req.row, req.alloc_len, req.kv_len))
+            req.alloc_len = req.kv_len
 
     def alloc(self, n: int) -> torch.Tensor | None:
         if n > self.allocator.available:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
     from radix_cache import TreeNode
     from runtime.constrained.backend import Grammar, GrammarMatcher
+    from runtime.scheduler.ngram_lookup import NgramLookup
 
 
 @dataclass(eq=False)
@@ -47,6 +48,11 @@ class Req:
     # constrained decoding: the compile in flight, then this request's own matcher
     grammar_future: Future[Grammar] | None = None
     grammar: GrammarMatcher | None = None
+
+    # speculative decoding: the lookup over this request's tokens (made on its first draft),
+    # and the guessed tokens the current step checks after its last token
+    lookup: NgramLookup | None = None
+    draft: list[int] = field(default_factory=list)
 
     # KV ownership (see the module docstring)
     row: int | None = None

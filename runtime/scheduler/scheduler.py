@@ -25,6 +25,7 @@ from runtime.scheduler.program_pins import ProgramPins
 from runtime.scheduler.req import Req
 from runtime.scheduler.row_sharing import Hog, call_that_may_yield, yields_to
 from runtime.scheduler.scheduler_stats import scheduler_report
+from runtime.scheduler.speculation import NgramSpeculator
 from runtime.scheduler.step_stats import StepStats
 from runtime.scheduler.stop import check_stop, grammar_stop
 from runtime.scheduler.waiting_queue import WaitingQueue
@@ -68,6 +69,10 @@ class Scheduler:
         self.prefill_streak = 0  # prefill steps since the last decode step
         self.kv_peak_in_use = 0  # most slots requests held (own + locked prefixes) in a step since the last flush
         self.pins = ProgramPins(self.tree, self.allocator.capacity, idle_timeout=args.program_pin_timeout)
+        self.speculator = NgramSpeculator(
+            args.speculative_num_draft_tokens, args.speculative_ngram_min_match_window_size,
+            args.speculative_ngram_max_match_window_size, self.max_context_len,
+        ) if args.speculative_algorithm == "NGRAM" else None
 
     # ------------------------------------------------------------------ the loop
     def validate_request(self, req: Req) -> None:
@@ -137,8 +142,9 @@ class Scheduler:
         forward_s = time.perf_counter() - forward_start
         self.kv_peak_in_use = max(self.kv_peak_in_use, self._kv_in_use())
         done = failed + self._process(batch, result)
-        self.steps.record(batch.is_decode, len(batch.input_ids), batch.num_mixed_decodes, forward_s,
-                          time.perf_counter() - started)
+        drafted = sum(batch.draft_lens) if batch.draft_lens else 0
+        self.steps.record(batch.decodes_only, len(batch.input_ids) - drafted,
+                          0 if batch.decodes_only else batch.num_mixed_decodes, forward_s, time.perf_counter() - started)
         return done
 
     def check_invariants(self) -> None:
@@ -343,10 +349,15 @@ class Scheduler:
         return True
 
     def _next_tokens(self, reqs: list[Req]) -> ScheduledBatch | None:
-        """A decode batch of ``reqs``' next tokens, one new slot each; None (nothing changed)
-        when the pool is short of slots."""
+        """A decode batch of ``reqs``' next tokens, one new slot each (and one per token of
+        the drafts they check, with speculative decoding); None (nothing changed) when the
+        pool is short of slots."""
+        if self.speculator is not None:
+            self.speculator.propose(reqs, self.cache.free_slots)
         out_cache_loc = self.cache.grant_one_each(reqs)
         if out_cache_loc is None:
+            for req in reqs:
+                req.draft = []
             return None
         return decode_batch(reqs, out_cache_loc)
 
@@ -397,6 +408,8 @@ class Scheduler:
             token = result.next_ids[i]
             if token is None:  # prefill-only request (max_new_tokens == 0)
                 req.finished_reason = {"type": "length", "length": 0}
+            elif batch.draft_len(i):
+                self._take_checked_draft(req, result.draft_picks[i])  # type: ignore[arg-type]
             else:
                 req.output_ids.append(token)
                 if req.options.return_logprob:
@@ -413,6 +426,7 @@ class Scheduler:
                 self.running.append(req)
             if req.is_finished:
                 req.finished_at = time.perf_counter()
+                req.lookup = None
                 if req in self.running:
                     self.running.remove(req)
                 computed = req.fill_ids[: req.kv_len]
@@ -424,6 +438,24 @@ class Scheduler:
             self.running.remove(req)
             self.jumped.append(req)
         return touched
+
+    def _take_checked_draft(self, req: Req, picks: list[int]) -> None:
+        """Append what a checked draft adds (``NgramSpeculator.accepted``), one token at a
+        time through the stop checks; keep the KV of the tokens fed that the output kept,
+        give back the other slots."""
+        assert self.speculator is not None
+        last_at = req.alloc_len - len(picks)  # the position of the token decoded
+        added = 0
+        for token in self.speculator.accepted(req, picks):
+            req.output_ids.append(token)
+            added += 1
+            req.finished_reason = check_stop(req, self.eos_token_ids, self.max_context_len, self.decode_tail)
+            if req.is_finished:
+                break
+        # computed: the decoded token and the draft tokens now in the output but the last
+        req.kv_len = last_at + added
+        req.draft = []
+        self.cache.take_back_unused(req)
 
     def _jump(self, req: Req) -> bool:
         if not is_eligible(req):

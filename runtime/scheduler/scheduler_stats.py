@@ -33,4 +33,5 @@ def scheduler_report(sched: Scheduler) -> dict[str, int | float]:
         "num_forward_steps": sched.num_forward_steps,
         "num_jumped_tokens": sched.num_jumped_tokens,
         **{f"step_{k}": v for k, v in sched.steps.as_dict().items()},
+        **(sched.speculator.stats() if sched.speculator is not None else {}),
     }

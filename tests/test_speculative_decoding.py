@@ -1,0 +1,129 @@
+"""Speculative decoding by prompt lookup (``--speculative-algorithm NGRAM``): greedy outputs
+are those of plain decoding (the shared ``engine`` fixture, same settings, is the oracle),
+drafts are really checked and accepted, stops inside an accepted run cut it where plain
+decoding stops, requests that cannot speculate are untouched beside ones that do, and the
+KV pool's accounting holds after drafts' rejected slots are given back."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime.engine import Engine
+
+# Prompts whose answers repeat their own text or the prompt's, so that lookups find drafts.
+QUESTIONS = [
+    "Repeat this list exactly three times: apple, banana, cherry, date, elderberry, fig, grape.",
+    "Count from 1 to 30, separated by commas.",
+    "Write a Python function that adds two numbers, then write it again with type hints.",
+    "What is the capital of France? Answer in one sentence.",
+]
+
+
+def _chat(engine: Engine, question: str) -> str:
+    return engine.tokenizer.apply_chat_template([{"role": "user", "content": question}])
+
+
+@pytest.fixture(scope="module")
+def speculating(model_dir):
+    eng = Engine(str(model_dir), dtype="float32", max_total_tokens=40_000, chunked_prefill_size=256,
+                 speculative_algorithm="ngram", speculative_num_draft_tokens=5)
+    yield eng
+    eng.shutdown()
+
+
+def _accepted(eng: Engine) -> tuple[int, int]:
+    stats = eng.scheduler.stats()
+    return stats["spec_draft_tokens"], stats["spec_accepted_tokens"]
+
+
+def test_greedy_outputs_are_those_of_plain_decoding(engine, speculating):
+    prompts = [_chat(engine, q) for q in QUESTIONS]
+    # odd lengths: a draft must stop short of max_new_tokens
+    params = [{"temperature": 0, "max_new_tokens": n} for n in (61, 47, 80, 30)]
+    drafted0, accepted0 = _accepted(speculating)
+    ours = speculating.generate(prompts, params)
+    plain = engine.generate(prompts, params)
+    drafted, accepted = _accepted(speculating)
+    assert accepted - accepted0 >= 10, "drafts were not accepted"
+    assert drafted - drafted0 > accepted - accepted0
+    for a, b in zip(ours, plain, strict=True):
+        assert a["output_ids"] == b["output_ids"]
+        assert a["text"] == b["text"]
+        assert a["meta_info"]["finish_reason"] == b["meta_info"]["finish_reason"]
+    assert speculating.scheduler.stats()["avg_spec_accept_length"] > 1
+    speculating.scheduler.check_invariants()
+    assert speculating.scheduler.stats()["kv_held_by_requests"] == 0
+
+
+@pytest.mark.parametrize("stop", [{"stop": ["\n8. 8"]}, {"stop_token_ids": None}], ids=["stop-string", "stop-token"])
+def test_a_stop_inside_an_accepted_run_ends_the_output_where_plain_decoding_does(engine, speculating, stop):
+    prompt = _chat(engine, QUESTIONS[1])
+    if "stop_token_ids" in stop:  # a digit first seen a few lines into "1. 1\n2. 2\n...", inside runs the lookup guesses
+        full = engine.generate(prompt, {"temperature": 0, "max_new_tokens": 40})["output_ids"]
+        stop = {"stop_token_ids": [full[25]]}
+    params = {"temperature": 0, "max_new_tokens": 60, **stop}
+    ours, plain = speculating.generate(prompt, params), engine.generate(prompt, params)
+    assert ours["meta_info"]["finish_reason"]["type"] == "stop"
+    assert ours["output_ids"] == plain["output_ids"] and ours["text"] == plain["text"]
+    assert ours["meta_info"]["finish_reason"] == plain["meta_info"]["finish_reason"]
+
+
+def test_requests_that_cannot_speculate_run_as_before_beside_ones_that_do(engine, speculating):
+    prompt = _chat(engine, QUESTIONS[0])
+    params = [
+        {"temperature": 0, "max_new_tokens": 40},  # speculates
+        {"temperature": 0.8, "seed": 7, "max_new_tokens": 40},  # samples: one token a step
+        {"temperature": 0, "max_new_tokens": 40, "frequency_penalty": 0.5},  # reads its logits' row
+    ]
+    ours = speculating.generate([prompt] * 3, params)
+    plain = engine.generate([prompt] * 3, params)
+    for a, b in zip(ours, plain, strict=True):
+        assert a["output_ids"] == b["output_ids"]
+    logprobs = speculating.generate(prompt, params[0], return_logprob=True)  # asks for logprobs: no drafts
+    assert logprobs["output_ids"] == ours[0]["output_ids"]
+    assert len(logprobs["meta_info"]["output_token_logprobs"]) == len(ours[0]["output_ids"])
+
+
+@pytest.mark.parametrize("tight_pool", [False, True], ids=["roomy", "tight"])
+def test_drafts_in_prefill_steps_and_under_memory_pressure_keep_tokens_and_accounting(model_dir, tight_pool):
+    """Small prefill chunks mix running requests (with drafts) into prefill steps; a tight
+    pool sends requests back to the queue. Plain decoding with the same settings is the oracle."""
+    outputs, stats, mixed = [], [], []
+    for speculative in ({}, {"speculative_algorithm": "NGRAM"}):
+        eng = Engine(str(model_dir), dtype="float32", chunked_prefill_size=32,
+                     max_total_tokens=140 if tight_pool else 4000, **speculative)
+        scheduled = eng.scheduler._prefill_batch
+
+        def recording(scheduled=scheduled):
+            batch = scheduled()
+            if batch is not None and batch.draft_lens:
+                mixed.append(sum(batch.draft_lens))
+            return batch
+
+        eng.scheduler._prefill_batch = recording
+        try:
+            prompts = [_chat(eng, q) for q in [*QUESTIONS, "List the days of the week twice."]]
+            params = [{"temperature": 0, "max_new_tokens": n} for n in (50, 40, 45, 20, 35)]
+            outputs.append(eng.generate(prompts, params))
+            eng.scheduler.check_invariants()
+            stats.append(eng.scheduler.stats())
+            assert stats[-1]["kv_held_by_requests"] == 0
+        finally:
+            eng.shutdown()
+    assert stats[1]["spec_accepted_tokens"] > 0
+    assert mixed, "no prefill step carried a running request's draft"
+    if tight_pool:
+        assert stats[1]["num_retractions"] > 0
+    for a, b in zip(*outputs, strict=True):
+        assert a["output_ids"] == b["output_ids"]
+
+
+def test_only_ngram_is_offered():
+    from runtime.config import ServerArgs
+
+    with pytest.raises(ValueError, match="only NGRAM"):
+        ServerArgs(speculative_algorithm="EAGLE")
+    with pytest.raises(ValueError, match="1 <= min <= max"):
+        ServerArgs(speculative_algorithm="NGRAM", speculative_ngram_min_match_window_size=4)
+    with pytest.raises(ValueError, match="at least 1"):
+        ServerArgs(speculative_num_draft_tokens=0)
