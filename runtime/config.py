@@ -131,7 +131,8 @@ class ServerArgs:
         "tokens plain decoding gives (the guesses are checked with the prefill kernels, so in bfloat16 "
         "a near tie may fall the other way, as with another batch); others decode one token a step. "
         "It pays where checking extra tokens costs little (decode bound by memory, not compute) and "
-        "outputs repeat their context. Off by default (SGLang's flag; its draft-model methods are not "
+        "outputs repeat their context: drafts are cut to what the decode steps' measured cost says "
+        "pays. Off by default (SGLang's flag; its draft-model methods are not "
         "offered).",
     )
     speculative_num_draft_tokens: int = flag_field(

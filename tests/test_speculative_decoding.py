@@ -27,6 +27,7 @@ def _chat(engine: Engine, question: str) -> str:
 def speculating(model_dir):
     eng = Engine(str(model_dir), dtype="float32", max_total_tokens=40_000, chunked_prefill_size=256,
                  speculative_algorithm="ngram", speculative_num_draft_tokens=5)
+    eng.scheduler.speculator.fixed_threshold = 0.0  # every draft found is checked, whatever this machine's costs
     yield eng
     eng.shutdown()
 
@@ -92,6 +93,8 @@ def test_drafts_in_prefill_steps_and_under_memory_pressure_keep_tokens_and_accou
     for speculative in ({}, {"speculative_algorithm": "NGRAM"}):
         eng = Engine(str(model_dir), dtype="float32", chunked_prefill_size=32,
                      max_total_tokens=140 if tight_pool else 4000, **speculative)
+        if eng.scheduler.speculator is not None:
+            eng.scheduler.speculator.fixed_threshold = 0.0
         scheduled = eng.scheduler._prefill_batch
 
         def recording(scheduled=scheduled):
@@ -127,3 +130,42 @@ def test_only_ngram_is_offered():
         ServerArgs(speculative_algorithm="NGRAM", speculative_ngram_min_match_window_size=4)
     with pytest.raises(ValueError, match="at least 1"):
         ServerArgs(speculative_num_draft_tokens=0)
+
+
+def test_the_step_cost_fit_tells_memory_bound_steps_from_compute_bound_ones():
+    from runtime.scheduler.speculation import StepCost
+
+    def fitted(fixed: float, per_request: float, per_draft: float) -> StepCost:
+        cost = StepCost()
+        for i in range(40):
+            requests, drafted = 1 + i % 8, (i * 3) % 11 if i % 3 else 0
+            cost.observe(requests, drafted, fixed + per_request * requests + per_draft * drafted)
+        return cost
+
+    # reading the weights dominates: a draft token costs a tenth of a token of a 4-request step
+    assert fitted(0.020, 0.0005, 0.0005).threshold(4) == pytest.approx(0.0005 / (0.022 / 4))
+    # arithmetic dominates: a draft token costs what a request's token does
+    assert fitted(0.0, 0.010, 0.010).threshold(4) == pytest.approx(1.0)
+    assert StepCost().threshold(4) == 0.25  # nothing measured yet
+    assert StepCost().drafts_pay(4, 8, 0.1)
+
+    # a step that checks drafts runs as an extend, here 3 ms a request dearer than a decode step
+    switching = StepCost()
+    for i in range(40):
+        requests, drafted = 1 + i % 8, (i * 3) % 11 if i % 3 else 0
+        switching.observe(requests, drafted, 0.020 + 0.0005 * requests + 0.0005 * drafted + 0.003 * requests * (drafted > 0))
+    per_token = (0.020 + 0.0005 * 4) / 4
+    assert switching.threshold(4) == pytest.approx(0.0005 / per_token)
+    assert not switching.drafts_pay(4, 2, expected=(0.0005 * 2 + 0.012) / per_token * 0.9)
+    assert switching.drafts_pay(4, 2, expected=(0.0005 * 2 + 0.012) / per_token * 1.1)
+
+
+def test_a_draft_is_cut_where_its_tokens_stop_paying():
+    from runtime.scheduler.speculation import NgramSpeculator
+
+    worth = NgramSpeculator._worth
+    assert worth(0.9, 0.5, 6) == 6  # 0.9 ** 6 = 0.53
+    assert worth(0.9, 0.6, 6) == 4  # 0.9 ** 4 = 0.66, 0.9 ** 5 = 0.59
+    assert worth(0.5, 0.6, 6) == 0
+    assert worth(0.3, 0.0, 6) == 6
+    assert worth(1.0, 0.99, 3) == 3

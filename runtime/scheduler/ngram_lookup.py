@@ -22,6 +22,10 @@ class NgramLookup:
         self.tokens: list[int] = []
         # n-gram -> the end (exclusive) of its latest occurrence that has a token after it
         self._ends: dict[tuple[int, ...], int] = {}
+        self.match_len = 0  # tokens the last ``draft`` matched (0: none)
+        # this request's checked drafts: tokens the model agreed with, and tokens checked up to
+        # and including the first disagreement (speculation.py estimates its acceptance from them)
+        self.agreed = self.tried = 0
 
     def extend(self, tokens: list[int]) -> None:
         """Append ``tokens`` to the indexed sequence."""
@@ -34,12 +38,14 @@ class NgramLookup:
     def draft(self, k: int) -> list[int]:
         """At most ``k`` tokens that followed the latest earlier occurrence of the longest
         suffix (``max_n`` down to ``min_n`` tokens) seen before; [] when none was."""
+        self.match_len = 0
         if k <= 0:
             return []
         size = len(self.tokens)
         for n in range(min(self.max_n, size), self.min_n - 1, -1):
             end = self._ends.get(tuple(self.tokens[size - n :]))
             if end is not None:
+                self.match_len = n
                 return self.tokens[end : end + k]
         return []
 

@@ -143,6 +143,8 @@ class Scheduler:
         self.kv_peak_in_use = max(self.kv_peak_in_use, self._kv_in_use())
         done = failed + self._process(batch, result)
         drafted = sum(batch.draft_lens) if batch.draft_lens else 0
+        if self.speculator is not None and batch.decodes_only:
+            self.speculator.observe(len(batch.reqs), drafted, forward_s)
         self.steps.record(batch.decodes_only, len(batch.input_ids) - drafted,
                           0 if batch.decodes_only else batch.num_mixed_decodes, forward_s, time.perf_counter() - started)
         return done

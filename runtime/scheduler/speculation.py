@@ -1,5 +1,5 @@
 """Speculative decoding by prompt lookup (``--speculative-algorithm NGRAM``): which requests
-guess, how long their guesses may be, and what a checked guess adds to the output.
+guess, how long their guesses are, and what a checked guess adds to the output.
 
 A step that decodes a request with a draft ``d1..dk`` computes its last token and the draft
 as one extend (``batch.decode_batch``), with greedy picks ``g0..gk`` at those k + 1 positions
@@ -7,14 +7,34 @@ as one extend (``batch.decode_batch``), with greedy picks ``g0..gk`` at those k 
 ``di == g(i-1)`` the draft agreed with the model, so the request gains ``g0..ga`` (a agreed
 tokens plus the model's own next one) in one step, and the rejected tokens' KV slots are
 given back. For greedy requests this is the same output as decoding one token a step.
+
+How long a draft pays depends on the machine: where a decode step is bound by reading the
+weights (bfloat16 on AMX or AVX512-BF16) extra rows cost little; where it is bound by
+arithmetic (float32 on AVX2) each costs about what a request's token does. ``StepCost``
+fits the decode steps' seconds to their requests and draft tokens as they run, and a
+draft's j-th token is checked only where its chance of being kept (the request's
+acceptance so far, or that of drafts with as long a match) to the j-th power beats what
+it costs against what a token costs (``StepCost.threshold``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from runtime.scheduler.ngram_lookup import NgramLookup
 from runtime.scheduler.req import Req
+
+# Before the fit has steps with and without drafts: check a token kept a quarter of the time
+# or more (at the prior's even odds, drafts of 2), so that there are drafts to learn from.
+_PRIOR_THRESHOLD = 0.25
+_MIN_STEPS_TO_FIT = 16
+# A request's own acceptance counts after this many tokens' worth of evidence; until then
+# the acceptance of drafts with as long a match (over all requests) stands in for it.
+_PRIOR_WEIGHT = 4.0
 
 
 def can_speculate(req: Req) -> bool:
@@ -26,30 +46,98 @@ def can_speculate(req: Req) -> bool:
 
 
 @dataclass
+class StepCost:
+    """Seconds of the steps that only decode ~= fixed + per_request * requests + per_draft *
+    draft tokens, + per_request_checking * requests in steps with drafts (they run as an
+    extend, whose attention costs a request more than a decode step's: forks' shared keys
+    are read once per fork there, for one); least squares over the last ``window`` such steps."""
+
+    window: int = 128
+    steps: deque[tuple[int, int, float]] = field(default_factory=deque)
+
+    def observe(self, requests: int, drafted: int, seconds: float) -> None:
+        self.steps.append((requests, drafted, seconds))
+        if len(self.steps) > self.window:
+            self.steps.popleft()
+
+    def per_token(self, requests: int) -> float | None:
+        """Seconds a token of a step of ``requests`` without drafts costs; None before a fit."""
+        fit = self._fit()
+        return None if fit is None else (fit[0] + fit[1] * requests) / max(requests, 1)
+
+    def threshold(self, requests: int) -> float:
+        """What one more draft token in a step of ``requests`` costs, over what a token of a
+        step without drafts costs: a token kept with at least this chance pays."""
+        fit, per_token = self._fit(), self.per_token(requests)
+        if fit is None or per_token is None:
+            return _PRIOR_THRESHOLD
+        return 1.0 if per_token <= 0 else min(1.0, max(0.0, fit[2] / per_token))
+
+    def drafts_pay(self, requests: int, drafted: int, expected: float) -> bool:
+        """Whether ``drafted`` draft tokens in a step of ``requests``, expected to add
+        ``expected`` tokens, save more than they cost, running the step as an extend
+        included (True before a fit)."""
+        fit, per_token = self._fit(), self.per_token(requests)
+        if fit is None or per_token is None:
+            return True
+        return expected * per_token >= fit[2] * drafted + max(0.0, fit[3] * requests)
+
+    def _fit(self) -> tuple[float, float, float, float] | None:
+        if len(self.steps) < _MIN_STEPS_TO_FIT:
+            return None
+        data = np.array(self.steps, dtype=np.float64)
+        requests, drafted = data[:, 0], data[:, 1]
+        design = np.column_stack([np.ones(len(data)), requests, drafted, requests * (drafted > 0)])
+        if np.linalg.matrix_rank(design) < 4:  # e.g. every step drafted: no switch cost to tell
+            design = design[:, :3]
+            if np.linalg.matrix_rank(design) < 3:
+                return None  # the draft tokens' share cannot be told apart from the requests' yet
+        coef = [float(c) for c in np.linalg.lstsq(design, data[:, 2], rcond=None)[0]]
+        return coef[0], coef[1], coef[2], coef[3] if len(coef) == 4 else 0.0
+
+
+@dataclass
 class NgramSpeculator:
     num_draft_tokens: int
     min_n: int
     max_n: int
     max_context_len: int
+    fixed_threshold: float | None = None  # None: measured (StepCost); tests fix it
+    cost: StepCost = field(default_factory=StepCost)
     drafted_tokens: int = 0  # guessed tokens checked so far
     accepted_tokens: int = 0  # of which the model agreed with
     checks: int = 0  # request-steps that checked a draft
+    # per match length: tokens agreed and tokens tried (as NgramLookup.agreed / tried)
+    agreed_by_match: dict[int, int] = field(default_factory=dict)
+    tried_by_match: dict[int, int] = field(default_factory=dict)
 
     def propose(self, reqs: list[Req], free_slots: int) -> None:
         """Set each request's ``draft`` for this step (empty where it does not guess), within
         ``free_slots`` for all their tokens, the one each decodes included."""
         budget = free_slots - len(reqs)
+        threshold = self.threshold(len(reqs))
+        expected = 0.0  # tokens the drafts are expected to add
         for req in reqs:
             req.draft = []
-            if budget <= 0 or not can_speculate(req):
+            if budget <= 0 or threshold >= 1.0 or not can_speculate(req):
                 continue
             room = min(self.num_draft_tokens, budget,
                        req.params.max_new_tokens - len(req.output_ids) - 1,
                        self.max_context_len - len(req.input_ids) - len(req.output_ids) - 1)
             if room <= 0:
                 continue
-            req.draft = self._lookup(req).draft(room)
-            budget -= len(req.draft)
+            lookup = self._lookup(req)
+            draft = lookup.draft(room)
+            if draft:
+                acceptance = self._acceptance(lookup)
+                draft = draft[: self._worth(acceptance, threshold, len(draft))]
+                expected += sum(acceptance ** j for j in range(1, len(draft) + 1))
+            req.draft = draft
+            budget -= len(draft)
+        drafted = sum(len(r.draft) for r in reqs)
+        if self.fixed_threshold is None and drafted and not self.cost.drafts_pay(len(reqs), drafted, expected):
+            for req in reqs:  # what the drafts would add does not pay for checking them at all
+                req.draft = []
 
     def accepted(self, req: Req, picks: list[int]) -> list[int]:
         """The tokens a checked draft adds: the picks up to and including the first one that
@@ -58,10 +146,42 @@ class NgramSpeculator:
         agreed = 0
         while agreed < len(draft) and draft[agreed] == picks[agreed]:
             agreed += 1
+        tried = agreed + (agreed < len(draft))
         self.checks += 1
         self.drafted_tokens += len(draft)
         self.accepted_tokens += agreed
+        lookup = req.lookup
+        if lookup is not None:
+            lookup.agreed += agreed
+            lookup.tried += tried
+            n = lookup.match_len
+            self.agreed_by_match[n] = self.agreed_by_match.get(n, 0) + agreed
+            self.tried_by_match[n] = self.tried_by_match.get(n, 0) + tried
         return picks[: agreed + 1]
+
+    def observe(self, requests: int, drafted: int, seconds: float) -> None:
+        """A step that only decoded ``requests`` requests, ``drafted`` draft tokens with them."""
+        self.cost.observe(requests, drafted, seconds)
+
+    def threshold(self, requests: int) -> float:
+        return self.fixed_threshold if self.fixed_threshold is not None else self.cost.threshold(requests)
+
+    def _acceptance(self, lookup: NgramLookup) -> float:
+        """The chance that a draft token after kept ones is kept: this request's record,
+        drawn toward that of drafts with as long a match (itself toward even odds)."""
+        n = lookup.match_len
+        by_match = (self.agreed_by_match.get(n, 0) + 1) / (self.tried_by_match.get(n, 0) + 2)
+        return (lookup.agreed + _PRIOR_WEIGHT * by_match) / (lookup.tried + _PRIOR_WEIGHT)
+
+    @staticmethod
+    def _worth(acceptance: float, threshold: float, longest: int) -> int:
+        """Draft tokens to check: the j-th is kept with chance acceptance ** j, and pays
+        where that beats ``threshold``."""
+        if threshold <= 0 or acceptance >= 1:
+            return longest
+        if acceptance <= threshold:
+            return 0
+        return min(longest, math.floor(math.log(threshold) / math.log(acceptance)))
 
     def _lookup(self, req: Req) -> NgramLookup:
         lookup = req.lookup
@@ -78,4 +198,6 @@ class NgramSpeculator:
             "spec_accepted_tokens": self.accepted_tokens,
             # SGLang's name: tokens a request gains per step that checks a draft
             "avg_spec_accept_length": 1 + self.accepted_tokens / self.checks if self.checks else 0.0,
+            # what a draft token's chance of being kept must beat in a step of 8 requests, now
+            "spec_draft_threshold_8": self.threshold(8),
         }
