@@ -147,6 +147,16 @@ inline __m256i maskz_loadu_epi16(__mmask16 k, const void *p) {
     return bits_as<__m256i>(out);
 }
 
+// vdivps with a rounding mode (SIMDe has no _mm512_div_round_ps): a true division in each
+// lane, rounded to nearest even, the one mode the kernels pass. Compiled without
+// -ffast-math, which could turn it into a reciprocal and a product.
+__attribute__((optimize("no-fast-math"))) inline __m512 div_round_ps(__m512 a, __m512 b, int) {
+    auto x = bits_as<F32x16>(a);
+    const auto y = bits_as<F32x16>(b);
+    for (int i = 0; i < 16; i++) x.v[i] = x.v[i] / y.v[i];
+    return bits_as<__m512>(x);
+}
+
 }  // namespace forkserve::avx512_emulated
 
 #undef _mm512_dpbf16_ps
@@ -162,3 +172,4 @@ inline __m256i maskz_loadu_epi16(__mmask16 k, const void *p) {
 #define _mm512_mask_storeu_epi32 forkserve::avx512_emulated::mask_storeu_epi32
 #define _mm256_mask_storeu_epi16 forkserve::avx512_emulated::mask_storeu_epi16
 #define _mm256_maskz_loadu_epi16 forkserve::avx512_emulated::maskz_loadu_epi16
+#define _mm512_div_round_ps forkserve::avx512_emulated::div_round_ps
