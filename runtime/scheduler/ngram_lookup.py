@@ -2,8 +2,8 @@
 tokens occurred before in its own prompt or output, guess that what followed them then
 follows now. Agent programs quote and repeat their context (tool arguments, code being
 edited, a draft being revised), so the guess is often right; the model checks every guess
-in one forward (``Scheduler._speculate``), and a greedy request's output is what it would
-have been without them.
+in one forward (``Scheduler._next_tokens``, ``Scheduler._take_checked_draft``), and a greedy
+request's output is what it would have been without them.
 
 ``NgramLookup`` keeps, for each n-gram of ``min_n..max_n`` tokens, where it last ended with
 a token after it, and takes each new token in O(max_n): no step rescans the context. The
@@ -23,6 +23,7 @@ class NgramLookup:
         # n-gram -> the end (exclusive) of its latest occurrence that has a token after it
         self._ends: dict[tuple[int, ...], int] = {}
         self.match_len = 0  # tokens the last ``draft`` matched (0: none)
+        self.first_output = 0  # where the request's output starts in ``tokens`` (speculation.py)
         # this request's checked drafts: tokens the model agreed with, and tokens checked up to
         # and including the first disagreement (speculation.py estimates its acceptance from them)
         self.agreed = self.tried = 0

@@ -355,7 +355,7 @@ class Scheduler:
         the drafts they check, with speculative decoding); None (nothing changed) when the
         pool is short of slots."""
         if self.speculator is not None:
-            self.speculator.propose(reqs, self.cache.free_slots)
+            self.speculator.propose(reqs, self.allocator.available)  # drafts evict no cached prefix
         out_cache_loc = self.cache.grant_one_each(reqs)
         if out_cache_loc is None:
             for req in reqs:

@@ -32,6 +32,12 @@ from runtime.scheduler.req import Req
 # or more (at the prior's even odds, drafts of 2), so that there are drafts to learn from.
 _PRIOR_THRESHOLD = 0.25
 _MIN_STEPS_TO_FIT = 16
+# Steps without drafts the fit needs (what running a step as an extend costs); while the
+# window has fewer, every _PLAIN_STEP_EVERY-th step checks no drafts.
+_MIN_PLAIN_STEPS, _PLAIN_STEP_EVERY = 4, 8
+# The prompt tokens a request's lookup indexes (its latest): bounds the first draft's cost
+# and each request's index on long prompts.
+LOOKBACK_TOKENS = 4096
 # A request's own acceptance counts after this many tokens' worth of evidence; until then
 # the acceptance of drafts with as long a match (over all requests) stands in for it.
 _PRIOR_WEIGHT = 4.0
@@ -49,51 +55,67 @@ def can_speculate(req: Req) -> bool:
 class StepCost:
     """Seconds of the steps that only decode ~= fixed + per_request * requests + per_draft *
     draft tokens, + per_request_checking * requests in steps with drafts (they run as an
-    extend, whose attention costs a request more than a decode step's: forks' shared keys
-    are read once per fork there, for one); least squares over the last ``window`` such steps."""
+    extend, whose attention may cost a request more than a decode step's, and on CUDA without
+    a captured graph); least squares over the last ``window`` such steps."""
 
     window: int = 128
     steps: deque[tuple[int, int, float]] = field(default_factory=deque)
+    _fitted: tuple[float, float, float, float] | None = None
+    _fit_is_current: bool = False
 
     def observe(self, requests: int, drafted: int, seconds: float) -> None:
         self.steps.append((requests, drafted, seconds))
         if len(self.steps) > self.window:
             self.steps.popleft()
+        self._fit_is_current = False
+
+    def wants_plain_steps(self) -> bool:
+        """Too few steps without drafts to tell what checking drafts at all costs."""
+        return sum(1 for _, drafted, _ in self.steps if drafted == 0) < _MIN_PLAIN_STEPS
 
     def per_token(self, requests: int) -> float | None:
         """Seconds a token of a step of ``requests`` without drafts costs; None before a fit."""
-        fit = self._fit()
+        fit = self.fit()
         return None if fit is None else (fit[0] + fit[1] * requests) / max(requests, 1)
 
     def threshold(self, requests: int) -> float:
         """What one more draft token in a step of ``requests`` costs, over what a token of a
         step without drafts costs: a token kept with at least this chance pays."""
-        fit, per_token = self._fit(), self.per_token(requests)
+        fit, per_token = self.fit(), self.per_token(requests)
         if fit is None or per_token is None:
             return _PRIOR_THRESHOLD
-        return 1.0 if per_token <= 0 else min(1.0, max(0.0, fit[2] / per_token))
+        return min(1.0, fit[2] / per_token)
 
     def drafts_pay(self, requests: int, drafted: int, expected: float) -> bool:
         """Whether ``drafted`` draft tokens in a step of ``requests``, expected to add
         ``expected`` tokens, save more than they cost, running the step as an extend
         included (True before a fit)."""
-        fit, per_token = self._fit(), self.per_token(requests)
+        fit, per_token = self.fit(), self.per_token(requests)
         if fit is None or per_token is None:
             return True
-        return expected * per_token >= fit[2] * drafted + max(0.0, fit[3] * requests)
+        return expected * per_token >= fit[2] * drafted + fit[3] * requests
 
-    def _fit(self) -> tuple[float, float, float, float] | None:
-        if len(self.steps) < _MIN_STEPS_TO_FIT:
+    def fit(self) -> tuple[float, float, float, float] | None:
+        """(fixed, per_request, per_draft, per_request_checking), or None while the steps
+        seen cannot tell them apart or give a cost that makes no sense (a draft token or a
+        step's token for free)."""
+        if not self._fit_is_current:
+            self._fitted, self._fit_is_current = self._least_squares(), True
+        return self._fitted
+
+    def _least_squares(self) -> tuple[float, float, float, float] | None:
+        if len(self.steps) < _MIN_STEPS_TO_FIT or self.wants_plain_steps():
             return None
         data = np.array(self.steps, dtype=np.float64)
         requests, drafted = data[:, 0], data[:, 1]
-        design = np.column_stack([np.ones(len(data)), requests, drafted, requests * (drafted > 0)])
-        if np.linalg.matrix_rank(design) < 4:  # e.g. every step drafted: no switch cost to tell
-            design = design[:, :3]
-            if np.linalg.matrix_rank(design) < 3:
-                return None  # the draft tokens' share cannot be told apart from the requests' yet
-        coef = [float(c) for c in np.linalg.lstsq(design, data[:, 2], rcond=None)[0]]
-        return coef[0], coef[1], coef[2], coef[3] if len(coef) == 4 else 0.0
+        base = np.column_stack([np.ones(len(data)), requests])  # collinear where every step had as many requests
+        full = np.column_stack([base, drafted, requests * (drafted > 0)])
+        if np.linalg.matrix_rank(full) < np.linalg.matrix_rank(base) + 2:
+            return None  # the drafts' share cannot be told apart from the requests' yet
+        fixed, per_request, per_draft, checking = (float(c) for c in np.linalg.lstsq(full, data[:, 2], rcond=None)[0])
+        if per_draft <= 0 or fixed + per_request * requests.min() <= 0:
+            return None
+        return fixed, per_request, per_draft, max(0.0, checking)
 
 
 @dataclass
@@ -107,15 +129,20 @@ class NgramSpeculator:
     drafted_tokens: int = 0  # guessed tokens checked so far
     accepted_tokens: int = 0  # of which the model agreed with
     checks: int = 0  # request-steps that checked a draft
+    proposals: int = 0  # steps that asked for drafts
     # per match length: tokens agreed and tokens tried (as NgramLookup.agreed / tried)
     agreed_by_match: dict[int, int] = field(default_factory=dict)
     tried_by_match: dict[int, int] = field(default_factory=dict)
 
     def propose(self, reqs: list[Req], free_slots: int) -> None:
         """Set each request's ``draft`` for this step (empty where it does not guess), within
-        ``free_slots`` for all their tokens, the one each decodes included."""
+        ``free_slots`` for all their tokens, the one each decodes included; every few steps
+        none while the cost fit lacks steps without drafts."""
         budget = free_slots - len(reqs)
         threshold = self.threshold(len(reqs))
+        self.proposals += 1
+        if self.fixed_threshold is None and self.cost.wants_plain_steps() and self.proposals % _PLAIN_STEP_EVERY == 0:
+            budget = 0  # a step without drafts, for the fit
         expected = 0.0  # tokens the drafts are expected to add
         for req in reqs:
             req.draft = []
@@ -187,9 +214,9 @@ class NgramSpeculator:
         lookup = req.lookup
         if lookup is None:
             lookup = req.lookup = NgramLookup(self.min_n, self.max_n)
-            lookup.extend(req.input_ids)
-        seen = len(lookup.tokens) - len(req.input_ids)
-        lookup.extend(req.output_ids[seen:])
+            lookup.extend(req.input_ids[-LOOKBACK_TOKENS:])
+            lookup.first_output = len(lookup.tokens)
+        lookup.extend(req.output_ids[len(lookup.tokens) - lookup.first_output :])
         return lookup
 
     def stats(self) -> dict[str, int | float]:
