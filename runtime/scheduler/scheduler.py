@@ -10,6 +10,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from radix_cache import RadixCache, SlotAllocator
 from runtime.config import ServerArgs
@@ -25,7 +26,7 @@ from runtime.scheduler.program_pins import ProgramPins
 from runtime.scheduler.req import Req
 from runtime.scheduler.row_sharing import Hog, call_that_may_yield, yields_to
 from runtime.scheduler.scheduler_stats import scheduler_report
-from runtime.scheduler.speculation import NgramSpeculator
+from runtime.scheduler.speculation import speculator_for
 from runtime.scheduler.step_stats import StepStats
 from runtime.scheduler.stop import check_stop, grammar_stop
 from runtime.scheduler.waiting_queue import WaitingQueue
@@ -69,10 +70,7 @@ class Scheduler:
         self.prefill_streak = 0  # prefill steps since the last decode step
         self.kv_peak_in_use = 0  # most slots requests held (own + locked prefixes) in a step since the last flush
         self.pins = ProgramPins(self.tree, self.allocator.capacity, idle_timeout=args.program_pin_timeout)
-        self.speculator = NgramSpeculator(
-            args.speculative_num_draft_tokens, args.speculative_ngram_min_match_window_size,
-            args.speculative_ngram_max_match_window_size, self.max_context_len,
-        ) if args.speculative_algorithm == "NGRAM" else None
+        self.speculator = speculator_for(args, self.max_context_len)
 
     # ------------------------------------------------------------------ the loop
     def validate_request(self, req: Req) -> None:
@@ -417,7 +415,7 @@ class Scheduler:
                 if req.options.return_logprob:
                     req.output_token_logprobs.append((result.output_logprobs[i], token))  # type: ignore[arg-type]
                     req.output_top_logprobs.append(result.output_top_logprobs[i])
-                req.finished_reason = check_stop(req, self.eos_token_ids, self.max_context_len, self.decode_tail)
+                req.finished_reason = self._stop_reason(req)
                 if req.grammar is not None and not req.is_finished:
                     req.finished_reason = grammar_stop(req, token)
                     if self.jump_forward and not req.is_finished and self._jump(req):
@@ -441,22 +439,16 @@ class Scheduler:
             self.jumped.append(req)
         return touched
 
+    def _stop_reason(self, req: Req) -> dict[str, Any] | None:
+        return check_stop(req, self.eos_token_ids, self.max_context_len, self.decode_tail)
+
     def _take_checked_draft(self, req: Req, picks: list[int]) -> None:
-        """Append what a checked draft adds (``NgramSpeculator.accepted``), one token at a
-        time through the stop checks; keep the KV of the tokens fed that the output kept,
-        give back the other slots."""
+        """Append what a checked draft adds (``NgramSpeculator.take``); keep the KV of the
+        tokens fed that the output kept (the decoded token and the draft tokens in the output
+        but the last), give back the other slots."""
         assert self.speculator is not None
         last_at = req.alloc_len - len(picks)  # the position of the token decoded
-        added = 0
-        for token in self.speculator.accepted(req, picks):
-            req.output_ids.append(token)
-            added += 1
-            req.finished_reason = check_stop(req, self.eos_token_ids, self.max_context_len, self.decode_tail)
-            if req.is_finished:
-                break
-        # computed: the decoded token and the draft tokens now in the output but the last
-        req.kv_len = last_at + added
-        req.draft = []
+        req.kv_len = last_at + self.speculator.take(req, picks, self._stop_reason)
         self.cache.take_back_unused(req)
 
     def _jump(self, req: Req) -> bool:

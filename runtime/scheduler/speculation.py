@@ -21,10 +21,13 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
+from runtime.config import ServerArgs
 from runtime.scheduler.ngram_lookup import NgramLookup
 from runtime.scheduler.req import Req
 
@@ -186,6 +189,20 @@ class NgramSpeculator:
             self.tried_by_match[n] = self.tried_by_match.get(n, 0) + tried
         return picks[: agreed + 1]
 
+    def take(self, req: Req, picks: list[int], stop: Callable[[Req], dict[str, Any] | None]) -> int:
+        """Append what the checked draft adds (``accepted``) to the output one token at a
+        time, each through ``stop`` (the finish reason, or None), until the request finishes;
+        clear the draft. Returns the tokens appended."""
+        added = 0
+        for token in self.accepted(req, picks):
+            req.output_ids.append(token)
+            added += 1
+            req.finished_reason = stop(req)
+            if req.is_finished:
+                break
+        req.draft = []
+        return added
+
     def observe(self, requests: int, drafted: int, seconds: float) -> None:
         """A step that only decoded ``requests`` requests, ``drafted`` draft tokens with them."""
         self.cost.observe(requests, drafted, seconds)
@@ -228,3 +245,11 @@ class NgramSpeculator:
             # what a draft token's chance of being kept must beat in a step of 8 requests, now
             "spec_draft_threshold_8": self.threshold(8),
         }
+
+
+def speculator_for(args: ServerArgs, max_context_len: int) -> NgramSpeculator | None:
+    """The speculator ``--speculative-algorithm`` asks for; None without one."""
+    if args.speculative_algorithm != "NGRAM":
+        return None
+    return NgramSpeculator(args.speculative_num_draft_tokens, args.speculative_ngram_min_match_window_size,
+                           args.speculative_ngram_max_match_window_size, max_context_len)
