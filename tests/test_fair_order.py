@@ -137,7 +137,7 @@ def test_a_request_behind_a_large_n_starts_at_once(tiny_gqa_llama):
                 started.setdefault(req.rid, step)
             step += 1
         assert started["later"] == 1 < started["s2"] < started["s3"], started
-        assert sched.num_rows_yielded == 1
+        assert sched.send_back.num_rows_yielded == 1
         sched.check_invariants()
     finally:
         eng.shutdown()
@@ -241,7 +241,7 @@ def test_a_later_call_gets_a_row_from_a_call_holding_them_all(tiny_gqa_llama):
             outputs[rows] = {r.rid: list(r.output_ids) for r in [*call, later]}
             if rows == 4:
                 assert steps["later"][1] <= 3 + 5, steps  # started at once, done in its 3 tokens
-                assert sched.num_rows_yielded == 1 and sched.num_retractions == 0
+                assert sched.send_back.num_rows_yielded == 1 and sched.send_back.num_retractions == 0
             sched.check_invariants()
         finally:
             eng.shutdown()
@@ -255,9 +255,9 @@ def _bare_scheduler(running: list[Req], max_running: int):
     sched = Scheduler.__new__(Scheduler)
     sched.args = SimpleNamespace(max_running_requests=max_running)
     sched.cache = SimpleNamespace(tree=SimpleNamespace(disable=False))
-    sched.running, sched.jumped, sched.chunked, sched.num_rows_yielded = running, [], None, 0
-    sched.retracted = []
-    sched._retract = lambda req, for_memory: sched.retracted.append((req, for_memory))
+    sched.running, sched.jumped, sched.chunked = running, [], None
+    sched.yielded = []
+    sched.send_back = SimpleNamespace(yielding_row=sched.yielded.append)
     return sched
 
 
@@ -290,8 +290,8 @@ def test_a_call_of_a_fair_size_keeps_its_rows():
     for r in hog[:5] + hog[6:]:
         r.output_ids = [7]
     sched = _bare_scheduler(list(hog), 64)
-    assert _yields(sched, loner) and sched.retracted == [(hog[5], False)]
-    assert len(sched.running) == 63 and sched.num_rows_yielded == 1
+    assert _yields(sched, loner) and sched.yielded == [hog[5]]
+    assert len(sched.running) == 63
 
 
 @pytest.mark.slow
@@ -312,9 +312,9 @@ def test_no_row_is_yielded_to_a_request_the_memory_reserve_keeps_waiting(tiny_gq
         # 100 prompt tokens: under the pool, but not beside the 4 samples' decode reserve
         sched.add_request(Req("later", list(range(100, 200)), SamplingParams(max_new_tokens=3, temperature=0)))
         sched.step()
-        assert sched.num_rows_yielded == 0 and len(sched.running) == 4
+        assert sched.send_back.num_rows_yielded == 0 and len(sched.running) == 4
         done = _run_to_end(sched)
-        assert set(done) >= {"later"} and sched.num_retractions == 0
+        assert set(done) >= {"later"} and sched.send_back.num_retractions == 0
         sched.check_invariants()
     finally:
         eng.shutdown()

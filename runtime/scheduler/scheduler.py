@@ -26,6 +26,7 @@ from runtime.scheduler.program_pins import ProgramPins
 from runtime.scheduler.req import Req
 from runtime.scheduler.row_sharing import Hog, call_that_may_yield, yields_to
 from runtime.scheduler.scheduler_stats import scheduler_report
+from runtime.scheduler.send_back import SendBack, least_progress
 from runtime.scheduler.speculation import speculator_for
 from runtime.scheduler.step_stats import StepStats
 from runtime.scheduler.stop import check_stop, grammar_stop
@@ -33,9 +34,6 @@ from runtime.scheduler.waiting_queue import WaitingQueue
 
 logger = logging.getLogger("forkserve")
 
-# Reserve for running requests' future decode tokens, as a fraction of what they may still
-# generate: optimistic by default (finished requests free memory), raised after a retraction.
-_INIT_NEW_TOKEN_RATIO, _MIN_NEW_TOKEN_RATIO, _NEW_TOKEN_RATIO_DECAY = 0.7, 0.1, 0.001
 # Most prefill steps in a row while requests wait to decode.
 MAX_PREFILL_STREAK = 4
 
@@ -59,12 +57,10 @@ class Scheduler:
         self.running: list[Req] = []
         self.chunked: Req | None = None  # the request whose prompt is part-way through prefill
         self.jumped: list[Req] = []  # running requests with forced tokens to compute (jump-forward)
-        self.new_token_ratio = _INIT_NEW_TOKEN_RATIO
         self.max_context_len = worker.max_context_len
         self.vocab_size = worker.model_config.vocab_size
         self.eos_token_ids = worker.eos_token_ids
-        self.num_retractions = 0
-        self.num_rows_yielded = 0  # running requests sent back so a call with fewer rows could start
+        self.send_back = SendBack(self.cache, self.waiting)  # retractions and the decode reserve
         self.steps = StepStats()
         self.num_jumped_tokens = 0  # output tokens appended by jump-forward, not sampled
         self.prefill_streak = 0  # prefill steps since the last decode step
@@ -203,7 +199,7 @@ class Scheduler:
     def _prefill_batch(self) -> ScheduledBatch | None:
         mix = not self.args.disable_mixed_chunk and bool(self.running)
         budget = PrefillBudget.for_step(self.args.chunked_prefill_size, self.args.max_running_requests,
-                                        len(self.running), mix, self._decode_reserve())
+                                        len(self.running), mix, self.send_back.decode_reserve(self.running))
         picked: list[tuple[Req, int]] = []
         # Jumped requests first: their forced tokens are a few each, and behind a long
         # prompt's chunks (each taking the whole budget) they would wait for all of them.
@@ -215,7 +211,7 @@ class Scheduler:
                 break
             self.jumped.remove(req)
             if not self.cache.grant(req, n):
-                self._retract(req)  # memory is short: recompute it later from the tree
+                self.send_back.for_memory(req)  # memory is short: recompute it later from the tree
                 continue
             picked.append((req, n))
             budget.take(n)
@@ -259,7 +255,7 @@ class Scheduler:
             req.yielded = False
             picked.append((req, n))
             admitted[req.group] += 1
-            budget.take(n, PrefillBudget.expected_decode_tokens(req.params.max_new_tokens, self.new_token_ratio))
+            budget.take(n, self.send_back.expected_decode_tokens(req))
         if not picked:
             return None
         self.waiting.batch_formed()
@@ -278,20 +274,18 @@ class Scheduler:
     def _yield_row(self, first: Req, admitted: Counter[str | None]) -> bool:
         """``first``, the next waiting request in fair order, could start but every row is
         taken: when a call gives one up to it (``runtime/scheduler/row_sharing.py``), that
-        call's least advanced running member goes back to the queue (``_retract``: its KV
+        call's least advanced running member goes back to the queue (``SendBack``: its KV
         to the tree, so it comes back computing what the tree no longer holds, usually one
-        token) and waits behind ``first``, ranked with its call (``Req.yielded``,
-        ``order_waiting``). A request that is waiting after being sent back (for memory or
+        token) and waits behind ``first``, ranked with its call. A request that is waiting after being sent back (for memory or
         a yield) makes no other yield: no churn."""
         if first.is_retracted:  # waiting, so put back
             return False
         hog = self._call_that_may_yield(admitted)
         if hog is None or not yields_to(first, hog, admitted, self.args.max_running_requests):
             return False
-        victim = min((r for r in self.running if r.group == hog.group), key=_progress)
+        victim = least_progress(r for r in self.running if r.group == hog.group)
         self.running.remove(victim)
-        self._retract(victim, for_memory=False)
-        self.num_rows_yielded += 1
+        self.send_back.yielding_row(victim)
         logger.debug("request %s yields its row to %s (its call holds %d rows)", victim.rid, first.rid, hog.rows)
         return True
 
@@ -321,7 +315,7 @@ class Scheduler:
     def _decode_batch(self) -> ScheduledBatch | None:
         if not self.running:
             return None
-        self.new_token_ratio = max(_MIN_NEW_TOKEN_RATIO, self.new_token_ratio - _NEW_TOKEN_RATIO_DECAY)
+        self.send_back.decay()
         while self.cache.free_slots < len(self.running) and self._give_up_memory():
             pass
         batch = self._next_tokens(list(self.running))
@@ -339,13 +333,14 @@ class Scheduler:
             return True
         if self.chunked is not None:
             req, self.chunked = self.chunked, None
-            self._retract(req)
         elif len(self.running) > 1:
-            self._retract_one()
+            req = least_progress(self.running)
+            self.running.remove(req)
         elif self.jumped:
-            self._retract(self.jumped.pop())
+            req = self.jumped.pop()
         else:
             return False
+        self.send_back.for_memory(req)  # its KV to the tree: it may be reused when it comes back
         return True
 
     def _next_tokens(self, reqs: list[Req]) -> ScheduledBatch | None:
@@ -360,34 +355,6 @@ class Scheduler:
                 req.draft = []
             return None
         return decode_batch(reqs, out_cache_loc)
-
-    def _retract_one(self) -> None:
-        """Free memory by sending the request with the least progress back to the queue;
-        its computed KV goes to the tree, so it may be reused when it comes back."""
-        victim = min(self.running, key=_progress)
-        self.running.remove(victim)
-        self._retract(victim)
-
-    def _retract(self, req: Req, for_memory: bool = True) -> None:
-        """Send ``req`` back to the queue, its computed KV to the tree. Sent back for
-        memory, it goes first; yielding its row (``_yield_row``), it ranks with its call."""
-        self.cache.release(req)
-        req.is_retracted = True
-        req.yielded = not for_memory
-        if not req.output_ids:  # part-way through its prompt: its prompt logprobs start over
-            req.input_token_logprobs.clear()
-            req.input_top_logprobs.clear()
-            req.input_token_ranks.clear()
-        self.waiting.put_back(req)
-        if for_memory:
-            self.num_retractions += 1
-            self.new_token_ratio = _INIT_NEW_TOKEN_RATIO
-            logger.info("retracted request %s to free KV memory", req.rid)
-
-    def _decode_reserve(self) -> float:
-        """KV slots the running requests may still need for their decode tokens."""
-        return sum(PrefillBudget.expected_decode_tokens(r.params.max_new_tokens - len(r.output_ids),
-                                                        self.new_token_ratio) for r in self.running)
 
     # ------------------------------------------------------------------ results
     def _process(self, batch: ScheduledBatch, result: BatchResult) -> list[Req]:
@@ -463,12 +430,6 @@ class Scheduler:
     def admitted(self) -> list[Req]:
         """The requests holding KV now: running, jumped and the one part-way through prefill."""
         return self.running + self.jumped + ([self.chunked] if self.chunked is not None else [])
-
-
-def _progress(req: Req) -> tuple[int, int]:
-    """Least first: what sending a running request back loses (its output so far; a longer
-    prompt is kept over a shorter one at equal output)."""
-    return len(req.output_ids), -len(req.input_ids)
 
 
 def _no_grammar_backend() -> GrammarBackend:
