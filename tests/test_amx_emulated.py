@@ -22,12 +22,14 @@ from kernels.cpu import build
 from runtime.config import cpu_flags
 from tests.emulated_kernels import avx512_emulation_unavailable, run_child_tests
 
-# The tests of the AMX paths, by pytest -k expression per file: the attention tests with every
-# extend on tiles, and the forked-decode tests as a server runs them (shared keys on tiles).
+# The tests of the AMX paths, by pytest -k expression per file (None: all of them): the
+# attention tests with every extend on tiles, and the forked-decode tests as a server runs
+# them (shared keys on tiles).
 # Not the row-threshold test: it tells the two GEMM kernels apart by last bits in which real
 # tiles and the vector kernel differ, and the emulated tiles (Intel's order of the two
 # products of a pair) and this CPU's vdpbf16ps do not.
-AMX_TESTS = {
+AMX_TESTS: dict[str, str | None] = {
+    "tests/test_cpu_linear_amx.py": None,  # every test
     "tests/test_cpu_packed_linear.py": "amx",
     "tests/test_cpu_attention.py": "native_amx_always or ((sharing or forked) and [native-)",
 }

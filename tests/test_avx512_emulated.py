@@ -18,7 +18,9 @@ from tests.emulated_kernels import avx512_emulation_unavailable, run_child_tests
 # Every test of each file: the AVX-512 build under every kernel choice they force.
 AVX512_TESTS = (
     "tests/test_cpu_packed_linear.py",
+    "tests/test_cpu_linear_f32.py",
     "tests/test_cpu_attention.py",
+    "tests/test_cpu_store_kv.py",
     "tests/test_cpu_elementwise.py",
     "tests/test_cpu_decoder_layers.py",
     "tests/test_gemm_choice.py",

@@ -1,5 +1,6 @@
 """The compiled CPU attention kernel (``kernels/cpu``) and the ``cpu`` backend, against the
-brute-force reference and against ``torch_native``; then whole greedy generations."""
+brute-force reference and against ``torch_native``; then whole greedy generations. The KV
+store the backend calls first is tested in ``test_cpu_store_kv.py``."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import pytest
 import torch
 
 from kernels.cpu import attention_choice, build, entry_checks, gemm_choice
-from kernels.cpu.build import CpuKernelsUnavailable
 from tests.test_attention_backends import TOLERANCE, _reference, _run
 from tests.tiny_models import greedy_tokens_by_backend
 
@@ -29,10 +29,8 @@ from kernels.cpu.paged_attention import (  # noqa: E402
     shared_min_rows,
     shared_on_tiles,
     shared_prefix_groups,
-    store_kv,
 )
 from runtime.config import cpu_flags  # noqa: E402
-from runtime.executor.kv_pool import KVPool  # noqa: E402
 
 # (query heads, KV heads, head dim): GQA ratios 1, 3, 4 and 8, head dims 64 and 128
 GEOMETRIES = [(4, 4, 64), (9, 3, 64), (8, 2, 128), (8, 1, 64)]
@@ -412,63 +410,6 @@ def test_kernel_rejects_what_it_cannot_read():
         PagedBatch.build(table, torch.tensor([2]), [3], [1])
     with pytest.raises(ValueError, match="columns"):
         paged_attention(torch.zeros(1, 4, 64), k, k, PagedBatch.build(table, torch.tensor([1]), [8], [1]), 0.1)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("tokens", [1, 5, 700])
-def test_store_kv_writes_what_kv_pool_write_writes(tokens, dtype):
-    """K/V as views into a fused QKV row (strided tokens), scattered slots: the pool ends up
-    as ``KVPool.write`` leaves it, and no other slot changes."""
-    gen = torch.Generator().manual_seed(tokens)
-    kv_heads, dim, num_slots = 3, 64, 1600
-    qkv = torch.randn(tokens, (9 + 2 * kv_heads) * dim, generator=gen).to(dtype)
-    _, k, v = qkv.split([9 * dim, kv_heads * dim, kv_heads * dim], dim=-1)
-    k, v = k.view(tokens, kv_heads, dim), v.view(tokens, kv_heads, dim)
-    loc = torch.randperm(num_slots - 1, generator=gen)[:tokens] + 1
-    ours = KVPool(num_slots, 1, kv_heads, dim, dtype, "cpu", layout="HND")
-    ref = KVPool(num_slots, 1, kv_heads, dim, dtype, "cpu", layout="HND")
-    for pool in (ours, ref):  # the same old contents
-        pool.k[0].copy_(torch.randn(pool.k[0].shape, generator=torch.Generator().manual_seed(0)))
-        pool.v[0].copy_(torch.randn(pool.v[0].shape, generator=torch.Generator().manual_seed(1)))
-    store_kv(ours.k[0], ours.v[0], loc, k, v)
-    ref.write(0, loc, k, v)
-    assert torch.equal(ours.k[0], ref.k[0]) and torch.equal(ours.v[0], ref.v[0])
-
-
-def test_store_kv_rejects_what_it_cannot_write():
-    k_cache = torch.zeros(2, 10, 8)
-    v_cache = torch.zeros(2, 10, 8)
-    kv = torch.ones(3, 2, 8)
-    for bad_loc in ([1, 2, 10], [-1, 2, 3]):
-        with pytest.raises(ValueError, match="outside the pool"):
-            store_kv(k_cache, v_cache, torch.tensor(bad_loc), kv, kv)
-    assert not k_cache.any()  # checked before anything was written
-    with pytest.raises(ValueError, match="int64"):
-        store_kv(k_cache, v_cache, torch.tensor([1, 2, 3], dtype=torch.int32), kv, kv)
-    with pytest.raises(ValueError, match="do not fit"):
-        store_kv(k_cache, v_cache, torch.tensor([1, 2, 3]), torch.ones(3, 1, 8), torch.ones(3, 1, 8))
-    with pytest.raises(ValueError, match="dtype"):
-        store_kv(k_cache, v_cache, torch.tensor([1, 2, 3]), kv.bfloat16(), kv.bfloat16())
-    with pytest.raises(ValueError, match="packed"):
-        store_kv(k_cache, v_cache, torch.tensor([1, 2]), kv.transpose(0, 1), kv.transpose(0, 1))
-
-
-def test_missing_or_failing_compiler_is_a_clear_error(monkeypatch, tmp_path):
-    monkeypatch.setenv("FORKSERVE_KERNEL_CACHE", str(tmp_path))
-    monkeypatch.setenv("CXX", "no-such-compiler-here")
-    with pytest.raises(CpuKernelsUnavailable, match="C\\+\\+ compiler"):
-        build.load_kernels.__wrapped__()
-    monkeypatch.delenv("CXX")
-    (tmp_path / "broken.cpp").write_text("this is not C++\n")
-    for header in build.HEADERS:
-        (tmp_path / header).write_text("")
-    monkeypatch.setattr(build, "SOURCE_DIR", tmp_path)
-    monkeypatch.setattr(build, "SOURCES", ("broken.cpp",))
-    with pytest.raises(CpuKernelsUnavailable, match="failed") as err:
-        build.load_kernels.__wrapped__()
-    assert "torch_native" in str(err.value)
-    assert not list(tmp_path.glob("*.so*")), "a failed build leaves nothing behind"
-    assert "broken.cpp" in str(err.value)
 
 
 def test_engine_greedy_tokens_match_torch_native(tiny_gqa_llama):

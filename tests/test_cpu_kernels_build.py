@@ -11,6 +11,7 @@ import platform
 import pytest
 
 from kernels.cpu import build, gemm_choice, linear_bf16
+from kernels.cpu.build import CpuKernelsUnavailable
 from runtime.config import cpu_flags
 
 
@@ -44,3 +45,22 @@ def test_a_cpu_with_avx512_bf16_has_the_bf16_gemm():
 @pytest.mark.skipif(not _linux_at_least(5, 16), reason="Linux grants AMX tile state from 5.16 on")
 def test_a_cpu_with_amx_can_multiply_on_tiles():
     assert gemm_choice.amx_available()
+
+
+@needs_compiler
+def test_missing_or_failing_compiler_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("FORKSERVE_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setenv("CXX", "no-such-compiler-here")
+    with pytest.raises(CpuKernelsUnavailable, match="C\\+\\+ compiler"):
+        build.load_kernels.__wrapped__()
+    monkeypatch.delenv("CXX")
+    (tmp_path / "broken.cpp").write_text("this is not C++\n")
+    for header in build.HEADERS:
+        (tmp_path / header).write_text("")
+    monkeypatch.setattr(build, "SOURCE_DIR", tmp_path)
+    monkeypatch.setattr(build, "SOURCES", ("broken.cpp",))
+    with pytest.raises(CpuKernelsUnavailable, match="failed") as err:
+        build.load_kernels.__wrapped__()
+    assert "torch_native" in str(err.value)
+    assert not list(tmp_path.glob("*.so*")), "a failed build leaves nothing behind"
+    assert "broken.cpp" in str(err.value)

@@ -1,6 +1,8 @@
 """Linear layers with packed weights (``kernels/cpu/packed_linear.py``): our bfloat16 GEMM
-(``linear_bf16.cpp``), our float32 GEMM (``linear_f32.cpp``) and oneDNN's packing, each against the float64 product of the same
-numbers; the layers and models that use them against their plain ``F.linear`` selves."""
+(``linear_bf16.cpp``), our float32 GEMM (``linear_f32.cpp``) and oneDNN's packing, each against
+the float64 product of the same numbers; the layers and models that use them against their
+plain ``F.linear`` selves. The float32 kernel's own edges are in ``test_cpu_linear_f32.py``,
+the AMX kernel's row blocks and fused SiLU in ``test_cpu_linear_amx.py``."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from runtime.layers import pack_linear_weights
 from runtime.layers.linear import Linear, MergedLinear, RowParallelLinear
 from runtime.models.config import ModelConfig
 from runtime.models.llama import LlamaForCausalLM
+from tests.gemm_checks import close_to_exact, skip_without_bf16_kernel
 
 # (dtype, packed form, bf16 kernel): every form pack_weight may choose, and for our bf16
 # packing each kernel that may multiply it (gemm_choice picks by row count).
@@ -30,19 +33,12 @@ FORMS = [(torch.float32, "onednn", None), (torch.float32, "f32_panels", None), (
          (torch.bfloat16, "bf16_panels", "widened"), (torch.bfloat16, "bf16_panels", "amx")]
 
 
-def _skip_without(kernel: str | None) -> None:
-    if kernel is not None and not linear_bf16.available():
-        pytest.skip("this CPU has no AVX512-BF16 (or no C++ compiler): no bfloat16 GEMM kernel")
-    if kernel == "amx" and not gemm_choice.amx_available():
-        pytest.skip("this CPU (or its build or OS) has no AMX tiles: the AMX GEMM cannot run here")
-
-
 @pytest.fixture(params=FORMS, ids=lambda f: "-".join(x for x in (str(f[0]).removeprefix("torch."), f[1], f[2]) if x))
 def form(request, monkeypatch):
     """Make ``pack_weight`` use this form (and the bf16 GEMM this kernel) here, or skip
     where it cannot."""
     dtype, kind, kernel = request.param
-    _skip_without(kernel)
+    skip_without_bf16_kernel(kernel)
     if kind == "f32_panels" and not linear_f32.available():
         pytest.skip("this CPU has no AVX2 and FMA (or no C++ compiler): no float32 GEMM kernel")
     # On AVX-512 CPUs float32 goes to oneDNN by default; our kernel is checked there too.
@@ -57,21 +53,6 @@ def form(request, monkeypatch):
         yield dtype, kind
 
 
-def _close_to_exact(ours: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-    """``ours`` is the exact product (float64) up to one rounding to ``ours.dtype`` and the
-    float32 sums' rounding (bounded by in_features * 2^-23 * sum |x_k w_k|)."""
-    assert ours.dtype == x.dtype
-    exact = x.double() @ weight.double().T + (0 if bias is None else bias.double())
-    assert ours.shape == exact.shape
-    unit = 2.0**-8 if ours.dtype == torch.bfloat16 else 2.0**-24
-    sums = (x.double().abs() @ weight.double().abs().T) * x.shape[-1] * 2.0**-23
-    bound = exact.abs() * unit + sums + (0 if bias is None else bias.double().abs() * 2.0**-23)
-    excess = (ours.double() - exact).abs() - bound
-    if excess.numel():
-        worst = excess.max().item()
-        assert worst <= 0, f"off by {worst:.3g} beyond rounding"
-
-
 @pytest.mark.parametrize("rows", [0, 1, 7, 12, 13, 33, 300])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_packed_linear_is_the_exact_product_rounded(form, rows, with_bias):
@@ -82,7 +63,7 @@ def test_packed_linear_is_the_exact_product_rounded(form, rows, with_bias):
     x = torch.randn(rows, 96, generator=gen).to(dtype)
     packed = pack_weight(weight)
     assert packed.kind == form[1]
-    _close_to_exact(packed_linear(x, packed, bias), x, weight, bias)
+    close_to_exact(packed_linear(x, packed, bias), x, weight, bias)
 
 
 @pytest.mark.parametrize("kernel", gemm_choice.KERNELS)
@@ -92,134 +73,15 @@ def test_bf16_kernel_edges_of_panels_and_pairs(out_features, in_features, kernel
     """Output widths around the 32-column panel, odd input widths (a half-empty pair, a
     part-filled AMX tile), 40 inputs (one 16-pair block of the input regrouping and 4 pairs
     after it) and no inputs at all (the bias alone)."""
-    _skip_without(kernel)
+    skip_without_bf16_kernel(kernel)
     gen = torch.Generator().manual_seed(out_features * 1000 + in_features)
     weight = torch.randn(out_features, in_features, generator=gen).bfloat16()
     bias = torch.randn(out_features, generator=gen).bfloat16()
     x = torch.randn(14, in_features, generator=gen).bfloat16()
     packed = linear_bf16.pack(weight)
     with gemm_choice.forced(kernel):
-        _close_to_exact(linear_bf16.linear(x, packed, out_features, bias), x, weight, bias)
-        _close_to_exact(linear_bf16.linear(x[:5], packed, out_features), x[:5], weight, None)
-
-
-def _skip_without_f32_kernel() -> None:
-    if not linear_f32.available():
-        pytest.skip("this CPU has no AVX2 and FMA (or no C++ compiler): no float32 GEMM kernel")
-
-
-@pytest.mark.parametrize("rows", [1, 2, 5, 6, 7, 13, 17])
-@pytest.mark.parametrize("out_features", [1, 15, 16, 17, 33])
-@pytest.mark.parametrize("in_features", [0, 1, 3, 577])
-def test_f32_kernel_edges_of_panels_and_row_tiles(out_features, in_features, rows):
-    """Output widths around the 16-column panel (a masked last panel), input widths down to
-    none (the bias alone), and the row tiles: 1-6 rows in one tile, 7 as 4 + 3, 13 as
-    5 + 4 + 4, 17 as 6 + 6 + 5; inputs strided, with and without a bias."""
-    _skip_without_f32_kernel()
-    gen = torch.Generator().manual_seed(out_features * 1000 + in_features * 10 + rows)
-    weight = torch.randn(out_features, in_features, generator=gen)
-    bias = torch.randn(out_features, generator=gen)
-    x = torch.randn(rows, in_features + 3, generator=gen)[:, 3:]
-    packed = linear_f32.pack(weight)
-    _close_to_exact(linear_f32.linear(x, packed, out_features, bias), x, weight, bias)
-    _close_to_exact(linear_f32.linear(x, packed, out_features), x, weight, None)
-
-
-@pytest.mark.parametrize("rows", [53, 54, 55, 108, 200])
-def test_f32_kernel_row_passes(rows):
-    """Rows in passes whose inputs fill 128 KiB: 54 rows a pass for 577 features, so the
-    cases end before, at and after a pass, and several passes over many panels (the
-    threads' ranges and the prefetch of each range's last panel past its end)."""
-    _skip_without_f32_kernel()
-    gen = torch.Generator().manual_seed(rows)
-    weight = torch.randn(16 * 9 + 5, 577, generator=gen)
-    bias = torch.randn(16 * 9 + 5, generator=gen)
-    x = torch.randn(rows, 580, generator=gen)[:, 3:]
-    _close_to_exact(linear_f32.linear(x, linear_f32.pack(weight), weight.shape[0], bias), x, weight, bias)
-
-
-def test_bad_inputs_to_the_f32_kernel_raise():
-    _skip_without_f32_kernel()
-    packed = linear_f32.pack(torch.randn(40, 6))
-    with pytest.raises(ValueError, match="does not fit"):
-        linear_f32.linear(torch.randn(2, 7), packed, 40)
-    with pytest.raises(ValueError, match="does not fit"):
-        linear_f32.linear(torch.randn(2, 6), packed, 70)
-    with pytest.raises(ValueError, match="bias"):
-        linear_f32.linear(torch.randn(2, 6), packed, 40, torch.zeros(39))
-    with pytest.raises(ValueError, match="float32"):
-        linear_f32.linear(torch.randn(2, 6).bfloat16(), packed, 40)
-    with pytest.raises(ValueError, match="float32"):
-        linear_f32.pack(torch.randn(40, 6).bfloat16())
-
-
-@pytest.mark.parametrize("rows", [1, 15, 16, 17, 31, 32, 33, 40, 48, 49, 95, 450])
-@pytest.mark.parametrize("in_features", [32, 577])
-def test_amx_kernel_row_blocks(rows, in_features):
-    """The AMX kernel's row handling: one padded tile (< 16 rows), a padded pair of tiles
-    (< 32), whole 32-row blocks, a last block of one tile row (33, 40: overlapping the block
-    before it; 48: not) or two (49, 95: overlapping), and more rows than one pass over the
-    weights keeps in L2 (577 inputs: 416 rows a pass), read in place (32 inputs) or from a
-    zero-padded copy (577); inputs strided, with a bias, over three panels (each block asks
-    for the next panel ahead, the last one for none)."""
-    _skip_without("amx")
-    gen = torch.Generator().manual_seed(rows + in_features)
-    weight = torch.randn(70, in_features, generator=gen).bfloat16()
-    bias = torch.randn(70, generator=gen).bfloat16()
-    x = torch.randn(rows, in_features + 3, generator=gen).bfloat16()[:, 3:]
-    with gemm_choice.forced("amx"):
-        _close_to_exact(linear_bf16.linear(x, linear_bf16.pack(weight), 70, bias), x, weight, bias)
-
-
-def _fused_silu_mul(entry: str, x: torch.Tensor, packed: torch.Tensor, width: int) -> tuple[int, torch.Tensor]:
-    """``entry`` (``linear_amx_silu_mul`` or ``linear_bf16_silu_mul``) on ``x``: its status and
-    its output (NaN where it wrote nothing)."""
-    out = torch.full((x.shape[0], width), float("nan"), dtype=torch.bfloat16)
-    status = getattr(build.load_kernels(), entry)(x.data_ptr(), x.shape[0], x.shape[1], x.stride(0),
-                                                  packed.data_ptr(), width, out.data_ptr(), width,
-                                                  torch.get_num_threads())
-    return status, out
-
-
-@pytest.mark.parametrize("rows", [1, 15, 16, 17, 32, 33, 40, 48, 95, 450])
-@pytest.mark.parametrize("in_features", [32, 577])
-@pytest.mark.parametrize("width", [32, 96])
-def test_amx_gate_up_with_silu_gives_the_bits_of_the_product_then_silu_and_mul(rows, in_features, width):
-    """The MLP's gate-up product with silu(gate) * up applied on its tiles
-    (``linear_amx_silu_mul``) against the two steps it replaces, ``linear_bf16`` on AMX then
-    ``silu_and_mul``: bit for bit, over the same row blocks as above (a padded tile, padded
-    pairs, whole blocks, 16- and 32-row last blocks overlapping the block before or not, two
-    passes), one or three gate panels (each with its up panel, the next pair asked for
-    ahead)."""
-    _skip_without("amx")
-    from kernels.cpu import elementwise
-
-    gen = torch.Generator().manual_seed(rows * 7 + in_features + width)
-    weight = torch.randn(2 * width, in_features, generator=gen).bfloat16()
-    x = torch.randn(rows, in_features + 3, generator=gen).bfloat16()[:, 3:]
-    packed = linear_bf16.pack(weight)
-    with gemm_choice.forced("amx"):
-        expected = elementwise.silu_and_mul(linear_bf16.linear(x, packed, 2 * width))
-        for entry in ("linear_amx_silu_mul", "linear_bf16_silu_mul"):
-            status, fused = _fused_silu_mul(entry, x, packed, width)
-            assert status == 0
-            assert torch.equal(fused.view(torch.int16), expected.view(torch.int16)), entry
-
-
-def test_the_fused_silu_declines_what_it_cannot_do():
-    """A width that is not whole panels, and (``linear_bf16_silu_mul``) a product that
-    linear_bf16 would not send to the tiles: status 1 and nothing written, so the caller runs
-    the product and silu_and_mul itself."""
-    _skip_without("amx")
-    packed = linear_bf16.pack(torch.randn(80, 64).bfloat16())
-    x = torch.randn(40, 64).bfloat16()
-    with gemm_choice.forced("amx"):
-        for entry in ("linear_amx_silu_mul", "linear_bf16_silu_mul"):
-            status, out = _fused_silu_mul(entry, x, packed, 40)
-            assert status == 1 and out.isnan().all()
-    with gemm_choice.forced("vector"):
-        status, out = _fused_silu_mul("linear_bf16_silu_mul", x, linear_bf16.pack(torch.randn(64, 64).bfloat16()), 32)
-        assert status == 1 and out.isnan().all()
+        close_to_exact(linear_bf16.linear(x, packed, out_features, bias), x, weight, bias)
+        close_to_exact(linear_bf16.linear(x[:5], packed, out_features), x[:5], weight, None)
 
 
 @pytest.mark.parametrize("rows", [1, 12, 13, 16, 107, 108, 109, 450])
@@ -227,13 +89,13 @@ def test_widened_kernel_row_tiles_and_passes(rows):
     """The widened kernel's rows: a tile of 1, a full tile of 12, 13 and 16 split into two
     tiles, and passes of 108 rows (its float32 inputs for 577 features fill 256 KiB at 113
     rows) ending before, at and after a pass; inputs strided, with a bias."""
-    _skip_without("widened")
+    skip_without_bf16_kernel("widened")
     gen = torch.Generator().manual_seed(rows)
     weight = torch.randn(70, 577, generator=gen).bfloat16()
     bias = torch.randn(70, generator=gen).bfloat16()
     x = torch.randn(rows, 580, generator=gen).bfloat16()[:, 3:]
     with gemm_choice.forced("widened"):
-        _close_to_exact(linear_bf16.linear(x, linear_bf16.pack(weight), 70, bias), x, weight, bias)
+        close_to_exact(linear_bf16.linear(x, linear_bf16.pack(weight), 70, bias), x, weight, bias)
 
 
 @pytest.mark.parametrize("panels_ahead", [1, 3])
@@ -242,7 +104,7 @@ def test_the_vector_kernels_small_row_prefetch_changes_no_bit(rows, panels_ahead
     """Prefetching a panel ahead below 8 rows (chosen by measurement, gemm_choice) reads the
     same weights: the result is the exact product rounded, and bit-equal to no prefetch,
     including for the last panels of each thread's range, whose prefetch target is past it."""
-    _skip_without("vector")
+    skip_without_bf16_kernel("vector")
     gen = torch.Generator().manual_seed(rows)
     weight = torch.randn(7 * 32 + 5, 577, generator=gen).bfloat16()
     x = torch.randn(rows, 577, generator=gen).bfloat16()
@@ -255,7 +117,7 @@ def test_the_vector_kernels_small_row_prefetch_changes_no_bit(rows, panels_ahead
             ours = linear_bf16.linear(x, packed, weight.shape[0])
         finally:
             gemm_choice.set_small_prefetch(previous)
-    _close_to_exact(ours, x, weight, None)
+    close_to_exact(ours, x, weight, None)
     assert torch.equal(ours, plain)
 
 
@@ -264,7 +126,7 @@ def test_the_row_threshold_picks_the_kernel():
     smaller ones to the vector kernel: each result equals that kernel's own, bit for bit.
     The two kernels add the same products in the same order and agree almost everywhere, so
     the check uses rows of widely scaled inputs on which they round differently."""
-    _skip_without("amx")
+    skip_without_bf16_kernel("amx")
     lib = build.load_kernels()
     gen = torch.Generator().manual_seed(7)
     weight = torch.randn(96, 1536, generator=gen).bfloat16()
@@ -295,7 +157,7 @@ def test_the_widen_threshold_picks_the_widened_kernel():
     widened (float32 FMA) tiles and smaller ones to vdpbf16ps: each result equals that
     kernel's own. The two add the same products in the same order, so the check uses a
     subnormal input, which vdpbf16ps reads as zero and an FMA multiplies (by 2^100 here)."""
-    _skip_without("widened")
+    skip_without_bf16_kernel("widened")
     weight = torch.zeros(96, 64)
     weight[:, 0] = 2.0**100
     packed = linear_bf16.pack(weight.bfloat16())
@@ -320,11 +182,11 @@ def test_strided_and_batched_inputs_are_read_correctly(form):
     dtype, _ = form
     weight = torch.randn(64, 32).to(dtype)
     x = torch.randn(5, 64).to(dtype)[:, :32]  # every row starts 64 apart
-    _close_to_exact(packed_linear(x, pack_weight(weight)), x, weight, None)
+    close_to_exact(packed_linear(x, pack_weight(weight)), x, weight, None)
     x3 = torch.randn(2, 3, 32).to(dtype)
     out = packed_linear(x3, pack_weight(weight))
     assert out.shape == (2, 3, 64)
-    _close_to_exact(out.reshape(6, 64), x3.reshape(6, 32), weight, None)
+    close_to_exact(out.reshape(6, 64), x3.reshape(6, 32), weight, None)
 
 
 def _agree(ours: torch.Tensor, ref: torch.Tensor, kind: str) -> None:
@@ -484,8 +346,8 @@ def test_a_cpu_without_bf16_packing_says_so_before_touching_the_model():
 
 
 def test_the_plain_layer_is_the_reference():
-    """``F.linear`` itself against the float64 product: the bound in ``_close_to_exact``
+    """``F.linear`` itself against the float64 product: the bound in ``close_to_exact``
     is tight enough to hold for it and loose enough not to flag it."""
     gen = torch.Generator().manual_seed(1)
     weight, x = torch.randn(70, 130, generator=gen).bfloat16(), torch.randn(9, 130, generator=gen).bfloat16()
-    _close_to_exact(F.linear(x, weight), x, weight, None)
+    close_to_exact(F.linear(x, weight), x, weight, None)
