@@ -276,8 +276,8 @@ class Scheduler:
         taken: when a call gives one up to it (``runtime/scheduler/row_sharing.py``), that
         call's least advanced running member goes back to the queue (``SendBack``: its KV
         to the tree, so it comes back computing what the tree no longer holds, usually one
-        token) and waits behind ``first``, ranked with its call. A request that is waiting after being sent back (for memory or
-        a yield) makes no other yield: no churn."""
+        token) and waits behind ``first``, ranked with its call. A request that is waiting
+        after being sent back (for memory or a yield) makes no other yield: no churn."""
         if first.is_retracted:  # waiting, so put back
             return False
         hog = self._call_that_may_yield(admitted)
