@@ -8,6 +8,7 @@ import os
 import platform
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from kernels.cpu import build
@@ -37,14 +38,15 @@ def avx512_emulation_unavailable() -> str | None:
     return None
 
 
-def run_child_tests(test_file: str, expression: str | None, emulations: dict[str, str], kernel_cache: Path) -> str:
-    """Run ``test_file`` (only the tests ``-k expression`` selects, when given) in a child
+def run_child_tests(test_files: Sequence[str], expression: str | None, emulations: dict[str, str],
+                    kernel_cache: Path) -> str:
+    """Run ``test_files`` (only the tests ``-k expression`` selects, when given) in one child
     pytest with the ``emulations`` environment set, against kernels built into
     ``kernel_cache``; fails with the child's output unless it passed. Returns that output."""
     env = {**os.environ, **emulations, "FORKSERVE_KERNEL_CACHE": str(kernel_cache)}
     select = ["-k", expression] if expression else []
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", test_file, *select],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", *test_files, *select],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800,
     )
     output = done.stdout + done.stderr

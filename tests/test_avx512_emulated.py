@@ -15,7 +15,8 @@ import pytest
 
 from tests.emulated_kernels import avx512_emulation_unavailable, run_child_tests
 
-# Every test of each file: the AVX-512 build under every kernel choice they force.
+# Every test of each file: the AVX-512 build under every kernel choice they force. One child
+# runs them all (each child pays ~10 s of start-up on the slow machines that run this).
 AVX512_TESTS = (
     "tests/test_cpu_packed_linear.py",
     "tests/test_cpu_linear_f32.py",
@@ -32,10 +33,9 @@ pytestmark = pytest.mark.skipif(_UNAVAILABLE is not None, reason=_UNAVAILABLE or
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("test_file", AVX512_TESTS)
-def test_the_avx512_kernels_pass_their_tests_on_emulated_instructions(test_file, tmp_path_factory):
-    cache = tmp_path_factory.getbasetemp() / "avx512_emulated_kernels"  # one build for every file
-    output = run_child_tests(test_file, None, {"FORKSERVE_AVX512_EMULATE": "1"}, cache)
+def test_the_avx512_kernels_pass_their_tests_on_emulated_instructions(tmp_path_factory):
+    cache = tmp_path_factory.getbasetemp() / "avx512_emulated_kernels"
+    output = run_child_tests(AVX512_TESTS, None, {"FORKSERVE_AVX512_EMULATE": "1"}, cache)
     summary = output.strip().splitlines()[-1]
     passed = re.search(r"(\d+) passed", summary)
     assert passed and int(passed.group(1)) > 0, summary
