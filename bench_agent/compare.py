@@ -69,6 +69,16 @@ class PeerServer:
                                      env=env)
 
     def wait_ready(self, timeout: float) -> PeerServer:
+        """Return once the server answers /v1/models; on anything else (it exits, the time
+        runs out, Ctrl-C while it starts) stop its process group first: nothing is left."""
+        try:
+            self._wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -77,9 +87,8 @@ class PeerServer:
                 raise RuntimeError(f"the --compare-cmd server exited with {self.proc.returncode}:\n{tail}")
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(self.url + "/v1/models", timeout=10).status_code == 200:
-                    return self
+                    return
             time.sleep(1.0)
-        self.stop()
         raise TimeoutError(f"the --compare-cmd server did not answer {self.url}/v1/models within {timeout:.0f} s")
 
     def stop(self, timeout: float = 60.0) -> None:

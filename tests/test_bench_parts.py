@@ -225,3 +225,24 @@ def test_the_compared_server_is_started_in_its_own_group_and_stopped_whole(tmp_p
     # vLLM's development mode (its /reset_prefix_cache route) is on for the command
     with pytest.raises(RuntimeError, match="dev mode 1"):
         PeerServer('echo "dev mode $VLLM_SERVER_DEV_MODE"; exit 3', "http://127.0.0.1:1").wait_ready(30)
+
+
+@pytest.mark.parametrize("how", ["timeout", "ctrl-c"])
+def test_a_compared_server_that_never_gets_ready_is_stopped_with_its_children(how, monkeypatch):
+    """--compare-cmd's server is stopped, its whole process group, when waiting for it ends
+    without it ready: the time runs out, or Ctrl-C while it starts (a vLLM takes ~90 s)."""
+    import os
+
+    from bench_agent import compare
+    from runtime.server.server_process import free_tcp_port
+
+    peer = compare.PeerServer("sleep 300 & sleep 300", f"http://127.0.0.1:{free_tcp_port()}")
+    if how == "ctrl-c":
+        def interrupted(*args, **kwargs):
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(compare.httpx, "get", interrupted)
+    with pytest.raises(TimeoutError if how == "timeout" else KeyboardInterrupt):
+        peer.wait_ready(timeout=1.5)
+    with pytest.raises(ProcessLookupError):
+        os.killpg(peer.proc.pid, 0)  # no process of its group is left
