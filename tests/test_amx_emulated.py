@@ -55,7 +55,7 @@ pytestmark = pytest.mark.skipif(EMULATIONS is None, reason=_WHY_NOT)
 @pytest.mark.slow
 @pytest.mark.parametrize("test_file", sorted(AMX_TESTS))
 def test_the_amx_kernels_pass_their_tests_on_emulated_tiles(test_file, tmp_path_factory):
-    cache = tmp_path_factory.getbasetemp() / "amx_emulated_kernels"  # one build for both files
+    cache = tmp_path_factory.getbasetemp() / "amx_emulated_kernels"  # one build for every file
     output = run_child_tests([test_file], AMX_TESTS[test_file], EMULATIONS, cache)
     summary = output.strip().splitlines()[-1]
     passed = re.search(r"(\d+) passed", summary)

@@ -24,7 +24,7 @@ from runtime.layers import pack_linear_weights
 from runtime.layers.linear import Linear, MergedLinear, RowParallelLinear
 from runtime.models.config import ModelConfig
 from runtime.models.llama import LlamaForCausalLM
-from tests.gemm_checks import close_to_exact, skip_without_bf16_kernel
+from tests.gemm_checks import close_to_exact, skip_without_bf16_kernel, skip_without_f32_kernel
 
 # (dtype, packed form, bf16 kernel): every form pack_weight may choose, and for our bf16
 # packing each kernel that may multiply it (gemm_choice picks by row count).
@@ -39,8 +39,8 @@ def form(request, monkeypatch):
     where it cannot."""
     dtype, kind, kernel = request.param
     skip_without_bf16_kernel(kernel)
-    if kind == "f32_panels" and not linear_f32.available():
-        pytest.skip("this CPU has no AVX2 and FMA (or no C++ compiler): no float32 GEMM kernel")
+    if kind == "f32_panels":
+        skip_without_f32_kernel()
     # On AVX-512 CPUs float32 goes to oneDNN by default; our kernel is checked there too.
     monkeypatch.setattr(linear_f32, "preferred", lambda: kind == "f32_panels")
     if kind == "onednn":

@@ -144,7 +144,7 @@ class NgramSpeculator:
         budget = free_slots - len(reqs)
         threshold = self.threshold(len(reqs))
         self.proposals += 1
-        if self.fixed_threshold is None and self.cost.wants_plain_steps() and self.proposals % _PLAIN_STEP_EVERY == 0:
+        if self.proposals % _PLAIN_STEP_EVERY == 0 and self.fixed_threshold is None and self.cost.wants_plain_steps():
             budget = 0  # a step without drafts, for the fit
         expected = 0.0  # tokens the drafts are expected to add
         for req in reqs:
