@@ -11,6 +11,12 @@ import orjson
 
 ABORTED = "forkserve:requests_aborted_total"
 RECEIVED = "forkserve:requests_total"
+# /v1/responses fields of a response still running when a test acts on it: greedy, the
+# default model writes all 500 numbers (~2,000 tokens). ``ignore_eos`` would not do: it is
+# no field of the Responses API (the server ignores it there), and a sampled answer of a few
+# dozen tokens could end before the client's leaving was noticed.
+LONG_RESPONSE = {"input": "Write the numbers from 1 to 500, separated by commas.", "temperature": 0,
+                 "max_output_tokens": 3000}
 
 
 def post(server, path: str, body: dict, timeout: float = 120) -> httpx.Response:

@@ -151,17 +151,16 @@ def test_a_response_whose_client_left_adds_nothing_to_the_conversation(client, s
     """A response (not streamed) on a conversation whose client leaves while it runs: it is
     aborted, neither its input nor a (cut short) answer joins the conversation, and the hold
     is released."""
-    from tests.server_probes import ABORTED, metric, post_and_leave, wait_for_aborts
+    from tests.server_probes import ABORTED, LONG_RESPONSE, metric, post_and_leave, wait_for_aborts
 
-    conv = client.conversations.create(items=[{"type": "message", "role": "user", "content": "Tell a long story."}])
+    conv = client.conversations.create(items=[{"type": "message", "role": "user", "content": "Hello."}])
     aborted = metric(server, ABORTED)
-    post_and_leave(server, "/v1/responses", {"model": MODEL, "conversation": conv.id, "input": "Go on and on.",
-                                             "max_output_tokens": 3000, "ignore_eos": True})
+    post_and_leave(server, "/v1/responses", {"model": MODEL, "conversation": conv.id, **LONG_RESPONSE})
     wait_for_aborts(server, aborted)
     _respond_when_released(client, conv.id)
     texts = [part.text for item in client.conversations.items.list(conv.id, order="asc") if item.type == "message"
              for part in item.content]
-    assert "Go on and on." not in texts and texts[:2] == ["Tell a long story.", "Stop."]
+    assert texts[:2] == ["Hello.", "Stop."]
 
 
 def test_a_response_ended_by_abort_request_is_cancelled_and_kept_out_of_the_conversation(client, server):
@@ -169,10 +168,11 @@ def test_a_response_ended_by_abort_request_is_cancelled_and_kept_out_of_the_conv
 
     import httpx
 
-    conv = client.conversations.create(items=[{"type": "message", "role": "user", "content": "Tell a long story."}])
+    from tests.server_probes import LONG_RESPONSE
+
+    conv = client.conversations.create(items=[{"type": "message", "role": "user", "content": "Hello."}])
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        running = pool.submit(client.responses.create, model=MODEL, conversation=conv.id, input="Go on and on.",
-                              max_output_tokens=3000, extra_body={"ignore_eos": True})
+        running = pool.submit(client.responses.create, model=MODEL, conversation=conv.id, **LONG_RESPONSE)
         deadline = time.monotonic() + 30
         while server.info()["scheduler"]["num_running_reqs"] == 0:
             assert time.monotonic() < deadline, "the response never started"
@@ -183,7 +183,7 @@ def test_a_response_ended_by_abort_request_is_cancelled_and_kept_out_of_the_conv
     assert client.responses.retrieve(answer.id).status == "cancelled"
     texts = [part.text for item in client.conversations.items.list(conv.id, order="asc") if item.type == "message"
              for part in item.content]
-    assert texts == ["Tell a long story."]
+    assert texts == ["Hello."]
 
 
 def _respond_when_released(client, conversation: str):
@@ -201,11 +201,10 @@ def test_a_stream_whose_client_left_first_releases_the_conversation(client, serv
     """A streamed response on a conversation whose client closes the connection before
     reading a byte: its hold is released at once (not after the 30 s lapse), so the next
     response on the conversation runs."""
-    from tests.server_probes import ABORTED, metric, post_and_leave, wait_for_aborts
+    from tests.server_probes import ABORTED, LONG_RESPONSE, metric, post_and_leave, wait_for_aborts
 
-    conv = client.conversations.create(items=[{"type": "message", "role": "user", "content": "Tell a long story."}])
+    conv = client.conversations.create(items=[{"type": "message", "role": "user", "content": "Hello."}])
     aborted = metric(server, ABORTED)
-    post_and_leave(server, "/v1/responses", {"model": MODEL, "conversation": conv.id, "input": "Go.", "stream": True,
-                                             "max_output_tokens": 3000, "ignore_eos": True})
+    post_and_leave(server, "/v1/responses", {"model": MODEL, "conversation": conv.id, "stream": True, **LONG_RESPONSE})
     wait_for_aborts(server, aborted)  # it ran, held the conversation, and was aborted
     assert _respond_when_released(client, conv.id).status in ("completed", "incomplete")

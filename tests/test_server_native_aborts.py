@@ -12,7 +12,15 @@ import httpx
 import orjson
 import pytest
 
-from tests.server_probes import ABORTED, metric, post, post_and_leave, wait_for_aborts, wait_idle
+from tests.server_probes import (
+    ABORTED,
+    LONG_RESPONSE,
+    metric,
+    post,
+    post_and_leave,
+    wait_for_aborts,
+    wait_idle,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -35,8 +43,7 @@ def test_stream_disconnect_frees_slots(server):
                    "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}),
     ("/v1/chat/completions", {"model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "A long story, please."}], "stream": True,
                               "max_tokens": 3000, "ignore_eos": True}),
-    ("/v1/responses", {"model": "SmolLM2-135M-Instruct", "input": "A long story, please.", "stream": True, "max_output_tokens": 3000,
-                       "ignore_eos": True, "store": False}),
+    ("/v1/responses", {"model": "SmolLM2-135M-Instruct", "stream": True, "store": False, **LONG_RESPONSE}),
 ])
 def test_stream_whose_client_left_before_it_began_is_aborted(server, path, body):
     """The client sends a streamed request and closes the connection before reading a byte:
