@@ -3,19 +3,22 @@ documented bodies (its examples, boundary values and random ones) get no server 
 and every answer's status code, content type and body are ones the document declares.
 
 The server (``small_server`` in conftest.py) runs with a short context (64 tokens), so that
-generated requests which ask for long outputs are refused quickly (a documented 400) and the
-ones that run stay short."""
+generated requests which ask for long outputs are refused quickly (a documented 400), and a
+generated request that sets no output limit gets one of a few tokens (tests/schemathesis_hooks.py)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import httpx
 import pytest
 
 pytestmark = pytest.mark.slow
 
+ROOT = Path(__file__).resolve().parent.parent
 CHECKS = "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance"
 
 
@@ -42,5 +45,7 @@ def test_schemathesis_finds_no_server_error_and_no_undocumented_answer(small_ser
         [st, "run", small_server.url + "/openapi.json", "--checks", CHECKS, "--max-examples", "4", "--seed", "1",
          "--phases", "examples,coverage,fuzzing", "--request-timeout", "60", "--workers", "1", "--no-color"],
         cwd=tmp_path, capture_output=True, text=True, timeout=900,
+        env={**os.environ, "SCHEMATHESIS_HOOKS": "tests.schemathesis_hooks",
+             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))},
     )
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
