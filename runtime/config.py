@@ -43,14 +43,6 @@ class ServerArgs:
         "Most prompt tokens computed in one prefill step; longer prompts are split into chunks "
         "so running requests keep decoding. -1 means no limit.",
     )
-    max_decode_stall_ms: float = flag_field(
-        250.0,
-        "While requests decode, a prefill step computes no more prompt tokens than take about this "
-        "many milliseconds at the prefill rate measured on the steps so far (at least 64 tokens, at "
-        "most --chunked-prefill-size), so the running requests' next tokens do not wait seconds behind "
-        "a long prompt on a slow CPU. A step with nothing decoding takes the whole --chunked-prefill-size. "
-        "0 turns this off.",
-    )
     max_running_requests: int = flag_field(64, "Most requests decoding at the same time.", aliases=["--max-num-seqs"])
     max_total_tokens: int | None = flag_field(
         None,
@@ -208,8 +200,6 @@ class ServerArgs:
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.chunked_prefill_size != -1 and self.chunked_prefill_size < 1:
             raise ValueError("chunked_prefill_size must be positive or -1 (no limit)")
-        if self.max_decode_stall_ms < 0:
-            raise ValueError("max_decode_stall_ms must be 0 (off) or positive")
         if self.max_logprobs < -1:
             raise ValueError(f"max_logprobs must be -1 (the whole vocabulary) or >= 0, got {self.max_logprobs}")
         if self.max_running_requests < 1:

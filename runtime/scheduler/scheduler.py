@@ -21,7 +21,7 @@ from runtime.scheduler.cache_manager import CacheManager
 from runtime.scheduler.grammar_queue import GrammarQueue
 from runtime.scheduler.jump_forward import is_eligible, jump_forward
 from runtime.scheduler.policy import order_waiting, shares_uncached_prefix
-from runtime.scheduler.prefill_budget import PrefillBudget, PrefillRate
+from runtime.scheduler.prefill_budget import PrefillBudget
 from runtime.scheduler.program_pins import ProgramPins
 from runtime.scheduler.req import Req
 from runtime.scheduler.row_sharing import Hog, call_that_may_yield, yields_to
@@ -62,7 +62,6 @@ class Scheduler:
         self.eos_token_ids = worker.eos_token_ids
         self.send_back = SendBack(self.cache, self.waiting)  # retractions and the decode reserve
         self.steps = StepStats()
-        self.prefill_rate = PrefillRate()  # sizes the prefill steps that hold running requests
         self.num_jumped_tokens = 0  # output tokens appended by jump-forward, not sampled
         self.prefill_streak = 0  # prefill steps since the last decode step
         self.kv_peak_in_use = 0  # most slots requests held (own + locked prefixes) in a step since the last flush
@@ -140,8 +139,6 @@ class Scheduler:
         drafted = sum(batch.draft_lens) if batch.draft_lens else 0
         if self.speculator is not None and batch.decodes_only:
             self.speculator.observe(len(batch.reqs), drafted, forward_s)
-        elif not batch.decodes_only:
-            self.prefill_rate.observe(len(batch.input_ids), forward_s)
         self.steps.record(batch.decodes_only, len(batch.input_ids) - drafted,
                           0 if batch.decodes_only else batch.num_mixed_decodes, forward_s, time.perf_counter() - started)
         return done
@@ -201,10 +198,8 @@ class Scheduler:
     # ------------------------------------------------------------------ prefill
     def _prefill_batch(self) -> ScheduledBatch | None:
         mix = not self.args.disable_mixed_chunk and bool(self.running)
-        stall_ms = self.args.max_decode_stall_ms
-        timed = self.prefill_rate.tokens_within(stall_ms / 1000) if stall_ms and self.running else None
         budget = PrefillBudget.for_step(self.args.chunked_prefill_size, self.args.max_running_requests,
-                                        len(self.running), mix, self.send_back.decode_reserve(self.running), timed)
+                                        len(self.running), mix, self.send_back.decode_reserve(self.running))
         picked: list[tuple[Req, int]] = []
         # Jumped requests first: their forced tokens are a few each, and behind a long
         # prompt's chunks (each taking the whole budget) they would wait for all of them.

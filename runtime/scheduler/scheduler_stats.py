@@ -32,7 +32,6 @@ def scheduler_report(sched: Scheduler) -> dict[str, int | float]:
         "num_prefill_tokens": sched.num_prefill_tokens,
         "num_forward_steps": sched.num_forward_steps,
         "num_jumped_tokens": sched.num_jumped_tokens,
-        "prefill_tokens_per_s": round(sched.prefill_rate.tokens_per_s, 1),  # recent steps (0: none yet)
         **{f"step_{k}": v for k, v in sched.steps.as_dict().items()},
         **(sched.speculator.stats() if sched.speculator is not None else {}),
     }
