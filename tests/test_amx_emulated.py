@@ -15,6 +15,7 @@ child runs only correctness tests (no speed test can pass on it)."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -52,11 +53,17 @@ EMULATIONS, _WHY_NOT = _emulations()
 pytestmark = pytest.mark.skipif(EMULATIONS is None, reason=_WHY_NOT)
 
 
+def _selection() -> str:
+    """One ``-k`` expression for all of ``AMX_TESTS``: each file's tests (a test's keywords
+    hold its module's name) as that file's expression selects them."""
+    return " or ".join(f"({Path(f).stem} and ({expr}))" if expr else Path(f).stem for f, expr in AMX_TESTS.items())
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("test_file", sorted(AMX_TESTS))
-def test_the_amx_kernels_pass_their_tests_on_emulated_tiles(test_file, tmp_path_factory):
-    cache = tmp_path_factory.getbasetemp() / "amx_emulated_kernels"  # one build for every file
-    output = run_child_tests([test_file], AMX_TESTS[test_file], EMULATIONS, cache)
+def test_the_amx_kernels_pass_their_tests_on_emulated_tiles(tmp_path_factory):
+    # one child for every file (each child costs ~10 s of start-up on slow machines)
+    cache = tmp_path_factory.getbasetemp() / "amx_emulated_kernels"
+    output = run_child_tests(sorted(AMX_TESTS), _selection(), EMULATIONS, cache)
     summary = output.strip().splitlines()[-1]
     passed = re.search(r"(\d+) passed", summary)
     assert passed and int(passed.group(1)) > 0, summary
