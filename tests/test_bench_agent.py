@@ -287,6 +287,6 @@ def test_bench_fairness_sends_calls_while_the_batch_runs(server):
 
     from bench_agent.bench_fairness import measure
 
-    ns = argparse.Namespace(batch=300, batch_tokens=16, calls=2, interval=0.3)
+    ns = argparse.Namespace(batch=150, batch_tokens=16, calls=2, interval=0.3)
     result = measure(server.url, ns)
     assert len(result["ttfts"]) >= 1 and all(t > 0 for t in result["ttfts"]) and result["batch_s"] > 0

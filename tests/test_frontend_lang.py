@@ -324,11 +324,11 @@ def test_run_batch_reports_errors_per_program(local):
 
 def test_program_pins_survive_memory_pressure(model_dir):
     """With pinning, a program's prefix survives other traffic filling the cache."""
-    # ~380 context tokens, then three ~850-token documents: more than the pool holds beside
+    # ~190 context tokens, then three ~425-token documents: more than the pool holds beside
     # the context, so without the pin the context is evicted (it is the least recently used).
-    backend = sgl.EngineBackend(model_path=str(model_dir), dtype="float32", max_total_tokens=1400)
-    context = "Notes: " + " ".join(f"item {i} matters." for i in range(60))
-    noise = [f"Unrelated document {k}: " + " ".join(f"word{k}x{i}" for i in range(150)) for k in range(3)]
+    backend = sgl.EngineBackend(model_path=str(model_dir), dtype="float32", max_total_tokens=700)
+    context = "Notes: " + " ".join(f"item {i} matters." for i in range(30))
+    noise = [f"Unrelated document {k}: " + " ".join(f"word{k}x{i}" for i in range(75)) for k in range(3)]
 
     @sgl.function
     def two_calls(s):
