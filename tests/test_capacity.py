@@ -53,14 +53,15 @@ def test_the_command_prints_the_servers_pool(model_dir):
     assert report["replicas_needed"] == 7
 
 
-def test_the_command_says_when_nothing_fits_and_when_a_context_is_beyond_the_model(model_dir):
+def test_the_command_says_when_nothing_fits_and_when_a_context_is_beyond_the_model(model_dir, capsys):
     """No pool beside the weights is said as such (not ``--kv-cache-memory 0.0``, which serve
-    refuses); a program context past the model's own is pointed out."""
+    refuses); a program context past the model's own is pointed out. (In this process: the
+    command as a process of its own is run by the test above.)"""
+    from runtime.cli import main
+
     def run(*argv: str) -> str:
-        done = subprocess.run([sys.executable, "-m", "runtime.cli", "capacity", *argv], capture_output=True, text=True,
-                              timeout=120)
-        assert done.returncode == 0, done.stderr
-        return done.stdout
+        assert main(["capacity", *argv]) == 0
+        return capsys.readouterr().out
 
     assert "none: the weights leave no room for a KV pool" in run("--device-memory", "0.1")
     assert "100,000 tokens of context are beyond the model's 8,192" in run("--context-tokens", "100000")
