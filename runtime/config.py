@@ -16,6 +16,11 @@ from runtime.log_setup import LOG_LEVELS
 # Each captured size keeps its own graph; past a few hundred requests a decode step is long
 # enough that launch overhead no longer matters.
 _DEFAULT_MAX_GRAPH_BS = 256
+# Prefill chunk defaults (tokens): float32 on a CPU computes a 512-token step in ~1 s on a
+# 2-core AVX2 machine; 256 there gave the same programs/s with TTFT p50 a third lower and
+# inter-token p99 halved (docs/benchmarks.md). bf16 (AMX, AVX512-BF16) and CUDA keep 512.
+_DEFAULT_CHUNK = 512
+_FLOAT32_CPU_CHUNK = 256
 # The smallest KV pool a server starts with, in tokens.
 MIN_KV_TOKENS = 16
 
@@ -38,10 +43,13 @@ class ServerArgs:
     disable_radix_cache: bool = flag_field(
         False, "Turn prefix reuse off (every request recomputes its whole prompt); for baselines."
     )
-    chunked_prefill_size: int = flag_field(
-        512,
+    chunked_prefill_size: int | None = flag_field(
+        None,
         "Most prompt tokens computed in one prefill step; longer prompts are split into chunks "
-        "so running requests keep decoding. -1 means no limit.",
+        "so running requests keep decoding. -1 means no limit. Default: "
+        f"{_FLOAT32_CPU_CHUNK} where the model runs float32 on a CPU (a {_DEFAULT_CHUNK}-token float32 step "
+        "takes about a second on a 2-core AVX2 machine, and the running requests' next tokens wait for it), "
+        f"{_DEFAULT_CHUNK} elsewhere.",
     )
     max_running_requests: int = flag_field(64, "Most requests decoding at the same time.", aliases=["--max-num-seqs"])
     max_total_tokens: int | None = flag_field(
@@ -198,7 +206,7 @@ class ServerArgs:
             raise ValueError(f"dtype must be auto, float32 or bfloat16, got {self.dtype!r}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
-        if self.chunked_prefill_size != -1 and self.chunked_prefill_size < 1:
+        if self.chunked_prefill_size is not None and self.chunked_prefill_size != -1 and self.chunked_prefill_size < 1:
             raise ValueError("chunked_prefill_size must be positive or -1 (no limit)")
         if self.max_logprobs < -1:
             raise ValueError(f"max_logprobs must be -1 (the whole vocabulary) or >= 0, got {self.max_logprobs}")
@@ -254,6 +262,14 @@ class ServerArgs:
         if self.resolved_device.startswith("cuda") or cpu_has_native_bf16():
             return "bfloat16"
         return "float32"
+
+    @property
+    def resolved_chunked_prefill_size(self) -> int:
+        if self.chunked_prefill_size is not None:
+            return self.chunked_prefill_size
+        if self.resolved_device == "cpu" and self.resolved_dtype == "float32":
+            return _FLOAT32_CPU_CHUNK
+        return _DEFAULT_CHUNK
 
     @property
     def resolved_attention_backend(self) -> str:

@@ -187,7 +187,8 @@ class Engine:
         with self._steps.core_access():
             self._check_open()
             stats = self.core.stats()
-        return {**dataclasses.asdict(self.args), "model_path": str(self.model_dir), "scheduler": stats}
+        return {**dataclasses.asdict(self.args), "chunked_prefill_size": self.scheduler.chunk_tokens,
+                "model_path": str(self.model_dir), "scheduler": stats}
 
     def build_requests(
         self,

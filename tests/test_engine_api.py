@@ -336,3 +336,4 @@ def test_sglang_async_and_info_methods(engine, chat_prompt, ref):
     assert engine.get_model_info()["max_context_len"] == engine.scheduler.max_context_len
     info = engine.get_server_info()
     assert info["scheduler"]["kv_held_by_requests"] == 0 and info["dtype"] == engine.args.dtype
+    assert info["chunked_prefill_size"] == engine.args.resolved_chunked_prefill_size  # the size in use, not None

@@ -51,6 +51,18 @@ def test_dtype_takes_sglang_and_vllm_names():
         ServerArgs(dtype="float16")
 
 
+def test_the_prefill_chunk_default_follows_dtype_and_device():
+    """256 prompt tokens per step for float32 on a CPU (a 512-token float32 step is ~1 s on
+    a 2-core AVX2 machine), 512 for bfloat16 and on CUDA; a given size, or -1, is kept."""
+    assert ServerArgs(device="cpu", dtype="float32").resolved_chunked_prefill_size == 256
+    assert ServerArgs(device="cpu", dtype="bfloat16").resolved_chunked_prefill_size == 512
+    assert ServerArgs(device="cuda", dtype="float32").resolved_chunked_prefill_size == 512
+    assert ServerArgs(device="cpu", dtype="float32", chunked_prefill_size=1024).resolved_chunked_prefill_size == 1024
+    assert ServerArgs(device="cpu", dtype="float32", chunked_prefill_size=-1).resolved_chunked_prefill_size == -1
+    with pytest.raises(ValueError, match="chunked_prefill_size"):
+        ServerArgs(chunked_prefill_size=0)
+
+
 def test_http_args_refuse_a_non_positive_startup_timeout():
     with pytest.raises(ValueError, match="startup_timeout"):
         HttpArgs(startup_timeout=0)
@@ -303,10 +315,11 @@ def test_the_start_up_line_names_the_settings_that_change_what_to_expect():
     from runtime.server.launch import describe_engine
 
     info = {"dtype": "bfloat16", "device": "cpu", "attention_backend": "cpu", "attention_kernel": None,
-            "num_threads": 2, "max_total_tokens": 46603, "max_context_len": 8192, "gemm": "F.linear", "elementwise": None}
+            "num_threads": 2, "max_total_tokens": 46603, "max_context_len": 8192, "chunked_prefill_size": 512, "gemm": "F.linear",
+            "elementwise": None}
     plain = describe_engine(info, ServerArgs())
     assert plain == ("bfloat16 on cpu, attention backend cpu, 2 compute threads, KV pool 46,603 tokens, "
-                     "context 8,192 tokens, F.linear")
+                     "context 8,192 tokens, prefill chunks of 512 tokens, F.linear")
     both = describe_engine(info, ServerArgs(tp_size=2, disable_radix_cache=True))
     assert "on cpu, tensor parallel over 2," in both and both.endswith(", radix cache off (no prefix reuse)")
 

@@ -176,6 +176,7 @@ def run_scheduler_process(args: ServerArgs, model_dir: str, recv_from: str, send
         "attention_backend": args.resolved_attention_backend,
         "attention_kernel": worker.attention,
         "num_threads": torch.get_num_threads() if args.resolved_device == "cpu" else None,
+        "chunked_prefill_size": core.scheduler.chunk_tokens,
         "gemm": worker.gemm,
         "elementwise": worker.elementwise,
     }

@@ -56,6 +56,7 @@ class Scheduler:
         self.waiting = WaitingQueue()
         self.running: list[Req] = []
         self.chunked: Req | None = None  # the request whose prompt is part-way through prefill
+        self.chunk_tokens = args.resolved_chunked_prefill_size  # prompt tokens per prefill step (-1: no limit)
         self.jumped: list[Req] = []  # running requests with forced tokens to compute (jump-forward)
         self.max_context_len = worker.max_context_len
         self.vocab_size = worker.model_config.vocab_size
@@ -198,7 +199,7 @@ class Scheduler:
     # ------------------------------------------------------------------ prefill
     def _prefill_batch(self) -> ScheduledBatch | None:
         mix = not self.args.disable_mixed_chunk and bool(self.running)
-        budget = PrefillBudget.for_step(self.args.chunked_prefill_size, self.args.max_running_requests,
+        budget = PrefillBudget.for_step(self.chunk_tokens, self.args.max_running_requests,
                                         len(self.running), mix, self.send_back.decode_reserve(self.running))
         picked: list[tuple[Req, int]] = []
         # Jumped requests first: their forced tokens are a few each, and behind a long
