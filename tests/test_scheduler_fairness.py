@@ -55,7 +55,9 @@ def test_samples_of_a_prompt_are_prefilled_together_without_a_radix_cache(model_
     with it off nothing is kept, and the wait only cost a step each (four steps, not one)."""
     from runtime.engine import Engine
 
-    eng = Engine(str(model_dir), dtype="float32", max_total_tokens=4000, disable_radix_cache=True)
+    # chunk 512: the four copies of the prompt (~350 tokens) fit one step
+    eng = Engine(str(model_dir), dtype="float32", max_total_tokens=4000, disable_radix_cache=True,
+                 chunked_prefill_size=512)
     try:
         prompt = eng.tokenizer.encode("Tell me a story about a dragon and a knight. " * 8)
         eng.generate(input_ids=prompt, sampling_params={"n": 4, "max_new_tokens": 1})
