@@ -246,3 +246,11 @@ def test_a_compared_server_that_never_gets_ready_is_stopped_with_its_children(ho
         peer.wait_ready(timeout=1.5)
     with pytest.raises(ProcessLookupError):
         os.killpg(peer.proc.pid, 0)  # no process of its group is left
+
+
+def test_the_attention_benchmark_prints_a_row_per_case(capsys):
+    from bench_agent import bench_attention
+
+    assert bench_attention.main(["--cached", "0", "30", "--new", "9", "--rounds", "1", "--scattered"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "%" in line]
+    assert [row.split("|")[1:3] for row in rows] == [[" 0 ", " 9 "], [" 30 ", " 9 "]]

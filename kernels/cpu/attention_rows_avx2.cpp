@@ -7,11 +7,19 @@
 // one KV head, or a group's shared keys), the same online softmax in base 2 with its slack, and
 // the same float32 arithmetic as that file's widened variant, on 8 lanes:
 //   scores, lanes = rows: the task's queries (up to 8 * RV rows: token x query head of the
-//     group) are transposed once into (dim, row) vectors; a block's keys are widened once into
-//     an L1 buffer, and a key's 8 row scores are the sum over dims of a query vector times
-//     that key's value at the dim, broadcast, a few keys at a time (kSubKeys).
-//   values, lanes = dims: the block's value rows widened once into L1; each pair of rows
-//     keeps half of its output row (4 vectors each) in registers while the block's keys pass.
+//     group) are transposed once into (dim, row) vectors; a key's 8 row scores are the sum
+//     over dims of a query vector times that key's value at the dim, broadcast, a few keys at
+//     a time (kSubKeys).
+//   values, lanes = dims: six rows (two where the task has fewer than 24) keep 16 of their
+//     output dims (or 32) in registers while the block's value rows pass.
+//   Float32 blocks of a whole kKeys keys are read in place from the pool; bfloat16 blocks and
+//   a task's last, partial block are widened (and zero-padded) into L1 buffers first. The
+//   query and value vectors that several FMAs use are held in registers (in_register in
+//   simd.h): as memory operands of every FMA they made both products load-bound.
+//   On a Zen 3 core the three together took the float32 attention of 256 new tokens after
+//   1,500 cached from 56% to 71% of the FMA peak (python -m bench_agent.bench_attention
+//   --threads 1), and a 256-token prefill of the default model after 1,500 cached tokens to
+//   1.09x the speed (python -m bench_agent.bench_kernel_ab --dtype float32 --cached 1500).
 // Probabilities stay float32 (there is no bfloat16 arithmetic to round them for).
 //
 // Called per task from paged_attention.cpp, which builds the tasks (paged_batch.h) and picks
@@ -19,6 +27,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "online_softmax.h"
 #include "paged_batch.h"
@@ -40,12 +49,18 @@ constexpr int64_t kKeys = 24;  // keys per block: a multiple of every kSubKeys b
 constexpr int kMaxRowVecs = 3;
 template <int RV>
 constexpr int kSubKeys = RV == 3 ? 3 : 12 / RV;
-// Value pass: the sums of 2 rows x 4 vectors (32 dims) in registers while the block's keys pass.
-constexpr int kValRows = 2, kValVecs = 4;
+// Value pass: the sums of 6 rows x 2 vectors (16 dims) in registers while the block's keys
+// pass (12 FMA chains, as in linear_f32.cpp's tile), 2 rows x 4 vectors where the task has
+// fewer than 24 rows (6 does not divide 8 or 16).
+template <int RV>
+constexpr int kValRowsOf = RV == 3 ? 6 : 2;
+template <int RV>
+constexpr int kValVecsOf = RV == 3 ? 2 : 4;
 
 template <typename T, int64_t DIM, int RV>
 void attend_rows_avx2_impl(const Batch &bt, const T *q, const T *k_cache, const T *v_cache, const RowsJob<T> &job) {
-    constexpr int kRows = 8 * RV, kSub = kSubKeys<RV>;
+    constexpr int kRows = 8 * RV, kSub = kSubKeys<RV>, kValRows = kValRowsOf<RV>,
+                  kValVecs = kValVecsOf<RV>;
     constexpr int64_t kVecs = DIM / 8;
     const int64_t group = bt.num_heads / bt.kv_heads, rows = job.count * group;
     const int64_t first = job.first, keys = job.keys;
@@ -85,14 +100,30 @@ void attend_rows_avx2_impl(const Batch &bt, const T *q, const T *k_cache, const 
             prefetch_row(kh + slots[c] * DIM, DIM);
             prefetch_row<2>(vh + slots[c] * DIM, DIM);
         }
-        for (int64_t c = 0; c < count; c++) {  // the block's keys and values as float32
-            const T *kr = kh + slots[k0 + c] * DIM, *vr = vh + slots[k0 + c] * DIM;
-            for (int64_t v = 0; v < kVecs; v++) {
-                _mm256_store_ps(&kw[c][8 * v], load8(kr + 8 * v));
-                _mm256_store_ps(&vw[c][8 * v], load8(vr + 8 * v));
+        const float *krow[kKeys], *vrow[kKeys];
+        bool in_place = false;
+        if constexpr (std::is_same_v<T, float>) {
+            in_place = count == kKeys;
+            if (in_place)
+                for (int64_t c = 0; c < kKeys; c++) {
+                    krow[c] = kh + slots[k0 + c] * DIM;
+                    vrow[c] = vh + slots[k0 + c] * DIM;
+                }
+        }
+        if (!in_place) {
+            for (int64_t c = 0; c < count; c++) {  // the block's keys and values as float32
+                const T *kr = kh + slots[k0 + c] * DIM, *vr = vh + slots[k0 + c] * DIM;
+                for (int64_t v = 0; v < kVecs; v++) {
+                    _mm256_store_ps(&kw[c][8 * v], load8(kr + 8 * v));
+                    _mm256_store_ps(&vw[c][8 * v], load8(vr + 8 * v));
+                }
+            }
+            if (count < kKeys) std::memset(kw[count], 0, sizeof(float) * DIM * (kKeys - count));
+            for (int64_t c = 0; c < kKeys; c++) {
+                krow[c] = kw[c];
+                vrow[c] = vw[c];
             }
         }
-        if (count < kKeys) std::memset(kw[count], 0, sizeof(float) * DIM * (kKeys - count));
         // Scores, kSub keys at a time, one dim per step.
         for (int64_t c0 = 0; c0 < count; c0 += kSub) {
             __m256 sc[kSub][RV];
@@ -100,9 +131,9 @@ void attend_rows_avx2_impl(const Batch &bt, const T *q, const T *k_cache, const 
                 for (int r = 0; r < RV; r++) sc[c][r] = _mm256_setzero_ps();
             for (int64_t d = 0; d < DIM; d++) {
                 __m256 qv[RV];
-                for (int r = 0; r < RV; r++) qv[r] = _mm256_load_ps(&qt[d][8 * r]);
+                for (int r = 0; r < RV; r++) qv[r] = in_register(_mm256_load_ps(&qt[d][8 * r]));
                 for (int c = 0; c < kSub; c++) {
-                    const __m256 kb = _mm256_broadcast_ss(&kw[c0 + c][d]);
+                    const __m256 kb = _mm256_broadcast_ss(krow[c0 + c] + d);
                     for (int r = 0; r < RV; r++) sc[c][r] = _mm256_fmadd_ps(qv[r], kb, sc[c][r]);
                 }
             }
@@ -152,7 +183,7 @@ void attend_rows_avx2_impl(const Batch &bt, const T *q, const T *k_cache, const 
                     }
                 for (int64_t j = 0; j < count; j++) {
                     __m256 w[kValVecs];
-                    for (int64_t v = 0; v < kValVecs; v++) w[v] = _mm256_load_ps(&vw[j][8 * (v0 + v)]);
+                    for (int64_t v = 0; v < kValVecs; v++) w[v] = in_register(_mm256_loadu_ps(vrow[j] + 8 * (v0 + v)));
                     for (int m = 0; m < kValRows; m++) {
                         const __m256 p = _mm256_broadcast_ss(&s[j][m0 + m]);
                         for (int64_t v = 0; v < kValVecs; v++) o[m][v] = _mm256_fmadd_ps(p, w[v], o[m][v]);

@@ -21,6 +21,14 @@ inline __m256 load8(const Bf16 *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
 }
 
+// v, kept in a register. GCC turns a loaded vector that several FMAs use into a memory operand
+// of each of them; a loop of such FMAs is then bound by its loads (Zen 3 does two 256-bit
+// loads a cycle against two FMAs), where the loads it writes would leave it bound by the FMAs.
+inline __m256 in_register(__m256 v) {
+    __asm__("" : "+x"(v));
+    return v;
+}
+
 // 2^t for 8 lanes, as exp2_16 below (the same polynomial, ~2e-6 relative), with 2^n built in
 // the exponent bits (AVX2 has no scalef): below -126 it returns ~2^-126; t must stay below 127.
 inline __m256 exp2_8(__m256 t) {
