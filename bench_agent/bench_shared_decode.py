@@ -4,11 +4,12 @@ that the machine's drift hits both sides alike):
 
     python -m bench_agent.bench_shared_decode
     python -m bench_agent.bench_shared_decode --prompt 3000 --forks 8 16 --rounds 4
+    python -m bench_agent.bench_shared_decode --dtype float32 --prompt 800 --min-keys 512
 
 Each round prefills a fresh random prompt (cached), then decodes ``--forks`` requests that
 each add a few tokens of their own to it, as parallel samples or tree-of-thought branches
 do; the figure is the mean decode step. The setting is ``paged_attention_set_shared_min_keys``
-(kernels/cpu/paged_attention.cpp): its default against never; on a CPU with AMX tiles also
+(kernels/cpu/paged_attention.cpp): its default (or ``--min-keys``) against never; on a CPU with AMX tiles also
 the grouped keys on AVX-512 vectors instead of tiles (``paged_attention_set_shared_on_tiles``).
 """
 
@@ -29,6 +30,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--forks", type=int, nargs="*", default=[8, 16], help="requests decoding on one prompt")
     ap.add_argument("--new-tokens", type=int, default=32, help="tokens each fork decodes (default: %(default)s)")
     ap.add_argument("--rounds", type=int, default=4, help="runs per side and case (default: %(default)s)")
+    ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
+                    help="the engine's dtype (default: %(default)s; float32 is what CPUs without AVX-512 serve)")
+    ap.add_argument("--min-keys", type=int, default=None,
+                    help="shared keys from which forks attend them once per group (default: the kernel's)")
     ns = ap.parse_args(argv)
 
     import torch  # noqa: F401  (its OpenMP runtime first, as kernels/cpu/build.py needs)
@@ -38,9 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     from kernels.cpu.gemm_choice import amx_available
     from runtime import Engine
 
-    engine = Engine(dtype="bfloat16")
+    engine = Engine(dtype=ns.dtype)
     lib = build.load_kernels()
     default = lib.paged_attention_set_shared_min_keys(NEVER)
+    if ns.min_keys is not None:
+        default = ns.min_keys
     lib.paged_attention_set_shared_min_keys(default)
     rng = random.Random(0)
 

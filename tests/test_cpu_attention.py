@@ -19,6 +19,7 @@ if build.find_compiler() is None:
 
 from kernels.cpu.paged_attention import (  # noqa: E402
     AMX_SHARED_MIN_ROWS,
+    FLOAT32_SHARED_MIN_KEYS,
     PagedBatch,
     bf16_rows_on_avx2,
     last_grouped_tokens,
@@ -29,6 +30,7 @@ from kernels.cpu.paged_attention import (  # noqa: E402
     shared_min_rows,
     shared_on_tiles,
     shared_prefix_groups,
+    use_float32_grouping_threshold,
 )
 from runtime.config import cpu_flags  # noqa: E402
 
@@ -436,3 +438,13 @@ def test_extend_through_the_backend_matches_torch_native(prefix_lens, extend_len
     if dtype == torch.float32:
         want = _run("torch_native", prefix_lens, extend_lens, *geometry)
         torch.testing.assert_close(got, want, **TOLERANCE[torch.float32])
+
+
+def test_a_float32_worker_groups_forks_from_fewer_shared_keys():
+    lib = build.load_kernels()
+    before = lib.paged_attention_set_shared_min_keys(SHARED_MIN_KEYS)
+    try:
+        use_float32_grouping_threshold()
+        assert lib.paged_attention_set_shared_min_keys(SHARED_MIN_KEYS) == FLOAT32_SHARED_MIN_KEYS < SHARED_MIN_KEYS
+    finally:
+        lib.paged_attention_set_shared_min_keys(before)

@@ -174,6 +174,15 @@ AMX_SHARED_MIN_ROWS = 6
 AMX_SHARED_MIN_KEYS = 256
 
 
+# Float32 K/V rows are twice bfloat16's bytes, and a decode step of forks reads their shared
+# prompt from memory once per fork: on vectors too, grouping pays from shorter prompts there.
+# Measured on an AMD Zen 3 (AVX2, 2 cores, float32), whole decode steps alternating in one
+# process (python -m bench_agent.bench_shared_decode --dtype float32 --prompt P --min-keys K):
+# 16 forks of an 800-token prompt 62.2 -> 42.3 ms (K 512), 8 forks 47.1 -> 35.9 ms, 16 forks
+# of a 400-token prompt 60.4 -> 47.5 ms (K 256). The rows threshold (24) stays.
+FLOAT32_SHARED_MIN_KEYS = 256
+
+
 def shared_on_tiles(on: bool) -> contextlib.AbstractContextManager[None]:
     """Inside the block, grouped decode tokens attend their shared keys on AMX tiles (where
     this CPU and build have them; the default) or on AVX-512 vectors (``on=False``)."""
@@ -196,6 +205,12 @@ def last_shared_extend_blocks() -> int:
     """How many 32-key blocks the last AMX extend attention took from another request of its
     step (the same slots) instead of packing them again."""
     return int(entry_checks.load_kernels().paged_attention_last_shared_extend_blocks())
+
+
+def use_float32_grouping_threshold() -> None:
+    """Lower the shared-keys threshold of decode grouping to the float32 one, for the rest of
+    the process (one whose K/V cache is float32)."""
+    entry_checks.load_kernels().paged_attention_set_shared_min_keys(FLOAT32_SHARED_MIN_KEYS)
 
 
 def use_amx_grouping_thresholds() -> None:
