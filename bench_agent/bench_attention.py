@@ -1,16 +1,19 @@
 """Attention alone: ``--requests`` requests of ``--new`` query tokens each after ``--cached``
-tokens of their own (``--new 1``: a decode step), the default model's heads (9 query heads, 3 KV heads, head size 64), through the CPU kernel of
-one layer (``kernels/cpu/paged_attention.cpp``), against the machine's multiply-add peak
-measured in the same run (``bench_agent.roofline``):
+tokens of their own (``--new 1``: a decode step), with the default model's heads (9 query
+heads, 3 KV heads, head size 64), through the CPU kernel of one layer
+(``kernels/cpu/paged_attention.cpp``), against the machine's multiply-add peak measured in
+the same run (``bench_agent.roofline``):
 
     python -m bench_agent.bench_attention
     python -m bench_agent.bench_attention --cached 0 1500 --new 256 --threads 1 --scattered
     python -m bench_agent.bench_attention --cached 400 1500 --new 1 --requests 16   # decode
 
 The flops counted are the two products' (scores and values: 4 x head size per query head
-and key seen), none for the softmax. ``--scattered`` places the request's tokens in random
-pool slots, as after evictions, instead of one run of slots per request. Each case prints the best
-round's time per layer, its GFLOP/s and that rate as a share of the peak.
+and key seen), none for the softmax. ``--scattered`` places the requests' tokens in random
+pool slots, as after evictions, instead of one run of slots per request. Each case prints
+the best round's time per layer, its GFLOP/s and that rate as a share of the peak. The K/V
+of one layer is read again each round, so where it fits in the caches it comes from there,
+unlike a model's step over all its layers (decode steps: see ``bench_kernel_ab``).
 """
 
 from __future__ import annotations

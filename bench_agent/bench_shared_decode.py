@@ -9,8 +9,9 @@ that the machine's drift hits both sides alike):
 Each round prefills a fresh random prompt (cached), then decodes ``--forks`` requests that
 each add a few tokens of their own to it, as parallel samples or tree-of-thought branches
 do; the figure is the mean decode step. The setting is ``paged_attention_set_shared_min_keys``
-(kernels/cpu/paged_attention.cpp): its default (or ``--min-keys``) against never; on a CPU with AMX tiles also
-the grouped keys on AVX-512 vectors instead of tiles (``paged_attention_set_shared_on_tiles``).
+(kernels/cpu/paged_attention.cpp): the engine's own (or ``--min-keys``) against never; on a
+CPU with AMX tiles also the grouped keys on AVX-512 vectors instead of tiles
+(``paged_attention_set_shared_on_tiles``).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
                     help="the engine's dtype (default: %(default)s; float32 is what CPUs without AVX-512 serve)")
     ap.add_argument("--min-keys", type=int, default=None,
-                    help="shared keys from which forks attend them once per group (default: the kernel's)")
+                    help="shared keys from which forks attend them once per group (default: the engine's setting)")
     ns = ap.parse_args(argv)
 
     import torch  # noqa: F401  (its OpenMP runtime first, as kernels/cpu/build.py needs)

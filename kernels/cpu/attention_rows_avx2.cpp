@@ -19,7 +19,8 @@
 //   On a Zen 3 core the three together took the float32 attention of 256 new tokens after
 //   1,500 cached from 56% to 71% of the FMA peak (python -m bench_agent.bench_attention
 //   --threads 1), and a 256-token prefill of the default model after 1,500 cached tokens to
-//   1.09x the speed (python -m bench_agent.bench_kernel_ab --dtype float32 --cached 1500).
+//   1.09x the speed (python -m bench_agent.bench_kernel_ab --dtype float32 --prefill 256
+//   --cached 1500).
 // Probabilities stay float32 (there is no bfloat16 arithmetic to round them for).
 //
 // Called per task from paged_attention.cpp, which builds the tasks (paged_batch.h) and picks
