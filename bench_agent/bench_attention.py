@@ -19,11 +19,10 @@ unlike a model's step over all its layers (decode steps: see ``bench_kernel_ab``
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
-from bench_agent.roofline import measure_peak_gflop_s
+from bench_agent.roofline import best_seconds, measure_peak_gflop_s
 from kernels.cpu.paged_attention import PagedBatch, paged_attention
 
 HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64
@@ -42,12 +41,12 @@ def time_case(requests: int, cached: int, new: int, dtype: torch.dtype, scattere
     table = slots[: requests * total].view(requests, total).clone()
     batch = PagedBatch.build(table, torch.arange(requests), [cached] * requests, [new] * requests)
     out = torch.empty_like(q)
-    best = float("inf")
-    for i in range(rounds + 2):  # two warm-up calls
-        start = time.perf_counter()
+
+    def call() -> None:
         paged_attention(q, k, v, batch, HEAD_DIM**-0.5, out)
-        if i >= 2:
-            best = min(best, time.perf_counter() - start)
+
+    call(), call()  # warm-up
+    best = best_seconds(call, rounds)
     keys_seen = requests * (new * cached + new * (new + 1) // 2)
     return best, 4.0 * keys_seen * HEADS * HEAD_DIM
 

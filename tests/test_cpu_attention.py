@@ -197,7 +197,8 @@ def test_a_nan_query_spoils_its_own_rows_only(kernel_build):
 
 # Query rows and shared keys a group of decode tokens needs by default before they attend
 # their shared keys together (shared_min_rows / _keys in paged_attention.cpp; the worker
-# lowers both where the GEMMs run on AMX: paged_attention.AMX_SHARED_MIN_ROWS / _KEYS).
+# lowers both where the GEMMs run on AMX: paged_attention.AMX_SHARED_MIN_ROWS / _KEYS, and
+# the keys alone where the K/V cache is float32: FLOAT32_SHARED_MIN_KEYS).
 SHARED_MIN_ROWS = 24
 SHARED_MIN_KEYS = 1024
 
