@@ -9,7 +9,8 @@ that the machine's drift hits both sides alike):
 Each round prefills a fresh random prompt (cached), then decodes ``--forks`` requests that
 each add a few tokens of their own to it, as parallel samples or tree-of-thought branches
 do; the figure is the mean decode step. The setting is ``paged_attention_set_shared_min_keys``
-(kernels/cpu/paged_attention.cpp): the engine's own (or ``--min-keys``) against never; on a
+(kernels/cpu/paged_attention.cpp): the engine's (its K/V type's default, or lowered where the
+GEMMs run on AMX tiles; or ``--min-keys``) against never; on a
 CPU with AMX tiles also the grouped keys on AVX-512 vectors instead of tiles
 (``paged_attention_set_shared_on_tiles``).
 """
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
                     help="the engine's dtype (default: %(default)s; float32 is what CPUs without AVX-512 serve)")
     ap.add_argument("--min-keys", type=int, default=None,
-                    help="shared keys from which forks attend them once per group (default: the engine's setting)")
+                    help="shared keys from which forks attend them once per group (default: the engine's own)")
     ns = ap.parse_args(argv)
 
     import torch  # noqa: F401  (its OpenMP runtime first, as kernels/cpu/build.py needs)
@@ -46,9 +47,7 @@ def main(argv: list[str] | None = None) -> int:
 
     engine = Engine(dtype=ns.dtype)
     lib = build.load_kernels()
-    default = lib.paged_attention_set_shared_min_keys(NEVER)
-    if ns.min_keys is not None:
-        default = ns.min_keys
+    default = lib.paged_attention_set_shared_min_keys(NEVER) if ns.min_keys is None else ns.min_keys
     lib.paged_attention_set_shared_min_keys(default)
     rng = random.Random(0)
 

@@ -19,9 +19,10 @@ if build.find_compiler() is None:
 
 from kernels.cpu.paged_attention import (  # noqa: E402
     AMX_SHARED_MIN_ROWS,
-    FLOAT32_SHARED_MIN_KEYS,
+    DEFAULT_SHARED_MIN_KEYS,
     PagedBatch,
     bf16_rows_on_avx2,
+    grouping_min_keys,
     last_grouped_tokens,
     last_shared_extend_blocks,
     last_shared_on_tiles,
@@ -30,7 +31,6 @@ from kernels.cpu.paged_attention import (  # noqa: E402
     shared_min_rows,
     shared_on_tiles,
     shared_prefix_groups,
-    use_float32_grouping_threshold,
 )
 from runtime.config import cpu_flags  # noqa: E402
 
@@ -74,7 +74,7 @@ def kernel_build(request, other_kernel_builds):
         previous = lib.paged_attention_set_amx_min_tokens(amx_min_tokens)
         # The kernel's own grouping thresholds, whatever a bf16 engine of an earlier test set.
         with (attention_choice.forced(widened), shared_on_tiles(tiles), bf16_rows_on_avx2(avx2_rows),
-              shared_min_rows(SHARED_MIN_ROWS), shared_min_keys(SHARED_MIN_KEYS)):
+              shared_min_rows(SHARED_MIN_ROWS), shared_min_keys(DEFAULT_SHARED_MIN_KEYS)):
             yield request.param
         lib.paged_attention_set_amx_min_tokens(previous)
         return
@@ -196,11 +196,12 @@ def test_a_nan_query_spoils_its_own_rows_only(kernel_build):
 
 
 # Query rows and shared keys a group of decode tokens needs by default before they attend
-# their shared keys together (shared_min_rows / _keys in paged_attention.cpp; the worker
-# lowers both where the GEMMs run on AMX: paged_attention.AMX_SHARED_MIN_ROWS / _KEYS, and
-# the keys alone where the K/V cache is float32: FLOAT32_SHARED_MIN_KEYS).
+# their shared keys together (shared_min_rows and the keys' defaults per storage type in
+# paged_attention.cpp; the worker lowers both where the GEMMs run on AMX:
+# paged_attention.AMX_SHARED_MIN_ROWS / _KEYS).
 SHARED_MIN_ROWS = 24
-SHARED_MIN_KEYS = 1024
+SHARED_MIN_KEYS = 1024  # bfloat16 K/V
+FLOAT32_SHARED_MIN_KEYS = 256
 
 
 def _row_kernel(kernel_build: str, dim: int) -> str | None:
@@ -220,15 +221,16 @@ def _group_sizes(geometry, kernel_build, min_rows=SHARED_MIN_ROWS):
     return max(2, -(-min_rows // group)), rows // group
 
 
-def _forked_decodes(groups, geometry, gen, extend=(), prepare=None):
+def _forked_decodes(groups, geometry, gen, extend=(), prepare=None, dtype=torch.bfloat16):
     """Decode requests in groups (tokens, shared keys): a group's requests begin with the same
     pool slots, then 1-20 keys of their own; after them, requests with (prefix, extend)
-    lengths ``extend``. ``prepare(q, k_cache, table, seqs)`` may edit the inputs first.
-    Returns the batch, the kernel's output as float32 and the float32 reference's."""
+    lengths ``extend``; queries and K/V in ``dtype``. ``prepare(q, k_cache, table, seqs)`` may
+    edit the inputs first. Returns the batch, the kernel's output as float32 and the float32
+    reference's."""
     heads, kv_heads, dim = geometry
     shares = [shared for tokens, shared in groups for _ in range(tokens)]
     seqs = [shared + int(torch.randint(1, 21, (1,), generator=gen)) for shared in shares] + [p + e for p, e in extend]
-    k_cache, v_cache, table, _, _ = _random_pool(seqs, kv_heads, dim, torch.bfloat16, gen)
+    k_cache, v_cache, table, _, _ = _random_pool(seqs, kv_heads, dim, dtype, gen)
     row = 1
     for tokens, shared in groups:
         for member in range(row + 1, row + tokens):
@@ -236,7 +238,7 @@ def _forked_decodes(groups, geometry, gen, extend=(), prepare=None):
         row += tokens
     prefix = [n - 1 for n in seqs[:len(shares)]] + [p for p, _ in extend]
     lengths = [1] * len(shares) + [e for _, e in extend]
-    q = torch.randn(sum(lengths), heads, dim, generator=gen).bfloat16()
+    q = torch.randn(sum(lengths), heads, dim, generator=gen).to(dtype)
     if prepare is not None:
         prepare(q, k_cache, table, seqs)
     ks = [k_cache[:, table[i + 1, :n]].transpose(0, 1).float() for i, n in enumerate(seqs)]
@@ -368,7 +370,7 @@ def test_forks_are_grouped_by_their_longest_common_prefix(monkeypatch):
         with shared_min_keys(16):
             found = shared_prefix_groups(batch, *geometry)
         assert sorted((tokens, keys) for tokens, keys in found) == [(list(range(8)), 60), (list(range(8, 16)), 60)]
-        with shared_min_keys(SHARED_MIN_KEYS):
+        with shared_min_keys(DEFAULT_SHARED_MIN_KEYS):
             assert shared_prefix_groups(batch, *geometry) == []  # 60 shared keys: short of the default
     with shared_min_rows(AMX_SHARED_MIN_ROWS), shared_min_keys(16):  # 4 forks are enough
         found = shared_prefix_groups(batch, *geometry)
@@ -441,11 +443,20 @@ def test_extend_through_the_backend_matches_torch_native(prefix_lens, extend_len
         torch.testing.assert_close(got, want, **TOLERANCE[torch.float32])
 
 
-def test_a_float32_worker_groups_forks_from_fewer_shared_keys():
-    lib = build.load_kernels()
-    before = lib.paged_attention_set_shared_min_keys(SHARED_MIN_KEYS)
-    try:
-        use_float32_grouping_threshold()
-        assert lib.paged_attention_set_shared_min_keys(SHARED_MIN_KEYS) == FLOAT32_SHARED_MIN_KEYS < SHARED_MIN_KEYS
-    finally:
-        lib.paged_attention_set_shared_min_keys(before)
+def test_forks_on_float32_kv_are_grouped_from_fewer_shared_keys(monkeypatch):
+    """By default decode forks attend 300 shared keys together where the K/V cache is float32
+    (from 256 keys), one by one where it is bfloat16 (from 1,024): the storage type's default,
+    whatever engines of the other dtype this process made before."""
+    geometry = GEOMETRIES[1]  # 3 query heads per KV head: 8 forks fill the AVX2 kernel's 24 rows
+    if not {"avx2", "fma"} <= cpu_flags():
+        pytest.skip("no row-block kernel for float32 in this CPU's build: decode tokens are never grouped")
+    monkeypatch.setattr(entry_checks, "load_kernels", build.load_kernels)
+    with shared_min_rows(SHARED_MIN_ROWS), shared_min_keys(DEFAULT_SHARED_MIN_KEYS):
+        assert (grouping_min_keys(torch.float32), grouping_min_keys(torch.bfloat16)) == (
+            FLOAT32_SHARED_MIN_KEYS, SHARED_MIN_KEYS)
+        for dtype, grouped in ((torch.float32, 8), (torch.bfloat16, 0)):
+            _, got, want = _forked_decodes([(8, 300)], geometry, torch.Generator().manual_seed(7), dtype=dtype)
+            assert last_grouped_tokens() == grouped, dtype
+            torch.testing.assert_close(got, want, **TOLERANCE[dtype])
+        with shared_min_keys(512):  # a setting holds for both types
+            assert grouping_min_keys(torch.float32) == grouping_min_keys(torch.bfloat16) == 512

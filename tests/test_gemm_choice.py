@@ -209,9 +209,13 @@ def test_a_noisy_loss_neither_moves_the_crossover_nor_turns_the_tiles_off(monkey
 
 @pytest.fixture
 def restore_grouping():
-    from kernels.cpu.paged_attention import shared_min_keys, shared_min_rows
+    from kernels.cpu.paged_attention import (
+        DEFAULT_SHARED_MIN_KEYS,
+        shared_min_keys,
+        shared_min_rows,
+    )
 
-    with shared_min_rows(24), shared_min_keys(1024):  # the kernel's defaults, restored after
+    with shared_min_rows(24), shared_min_keys(DEFAULT_SHARED_MIN_KEYS):  # the kernel's defaults, restored after
         yield
 
 
@@ -230,5 +234,18 @@ def test_the_worker_groups_smaller_forks_where_the_gemms_run_on_amx(tiny_gqa_lla
     engine = Engine(str(tiny_gqa_llama), dtype="bfloat16", max_total_tokens=2000)
     engine.shutdown()
     lib = load_kernels()
-    rows, keys = lib.paged_attention_set_shared_min_rows(24), lib.paged_attention_set_shared_min_keys(1024)
-    assert (rows, keys) == ((6, 256) if on_amx else (24, 1024))
+    rows, keys = lib.paged_attention_set_shared_min_rows(24), lib.paged_attention_set_shared_min_keys(-1)
+    assert (rows, keys) == ((6, 256) if on_amx else (24, -1))  # -1: each K/V storage type's default
+
+
+def test_a_float32_engine_leaves_the_grouping_settings_alone(tiny_gqa_llama, restore_grouping):
+    """Float32 K/V groups decode forks from fewer shared keys by the kernel's own default for
+    that storage type: an in-process float32 engine sets nothing that later bfloat16 engines
+    in the process would inherit."""
+    from kernels.cpu.build import load_kernels
+    from runtime.engine import Engine
+
+    engine = Engine(str(tiny_gqa_llama), dtype="float32", max_total_tokens=2000)
+    engine.shutdown()
+    lib = load_kernels()
+    assert (lib.paged_attention_set_shared_min_rows(24), lib.paged_attention_set_shared_min_keys(-1)) == (24, -1)

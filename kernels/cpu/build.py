@@ -144,6 +144,7 @@ _PLAIN_SIGNATURES = {
     "paged_attention_rows_available": ([], _INT),
     "paged_attention_set_bf16_rows_avx2": ([_I64], _I64),
     "paged_attention_set_shared_min_keys": ([_I64], _I64),
+    "paged_attention_shared_min_keys": ([_I64], _I64),
     "paged_attention_set_shared_min_rows": ([_I64], _I64),
     "paged_attention_set_shared_on_tiles": ([_I64], _I64),
     "paged_attention_shared_groups": ([_I64, _P, _I64, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _P, _P], _I64),

@@ -278,17 +278,31 @@ void merge_parts(const PartialRows &partial, int64_t first, int64_t count, int64
     for (int64_t d = 0; d < bt.dim; d++) from_f32(sum[d] * inv, dst + d);
 }
 
-// Decode tokens whose requests share at least shared_min_keys first keys attend them together
-// (find_shared_prefixes), in groups of at least shared_min_rows query rows; both settable
-// (paged_attention_set_shared_min_keys / _rows). The defaults, measured on an Intel Xeon
-// without AMX (2 cores, the default model, whole decode steps, python -m
-// bench_agent.bench_shared_decode): 8 or 16 forks of a 3,000-token prompt decode 1.21x and
-// 1.29x faster; 4 forks of a 3,000-token one (12 rows), or 8 of a 440-token one, no faster.
-// With fewer rows a task leaves most of its 16 lanes idle (attention_rows.cpp) and per-token
-// tasks do as well. Where the GEMMs run on AMX tiles attention is a larger share of a decode
-// step and smaller groups pay: the worker lowers both there (kernels/cpu/paged_attention.py).
-int64_t shared_min_keys = 1024;
+// Decode tokens whose requests share at least a storage type's minimum of first keys attend
+// them together (find_shared_prefixes), in groups of at least shared_min_rows query rows.
+// The defaults for bfloat16 K/V, measured on an Intel Xeon without AMX (2 cores, the default
+// model, whole decode steps, python -m bench_agent.bench_shared_decode): 8 or 16 forks of a
+// 3,000-token prompt decode 1.21x and 1.29x faster; 4 forks of a 3,000-token one (12 rows),
+// or 8 of a 440-token one, no faster. With fewer rows a task leaves most of its 16 lanes idle
+// (attention_rows.cpp) and per-token tasks do as well. Float32 K/V rows are twice bfloat16's
+// bytes and a decode step of forks reads their shared prompt from memory once per fork, so
+// grouping pays from shorter prompts there: measured on an AMD Zen 3 (AVX2, 2 cores,
+// python -m bench_agent.bench_shared_decode --dtype float32 --prompt P --min-keys K), 16 forks
+// of an 800-token prompt 62.2 -> 42.3 ms per step (K 512), 8 forks 47.1 -> 35.9 ms, 16 forks
+// of a 400-token prompt 60.4 -> 47.5 ms (K 256). Both settable
+// (paged_attention_set_shared_min_keys / _rows): where the GEMMs run on AMX tiles attention
+// is a larger share of a decode step and smaller groups pay, so the worker lowers both there
+// (kernels/cpu/paged_attention.py).
+constexpr int64_t kSharedMinKeysBf16 = 1024;
+constexpr int64_t kSharedMinKeysF32 = 256;
+int64_t shared_min_keys = -1;  // set for both storage types; -1: each type's default
 int64_t shared_min_rows = 24;
+
+template <typename T>
+int64_t shared_min_keys_for() {
+    if (shared_min_keys >= 0) return shared_min_keys;
+    return std::is_same_v<T, float> ? kSharedMinKeysF32 : kSharedMinKeysBf16;
+}
 
 // Keys per task of a group's shared prefix (about: the prefix is cut into equal chunks).
 constexpr int64_t kSharedChunk = 512;
@@ -351,7 +365,9 @@ std::vector<bool> attend_on_amx(const Batch &bt, const T *q, const T *k_cache, c
 
 // A call's groups of decode tokens sharing their first keys (for the row kernel that will
 // attend them), chunks and parts laid out.
-SharedPlan plan_shared(const Batch &bt, const std::vector<bool> &on_amx, RowKernel kernel) {
+template <typename T>
+SharedPlan plan_shared(const Batch &bt, const std::vector<bool> &on_amx) {
+    const RowKernel kernel = row_kernel<T>(bt.dim);
     SharedPlan plan;
     if (bt.kv_heads <= 0 || bt.num_heads % bt.kv_heads != 0) return plan;
     const int64_t group = bt.num_heads / bt.kv_heads;
@@ -362,7 +378,7 @@ SharedPlan plan_shared(const Batch &bt, const std::vector<bool> &on_amx, RowKern
         const bool alone = (t == 0 || bt.token_req[t - 1] != b) && (t + 1 == bt.num_tokens || bt.token_req[t + 1] != b);
         if (alone && (on_amx.empty() || !on_amx[b])) decodes.push_back(b);
     }
-    plan.groups = find_shared_prefixes(bt, decodes, shared_min_keys, shared_min_tokens(group),
+    plan.groups = find_shared_prefixes(bt, decodes, shared_min_keys_for<T>(), shared_min_tokens(group),
                                        row_tokens(kernel, group, bt.dim));
     for (SharedRows &g : plan.groups) {
         g.chunks = std::max<int64_t>(1, (g.keys + kSharedChunk / 2) / kSharedChunk);
@@ -417,7 +433,7 @@ int paged_attention(const Batch &bt, const T *q, const T *k_cache, const T *v_ca
     if (!blocks) {
         plan = &local;  // no extend tasks here: nothing grouped
     } else if (plan == nullptr || on_amx_in(*plan)) {
-        local = plan_shared(bt, on_amx, kernel);
+        local = plan_shared<T>(bt, on_amx);
         plan = &local;
     }
     const std::vector<SharedRows> &shared = plan->groups;
@@ -524,7 +540,7 @@ namespace forkserve {
 
 template <typename T>
 SharedPlan plan_shared_decodes(const Batch &bt, const std::vector<bool> &on_amx) {
-    return plan_shared(bt, on_amx, row_kernel<T>(bt.dim));
+    return plan_shared<T>(bt, on_amx);
 }
 template SharedPlan plan_shared_decodes<float>(const Batch &, const std::vector<bool> &);
 template SharedPlan plan_shared_decodes<Bf16>(const Batch &, const std::vector<bool> &);
@@ -570,11 +586,18 @@ extern "C" int64_t paged_attention_set_amx_min_tokens(int64_t tokens) {
 extern "C" int64_t paged_attention_set_bf16_rows_avx2(int64_t on) { return bf16_rows_avx2.exchange(on != 0) ? 1 : 0; }
 
 // Decode tokens whose requests share at least `keys` first keys attend them in one task per
-// group (a very large value: never); returns the previous setting.
+// group (a very large value: never; negative: each storage type's default), for either
+// storage type; returns the previous setting.
 extern "C" int64_t paged_attention_set_shared_min_keys(int64_t keys) {
     const int64_t previous = shared_min_keys;
-    shared_min_keys = keys;
+    shared_min_keys = keys < 0 ? -1 : keys;
     return previous;
+}
+
+// The shared keys from which decode tokens are grouped now, for float32 K/V (`float32`
+// nonzero) or bfloat16.
+extern "C" int64_t paged_attention_shared_min_keys(int64_t float32) {
+    return float32 ? shared_min_keys_for<float>() : shared_min_keys_for<Bf16>();
 }
 
 // ... in groups of at least `rows` query rows (tokens times query heads per KV head; at

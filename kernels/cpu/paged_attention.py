@@ -148,10 +148,21 @@ def _kernel_setting(setter: str, value: int) -> Iterator[None]:
         set_value(previous)
 
 
+# ``shared_min_keys``' value for "each K/V storage type's own default" (bfloat16 1,024 keys,
+# float32 256: paged_attention.cpp says why).
+DEFAULT_SHARED_MIN_KEYS = -1
+
+
 def shared_min_keys(keys: int) -> contextlib.AbstractContextManager[None]:
     """Inside the block, decode tokens whose requests share at least ``keys`` first keys
-    attend them together (the kernel's setting, for tests: its default needs long prompts)."""
+    attend them together, whatever their K/V storage type (the kernel's setting, for tests:
+    its defaults need long prompts; ``DEFAULT_SHARED_MIN_KEYS``: each type's default)."""
     return _kernel_setting("paged_attention_set_shared_min_keys", keys)
+
+
+def grouping_min_keys(dtype: torch.dtype) -> int:
+    """The shared keys from which decode tokens of a ``dtype`` K/V cache attend them together now."""
+    return int(entry_checks.load_kernels().paged_attention_shared_min_keys(int(dtype == torch.float32)))
 
 
 def shared_min_rows(rows: int) -> contextlib.AbstractContextManager[None]:
@@ -172,15 +183,6 @@ def shared_min_rows(rows: int) -> contextlib.AbstractContextManager[None]:
 # 1,024 keys) stay there.
 AMX_SHARED_MIN_ROWS = 6
 AMX_SHARED_MIN_KEYS = 256
-
-
-# Float32 K/V rows are twice bfloat16's bytes, and a decode step of forks reads their shared
-# prompt from memory once per fork: on vectors too, grouping pays from shorter prompts there.
-# Measured on an AMD Zen 3 (AVX2, 2 cores, float32), whole decode steps alternating in one
-# process (python -m bench_agent.bench_shared_decode --dtype float32 --prompt P --min-keys K):
-# 16 forks of an 800-token prompt 62.2 -> 42.3 ms (K 512), 8 forks 47.1 -> 35.9 ms, 16 forks
-# of a 400-token prompt 60.4 -> 47.5 ms (K 256). The rows threshold (24) stays.
-FLOAT32_SHARED_MIN_KEYS = 256
 
 
 def shared_on_tiles(on: bool) -> contextlib.AbstractContextManager[None]:
@@ -205,12 +207,6 @@ def last_shared_extend_blocks() -> int:
     """How many 32-key blocks the last AMX extend attention took from another request of its
     step (the same slots) instead of packing them again."""
     return int(entry_checks.load_kernels().paged_attention_last_shared_extend_blocks())
-
-
-def use_float32_grouping_threshold() -> None:
-    """Lower the shared-keys threshold of decode grouping to the float32 one, for the rest of
-    the process (one whose K/V cache is float32)."""
-    entry_checks.load_kernels().paged_attention_set_shared_min_keys(FLOAT32_SHARED_MIN_KEYS)
 
 
 def use_amx_grouping_thresholds() -> None:

@@ -21,9 +21,8 @@ from kernels.cpu.packed_linear import PackedLinearUnavailable
 from kernels.cpu.paged_attention import (
     AMX_SHARED_MIN_KEYS,
     AMX_SHARED_MIN_ROWS,
-    FLOAT32_SHARED_MIN_KEYS,
+    grouping_min_keys,
     use_amx_grouping_thresholds,
-    use_float32_grouping_threshold,
 )
 from kernels.triton import triton_installed
 from radix_cache import ReqToTokenTable
@@ -182,9 +181,8 @@ class ModelWorker:
 
         enable_fused_elementwise(self.model, elementwise)
         if self.dtype == torch.float32:
-            use_float32_grouping_threshold()
             logger.info("decode forks attend their shared keys together from %d keys (float32 K/V)",
-                        FLOAT32_SHARED_MIN_KEYS)
+                        grouping_min_keys(torch.float32))
         try:
             pack_linear_weights(self.model, self.dtype)
         except PackedLinearUnavailable as err:
