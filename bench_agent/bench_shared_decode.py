@@ -10,9 +10,8 @@ Each round prefills a fresh random prompt (cached), then decodes ``--forks`` req
 each add a few tokens of their own to it, as parallel samples or tree-of-thought branches
 do; the figure is the mean decode step. The setting is ``paged_attention_set_shared_min_keys``
 (kernels/cpu/paged_attention.cpp): the engine's (its K/V type's default, or lowered where the
-GEMMs run on AMX tiles; or ``--min-keys``) against never; on a
-CPU with AMX tiles also the grouped keys on AVX-512 vectors instead of tiles
-(``paged_attention_set_shared_on_tiles``).
+GEMMs run on AMX tiles; or ``--min-keys``) against never; on a CPU with AMX tiles also the
+grouped keys on AVX-512 vectors instead of tiles (``paged_attention_set_shared_on_tiles``).
 """
 
 from __future__ import annotations
