@@ -8,8 +8,10 @@ drift hits all alike):
 Each case multiplies ``--rows`` input rows by every layer's four products (the fused
 q/k/v, o, the fused gate/up and down projections of the default model's shapes, random
 weights), layer after layer, so that, as in a decode step, the weights come from memory
-rather than cache. The table gives GFLOP/s (best round) and each form's time against the
-first form's (median over rounds; above 1: slower).
+rather than cache. For float32 the weights are 4-bit affine blocks, as the default model's
+are, and ``q4_blocks`` multiplies them from those blocks (``linear_q4.cpp``) at every row
+count (the layers take it only for a few rows). The table gives GFLOP/s (best round) and
+each form's time against the first form's (median over rounds; above 1: slower).
 """
 
 from __future__ import annotations
@@ -18,6 +20,20 @@ import argparse
 import statistics
 import sys
 import time
+from typing import Any
+
+
+def four_bit_blocks(out_features: int, in_features: int) -> Any:
+    """A random float32 weight whose rows are blocks of 32 values d * q + m (q in 0..15, d a
+    float16 value), as a GGUF Q4_1 tensor dequantizes to."""
+    import torch
+
+    blocks = in_features // 32
+    d = (torch.rand(out_features, blocks, 1) * 0.01 + 0.001).half().float()
+    m = -8 * d + torch.randn(out_features, blocks, 1) * 1e-3
+    q = torch.randint(0, 16, (out_features, blocks, 32)).float()
+    q[..., 0], q[..., 1] = 0, 15  # each block's smallest and largest step, as a quantizer's
+    return (d * q + m).reshape(out_features, in_features)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from kernels.cpu import linear_bf16, linear_f32
+    from kernels.cpu import linear_bf16, linear_f32, linear_q4
     from kernels.cpu import packed_linear as pl
 
     dtype = getattr(torch, ns.dtype)
@@ -40,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     packers = {}
     if dtype == torch.float32 and linear_f32.available():
         packers["f32_panels"] = linear_f32.pack
+        packers["q4_blocks"] = linear_q4.pack  # the weights are 4-bit affine blocks, as the model's
     if dtype == torch.bfloat16 and linear_bf16.available():
         packers["bf16_panels"] = linear_bf16.pack
     try:
@@ -53,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     weights = {kind: [] for kind in packers}
     for _ in range(ns.layers):
         for out_features, in_features in shapes:
-            w = torch.randn(out_features, in_features).to(dtype)
+            w = four_bit_blocks(out_features, in_features) if "q4_blocks" in packers else torch.randn(
+                out_features, in_features).to(dtype)
             for kind, pack in packers.items():
                 weights[kind].append(pl.PackedWeight(pack(w), out_features, in_features, dtype, kind))
 
@@ -68,7 +86,10 @@ def main(argv: list[str] | None = None) -> int:
             for kind in kinds:
                 start = time.perf_counter()
                 for w in weights[kind]:
-                    pl.packed_linear(inputs[w.in_features], w)
+                    if kind == "q4_blocks":  # every row count on this kernel
+                        linear_q4.linear(inputs[w.in_features], w.data, w.out_features)
+                    else:
+                        pl.packed_linear(inputs[w.in_features], w)
                 times[kind].append(time.perf_counter() - start)
         flops = 2 * rows * ns.layers * sum(o * i for o, i in shapes)
         ratios = [statistics.median(t / b for t, b in zip(times[k], times[kinds[0]], strict=True)) for k in kinds[1:]]

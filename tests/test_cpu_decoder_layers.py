@@ -4,7 +4,8 @@ bit-identical tokens and logprobs (it runs the same kernels in the same order), 
 prefill, chunked prefill, extends on cached prefixes and decode; and the worker must keep the
 modules wherever the compiled layers do not apply. Both storage types: bfloat16 (on our bf16
 GEMM, AVX512-BF16) and float32 (on our float32 GEMM, AVX2; forced where the CPU has AVX-512
-and float32 would otherwise go to oneDNN)."""
+and float32 would otherwise go to oneDNN), its weights as float32 panels and, where they are
+4-bit blocks, also as such (taken for a few rows)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from kernels.cpu import linear_bf16, linear_f32
 from kernels.cpu.paged_attention import last_grouped_tokens, shared_min_keys, shared_min_rows
 from runtime.engine import Engine
 from runtime.executor.model_input import ForwardInput
+from runtime.layers import packed_weights
+from tests.test_cpu_linear_q4 import q4_1_weight
 from tests.tiny_models import build_hf_model, random_prompts, save_hf_folder
 
 
@@ -39,6 +42,20 @@ def tiny_qwen2(tmp_path_factory, model_dir):
     return save_hf_folder(model, tmp_path_factory.mktemp("tiny_qwen2"), model_dir)
 
 
+@pytest.fixture(scope="module")
+def tiny_qwen2_q4(tmp_path_factory, model_dir):
+    """tiny_qwen2 with its decoder layers' linear weights but the down projection's as gguf's
+    Q4_1 dequantizes them, so float32 layers multiply those from their 4-bit blocks
+    (kernels/cpu/linear_q4.cpp) for a few rows and the rest from float32 panels."""
+    sizes = dict(hidden_size=192, num_attention_heads=4, num_key_value_heads=2, head_dim=64, intermediate_size=320)
+    model = build_hf_model("Qwen2", dict(tie_word_embeddings=False), sizes)
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.Linear) and ".layers." in name and "down_proj" not in name:
+                module.weight.copy_(q4_1_weight(*module.weight.shape, seed=len(name)))
+    return save_hf_folder(model, tmp_path_factory.mktemp("tiny_qwen2_q4"), model_dir)
+
+
 def _generate_both_ways(engine: Engine, prompts: list[list[int]]) -> dict[str, list]:
     """Each way from a cold cache: the first prompt alone, then all of them (the later
     prompts extend it, so their extends start on a cached prefix)."""
@@ -61,12 +78,15 @@ def _generate_both_ways(engine: Engine, prompts: list[list[int]]) -> dict[str, l
     return results
 
 
-@pytest.mark.parametrize("which", [pytest.param("default", marks=pytest.mark.slow), "tiny_qwen2"])
+@pytest.mark.parametrize("which", [pytest.param("default", marks=pytest.mark.slow), "tiny_qwen2", "tiny_qwen2_q4"])
 def test_compiled_layers_match_the_modules(which, model_dir, request, dtype):
-    path = model_dir if which == "default" else request.getfixturevalue("tiny_qwen2")
+    path = model_dir if which == "default" else request.getfixturevalue(which)
     engine = Engine(str(path), dtype=dtype, max_total_tokens=20_000, chunked_prefill_size=64)
     try:
         assert engine.worker.model.compiled_layers is not None
+        blocks = [p.few_rows is not None for p in packed_weights(engine.worker.model)]
+        if which == "tiny_qwen2_q4" and dtype == "float32":
+            assert any(blocks) and not all(blocks)
         base = random_prompts(7, (90,))[0]
         # Two prompts on the first one's prefix, and unrelated ones of mixed lengths.
         prompts = [base, base + random_prompts(8, (30,))[0], base + [11, 12, 13], *random_prompts(9, (5, 140, 33))]

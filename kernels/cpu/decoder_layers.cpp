@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "aligned.h"
 #include "bf16.h"
@@ -61,13 +62,26 @@ struct DecoderShape {
     const float *cos, *sin;  // [max_positions, head_dim] float32
 };
 
-// One layer's weights (packed for the storage type's GEMM) and its K/V pool tensors.
+// One layer's weights (packed for the storage type's GEMM; for float32, those that are
+// 4-bit blocks also packed for linear_q4, else null) and its K/V pool tensors.
 template <typename T>
 struct DecoderLayer {
     const T *input_norm, *post_norm, *qkv_bias;  // qkv_bias may be null
     const typename Kernels<T>::Packed *qkv, *o, *gate_up, *down;
     T *k_cache, *v_cache;
+    const void *qkv_blocks, *o_blocks, *gate_up_blocks, *down_blocks;  // always null for bfloat16
 };
+
+// out[t, width] = x[t, in] W^T (+ bias) for a layer's weight `packed`: from its 4-bit
+// `blocks` (linear_q4, the same bits) for as few rows as that kernel is the faster for.
+template <typename T>
+static int layer_linear(const typename Kernels<T>::Packed *packed, const void *blocks, const T *x, int64_t t,
+                        int64_t in, const T *bias, T *out, int64_t width, int threads) {
+    if constexpr (std::is_same_v<T, float>)
+        if (blocks != nullptr && t <= linear_q4_few_rows())
+            return linear_q4(x, t, in, in, blocks, width, bias, out, width, threads);
+    return Kernels<T>::linear(x, t, in, in, packed, width, bias, out, width, threads);
+}
 
 // The step: which slots each token writes, which keys each token sees (as paged_attention).
 struct DecoderStep {
@@ -128,13 +142,14 @@ static int decoder_layers(const DecoderShape *shape, const DecoderLayer<T> *laye
                                  step->q_start, step->token_req, s.scale};
     const forkserve::SharedPlan plan = forkserve::plan_shared_decodes<T>(batch);
     int status = kOk;
+    const T *no_bias = nullptr;
     for (int64_t l = 0; l < num_layers && status == kOk; l++) {
         const DecoderLayer<T> &w = layers[l];
         if (l == 0)
             K::rms_norm(residual, nullptr, w.input_norm, h, t, s.hidden, s.eps, threads);
         else
             K::rms_norm(x_out, residual, w.input_norm, h, t, s.hidden, s.eps, threads);
-        if (K::linear(h, t, s.hidden, s.hidden, w.qkv, qkv_size, w.qkv_bias, qkv, qkv_size, threads)) {
+        if (layer_linear(w.qkv, w.qkv_blocks, h, t, s.hidden, w.qkv_bias, qkv, qkv_size, threads)) {
             status = kNoGemm;
             break;
         }
@@ -156,16 +171,15 @@ static int decoder_layers(const DecoderShape *shape, const DecoderLayer<T> *laye
             break;
         }
         // x_out holds the attention block's output until the MLP overwrites it.
-        K::linear(attn, t, q_size, q_size, w.o, s.hidden, nullptr, x_out, s.hidden, threads);
+        layer_linear(w.o, w.o_blocks, attn, t, q_size, no_bias, x_out, s.hidden, threads);
         K::rms_norm(x_out, residual, w.post_norm, h, t, s.hidden, s.eps, threads);
         // On AMX tiles the activation comes straight from the gate-up product's tiles
         // (linear_amx_silu_mul); elsewhere the product, then silu_and_mul. Same bits.
         if (K::gate_up_silu(h, t, s.hidden, s.hidden, w.gate_up, s.intermediate, act, s.intermediate, threads) != 0) {
-            K::linear(h, t, s.hidden, s.hidden, w.gate_up, 2 * s.intermediate, nullptr, gate_up, 2 * s.intermediate,
-                      threads);
+            layer_linear(w.gate_up, w.gate_up_blocks, h, t, s.hidden, no_bias, gate_up, 2 * s.intermediate, threads);
             K::silu_and_mul(gate_up, act, t, s.intermediate, threads);
         }
-        K::linear(act, t, s.intermediate, s.intermediate, w.down, s.hidden, nullptr, x_out, s.hidden, threads);
+        layer_linear(w.down, w.down_blocks, act, t, s.intermediate, no_bias, x_out, s.hidden, threads);
     }
     return status;
 }

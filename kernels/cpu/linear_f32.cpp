@@ -30,6 +30,7 @@
 #include "entries.h"
 #include "isa.h"
 #include "row_passes.h"
+#include "simd.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -103,20 +104,8 @@ void tile(const Gemm &g, int64_t row0, int64_t p, Prefetch pf) {
     }
     // The epilogue: plus bias, stored masked past out_features.
     const int64_t col0 = p * kCols, cols = g.out_features - col0 < kCols ? g.out_features - col0 : kCols;
-    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    const __m256i mask0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(cols)), lane);
-    const __m256i mask1 = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(cols - 8)), lane);
-    __m256 bias0 = _mm256_setzero_ps(), bias1 = _mm256_setzero_ps();
-    if (g.bias != nullptr) {
-        bias0 = _mm256_maskload_ps(g.bias + col0, mask0);
-        bias1 = _mm256_maskload_ps(g.bias + col0 + 8, mask1);
-    }
-#pragma GCC unroll 8
-    for (int m = 0; m < ROWS; m++) {
-        float *out = g.out + (row0 + m) * g.out_stride + col0;
-        _mm256_maskstore_ps(out, mask0, _mm256_add_ps(acc[m][0], bias0));
-        _mm256_maskstore_ps(out + 8, mask1, _mm256_add_ps(acc[m][1], bias1));
-    }
+    forkserve::store_rows8<ROWS, 2>(g.out + row0 * g.out_stride + col0, g.out_stride,
+                                    g.bias != nullptr ? g.bias + col0 : nullptr, cols, acc);
 }
 
 using TileFn = void (*)(const Gemm &, int64_t, int64_t, Prefetch);

@@ -1,9 +1,11 @@
 // Vector helpers shared by the CPU kernels. AVX-512: 16-lane loads of either storage type as
 // float32, the mask of a row's first lanes, e^x, 2^x and a 16 x 16 transpose of 32-bit words.
 // AVX2 with FMA (every x86 CPU of the last decade, AVX-512 or not): 8-lane loads of either
-// storage type as float32, 2^x, and a NaN test that -ffast-math cannot fold away.
+// storage type as float32, 2^x, a NaN test that -ffast-math cannot fold away, and the float32
+// GEMMs' masked store of a tile's rows.
 #pragma once
 
+#include <cstdint>
 #include <initializer_list>
 
 #include "bf16.h"
@@ -27,6 +29,25 @@ inline __m256 load8(const Bf16 *p) {
 inline __m256 in_register(__m256 v) {
     __asm__("" : "+x"(v));
     return v;
+}
+
+// The float32 GEMMs' epilogue: rows of sums for 8 * VECS output columns (acc[r][v]: row r,
+// columns 8v to 8v + 7) plus bias (null: none), stored at out + r * out_stride, masked to the
+// first `cols` columns (an output panel may run past out_features).
+template <int ROWS, int VECS>
+inline void store_rows8(float *out, int64_t out_stride, const float *bias, int64_t cols,
+                        const __m256 (&acc)[ROWS][VECS]) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256i mask[VECS];
+    __m256 add[VECS];
+    for (int v = 0; v < VECS; v++) {
+        mask[v] = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(cols - 8 * v)), lane);
+        add[v] = bias != nullptr ? _mm256_maskload_ps(bias + 8 * v, mask[v]) : _mm256_setzero_ps();
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < ROWS; r++)
+        for (int v = 0; v < VECS; v++)
+            _mm256_maskstore_ps(out + r * out_stride + 8 * v, mask[v], _mm256_add_ps(acc[r][v], add[v]));
 }
 
 // 2^t for 8 lanes, as exp2_16 below (the same polynomial, ~2e-6 relative), with 2^n built in

@@ -15,7 +15,7 @@ import torch
 from kernels.attention import check_backend_can_run, create_attention_backend
 from kernels.attention.base import AttentionShape
 from kernels.attention.forward_context import ForwardContext, forward_context
-from kernels.cpu import attention_choice, gemm_choice
+from kernels.cpu import attention_choice, gemm_choice, linear_q4
 from kernels.cpu.elementwise import argmax_rows
 from kernels.cpu.packed_linear import PackedLinearUnavailable
 from kernels.cpu.paged_attention import (
@@ -210,8 +210,12 @@ class ModelWorker:
         if not weights:
             return "F.linear"
         if not any(p.kind == "bf16_panels" for p in weights):
-            return ("float32 GEMM of our own on packed weights (AVX2 FMAs)" if weights[0].kind == "f32_panels"
-                    else "oneDNN GEMM on packed weights")
+            if weights[0].kind != "f32_panels":
+                return "oneDNN GEMM on packed weights"
+            blocks = sum(p.few_rows is not None for p in weights)
+            return "float32 GEMM of our own on packed weights (AVX2 FMAs)" + (
+                f"; {blocks} of {len(weights)} weights also as their 4-bit blocks for products of up to "
+                f"{linear_q4.few_rows()} rows" if blocks else "")
         bf16 = [(p.data, p.in_features, p.out_features) for p in weights if p.kind == "bf16_panels"]
         shapes = {(p.in_features, p.out_features) for p in weights}
         widen_rows = gemm_choice.choose_widen_for(shapes)

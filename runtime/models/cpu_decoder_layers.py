@@ -43,7 +43,8 @@ class _Shape(ctypes.Structure):  # DecoderShape
 
 class _Layer(ctypes.Structure):  # DecoderLayer
     _fields_ = [("input_norm", _P), ("post_norm", _P), ("qkv_bias", _P), ("qkv", _P), ("o", _P), ("gate_up", _P),
-                ("down", _P), ("k_cache", _P), ("v_cache", _P)]
+                ("down", _P), ("k_cache", _P), ("v_cache", _P), ("qkv_blocks", _P), ("o_blocks", _P),
+                ("gate_up_blocks", _P), ("down_blocks", _P)]
 
 
 class _Step(ctypes.Structure):  # DecoderStep
@@ -127,6 +128,9 @@ class CpuDecoderLayers:
                                      f"expected {widths[name][1]}x{widths[name][0]}")
                 setattr(entry, name, packed.data.data_ptr())
                 self._keep.append(packed.data)
+                if packed.few_rows is not None:  # the same weight as 4-bit blocks (linear_q4)
+                    setattr(entry, f"{name}_blocks", packed.few_rows.data_ptr())
+                    self._keep.append(packed.few_rows)
             if mlp.down_proj.bias is not None or attn.o_proj.bias is not None or mlp.gate_up_proj.bias is not None:
                 raise ValueError("only the qkv projection may have a bias")
             bias = attn.qkv_proj.bias
