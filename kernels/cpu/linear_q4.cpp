@@ -8,7 +8,7 @@
 // are ~5x the bytes of this form (6 bits a weight with the scales). On an AMD Zen 3 (2 cores,
 // float32) a decode step of the default model, one row, took ~28 ms on float32 panels
 // (linear_f32.cpp), most of it reading ~540 MB of weights; from these blocks ~17 ms (below).
-// From 8 rows on the float32 panels are as fast or faster: widening costs about what the
+// From ~6 rows on the float32 panels are as fast or faster: widening costs about what the
 // FMAs it feeds save in reads, so the layers keep both forms (packed_linear.py) and take
 // this one for up to linear_q4_few_rows() rows.
 //

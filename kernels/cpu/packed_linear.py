@@ -15,7 +15,7 @@ forms, chosen per dtype by ``pack_weight``:
   Where its weights are 4-bit affine blocks (a GGUF Q4_1 tensor's dequantized values, the
   default model's linear layers), the same weight is also kept as those blocks (``few_rows``,
   ``linear_q4.cpp``, ~0.19x the bytes), from which products of a few rows (decode of one to
-  six requests) run up to ~2.3x as fast, to the same bits.
+  five requests) run up to ~2x as fast, to the same bits.
 - ``"onednn"``: everything else (float32 on AVX-512 CPUs; bfloat16 without AVX512-BF16),
   reordered into oneDNN's blocked layout, the ops ``torch.compile`` uses for frozen CPU models. Against
   ``F.linear`` this took ~30% less time at batch 1 and ~25% less at batch 32.
