@@ -147,3 +147,16 @@ def test_forks_of_one_prompt_match_the_modules(model_dir, dtype):
         assert results["compiled"] == results["modules"]
     finally:
         engine.shutdown()
+
+
+def test_the_weight_blocks_benchmark_compares_both_sides(tiny_qwen2_q4, monkeypatch, capsys):
+    """``bench_agent/bench_weight_blocks.py`` on a model with 4-bit weights: a row per batch."""
+    if not linear_f32.available():
+        pytest.skip("no float32 GEMM kernel on this CPU (AVX2 and FMA)")
+    monkeypatch.setattr(linear_f32, "preferred", lambda: True)
+    from bench_agent import bench_weight_blocks
+
+    args = ["--model", str(tiny_qwen2_q4), "--batch", "1", "3", "--context", "20", "--rounds", "1"]
+    assert bench_weight_blocks.main(args) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "x (" in line]
+    assert [row.split("|")[1].strip() for row in rows] == ["1", "3"]
