@@ -38,6 +38,7 @@ def test_the_blocks_are_found_exactly_and_nothing_else():
     spoiled[0, 0] = float("nan")
     assert linear_q4.blocks_of(spoiled) is None
     assert linear_q4.pack(torch.randn(40, 96)) is None
+    assert linear_q4.blocks_of(torch.zeros(40, 0)) is None and linear_q4.blocks_of(torch.zeros(0, 64)) is None
 
 
 @pytest.mark.parametrize("rows", [1, 2, 5, 6, 8, 9, 13, 60, 200])
