@@ -16,7 +16,8 @@ SIMDe and ``avx512_emulated.h`` on AVX2-only CPUs), ``amx.h`` the tile configura
 emulation), ``gemm_panel.h`` the GEMMs' panel epilogue,
 ``online_softmax.h`` the extend paths' softmax step, ``aligned.h`` the 64-byte aligned
 buffers the kernels allocate for themselves, ``row_passes.h`` how the three GEMMs
-walk a product's rows and share its panels between threads, ``entries.h`` the entry points one file
+walk a product's rows and share its panels between threads, ``panel_prefetch.h`` how the
+float32 GEMMs' tiles prefetch the next panel, ``entries.h`` the entry points one file
 calls in another); ``paged_attention.py``, ``elementwise.py``, ``linear_bf16.py``,
 ``linear_f32.py`` and ``linear_q4.py`` are their checked Python entry points (``entry_checks.py``: the checks and
 the per-dtype lookup the first two share; ``gemm_entry.py``: the GEMMs' call).

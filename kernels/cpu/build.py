@@ -42,7 +42,7 @@ import platformdirs
 
 SOURCE_DIR = Path(__file__).parent
 SOURCES = ("paged_attention.cpp", "attention_rows.cpp", "attention_rows_avx2.cpp", "shared_prefix.cpp", "attention_amx.cpp", "elementwise.cpp", "linear_bf16.cpp", "linear_f32.cpp", "linear_q4.cpp", "linear_amx.cpp", "decoder_layers.cpp", "machine_probe.cpp")
-HEADERS = ("aligned.h", "amx.h", "avx512_emulated.h", "bf16.h", "entries.h", "gemm_panel.h", "isa.h", "online_softmax.h", "paged_batch.h", "row_passes.h", "simd.h", "stealing_ranges.h")
+HEADERS = ("aligned.h", "amx.h", "avx512_emulated.h", "bf16.h", "entries.h", "gemm_panel.h", "isa.h", "online_softmax.h", "paged_batch.h", "panel_prefetch.h", "row_passes.h", "simd.h", "stealing_ranges.h")
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-std=c++17", "-shared", "-fPIC")
 _COMPILERS = ("c++", "g++", "clang++")
 

@@ -18,7 +18,7 @@
 // The rows go in passes whose inputs fit in 128 KiB (L2), each pass over every panel of the
 // thread's range; the threads split the panels into contiguous ranges and take over the ends
 // of each other's ranges when done (row_passes.h). The tiles of a panel prefetch the next
-// panel, each its share of the lines, so its weights arrive from memory while these are
+// panel, each its share of the lines (panel_prefetch.h), so its weights arrive from memory while these are
 // multiplied: without a prefetch, 17-row products ran ~1.6x as long (the weights from L3);
 // with the first tile alone prefetching the whole panel, a 600-token prefill took 1.12x and
 // a 32-row decode step 1.09x as long on a Zen 3 (python -m bench_agent.bench_kernel_ab
@@ -29,6 +29,7 @@
 
 #include "entries.h"
 #include "isa.h"
+#include "panel_prefetch.h"
 #include "row_passes.h"
 #include "simd.h"
 
@@ -60,12 +61,7 @@ struct Gemm {
     int64_t out_stride;
 };
 
-// The share of the next panel (one 64-byte line per k) that one of a panel's `tiles` tiles
-// prefetches: tile `index` takes the index-th contiguous part, a line every `tiles` k.
-struct Prefetch {
-    const float *next;  // the next panel, or null
-    int64_t index, tiles;
-};
+using Prefetch = forkserve::PanelPrefetch;
 
 // Rows [row0, row0 + ROWS) times panel p, prefetching `pf`'s lines alongside.
 // GCC keeps the accumulator array in registers only with the loops over it unrolled; left
@@ -86,14 +82,9 @@ void tile(const Gemm &g, int64_t row0, int64_t p, Prefetch pf) {
     const float *xr[ROWS];
 #pragma GCC unroll 8
     for (int m = 0; m < ROWS; m++) xr[m] = x + m * g.x_stride;
-    int64_t pf_k = pf.index * g.in_features / pf.tiles, countdown = 1;
-    const int64_t pf_end = pf.next != nullptr ? (pf.index + 1) * g.in_features / pf.tiles : 0;
+    Prefetch::Stream prefetch = pf.stream(g.in_features);
     for (int64_t k = 0; k < g.in_features; k++) {
-        if (--countdown == 0) {
-            if (pf_k < pf_end) _mm_prefetch(reinterpret_cast<const char *>(pf.next + pf_k * kCols), _MM_HINT_T0);
-            pf_k++;
-            countdown = pf.tiles;
-        }
+        prefetch.step();
         const __m256 w0 = _mm256_loadu_ps(panel + k * kCols), w1 = _mm256_loadu_ps(panel + k * kCols + 8);
 #pragma GCC unroll 8
         for (int m = 0; m < ROWS; m++) {
@@ -133,7 +124,7 @@ void gemm(const Gemm &g, int64_t rows, int num_threads) {
         // Each tile prefetches its part of the next panel, so the next panel streams in
         // over all of this panel's tiles rather than during the first alone.
         for (int64_t i = 0; i < count; i++)
-            kTiles[tiles[i].n](g, tiles[i].start, p, {next, i, count});
+            kTiles[tiles[i].n](g, tiles[i].start, p, {reinterpret_cast<const char *>(next), i, count, g.in_features});
     });
 }
 

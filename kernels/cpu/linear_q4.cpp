@@ -27,6 +27,7 @@
 
 #include "entries.h"
 #include "isa.h"
+#include "panel_prefetch.h"
 #include "simd.h"
 #include "stealing_ranges.h"
 
@@ -55,28 +56,7 @@ struct Gemm {
     int64_t out_stride;
 };
 
-// The share of the next panel's `lines` 64-byte lines that one of a panel's `tiles` tiles
-// prefetches, spread over its loop over k: tile `index` takes the index-th contiguous part.
-struct Prefetch {
-    const char *next;  // the next panel, or null
-    int64_t index, tiles, lines;
-
-    // Called once per k by a tile: the line due at this k, if any.
-    struct Stream {
-        const char *next;
-        int64_t line, end, period, countdown = 1;
-        void step() {
-            if (--countdown != 0) return;
-            if (line < end) _mm_prefetch(next + 64 * line, _MM_HINT_T0);
-            line++;
-            countdown = period;
-        }
-    };
-    Stream stream(int64_t in_features) const {
-        const int64_t n = next != nullptr ? lines : 0;
-        return {next, index * n / tiles, (index + 1) * n / tiles, n > 0 ? (in_features * tiles + n - 1) / n : 1};
-    }
-};
+using Prefetch = forkserve::PanelPrefetch;
 
 // Rows [row0, row0 + ROWS) times 8 * VECS of panel p's columns: with VECS 2 all 16, with
 // VECS 1 the half `half` (0: columns 0-7, 1: 8-15); ROWS * VECS FMA chains. Each k's weights
@@ -193,9 +173,8 @@ int linear_q4([[maybe_unused]] const float *x, [[maybe_unused]] int64_t rows, [[
               [[maybe_unused]] int64_t out_features, [[maybe_unused]] const float *bias, [[maybe_unused]] float *out,
               [[maybe_unused]] int64_t out_stride, [[maybe_unused]] int num_threads) {
 #if defined(__AVX2__) && defined(__FMA__)
-    if (rows > 0)
-        gemm({x, x_stride, in_features, static_cast<const uint8_t *>(packed), out_features, bias, out, out_stride}, rows,
-             num_threads);
+    const auto *blocks = static_cast<const uint8_t *>(packed);
+    if (rows > 0) gemm({x, x_stride, in_features, blocks, out_features, bias, out, out_stride}, rows, num_threads);
     return 0;
 #else
     return 1;
