@@ -21,6 +21,7 @@ AVX512_TESTS = (
     "tests/test_cpu_packed_linear.py",
     "tests/test_cpu_linear_f32.py",
     "tests/test_cpu_attention.py",
+    "tests/test_cpu_fork_grouping.py",
     "tests/test_cpu_store_kv.py",
     "tests/test_cpu_elementwise.py",
     "tests/test_cpu_decoder_layers.py",

@@ -22,7 +22,6 @@ from kernels.cpu.paged_attention import (  # noqa: E402
     DEFAULT_SHARED_MIN_KEYS,
     PagedBatch,
     bf16_rows_on_avx2,
-    grouping_min_keys,
     last_grouped_tokens,
     last_shared_extend_blocks,
     last_shared_on_tiles,
@@ -200,8 +199,7 @@ def test_a_nan_query_spoils_its_own_rows_only(kernel_build):
 # paged_attention.cpp; the worker lowers both where the GEMMs run on AMX:
 # paged_attention.AMX_SHARED_MIN_ROWS / _KEYS).
 SHARED_MIN_ROWS = 24
-SHARED_MIN_KEYS = 1024  # bfloat16 K/V
-FLOAT32_SHARED_MIN_KEYS = 256
+SHARED_MIN_KEYS = 1024  # bfloat16 K/V (float32's: test_cpu_fork_grouping.py)
 
 
 def _row_kernel(kernel_build: str, dim: int) -> str | None:
@@ -352,31 +350,6 @@ def test_decodes_sharing_a_prefix_match_the_reference(geometry, min_rows, growin
         assert on_tiles == (3 * geometry[1] if tiles else 0)
 
 
-def test_forks_are_grouped_by_their_longest_common_prefix(monkeypatch):
-    """Two programs' forks on one system prompt: grouped per program over system prompt and
-    question, not all together over the system prompt; too few forks, or too short a shared
-    prefix at the default setting, stay per token."""
-    geometry = GEOMETRIES[1]  # 3 query heads per KV head: 8 to 16 tokens a group
-    if _row_kernel("native", geometry[2]) is None:
-        pytest.skip("no row-block kernel in this CPU's build: decode tokens are never grouped")
-    # This CPU's build, whichever build another test's fixture has put in place.
-    monkeypatch.setattr(entry_checks, "load_kernels", build.load_kernels)
-    gen = torch.Generator().manual_seed(0)
-    batch, _, _ = _forked_decodes([(8, 60), (8, 60), (5, 60)], geometry, gen)
-    system = batch.req_to_token[1, :20].clone()
-    for r in range(1, 17):
-        batch.req_to_token[r, :20] = system
-    with shared_min_rows(SHARED_MIN_ROWS):
-        with shared_min_keys(16):
-            found = shared_prefix_groups(batch, *geometry)
-        assert sorted((tokens, keys) for tokens, keys in found) == [(list(range(8)), 60), (list(range(8, 16)), 60)]
-        with shared_min_keys(DEFAULT_SHARED_MIN_KEYS):
-            assert shared_prefix_groups(batch, *geometry) == []  # 60 shared keys: short of the default
-    with shared_min_rows(AMX_SHARED_MIN_ROWS), shared_min_keys(16):  # 4 forks are enough
-        found = shared_prefix_groups(batch, *geometry)
-    assert sorted(len(tokens) for tokens, _ in found) == [5, 8, 8]
-
-
 @pytest.mark.parametrize("where", ["query", "shared key"])
 def test_nan_in_forked_decodes_spoils_the_rows_that_see_it(where, kernel_build):
     """A NaN query spoils its own token's head only; a NaN in a shared key row spoils every
@@ -441,22 +414,3 @@ def test_extend_through_the_backend_matches_torch_native(prefix_lens, extend_len
     if dtype == torch.float32:
         want = _run("torch_native", prefix_lens, extend_lens, *geometry)
         torch.testing.assert_close(got, want, **TOLERANCE[torch.float32])
-
-
-def test_forks_on_float32_kv_are_grouped_from_fewer_shared_keys(monkeypatch):
-    """By default decode forks attend 300 shared keys together where the K/V cache is float32
-    (from 256 keys), one by one where it is bfloat16 (from 1,024): the storage type's default,
-    whatever engines of the other dtype this process made before."""
-    geometry = GEOMETRIES[1]  # 3 query heads per KV head: 8 forks fill the AVX2 kernel's 24 rows
-    if not {"avx2", "fma"} <= cpu_flags():
-        pytest.skip("no row-block kernel for float32 in this CPU's build: decode tokens are never grouped")
-    monkeypatch.setattr(entry_checks, "load_kernels", build.load_kernels)
-    with shared_min_rows(SHARED_MIN_ROWS), shared_min_keys(DEFAULT_SHARED_MIN_KEYS):
-        assert (grouping_min_keys(torch.float32), grouping_min_keys(torch.bfloat16)) == (
-            FLOAT32_SHARED_MIN_KEYS, SHARED_MIN_KEYS)
-        for dtype, grouped in ((torch.float32, 8), (torch.bfloat16, 0)):
-            _, got, want = _forked_decodes([(8, 300)], geometry, torch.Generator().manual_seed(7), dtype=dtype)
-            assert last_grouped_tokens() == grouped, dtype
-            torch.testing.assert_close(got, want, **TOLERANCE[dtype])
-        with shared_min_keys(512):  # a setting holds for both types
-            assert grouping_min_keys(torch.float32) == grouping_min_keys(torch.bfloat16) == 512
