@@ -4,14 +4,17 @@ drift hits all alike):
 
     python -m bench_agent.bench_gemm
     python -m bench_agent.bench_gemm --dtype float32 --rows 1 8 17 64 512 --rounds 9
+    python -m bench_agent.bench_gemm --output-layer --rows 1 4 8 12
 
 Each case multiplies ``--rows`` input rows by every layer's four products (the fused
 q/k/v, o, the fused gate/up and down projections of the default model's shapes, random
 weights), layer after layer, so that, as in a decode step, the weights come from memory
 rather than cache. For float32 the weights are 4-bit affine blocks, as the default model's
-are, and ``q4_blocks`` multiplies them from those blocks (``linear_q4.cpp``) at every row
-count (the layers take it only for a few rows). The table gives GFLOP/s (best round) and
-each form's time against the first form's (median over rounds; above 1: slower).
+are, and ``q4_blocks`` multiplies them from those blocks (``linear_blocks.cpp``) at every row
+count (the layers take it only for a few rows). ``--output-layer`` multiplies the default
+model's output layer instead (49,152 x 576, 113 MB in float32, its weights 8-bit scaled
+blocks as the model's are, ``q8_blocks``: ``linear_blocks.cpp``). The table gives GFLOP/s (best
+round) and each form's time against the first form's (median over rounds; above 1: slower).
 """
 
 from __future__ import annotations
@@ -36,27 +39,44 @@ def four_bit_blocks(out_features: int, in_features: int) -> Any:
     return (d * q + m).reshape(out_features, in_features)
 
 
+def eight_bit_blocks(out_features: int, in_features: int) -> Any:
+    """A random float32 weight whose rows are blocks of 32 values d * q (q in -127..127, d a
+    float16 value, the largest magnitude 127 steps), as a GGUF Q8_0 tensor dequantizes to."""
+    import torch
+
+    d = (torch.rand(out_features, in_features // 32, 1) * 1e-3 + 1e-4).half().float()
+    q = torch.randint(-127, 128, (out_features, in_features // 32, 32)).float()
+    q[..., 0] = 127
+    return (d * q).reshape(out_features, in_features)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="(default: %(default)s)")
     ap.add_argument("--rows", type=int, nargs="*", default=[1, 4, 8, 17, 32, 64, 512], help="input rows per product")
     ap.add_argument("--layers", type=int, default=30, help="layers of weights (default: %(default)s, the model's)")
     ap.add_argument("--rounds", type=int, default=7, help="runs per form and row count (default: %(default)s)")
+    ap.add_argument("--output-layer", action="store_true",
+                    help="the output layer's product (8-bit blocks in float32) instead of the layers'")
     ns = ap.parse_args(argv)
 
     import torch
 
-    from kernels.cpu import linear_bf16, linear_f32, linear_q4
+    from kernels.cpu import linear_bf16, linear_blocks, linear_f32
     from kernels.cpu import packed_linear as pl
 
     dtype = getattr(torch, ns.dtype)
     hidden, heads, kv_heads, head_dim, inter = 576, 9, 3, 64, 1536  # SmolLM2-135M
     shapes = [((heads + 2 * kv_heads) * head_dim, hidden), (hidden, heads * head_dim), (2 * inter, hidden),
               (hidden, inter)]
+    blocks, make = ("q4_blocks", four_bit_blocks) if not ns.output_layer else ("q8_blocks", eight_bit_blocks)
+    kernel = linear_blocks.Q8_0 if ns.output_layer else linear_blocks.Q4_1
+    if ns.output_layer:
+        shapes, ns.layers = [(49_152, hidden)], 1
     packers = {}
     if dtype == torch.float32 and linear_f32.available():
         packers["f32_panels"] = linear_f32.pack
-        packers["q4_blocks"] = linear_q4.pack  # the weights are 4-bit affine blocks, as the model's
+        packers[blocks] = kernel.pack  # the weights are quantized blocks, as the model's
     if dtype == torch.bfloat16 and linear_bf16.available():
         packers["bf16_panels"] = linear_bf16.pack
     try:
@@ -70,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     weights = {kind: [] for kind in packers}
     for _ in range(ns.layers):
         for out_features, in_features in shapes:
-            w = four_bit_blocks(out_features, in_features) if "q4_blocks" in packers else torch.randn(
+            w = make(out_features, in_features) if blocks in packers else torch.randn(
                 out_features, in_features).to(dtype)
             for kind, pack in packers.items():
                 weights[kind].append(pl.PackedWeight(pack(w), out_features, in_features, dtype, kind))
@@ -86,8 +106,8 @@ def main(argv: list[str] | None = None) -> int:
             for kind in kinds:
                 start = time.perf_counter()
                 for w in weights[kind]:
-                    if kind == "q4_blocks":  # every row count on this kernel
-                        linear_q4.linear(inputs[w.in_features], w.data, w.out_features)
+                    if kind == blocks:  # every row count on this kernel
+                        kernel.linear(inputs[w.in_features], w.data, w.out_features)
                     else:
                         pl.packed_linear(inputs[w.in_features], w)
                 times[kind].append(time.perf_counter() - start)

@@ -3,10 +3,21 @@ where a kernel cannot run on this machine."""
 
 from __future__ import annotations
 
+import gguf
+import numpy as np
 import pytest
 import torch
 
 from kernels.cpu import gemm_choice, linear_bf16, linear_f32
+
+
+def gguf_weight(kind: str, out_features: int, in_features: int, seed: int) -> torch.Tensor:
+    """A random float32 weight as gguf's own quantizer makes it ``kind`` ("Q4_1", "Q8_0")
+    and its dequantizer gives it back."""
+    w = np.random.default_rng(seed).standard_normal((out_features, in_features)).astype(np.float32) * 0.05
+    quant = gguf.GGMLQuantizationType[kind]
+    back = gguf.quants.dequantize(gguf.quants.quantize(w, quant), quant)
+    return torch.from_numpy(np.ascontiguousarray(back, dtype=np.float32)).reshape(out_features, in_features)
 
 
 def close_to_exact(ours: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:

@@ -17,7 +17,7 @@ from kernels.cpu.paged_attention import last_grouped_tokens, shared_min_keys, sh
 from runtime.engine import Engine
 from runtime.executor.model_input import ForwardInput
 from runtime.layers import packed_weights
-from tests.test_cpu_linear_q4 import q4_1_weight
+from tests.gemm_checks import gguf_weight
 from tests.tiny_models import build_hf_model, random_prompts, save_hf_folder
 
 
@@ -43,17 +43,20 @@ def tiny_qwen2(tmp_path_factory, model_dir):
 
 
 @pytest.fixture(scope="module")
-def tiny_qwen2_q4(tmp_path_factory, model_dir):
-    """tiny_qwen2 with its decoder layers' linear weights but the down projection's as gguf's
-    Q4_1 dequantizes them, so float32 layers multiply those from their 4-bit blocks
-    (kernels/cpu/linear_q4.cpp) for a few rows and the rest from float32 panels."""
+def tiny_qwen2_blocks(tmp_path_factory, model_dir):
+    """tiny_qwen2 with its decoder layers' linear weights as gguf's Q4_1 dequantizes them but
+    the down projections' and the output layer's as Q8_0 does, so float32 layers multiply
+    the first from their 4-bit blocks (kernels/cpu/linear_blocks.cpp) for a few rows; the
+    compiled layers take no 8-bit blocks (their table has 4-bit ones only), the modules do:
+    the same bits either way."""
     sizes = dict(hidden_size=192, num_attention_heads=4, num_key_value_heads=2, head_dim=64, intermediate_size=320)
     model = build_hf_model("Qwen2", dict(tie_word_embeddings=False), sizes)
     with torch.no_grad():
         for name, module in model.named_modules():
-            if isinstance(module, torch.nn.Linear) and ".layers." in name and "down_proj" not in name:
-                module.weight.copy_(q4_1_weight(*module.weight.shape, seed=len(name)))
-    return save_hf_folder(model, tmp_path_factory.mktemp("tiny_qwen2_q4"), model_dir)
+            if isinstance(module, torch.nn.Linear):
+                kind = "Q4_1" if ".layers." in name and "down_proj" not in name else "Q8_0"
+                module.weight.copy_(gguf_weight(kind, *module.weight.shape, seed=len(name)))
+    return save_hf_folder(model, tmp_path_factory.mktemp("tiny_qwen2_blocks"), model_dir)
 
 
 def _generate_both_ways(engine: Engine, prompts: list[list[int]]) -> dict[str, list]:
@@ -78,15 +81,15 @@ def _generate_both_ways(engine: Engine, prompts: list[list[int]]) -> dict[str, l
     return results
 
 
-@pytest.mark.parametrize("which", [pytest.param("default", marks=pytest.mark.slow), "tiny_qwen2", "tiny_qwen2_q4"])
+@pytest.mark.parametrize("which", [pytest.param("default", marks=pytest.mark.slow), "tiny_qwen2", "tiny_qwen2_blocks"])
 def test_compiled_layers_match_the_modules(which, model_dir, request, dtype):
     path = model_dir if which == "default" else request.getfixturevalue(which)
     engine = Engine(str(path), dtype=dtype, max_total_tokens=20_000, chunked_prefill_size=64)
     try:
         assert engine.worker.model.compiled_layers is not None
-        blocks = [p.few_rows is not None for p in packed_weights(engine.worker.model)]
-        if which == "tiny_qwen2_q4" and dtype == "float32":
-            assert any(blocks) and not all(blocks)
+        blocks = {p.blocks for p in packed_weights(engine.worker.model)}
+        if which == "tiny_qwen2_blocks" and dtype == "float32":
+            assert blocks == {"q4_1", "q8_0"}
         base = random_prompts(7, (90,))[0]
         # Two prompts on the first one's prefix, and unrelated ones of mixed lengths.
         prompts = [base, base + random_prompts(8, (30,))[0], base + [11, 12, 13], *random_prompts(9, (5, 140, 33))]
@@ -149,14 +152,14 @@ def test_forks_of_one_prompt_match_the_modules(model_dir, dtype):
         engine.shutdown()
 
 
-def test_the_weight_blocks_benchmark_compares_both_sides(tiny_qwen2_q4, monkeypatch, capsys):
-    """``bench_agent/bench_weight_blocks.py`` on a model with 4-bit weights: a row per batch."""
+def test_the_weight_blocks_benchmark_compares_both_sides(tiny_qwen2_blocks, monkeypatch, capsys):
+    """``bench_agent/bench_weight_blocks.py`` on a model with 4- and 8-bit weights: a row per batch."""
     if not linear_f32.available():
         pytest.skip("no float32 GEMM kernel on this CPU (AVX2 and FMA)")
     monkeypatch.setattr(linear_f32, "preferred", lambda: True)
     from bench_agent import bench_weight_blocks
 
-    args = ["--model", str(tiny_qwen2_q4), "--batch", "1", "3", "--context", "20", "--rounds", "1"]
+    args = ["--model", str(tiny_qwen2_blocks), "--batch", "1", "3", "--context", "20", "--rounds", "1"]
     assert bench_weight_blocks.main(args) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "x (" in line]
     assert [row.split("|")[1].strip() for row in rows] == ["1", "3"]

@@ -41,7 +41,7 @@ from pathlib import Path
 import platformdirs
 
 SOURCE_DIR = Path(__file__).parent
-SOURCES = ("paged_attention.cpp", "attention_rows.cpp", "attention_rows_avx2.cpp", "shared_prefix.cpp", "attention_amx.cpp", "elementwise.cpp", "linear_bf16.cpp", "linear_f32.cpp", "linear_q4.cpp", "linear_amx.cpp", "decoder_layers.cpp", "machine_probe.cpp")
+SOURCES = ("paged_attention.cpp", "attention_rows.cpp", "attention_rows_avx2.cpp", "shared_prefix.cpp", "attention_amx.cpp", "elementwise.cpp", "linear_bf16.cpp", "linear_f32.cpp", "linear_blocks.cpp", "linear_amx.cpp", "decoder_layers.cpp", "machine_probe.cpp")
 HEADERS = ("aligned.h", "amx.h", "avx512_emulated.h", "bf16.h", "entries.h", "gemm_panel.h", "isa.h", "online_softmax.h", "paged_batch.h", "panel_prefetch.h", "row_passes.h", "simd.h", "stealing_ranges.h")
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-std=c++17", "-shared", "-fPIC")
 _COMPILERS = ("c++", "g++", "clang++")
@@ -130,10 +130,10 @@ _PLAIN_SIGNATURES = {
     "linear_f32_packed_numel": ([_I64, _I64], _I64),
     "linear_f32_pack": ([_P, _I64, _I64, _P], None),
     "linear_f32": ([_P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _INT], _INT),
-    "linear_q4_available": ([], _INT),
-    "linear_q4_few_rows": ([], _I64),
-    "linear_q4_packed_bytes": ([_I64, _I64], _I64),
-    "linear_q4": ([_P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _INT], _INT),
+    "linear_blocks_available": ([], _INT),
+    "linear_blocks_few_rows": ([_INT], _I64),
+    "linear_blocks_packed_bytes": ([_INT, _I64, _I64], _I64),
+    "linear_blocks": ([_INT, _P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _INT], _INT),
     "linear_bf16_available": ([], _INT),
     "linear_bf16_packed_bytes": ([_I64, _I64], _I64),
     "linear_bf16_pack": ([_P, _I64, _I64, _P], None),

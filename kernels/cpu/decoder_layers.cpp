@@ -63,7 +63,7 @@ struct DecoderShape {
 };
 
 // One layer's weights (packed for the storage type's GEMM; for float32, those that are
-// 4-bit blocks also packed for linear_q4, else null) and its K/V pool tensors.
+// 4-bit blocks also packed for linear_blocks, else null) and its K/V pool tensors.
 template <typename T>
 struct DecoderLayer {
     const T *input_norm, *post_norm, *qkv_bias;  // qkv_bias may be null
@@ -73,13 +73,14 @@ struct DecoderLayer {
 };
 
 // out[t, width] = x[t, in] W^T (+ bias) for a layer's weight `packed`: from its 4-bit
-// `blocks` (linear_q4, the same bits) for as few rows as that kernel is the faster for.
+// 4-bit `blocks` (linear_blocks.cpp, the same bits) for as few rows as that kernel is the
+// faster for.
 template <typename T>
 static int layer_linear(const typename Kernels<T>::Packed *packed, const void *blocks, const T *x, int64_t t,
                         int64_t in, const T *bias, T *out, int64_t width, int threads) {
     if constexpr (std::is_same_v<T, float>)
-        if (blocks != nullptr && t <= linear_q4_few_rows())
-            return linear_q4(x, t, in, in, blocks, width, bias, out, width, threads);
+        if (blocks != nullptr && t <= linear_blocks_few_rows(forkserve::kFourBitBlocks))
+            return linear_blocks(forkserve::kFourBitBlocks, x, t, in, in, blocks, width, bias, out, width, threads);
     return Kernels<T>::linear(x, t, in, in, packed, width, bias, out, width, threads);
 }
 

@@ -53,7 +53,12 @@ int store_kv_f32(const float *k, int64_t k_stride, const float *v, int64_t v_str
                  int64_t kv_heads, int64_t dim, float *k_cache, float *v_cache, int64_t num_slots, int threads);
 int linear_f32(const float *x, int64_t rows, int64_t in_features, int64_t x_stride, const float *packed,
                int64_t out_features, const float *bias, float *out, int64_t out_stride, int num_threads);
-int64_t linear_q4_few_rows();
-int linear_q4(const float *x, int64_t rows, int64_t in_features, int64_t x_stride, const void *packed,
-              int64_t out_features, const float *bias, float *out, int64_t out_stride, int num_threads);
+int64_t linear_blocks_few_rows(int format);
+int linear_blocks(int format, const float *x, int64_t rows, int64_t in_features, int64_t x_stride, const void *packed,
+                  int64_t out_features, const float *bias, float *out, int64_t out_stride, int num_threads);
 }
+
+namespace forkserve {
+// The weight block formats of linear_blocks (its first argument; linear_blocks.cpp).
+constexpr int kFourBitBlocks = 0, kEightBitBlocks = 1;
+}  // namespace forkserve

@@ -12,10 +12,11 @@ forms, chosen per dtype by ``pack_weight``:
   (``linear_f32.cpp``). On an AMD Zen 3 (2 cores) it ran the default model's decode
   products 1.2-1.6x as fast as oneDNN's packed float32 (1-17 rows, weights from memory;
   ``python -m bench_agent.bench_gemm``) and prefill-sized ones about as fast.
-  Where its weights are 4-bit affine blocks (a GGUF Q4_1 tensor's dequantized values, the
-  default model's linear layers), the same weight is also kept as those blocks (``few_rows``,
-  ``linear_q4.cpp``, ~0.19x the bytes), from which products of a few rows (decode of one to
-  five requests) run up to ~2x as fast, to the same bits.
+  Where its weights are quantized blocks (a GGUF tensor's dequantized values), the same
+  weight is also kept as those blocks (``few_rows``), from which products of a few rows
+  (decode of a few requests) run up to ~2x as fast, to the same bits (``linear_blocks.cpp``):
+  4-bit affine blocks (Q4_1, the default model's linear layers; ~0.19x the bytes) up to 5
+  rows, 8-bit scaled blocks (Q8_0, its embedding and tied output layer; ~0.28x) up to 8.
 - ``"onednn"``: everything else (float32 on AVX-512 CPUs; bfloat16 without AVX512-BF16),
   reordered into oneDNN's blocked layout, the ops ``torch.compile`` uses for frozen CPU models. Against
   ``F.linear`` this took ~30% less time at batch 1 and ~25% less at batch 32.
@@ -35,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.cpu import linear_bf16, linear_f32, linear_q4
+from kernels.cpu import linear_bf16, linear_blocks, linear_f32
 
 # Our own packed forms and the module (``pack``, ``linear``) of each.
 _OURS = {"bf16_panels": linear_bf16, "f32_panels": linear_f32}
@@ -55,9 +56,11 @@ class PackedWeight:
     in_features: int
     dtype: torch.dtype
     kind: str  # "bf16_panels", "f32_panels" or "onednn"
-    # For "f32_panels" whose values are 4-bit affine blocks: the same weight packed for
-    # linear_q4, which takes products of up to linear_q4.few_rows() rows; else None.
+    # For "f32_panels" whose values are quantized blocks: the same weight packed for the
+    # block kernel in the form named ``blocks`` (a key of linear_blocks.FORMS), which takes
+    # products of up to its few_rows() rows; else None.
     few_rows: torch.Tensor | None = None
+    blocks: str | None = None
 
 
 @functools.cache
@@ -106,8 +109,19 @@ def pack_weight(weight: torch.Tensor) -> PackedWeight:
     kind = kind_for(weight.dtype)
     weight = weight.detach().contiguous()
     data = _OURS[kind].pack(weight) if kind in _OURS else _onednn_ops()[0](weight)
-    blocks = linear_q4.pack(weight) if kind == "f32_panels" and linear_q4.available() else None
-    return PackedWeight(data, weight.shape[0], weight.shape[1], weight.dtype, kind, blocks)
+    form, blocks = _block_form(weight) if kind == "f32_panels" else (None, None)
+    return PackedWeight(data, weight.shape[0], weight.shape[1], weight.dtype, kind, blocks, form)
+
+
+def _block_form(weight: torch.Tensor) -> tuple[str | None, torch.Tensor | None]:
+    """The name of the first of linear_blocks.FORMS that holds ``weight``'s float32 values
+    exactly, and the weight packed in it; (None, None) when none does (or this build has no
+    block kernel)."""
+    if linear_blocks.available():
+        for name, form in linear_blocks.FORMS.items():
+            if (blocks := form.pack(weight)) is not None:
+                return name, blocks
+    return None, None
 
 
 def packed_linear(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -115,8 +129,10 @@ def packed_linear(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | No
     if x.dtype != packed.dtype or x.shape[-1] != packed.in_features:
         raise ValueError(f"packed_linear: input {x.dtype} {tuple(x.shape)} does not fit the weight "
                          f"{packed.dtype} {(packed.out_features, packed.in_features)}")
-    if packed.few_rows is not None and x.numel() <= linear_q4.few_rows() * packed.in_features:
-        return linear_q4.linear(x, packed.few_rows, packed.out_features, bias)
+    if packed.few_rows is not None:
+        form = linear_blocks.FORMS[packed.blocks]
+        if x.numel() <= form.few_rows() * packed.in_features:
+            return form.linear(x, packed.few_rows, packed.out_features, bias)
     if packed.kind in _OURS:
         return _OURS[packed.kind].linear(x, packed.data, packed.out_features, bias)
     return _onednn_ops()[1](x, packed.data, bias, "none", [], "")

@@ -1,4 +1,4 @@
-// How the float32 GEMMs' register tiles (linear_f32.cpp, linear_q4.cpp) bring in the next
+// How the float32 GEMMs' register tiles (linear_f32.cpp, linear_blocks.cpp) bring in the next
 // weight panel while they multiply this one: each of a panel's `tiles` tiles prefetches its
 // contiguous share of the next panel's `lines` 64-byte lines, spread evenly over its loop
 // over the input features (a line per k and tile where the panel has a line per k).

@@ -15,9 +15,10 @@ import torch
 from kernels.attention import check_backend_can_run, create_attention_backend
 from kernels.attention.base import AttentionShape
 from kernels.attention.forward_context import ForwardContext, forward_context
-from kernels.cpu import attention_choice, gemm_choice, linear_q4
+from kernels.cpu import attention_choice, gemm_choice
 from kernels.cpu.elementwise import argmax_rows
-from kernels.cpu.packed_linear import PackedLinearUnavailable
+from kernels.cpu.linear_blocks import FORMS as BLOCK_FORMS
+from kernels.cpu.packed_linear import PackedLinearUnavailable, PackedWeight
 from kernels.cpu.paged_attention import (
     AMX_SHARED_MIN_KEYS,
     AMX_SHARED_MIN_ROWS,
@@ -212,10 +213,7 @@ class ModelWorker:
         if not any(p.kind == "bf16_panels" for p in weights):
             if weights[0].kind != "f32_panels":
                 return "oneDNN GEMM on packed weights"
-            blocks = sum(p.few_rows is not None for p in weights)
-            return "float32 GEMM of our own on packed weights (AVX2 FMAs)" + (
-                f"; {blocks} of {len(weights)} weights also as their 4-bit blocks for products of up to "
-                f"{linear_q4.few_rows()} rows" if blocks else "")
+            return "float32 GEMM of our own on packed weights (AVX2 FMAs)" + _block_forms_in_words(weights)
         bf16 = [(p.data, p.in_features, p.out_features) for p in weights if p.kind == "bf16_panels"]
         shapes = {(p.in_features, p.out_features) for p in weights}
         widen_rows = gemm_choice.choose_widen_for(shapes)
@@ -349,6 +347,16 @@ class ModelWorker:
                 result.output_logprobs[i] = out.logprobs[j]
                 result.output_top_logprobs[i] = out.top_logprobs[j]
         return result
+
+
+def _block_forms_in_words(weights: list[PackedWeight]) -> str:
+    """Which packed float32 weights are also kept as quantized blocks, and up to how many rows
+    each form is taken: e.g. "; 120 of 121 weights also as q4_1 blocks (up to 5 rows), 1 as
+    q8_0 blocks (up to 8 rows)"; empty when none is."""
+    counts = [(form, n) for form in BLOCK_FORMS if (n := sum(p.blocks == form for p in weights))]
+    words = [f"{n}{f' of {len(weights)} weights also' if i == 0 else ''} as {form} blocks "
+             f"(up to {BLOCK_FORMS[form].few_rows()} rows)" for i, (form, n) in enumerate(counts)]
+    return "; " + ", ".join(words) if words else ""
 
 
 def plain_greedy(inp: ModelInput) -> bool:

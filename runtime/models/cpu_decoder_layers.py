@@ -128,7 +128,7 @@ class CpuDecoderLayers:
                                      f"expected {widths[name][1]}x{widths[name][0]}")
                 setattr(entry, name, packed.data.data_ptr())
                 self._keep.append(packed.data)
-                if packed.few_rows is not None:  # the same weight as 4-bit blocks (linear_q4)
+                if packed.blocks == "q4_1":  # the same weight as 4-bit blocks (linear_blocks.cpp)
                     setattr(entry, f"{name}_blocks", packed.few_rows.data_ptr())
                     self._keep.append(packed.few_rows)
             if mlp.down_proj.bias is not None or attn.o_proj.bias is not None or mlp.gate_up_proj.bias is not None:
