@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from runtime.config import ServerArgs
 from runtime.models.config import ModelConfig
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -68,8 +69,21 @@ def model_config(model_path: str | None) -> tuple[Path, ModelConfig]:
     return folder, ModelConfig.from_hf(load_hf_config(folder))
 
 
-def weight_bytes(cfg: ModelConfig, dtype: str) -> int:
-    return num_parameters(cfg) * DTYPE_BYTES[dtype]
+def weight_bytes(cfg: ModelConfig, dtype: str, packed_on_cpu: bool = False) -> int:
+    """The weights' bytes as a server holds them: parameters x dtype bytes, plus, where the
+    ``cpu`` attention backend packs the linear weights (``packed_on_cpu``), a tied output
+    layer's packed copy beside the embedding (``LlamaForCausalLM.pack_for_cpu``). Not
+    counted, as it depends on the weights' values: on CPUs without AVX-512 in float32, the
+    exact 4- and 8-bit blocks kept beside weights that hold GGUF Q4_1 / Q8_0 values
+    (``kernels/cpu/linear_blocks.py``; the default model: 0.10 GiB more). A running server
+    reports what it holds: ``weight_bytes`` in ``/get_server_info``."""
+    tied_copy = cfg.vocab_size * cfg.hidden_size if packed_on_cpu and cfg.tie_word_embeddings else 0
+    return (num_parameters(cfg) + tied_copy) * DTYPE_BYTES[dtype]
+
+
+def packs_on_cpu(args: ServerArgs) -> bool:
+    """Whether a server with ``args`` packs its linear weights for the CPU GEMMs."""
+    return args.resolved_device == "cpu" and args.resolved_attention_backend == "cpu"
 
 
 def pool_tokens(kv_per_token: int, max_total_tokens: int | None, kv_cache_memory_gib: float) -> int:

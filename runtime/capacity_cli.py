@@ -21,6 +21,7 @@ from runtime.capacity import (
     meminfo_bytes,
     model_config,
     num_parameters,
+    packs_on_cpu,
     pool_tokens,
     weight_bytes,
 )
@@ -99,12 +100,14 @@ def capacity_report(ns: argparse.Namespace, args: Any) -> dict[str, Any]:
     dtype = args.resolved_dtype
     kv = kv_bytes_per_token(cfg, dtype)
     params = num_parameters(cfg)
-    plan = Plan(kv, weight_bytes(cfg, dtype), pool_tokens(kv, ns.max_total_tokens, ns.kv_cache_memory),
+    tied_copy = packs_on_cpu(args) and cfg.tie_word_embeddings
+    plan = Plan(kv, weight_bytes(cfg, dtype, tied_copy), pool_tokens(kv, ns.max_total_tokens, ns.kv_cache_memory),
                 ns.context_tokens, ns.shared_prefix_tokens)
     device = ns.device_memory * _GIB if ns.device_memory is not None else _device_bytes(args.resolved_device)
     return {
         "model": str(folder), "dtype": dtype, "layers": cfg.num_layers, "kv_heads": cfg.num_kv_heads,
         "head_dim": cfg.head_dim, "parameters": params, "weight_bytes": plan.weight_bytes,
+        "packed_output_layer_copy": tied_copy,
         "kv_bytes_per_token": kv, "pool_tokens": plan.pool_tokens, "pool_bytes": plan.pool_bytes,
         "context_tokens": ns.context_tokens, "shared_prefix_tokens": ns.shared_prefix_tokens,
         "programs_per_replica": plan.programs_per_replica,
@@ -135,7 +138,8 @@ def render(r: dict[str, Any]) -> str:
     lines = [
         f"model             {r['model']}",
         f"                  {r['parameters'] / 1e6:,.1f}M parameters, {r['weight_bytes'] / _GIB:.2f} GiB of weights "
-        f"in {r['dtype']}",
+        f"in {r['dtype']}" + (" (the tied output layer also packed for the CPU GEMM)"
+                              if r["packed_output_layer_copy"] else ""),
         f"KV per token      2 x {r['layers']} layers x {r['kv_heads']} KV heads x {r['head_dim']} x "
         f"{r['kv_bytes_per_token'] // (2 * r['layers'] * r['kv_heads'] * r['head_dim'])} bytes "
         f"= {r['kv_bytes_per_token']:,} bytes",

@@ -8,6 +8,7 @@ import math
 import subprocess
 import sys
 
+import pytest
 import torch
 from safetensors import safe_open
 
@@ -69,3 +70,31 @@ def test_the_command_says_when_nothing_fits_and_when_a_context_is_beyond_the_mod
     # a pool the device cannot hold is planned with, but said to be so
     assert "this pool (1000.00 GiB) does not fit beside the weights" in run("--kv-cache-memory", "1000")
     assert "does not fit" not in run("--kv-cache-memory", "1", "--device-memory", "80")
+
+
+def test_the_paper_weights_are_what_a_cpu_server_holds(model_dir):
+    """``weight_bytes`` on paper (config only) against the memory the weights of a float32
+    engine on the ``cpu`` backend take (``resident_weight_bytes``: packed forms included,
+    each storage once): equal but for what paper cannot know, the quantized blocks kept
+    beside weights whose values allow them (kernels/cpu/linear_blocks.py), and the
+    buffers (rotary tables)."""
+    from runtime import Engine
+    from runtime.capacity import weight_bytes
+    from runtime.layers import packed_weights, resident_weight_bytes
+
+    engine = Engine(str(model_dir), dtype="float32", max_total_tokens=2_000)
+    try:
+        model = engine.worker.model
+        packed = packed_weights(model)
+        if not packed:
+            pytest.skip("no packed weights here (a PyTorch build without oneDNN and no AVX2)")
+        blocks = sum(p.few_rows.numel() * 4 for p in packed if p.few_rows is not None)
+        buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+        cfg = engine.worker.model_config
+        resident = resident_weight_bytes(model)
+        assert engine.worker.weight_bytes == resident
+        paper = weight_bytes(cfg, "float32", packed_on_cpu=True)
+        assert abs(resident - blocks - buffers - paper) <= 0.01 * paper  # oneDNN may pad its layout
+        assert paper - weight_bytes(cfg, "float32") == cfg.vocab_size * cfg.hidden_size * 4  # the tied head's copy
+    finally:
+        engine.shutdown()

@@ -333,6 +333,8 @@ def test_the_start_up_line_names_the_settings_that_change_what_to_expect():
     assert plain == ("bfloat16 on cpu, attention backend cpu, 2 compute threads, KV pool 46,603 tokens, "
                      "context 8,192 tokens, prefill chunks of 512 tokens, F.linear")
     assert ", prefill steps of any size, " in describe_engine({**info, "chunked_prefill_size": -1}, ServerArgs())
+    assert ", KV pool 46,603 tokens, weights 0.75 GiB, context " in describe_engine(
+        {**info, "weight_bytes": 3 * 2**28}, ServerArgs())
     both = describe_engine(info, ServerArgs(tp_size=2, disable_radix_cache=True))
     assert "on cpu, tensor parallel over 2," in both and both.endswith(", radix cache off (no prefix reuse)")
 

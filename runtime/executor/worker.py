@@ -35,7 +35,12 @@ from runtime.executor.cuda_graph_runner import CudaGraphRunner
 from runtime.executor.device_req_to_token import DeviceReqToToken
 from runtime.executor.kv_pool import KVPool
 from runtime.executor.model_input import ForwardInput, ModelInput, PromptLogprobs
-from runtime.layers import enable_fused_elementwise, pack_linear_weights, packed_weights
+from runtime.layers import (
+    enable_fused_elementwise,
+    pack_linear_weights,
+    packed_weights,
+    resident_weight_bytes,
+)
 from runtime.model_loader.load_model import load_model
 from runtime.models.cpu_decoder_layers import CpuDecoderLayers
 from runtime.process_memory import c_library
@@ -120,6 +125,8 @@ class ModelWorker:
         self.attn_backend = create_attention_backend(backend, self.device, shape)
         self.argmax, self.gemm = self._cpu_kernels() if backend == "cpu" else (torch_argmax, "F.linear")
         self.elementwise = self._cuda_elementwise() if self._on_cuda else ""
+        # What the weights hold in memory as served (packed forms and blocks included).
+        self.weight_bytes = resident_weight_bytes(self.model)
         # The bf16 extend attention's multiply-adds, measured on this machine (words for the log).
         widened = backend == "cpu" and self.dtype == torch.bfloat16 and attention_choice.choose_for(
             shape.num_heads, shape.num_kv_heads, shape.head_dim)

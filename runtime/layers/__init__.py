@@ -52,3 +52,23 @@ def packed_weights(model: nn.Module) -> list[PackedWeight]:
     found = [getattr(m, "packed_weight", None) for m in model.modules()]
     found.append(getattr(model, "packed_tied_head", None))
     return [p for p in found if p is not None]
+
+
+def resident_weight_bytes(model: nn.Module) -> int:
+    """Bytes the model's weights take in memory as it serves: its parameters and buffers,
+    and every packed form of a linear weight (the packed layers have freed their plain
+    copies; a tied output layer's packed copy is held beside the embedding), and where kept
+    a weight's quantized blocks too. Each storage counted once."""
+    tensors = [*model.parameters(), *model.buffers()]
+    for packed in packed_weights(model):
+        tensors += [packed.data] + ([packed.few_rows] if packed.few_rows is not None else [])
+    sizes: dict[tuple[str, int], int] = {}
+    for t in tensors:
+        if t.device.type == "meta":
+            continue
+        try:
+            storage = t.untyped_storage()
+            sizes[(str(t.device), storage.data_ptr())] = storage.nbytes()
+        except (RuntimeError, NotImplementedError):  # an opaque layout (oneDNN's packed weights)
+            sizes[(str(t.device), id(t))] = t.numel() * t.element_size()
+    return sum(sizes.values())

@@ -170,6 +170,7 @@ def run_scheduler_process(args: ServerArgs, model_dir: str, recv_from: str, send
     info = {
         "max_context_len": worker.max_context_len,
         "max_total_tokens": core.scheduler.allocator.capacity,
+        "weight_bytes": worker.weight_bytes,
         "vocab_size": worker.model_config.vocab_size,
         "dtype": args.resolved_dtype,
         "device": args.resolved_device,

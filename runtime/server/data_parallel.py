@@ -15,7 +15,13 @@ import shlex
 from dataclasses import dataclass
 
 from runtime.arg_fields import cli_flags
-from runtime.capacity import available_memory_bytes, kv_bytes_per_token, model_config, weight_bytes
+from runtime.capacity import (
+    available_memory_bytes,
+    kv_bytes_per_token,
+    model_config,
+    packs_on_cpu,
+    weight_bytes,
+)
 from runtime.config import MIN_KV_TOKENS, ServerArgs
 from runtime.executor.compute_threads import available_cores
 from runtime.serve_args import DataParallelArgs, HttpArgs
@@ -88,7 +94,7 @@ def _check_memory(args: ServerArgs, n: int) -> None:
     if available is None:
         return
     _, cfg = model_config(args.model_path)
-    weights = weight_bytes(cfg, args.resolved_dtype)
+    weights = weight_bytes(cfg, args.resolved_dtype, packs_on_cpu(args))
     pool = (args.max_total_tokens * kv_bytes_per_token(cfg, args.resolved_dtype) if args.max_total_tokens
             else int(args.kv_cache_memory * 2**30))
     if pool + n * weights > available:

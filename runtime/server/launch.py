@@ -69,7 +69,7 @@ def bind_port(host: str, port: int) -> socket.socket:
 
 def describe_engine(info: dict[str, Any], args: ServerArgs) -> str:
     """What runs, in one line: dtype, device, attention backend, compute threads, KV pool
-    size, context length and prefill chunk in tokens, the GEMM kernels and, on CUDA, the elementwise ones
+    size, the weights' memory, context length and prefill chunk in tokens, the GEMM kernels and, on CUDA, the elementwise ones
     (from the scheduler's ready message), and the settings that change what to expect
     (tensor parallel, no radix cache)."""
     threads = f", {info['num_threads']} compute threads" if info.get("num_threads") else ""
@@ -77,10 +77,11 @@ def describe_engine(info: dict[str, Any], args: ServerArgs) -> str:
     elementwise = f", {info['elementwise']}" if info.get("elementwise") else ""
     tp = f", tensor parallel over {args.tp_size}" if args.tp_size > 1 else ""
     no_cache = ", radix cache off (no prefix reuse)" if args.disable_radix_cache else ""
+    weights = f", weights {info['weight_bytes'] / 2**30:.2f} GiB" if info.get("weight_bytes") else ""
     chunk = info["chunked_prefill_size"]
     prefill = "prefill steps of any size" if chunk == -1 else f"prefill chunks of {chunk:,} tokens"
     return (f"{info['dtype']} on {info['device']}{tp}, attention backend {info['attention_backend']}{kernel}{threads}, "
-            f"KV pool {info['max_total_tokens']:,} tokens, context {info['max_context_len']:,} tokens, {prefill}, "
+            f"KV pool {info['max_total_tokens']:,} tokens{weights}, context {info['max_context_len']:,} tokens, {prefill}, "
             f"{info['gemm']}{elementwise}{no_cache}")
 
 
