@@ -16,6 +16,8 @@ temporary library; only the decoder layers' entry point is swapped, so both side
 the packed weights (the packed layout must be the same in both revisions) and the kernel
 settings measured at start-up (copied to the base library where it has them). Each row
 gives each side's median and the median of the per-round ratios, with their middle half.
+The base's decoder layers must read this checkout's layer table: bases whose table entries
+differ (before the layers took weight blocks in either format) are refused.
 
 Revisions before the kernels' own buffers were 64-byte aligned (``kernels/cpu/aligned.h``)
 kept the layers' intermediates in a buffer whose placement varied from build to build and
@@ -57,6 +59,22 @@ def build_revision(rev: str, out_dir: Path) -> ctypes.CDLL:
     lib = out_dir / "base.so"
     subprocess.run([build.find_compiler(), *build.FLAGS, *sources, "-o", str(lib)], check=True)
     return ctypes.CDLL(str(lib))
+
+
+def check_layer_table(base: ctypes.CDLL, rev: str) -> None:
+    """Exit unless ``base``'s decoder layers read the layer table this checkout builds (its
+    entries grew with the weights' block pointers and their formats): a library reading it
+    with another stride would crash or read garbage."""
+    from runtime.models.cpu_decoder_layers import _Layer
+
+    ours = ctypes.sizeof(_Layer)
+    if not hasattr(base, "decoder_layer_bytes"):
+        raise SystemExit(f"{rev}'s kernels cannot say their layer table's layout (no decoder_layer_bytes): pick a "
+                         "base from the commit that added it on, or compare whole servers instead")
+    base.decoder_layer_bytes.restype = ctypes.c_int64
+    if base.decoder_layer_bytes() != ours:
+        raise SystemExit(f"{rev}'s layer table has {base.decoder_layer_bytes()}-byte entries, this checkout's {ours}: "
+                         "its decoder layers cannot run this checkout's table")
 
 
 # The kernel choices this process measured at start-up (kernels/cpu/gemm_choice.py,
@@ -136,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     entry = f"decoder_layers_{SUFFIX[getattr(torch, ns.dtype)]}"
     with tempfile.TemporaryDirectory() as tmp:
         base_lib = build_revision(ns.base, Path(tmp))
+        check_layer_table(base_lib, ns.base)
         ours, theirs = getattr(build.load_kernels(), entry), getattr(base_lib, entry)
         theirs.argtypes, theirs.restype = ours.argtypes, ours.restype
         copy_measured_settings(build.load_kernels(), base_lib)

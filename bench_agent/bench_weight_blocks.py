@@ -5,11 +5,12 @@ alone, alternating in one process (so that the machine's drift hits every side a
     python -m bench_agent.bench_weight_blocks --batch 1 2 4 5 8 --rounds 6
 
 The engine serves the default model in float32 through the compiled decoder layers. Three
-sides: every product on the float32 panels ("panels"); the layers' 4-bit blocks
-(``kernels/cpu/linear_blocks.cpp``, products of up to ``linear_blocks.Q4_1.few_rows()`` rows) as the
-worker built the layer table ("layers"); and the output layer's 8-bit blocks too
-(up to ``linear_blocks.Q8_0.few_rows()`` rows), as the server runs
-("all"). Each round decodes 24 tokens for each of ``--batch`` requests of ``--context``
+sides: every product on the float32 panels ("panels"); the layers' blocks
+(``kernels/cpu/linear_blocks.cpp``; the default model's are 4-bit, taken for up to
+``linear_blocks.Q4_1.few_rows()`` rows) as the worker built the layer table ("layers"); and
+the output layer's blocks too (8-bit, up to ``linear_blocks.Q8_0.few_rows()`` rows), as the
+server runs ("all"). ``--model`` takes another model, e.g. a Q8_0 copy of the default one
+(``python -m bench_agent.requantize_gguf``). Each round decodes 24 tokens for each of ``--batch`` requests of ``--context``
 random tokens; the figure is the mean decode step. Needs a CPU with AVX2 and FMA (the
 float32 GEMM's).
 """

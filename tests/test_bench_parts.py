@@ -254,3 +254,39 @@ def test_the_attention_benchmark_prints_a_row_per_case(capsys):
     assert bench_attention.main(["--cached", "0", "30", "--new", "9", "--rounds", "1", "--scattered"]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "%" in line]
     assert [row.split("|")[1:3] for row in rows] == [[" 0 ", " 9 "], [" 30 ", " 9 "]]
+
+
+@pytest.mark.slow
+def test_requantize_gguf_writes_the_same_model_in_another_type(tmp_path):
+    """``bench_agent/requantize_gguf.py``: the default model's GGUF as Q8_0: every field but
+    the file type as in the source, the norms untouched, every other weight Q8_0 and its
+    values the source's to within Q8_0's step."""
+    import gguf
+    import numpy as np
+
+    from bench_agent import requantize_gguf
+    from runtime.model_loader.default_model import find_default_gguf
+
+    out = tmp_path / "copy.gguf"
+    assert requantize_gguf.main(["--type", "Q8_0", "--out", str(out)]) == 0
+    source, copy = gguf.GGUFReader(str(find_default_gguf())), gguf.GGUFReader(str(out))
+    assert set(source.fields) == set(copy.fields)
+    for name, field in source.fields.items():
+        if name == "general.file_type":
+            assert copy.fields[name].contents() == gguf.LlamaFileType.MOSTLY_Q8_0.value
+        elif not name.startswith("GGUF."):
+            assert copy.fields[name].contents() == field.contents(), name
+    tensors = {t.name: t for t in copy.tensors}
+    assert [t.name for t in source.tensors] == list(tensors)
+    for t in source.tensors:
+        c = tensors[t.name]
+        if t.tensor_type == gguf.GGMLQuantizationType.F32:
+            assert c.tensor_type == t.tensor_type and np.array_equal(c.data, t.data)
+            continue
+        assert c.tensor_type == gguf.GGMLQuantizationType.Q8_0
+        before, after = gguf.quants.dequantize(t.data, t.tensor_type), gguf.quants.dequantize(c.data, c.tensor_type)
+        # half a step, and the step's own rounding to float16 (2^-11 of it) over up to 127 steps
+        step = np.abs(before).reshape(before.shape[0], -1, 32).max(-1, keepdims=True) / 127
+        assert np.all(np.abs(after - before).reshape(step.shape[0], -1, 32) <= step * (0.5 + 127 * 2**-11)), t.name
+    with pytest.raises(SystemExit):
+        requantize_gguf.main(["--type", "Q8_0", "--out", str(tmp_path / "copy.bin")])

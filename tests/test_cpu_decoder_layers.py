@@ -5,7 +5,7 @@ prefill, chunked prefill, extends on cached prefixes and decode; and the worker 
 modules wherever the compiled layers do not apply. Both storage types: bfloat16 (on our bf16
 GEMM, AVX512-BF16) and float32 (on our float32 GEMM, AVX2; forced where the CPU has AVX-512
 and float32 would otherwise go to oneDNN), its weights as float32 panels and, where they are
-4-bit blocks, also as such (taken for a few rows)."""
+quantized blocks, also as such (taken for a few rows)."""
 
 from __future__ import annotations
 
@@ -46,9 +46,8 @@ def tiny_qwen2(tmp_path_factory, model_dir):
 def tiny_qwen2_blocks(tmp_path_factory, model_dir):
     """tiny_qwen2 with its decoder layers' linear weights as gguf's Q4_1 dequantizes them but
     the down projections' and the output layer's as Q8_0 does, so float32 layers multiply
-    the first from their 4-bit blocks (kernels/cpu/linear_blocks.cpp) for a few rows; the
-    compiled layers take no 8-bit blocks (their table has 4-bit ones only), the modules do:
-    the same bits either way."""
+    them from their 4-bit and 8-bit blocks (kernels/cpu/linear_blocks.cpp) for a few rows,
+    each in its format: the same bits as from float32 panels."""
     sizes = dict(hidden_size=192, num_attention_heads=4, num_key_value_heads=2, head_dim=64, intermediate_size=320)
     model = build_hf_model("Qwen2", dict(tie_word_embeddings=False), sizes)
     with torch.no_grad():
@@ -163,3 +162,26 @@ def test_the_weight_blocks_benchmark_compares_both_sides(tiny_qwen2_blocks, monk
     assert bench_weight_blocks.main(args) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "x (" in line]
     assert [row.split("|")[1].strip() for row in rows] == ["1", "3"]
+
+
+def test_the_layer_table_has_the_librarys_layout():
+    """``_Layer`` (ctypes) and ``DecoderLayer`` (C++) agree on the entry size, and a library
+    whose entries differ (another revision's, in ``bench_kernel_ab``) is refused, not run."""
+    import ctypes
+    from types import SimpleNamespace
+
+    from bench_agent.bench_kernel_ab import check_layer_table
+    from kernels.cpu.build import CpuKernelsUnavailable, load_kernels
+    from runtime.models.cpu_decoder_layers import _Layer
+
+    try:
+        lib = load_kernels()
+    except CpuKernelsUnavailable as err:
+        pytest.skip(str(err))
+    assert lib.decoder_layer_bytes() == ctypes.sizeof(_Layer)
+    check_layer_table(lib, "this build")
+    shorter = SimpleNamespace(decoder_layer_bytes=lambda: ctypes.sizeof(_Layer) - 32)
+    with pytest.raises(SystemExit, match="-byte entries"):
+        check_layer_table(shorter, "old")
+    with pytest.raises(SystemExit, match="no decoder_layer_bytes"):
+        check_layer_table(SimpleNamespace(), "older")

@@ -130,6 +130,7 @@ _PLAIN_SIGNATURES = {
     "linear_f32_packed_numel": ([_I64, _I64], _I64),
     "linear_f32_pack": ([_P, _I64, _I64, _P], None),
     "linear_f32": ([_P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _INT], _INT),
+    "decoder_layer_bytes": ([], _I64),
     "linear_blocks_available": ([], _INT),
     "linear_blocks_few_rows": ([_INT], _I64),
     "linear_blocks_packed_bytes": ([_INT, _I64, _I64], _I64),

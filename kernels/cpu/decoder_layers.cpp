@@ -63,24 +63,26 @@ struct DecoderShape {
 };
 
 // One layer's weights (packed for the storage type's GEMM; for float32, those that are
-// 4-bit blocks also packed for linear_blocks, else null) and its K/V pool tensors.
+// quantized blocks also packed for linear_blocks, in the format given beside, else null) and
+// its K/V pool tensors.
 template <typename T>
 struct DecoderLayer {
     const T *input_norm, *post_norm, *qkv_bias;  // qkv_bias may be null
     const typename Kernels<T>::Packed *qkv, *o, *gate_up, *down;
     T *k_cache, *v_cache;
     const void *qkv_blocks, *o_blocks, *gate_up_blocks, *down_blocks;  // always null for bfloat16
+    int64_t qkv_format, o_format, gate_up_format, down_format;        // of each blocks pointer (entries.h)
 };
 
-// out[t, width] = x[t, in] W^T (+ bias) for a layer's weight `packed`: from its 4-bit
-// 4-bit `blocks` (linear_blocks.cpp, the same bits) for as few rows as that kernel is the
-// faster for.
+// out[t, width] = x[t, in] W^T (+ bias) for a layer's weight `packed`: from its `blocks` in
+// `format` (linear_blocks.cpp, the same bits) for as few rows as that kernel is the faster
+// for.
 template <typename T>
-static int layer_linear(const typename Kernels<T>::Packed *packed, const void *blocks, const T *x, int64_t t,
-                        int64_t in, const T *bias, T *out, int64_t width, int threads) {
+static int layer_linear(const typename Kernels<T>::Packed *packed, const void *blocks, int64_t format, const T *x,
+                        int64_t t, int64_t in, const T *bias, T *out, int64_t width, int threads) {
     if constexpr (std::is_same_v<T, float>)
-        if (blocks != nullptr && t <= linear_blocks_few_rows(forkserve::kFourBitBlocks))
-            return linear_blocks(forkserve::kFourBitBlocks, x, t, in, in, blocks, width, bias, out, width, threads);
+        if (blocks != nullptr && t <= linear_blocks_few_rows(static_cast<int>(format)))
+            return linear_blocks(static_cast<int>(format), x, t, in, in, blocks, width, bias, out, width, threads);
     return Kernels<T>::linear(x, t, in, in, packed, width, bias, out, width, threads);
 }
 
@@ -150,7 +152,7 @@ static int decoder_layers(const DecoderShape *shape, const DecoderLayer<T> *laye
             K::rms_norm(residual, nullptr, w.input_norm, h, t, s.hidden, s.eps, threads);
         else
             K::rms_norm(x_out, residual, w.input_norm, h, t, s.hidden, s.eps, threads);
-        if (layer_linear(w.qkv, w.qkv_blocks, h, t, s.hidden, w.qkv_bias, qkv, qkv_size, threads)) {
+        if (layer_linear(w.qkv, w.qkv_blocks, w.qkv_format, h, t, s.hidden, w.qkv_bias, qkv, qkv_size, threads)) {
             status = kNoGemm;
             break;
         }
@@ -172,15 +174,15 @@ static int decoder_layers(const DecoderShape *shape, const DecoderLayer<T> *laye
             break;
         }
         // x_out holds the attention block's output until the MLP overwrites it.
-        layer_linear(w.o, w.o_blocks, attn, t, q_size, no_bias, x_out, s.hidden, threads);
+        layer_linear(w.o, w.o_blocks, w.o_format, attn, t, q_size, no_bias, x_out, s.hidden, threads);
         K::rms_norm(x_out, residual, w.post_norm, h, t, s.hidden, s.eps, threads);
         // On AMX tiles the activation comes straight from the gate-up product's tiles
         // (linear_amx_silu_mul); elsewhere the product, then silu_and_mul. Same bits.
         if (K::gate_up_silu(h, t, s.hidden, s.hidden, w.gate_up, s.intermediate, act, s.intermediate, threads) != 0) {
-            layer_linear(w.gate_up, w.gate_up_blocks, h, t, s.hidden, no_bias, gate_up, 2 * s.intermediate, threads);
+            layer_linear(w.gate_up, w.gate_up_blocks, w.gate_up_format, h, t, s.hidden, no_bias, gate_up, 2 * s.intermediate, threads);
             K::silu_and_mul(gate_up, act, t, s.intermediate, threads);
         }
-        layer_linear(w.down, w.down_blocks, act, t, s.intermediate, no_bias, x_out, s.hidden, threads);
+        layer_linear(w.down, w.down_blocks, w.down_format, act, t, s.intermediate, no_bias, x_out, s.hidden, threads);
     }
     return status;
 }
@@ -195,4 +197,12 @@ extern "C" int decoder_layers_bf16(const DecoderShape *shape, const DecoderLayer
 extern "C" int decoder_layers_f32(const DecoderShape *shape, const DecoderLayer<float> *layers, int64_t num_layers,
                                   const DecoderStep *step, float *residual, float *x_out, int threads) {
     return decoder_layers(shape, layers, num_layers, step, residual, x_out, threads);
+}
+
+// Bytes of one entry of the layer table (the same for both storage types), for callers that
+// lay the table out themselves to check theirs against: runtime/models/cpu_decoder_layers.py,
+// and bench_agent/bench_kernel_ab.py against another revision's library.
+extern "C" int64_t decoder_layer_bytes() {
+    static_assert(sizeof(DecoderLayer<float>) == sizeof(DecoderLayer<Bf16>));
+    return static_cast<int64_t>(sizeof(DecoderLayer<float>));
 }

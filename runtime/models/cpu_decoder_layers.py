@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from kernels.attention.forward_context import get_forward_context
+from kernels.cpu import linear_blocks
 from kernels.cpu.build import CpuKernelsUnavailable, load_kernels
 from kernels.cpu.entry_checks import SUFFIX
 from kernels.cpu.paged_attention import PagedBatch
@@ -44,7 +45,8 @@ class _Shape(ctypes.Structure):  # DecoderShape
 class _Layer(ctypes.Structure):  # DecoderLayer
     _fields_ = [("input_norm", _P), ("post_norm", _P), ("qkv_bias", _P), ("qkv", _P), ("o", _P), ("gate_up", _P),
                 ("down", _P), ("k_cache", _P), ("v_cache", _P), ("qkv_blocks", _P), ("o_blocks", _P),
-                ("gate_up_blocks", _P), ("down_blocks", _P)]
+                ("gate_up_blocks", _P), ("down_blocks", _P), ("qkv_format", _I64), ("o_format", _I64),
+                ("gate_up_format", _I64), ("down_format", _I64)]
 
 
 class _Step(ctypes.Structure):  # DecoderStep
@@ -93,9 +95,11 @@ class CpuDecoderLayers:
                     return (f"they need every linear weight packed for our {str(cache.dtype).removeprefix('torch.')} "
                             "GEMM (bfloat16: AVX512-BF16; float32: AVX2 without AVX-512)")
         try:
-            load_kernels()
+            lib = load_kernels()
         except CpuKernelsUnavailable as exc:
             return str(exc)
+        if lib.decoder_layer_bytes() != ctypes.sizeof(_Layer):  # this file and the C++ drifted apart
+            return f"the library's layer table has {lib.decoder_layer_bytes()}-byte entries, _Layer {ctypes.sizeof(_Layer)}"
         return None
 
     def __init__(self, model: LlamaForCausalLM, kv_pool: KVPool) -> None:
@@ -128,8 +132,9 @@ class CpuDecoderLayers:
                                      f"expected {widths[name][1]}x{widths[name][0]}")
                 setattr(entry, name, packed.data.data_ptr())
                 self._keep.append(packed.data)
-                if packed.blocks == "q4_1":  # the same weight as 4-bit blocks (linear_blocks.cpp)
+                if packed.few_rows is not None:  # the same weight as quantized blocks (linear_blocks.cpp)
                     setattr(entry, f"{name}_blocks", packed.few_rows.data_ptr())
+                    setattr(entry, f"{name}_format", linear_blocks.FORMS[packed.blocks].index)
                     self._keep.append(packed.few_rows)
             if mlp.down_proj.bias is not None or attn.o_proj.bias is not None or mlp.gate_up_proj.bias is not None:
                 raise ValueError("only the qkv projection may have a bias")
