@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kernels.cpu import linear_f32
 from kernels.cpu import packed_linear as pl
@@ -39,22 +41,83 @@ def test_the_8_bit_blocks_are_found_exactly():
     assert Q8_0.blocks_of(-zeros) is None  # d * 0 is +0: a -0 is not given back
 
 
+def not_taken(name: str, weight: torch.Tensor) -> bool:
+    """Neither the reference (``blocks_of``) nor the compiled packing takes ``weight``."""
+    form = FORMS[name]
+    return form.blocks_of(weight) is None and form.pack(weight) is None
+
+
 @forms
 def test_nothing_else_is_taken_for_blocks(name):
     form = FORMS[name]
     weight = gguf_weight(GGUF_TYPES[name], 40, 96, 0)
-    nudged = weight.clone()
-    nudged[7, 50] = torch.nextafter(nudged[7, 50], torch.tensor(1.0))  # one value one ulp off
-    assert form.blocks_of(nudged) is None
-    assert form.blocks_of(torch.randn(40, 96)) is None and form.pack(torch.randn(40, 96)) is None
+    for row, col in ((7, 50), (0, 0), (39, 95)):  # one value one ulp off: first, middle, last panel
+        nudged = weight.clone()
+        nudged[row, col] = torch.nextafter(nudged[row, col], torch.tensor(1.0))
+        assert not_taken(name, nudged)
+    assert not_taken(name, torch.randn(40, 96))
     for other, kind in GGUF_TYPES.items():  # the other form's blocks are not these
         assert (form.blocks_of(gguf_weight(kind, 40, 96, 1)) is None) == (other != name)
-    assert form.blocks_of(weight[:, :80].contiguous()) is None  # 80 is no multiple of 32
-    for bad in (float("nan"), float("inf")):
+        assert (form.pack(gguf_weight(kind, 40, 96, 1)) is None) == (other != name)
+    assert not_taken(name, weight[:, :80].contiguous())  # 80 is no multiple of 32
+    for bad in (float("nan"), float("inf"), float("-inf")):
         spoiled = weight.clone()
-        spoiled[3, 3] = bad
-        assert form.blocks_of(spoiled) is None
-    assert form.blocks_of(torch.zeros(40, 0)) is None and form.blocks_of(torch.zeros(0, 64)) is None
+        spoiled[33, 3] = bad
+        assert not_taken(name, spoiled)
+    assert not_taken(name, torch.zeros(40, 0)) and not_taken(name, torch.zeros(0, 64))
+
+
+@forms
+@pytest.mark.parametrize("shape", [(1, 32), (15, 64), (16, 96), (17, 576), (100, 160)])
+def test_the_compiled_packing_is_the_references_byte_for_byte(name, shape):
+    form = FORMS[name]
+    weight = gguf_weight(GGUF_TYPES[name], *shape, seed=shape[0])
+    fast, reference = form.pack(weight), form.pack_reference(weight)
+    assert fast is not None and reference is not None
+    assert torch.equal(fast.view(torch.int32), reference.view(torch.int32))
+    assert torch.equal(form.pack(weight.t().contiguous().t()).view(torch.int32), reference.view(torch.int32))
+
+
+def test_a_library_that_cannot_pack_leaves_it_to_the_reference(monkeypatch):
+    """A build without F16C answers 3 from ``linear_blocks_pack``: ``pack`` then packs in
+    PyTorch, to the same bytes."""
+    from kernels.cpu.build import load_kernels
+
+    weight = gguf_weight("Q4_1", 20, 64, 5)
+    expected = Q4_1.pack_reference(weight)
+    monkeypatch.setattr(load_kernels(), "linear_blocks_pack", lambda *args: 3)
+    assert torch.equal(Q4_1.pack(weight).view(torch.int32), expected.view(torch.int32))
+    assert Q4_1.pack(torch.randn(20, 64)) is None
+    with pytest.raises(ValueError, match="float32"):
+        Q4_1.pack(weight.bfloat16())
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.sampled_from(list(GGUF_TYPES)), st.integers(-14, 4))
+def test_the_compiled_packing_takes_whatever_the_reference_takes(seed, name, log_scale):
+    """Blocks made as the quantizers make them (each block's integers spanning the whole
+    range, so its scale is the quantizer's), scales over many magnitudes: wherever the
+    reference finds the blocks, the compiled packing finds them too, to the same bytes
+    (compiled with -ffast-math, it may divide by multiplying with a reciprocal)."""
+    form = FORMS[name]
+    gen = torch.Generator().manual_seed(seed)
+    rows, blocks = 16, 4
+    d = (torch.rand(rows, blocks, 1, generator=gen) + 0.5) * 2.0**log_scale
+    d = d.half().float()
+    if form is Q4_1:
+        q = torch.randint(0, 16, (rows, blocks, 32), generator=gen).float()
+        q[..., 0], q[..., 1] = 0, 15
+        m = -8 * d + torch.randn(rows, blocks, 1, generator=gen) * d
+        weight = (d * q + m).reshape(rows, blocks * 32)
+    else:
+        q = torch.randint(-127, 128, (rows, blocks, 32), generator=gen).float()
+        q[..., 0] = 127 * torch.sign(torch.randn(rows, blocks, generator=gen))
+        weight = (d * q).reshape(rows, blocks * 32)
+    reference = form.pack_reference(weight)
+    fast = form.pack(weight)
+    if reference is not None:
+        assert fast is not None
+        assert torch.equal(fast.view(torch.int32), reference.view(torch.int32))
 
 
 @pytest.mark.parametrize("rows", [1, 2, 5, 6, 8, 9, 13, 60, 200])

@@ -134,6 +134,7 @@ _PLAIN_SIGNATURES = {
     "linear_blocks_available": ([], _INT),
     "linear_blocks_few_rows": ([_INT], _I64),
     "linear_blocks_packed_bytes": ([_INT, _I64, _I64], _I64),
+    "linear_blocks_pack": ([_INT, _P, _I64, _I64, _P, _INT], _INT),
     "linear_blocks": ([_INT, _P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _INT], _INT),
     "linear_bf16_available": ([], _INT),
     "linear_bf16_packed_bytes": ([_I64, _I64], _I64),

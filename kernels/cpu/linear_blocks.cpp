@@ -40,7 +40,7 @@
 #include "simd.h"
 #include "stealing_ranges.h"
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if (defined(__AVX2__) && defined(__FMA__)) || defined(__F16C__)
 #include <immintrin.h>
 #include <omp.h>
 #endif
@@ -202,6 +202,102 @@ void gemm(const Gemm &g, int64_t rows, int num_threads) {
 
 #endif
 
+// Packing (linear_blocks_pack): finding a weight's blocks and laying them out in one pass.
+// Each block's scale is found as the quantizers choose it (Q4_1: a fifteenth of the block's
+// range, its offset the smallest value; Q8_0: its largest magnitude over 127), rounded to
+// float16, and every value is checked to come back bit for bit from the block's integers.
+// -ffast-math lets the compiler divide by multiplying with the reciprocal, an ulp off the
+// quotient at most; for a block the quantizer made, the quotient lies within a few float32
+// ulps of a float16 value (its scale), far from where float16 rounding could go either way,
+// so it rounds to the same scale (tests/test_cpu_linear_blocks.py compares this packing
+// with linear_blocks.py's PyTorch reference, byte for byte).
+#if defined(__F16C__)
+
+bool finite(float v) {
+    uint32_t bits;
+    __builtin_memcpy(&bits, &v, 4);
+    return (bits & 0x7f800000u) != 0x7f800000u;
+}
+
+bool same_bits(float a, float b) { return __builtin_memcmp(&a, &b, 4) == 0; }
+
+float half_round(float v) { return _cvtsh_ss(_cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT)); }
+
+// One block's integers for scale d (and offset m) if they give back all 32 values `w`.
+template <int FORMAT>
+bool block_integers(const float *w, float d, float m, int (&q)[kBlock]) {
+    if (!(d >= 0.f) || !finite(d)) return false;
+    const float inverse = d > 0.f ? 1.f / d : 0.f;
+    for (int i = 0; i < kBlock; i++) {
+        const float steps = FORMAT == kFourBitBlocks ? (w[i] - m) * inverse : w[i] * inverse;
+        int n = static_cast<int>(__builtin_lrintf(steps));
+        if (FORMAT == kFourBitBlocks) n = n < 0 ? 0 : n > 15 ? 15 : n;
+        else n = n < -128 ? -128 : n > 127 ? 127 : n;
+        const float again = FORMAT == kFourBitBlocks ? __builtin_fmaf(d, static_cast<float>(n), m) : d * static_cast<float>(n);
+        if (!same_bits(again, w[i])) return false;
+        q[i] = n;
+    }
+    return true;
+}
+
+// Finds one block's scale, offset and integers; false when the block is not of this form.
+template <int FORMAT>
+bool find_block(const float *w, float &d, float &m, int (&q)[kBlock]) {
+    float lo = w[0], hi = w[0], magnitude = 0.f;
+    for (int i = 0; i < kBlock; i++) {
+        if (!finite(w[i])) return false;
+        lo = w[i] < lo ? w[i] : lo;
+        hi = w[i] > hi ? w[i] : hi;
+        const float a = w[i] < 0.f ? -w[i] : w[i];
+        magnitude = a > magnitude ? a : magnitude;
+    }
+    m = FORMAT == kFourBitBlocks ? lo : 0.f;
+    d = half_round(FORMAT == kFourBitBlocks ? (hi - lo) / 15.f : magnitude / 127.f);
+    return block_integers<FORMAT>(w, d, m, q);
+}
+
+// Packs one panel (output columns [16 p, 16 p + 16)); false when a block is not of this form.
+template <int FORMAT>
+bool pack_panel(const float *weight, int64_t out_features, int64_t in_features, int64_t p, uint8_t *panel) {
+    for (int64_t b = 0; b < in_features / kBlock; b++) {
+        uint8_t *block = panel + b * kBlockBytes[FORMAT];
+        auto *scales = reinterpret_cast<float *>(block);
+        uint8_t *ints = block + (FORMAT == kFourBitBlocks ? 2 : 1) * 4 * kCols;
+        __builtin_memset(block, 0, kBlockBytes[FORMAT]);
+        for (int64_t c = 0; c < kCols && p * kCols + c < out_features; c++) {
+            float d, m;
+            int q[kBlock];
+            if (!find_block<FORMAT>(weight + (p * kCols + c) * in_features + b * kBlock, d, m, q)) return false;
+            scales[c] = d;
+            if (FORMAT == kFourBitBlocks) {
+                scales[kCols + c] = m;
+                for (int i = 0; i < kBlock; i++)  // byte c % 8 of each k: column c in the low nibble or c + 8 in the high
+                    ints[i * kCols / 2 + c % 8] |= static_cast<uint8_t>(q[i] << (c < 8 ? 0 : 4));
+            } else {
+                for (int i = 0; i < kBlock; i++) ints[i * kCols + c] = static_cast<uint8_t>(static_cast<int8_t>(q[i]));
+            }
+        }
+    }
+    return true;
+}
+
+template <int FORMAT>
+bool pack(const float *weight, int64_t out_features, int64_t in_features, uint8_t *packed, int threads) {
+    const int64_t panels = panels_of(out_features), panel_bytes = in_features / kBlock * kBlockBytes[FORMAT];
+    // The first panel alone first: other weights fail there, before the threads start.
+    if (!pack_panel<FORMAT>(weight, out_features, in_features, 0, packed)) return false;
+    int failed = 0;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t p = 1; p < panels; p++) {
+        if (__atomic_load_n(&failed, __ATOMIC_RELAXED)) continue;
+        if (!pack_panel<FORMAT>(weight, out_features, in_features, p, packed + p * panel_bytes))
+            __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
+    }
+    return !failed;
+}
+
+#endif
+
 }  // namespace
 
 extern "C" {
@@ -223,6 +319,26 @@ int64_t linear_blocks_few_rows(int format) { return known(format) ? kFewRows[for
 // of 32) in format `format`; 0 for an unknown format.
 int64_t linear_blocks_packed_bytes(int format, int64_t out_features, int64_t in_features) {
     return known(format) ? panels_of(out_features) * (in_features / kBlock) * kBlockBytes[format] : 0;
+}
+
+// weight: row-major float32 [out_features, in_features] (out_features >= 1, in_features a
+// positive multiple of 32); packed: linear_blocks_packed_bytes bytes. Returns 1 when every
+// value is a block value of format `format` and `packed` now holds the weight in that
+// format, 0 when it is not such blocks (`packed` then holds nothing useful), 2 for an
+// unknown format or shape, 3 when this build cannot pack (no F16C: linear_blocks.py packs
+// in PyTorch instead).
+int linear_blocks_pack([[maybe_unused]] int format, [[maybe_unused]] const float *weight,
+                       [[maybe_unused]] int64_t out_features, [[maybe_unused]] int64_t in_features,
+                       [[maybe_unused]] void *packed, [[maybe_unused]] int threads) {
+    if (!known(format) || out_features < 1 || in_features < kBlock || in_features % kBlock) return 2;
+#if defined(__F16C__)
+    auto *bytes = static_cast<uint8_t *>(packed);
+    const bool found = format == kFourBitBlocks ? pack<kFourBitBlocks>(weight, out_features, in_features, bytes, threads)
+                                                : pack<kEightBitBlocks>(weight, out_features, in_features, bytes, threads);
+    return found ? 1 : 0;
+#else
+    return 3;
+#endif
 }
 
 // out[rows, out_features] (row stride out_stride) = x[rows, in_features] (row stride
