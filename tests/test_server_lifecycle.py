@@ -183,7 +183,7 @@ def test_stopping_answers_requests_in_flight_then_exits_cleanly(signals):
     # What ran was stated before the ready line: dtype, backend, threads, KV pool, context,
     # prefill chunk (by default 256 tokens for float32 on a CPU, 512 for bfloat16), GEMM.
     stated = re.search(r"^forkserve: (\w+) on cpu, attention backend \w+( \(extends on float32 FMAs\))?, \d+ compute threads, "
-                       r"KV pool [\d,]+ tokens, context [\d,]+ tokens, prefill chunks of (\d+) tokens, "
+                       r"KV pool [\d,]+ tokens, weights [\d.]+ GiB, context [\d,]+ tokens, prefill chunks of (\d+) tokens, "
                        r"(bf16 GEMM on|float32 GEMM of our own|oneDNN GEMM|F\.linear)", proc.output, re.MULTILINE)
     assert stated, proc.output
     assert (stated[1], int(stated[3])) in (("float32", 256), ("bfloat16", 512)), stated[0]
