@@ -13,11 +13,11 @@
 // ~5x the bytes of the 4-bit form (6 bits a weight with the scales) and ~3.6x those of the
 // 8-bit one (1.125 bytes). On an AMD Zen 3 (2 cores, float32) a decode step of the default
 // model, one request, took ~26-28 ms on float32 panels (linear_f32.cpp), most of it reading
-// ~540 MB of weights; ~18 ms with the layers on 4-bit blocks and ~14 ms with the output
-// layer on 8-bit blocks too (python -m bench_agent.bench_weight_blocks). From a few rows on
-// the float32 panels are as fast or faster (widening costs about what the FMAs it feeds save
-// in reads), so the layers keep both forms (packed_linear.py) and take these for up to
-// linear_blocks_few_rows() rows.
+// ~540 MB of weights; ~16 ms with the layers on 4-bit blocks and ~11 ms with the output
+// layer on 8-bit blocks too; eight requests' step 35 -> 25 ms (python -m
+// bench_agent.bench_weight_blocks). From 9 rows on the float32 panels are faster (widening
+// costs more than the FMAs it feeds save in reads), so the layers keep both forms
+// (packed_linear.py) and take these for up to linear_blocks_few_rows() rows.
 //
 // Packed layout: output columns in panels of 16 (as linear_f32.cpp); a panel's input
 // features in blocks of 32, each block its columns' float32 scales, then its integers k
@@ -56,12 +56,14 @@ constexpr int kFormats = 2;
 constexpr int64_t kBlockBytes[kFormats] = {2 * 4 * kCols + kBlock * kCols / 2, 4 * kCols + kBlock * kCols};
 // Products of up to this many rows run faster on the blocks than on linear_f32's float32
 // panels (AMD Zen 3, 2 cores, time against float32 panels; python -m bench_agent.bench_gemm):
-//   4-bit (--dtype float32 --rows 1 2 4 5 6 7 8 16, the layers' shapes, two runs): 1 row
-//     0.47x / 0.54x, 2 0.61x / 0.64x, 4 0.72x / 0.73x, 5 0.73x / 0.75x, 6 1.01x / 0.88x,
-//     7 1.10x, 8 0.98x, 16 1.57x;
+//   4-bit (--dtype float32 --rows 1 2 4 5 6 7 8 16 and --rows 5 6 7 8 9 10 12 --rounds 9,
+//     the layers' shapes): 1 row 0.40x, 2 0.44x, 4 0.50x, 5 0.56x / 0.66x, 6 1.14x (noisy) /
+//     0.88x, 7 0.83x / 0.74x, 8 0.79x / 0.77x, 9 1.07x, 10 1.10x, 12 1.14x, 16 1.21x (with
+//     each k's nibbles unpacked as below; masking them in 16 bytes first and extending each
+//     half after, one instruction more per vector, 5 rows took 0.73x and 8 rows 0.98x);
 //   8-bit (--output-layer --rows 1 2 4 5 6 8 9 12 16, the output layer's shape): 1 row
 //     0.36x, 2 0.42x, 4 0.53x, 5 0.51x, 6 0.80x, 8 0.73x, 9 0.97x, 12 1.05x, 16 1.20x.
-constexpr int64_t kFewRows[kFormats] = {5, 8};
+constexpr int64_t kFewRows[kFormats] = {8, 8};
 
 int64_t panels_of(int64_t out_features) { return (out_features + kCols - 1) / kCols; }
 
@@ -95,13 +97,15 @@ struct FourBitBlocks {
                 m[v] = _mm256_loadu_ps(dm + kCols + 8 * (half + v));
             }
         }
-        // d * q + m: mask, zero-extend, convert, one FMA.
+        // d * q + m: the k's 8 bytes zero-extended to 32 bits each (one load-and-extend),
+        // then column j's q is the low nibble (masked) and column j + 8's the high one
+        // (shifted: the bits above it are zero), converted, one FMA.
         void widen(int64_t i, __m256 (&w)[VECS]) const {
-            const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i *>(q + i * kCols / 2));
+            const __m256i both = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(q + i * kCols / 2)));
             for (int v = 0; v < VECS; v++) {
-                const __m128i nibbles = half + v == 0 ? bytes : _mm_srli_epi16(bytes, 4);
-                const __m128i low = _mm_and_si128(nibbles, _mm_set1_epi8(0x0F));
-                w[v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(low)), d[v], m[v]);
+                const __m256i nibble = half + v == 0 ? _mm256_and_si256(both, _mm256_set1_epi32(0x0F))
+                                                     : _mm256_srli_epi32(both, 4);
+                w[v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(nibble), d[v], m[v]);
             }
         }
     };

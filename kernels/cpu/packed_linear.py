@@ -15,8 +15,8 @@ forms, chosen per dtype by ``pack_weight``:
   Where its weights are quantized blocks (a GGUF tensor's dequantized values), the same
   weight is also kept as those blocks (``few_rows``), from which products of a few rows
   (decode of a few requests) run up to ~2x as fast, to the same bits (``linear_blocks.cpp``):
-  4-bit affine blocks (Q4_1, the default model's linear layers; ~0.19x the bytes) up to 5
-  rows, 8-bit scaled blocks (Q8_0, its embedding and tied output layer; ~0.28x) up to 8.
+  4-bit affine blocks (Q4_1, the default model's linear layers; ~0.19x the bytes) and 8-bit
+  scaled blocks (Q8_0, its embedding and tied output layer; ~0.28x), each up to 8 rows.
 - ``"onednn"``: everything else (float32 on AVX-512 CPUs; bfloat16 without AVX512-BF16),
   reordered into oneDNN's blocked layout, the ops ``torch.compile`` uses for frozen CPU models. Against
   ``F.linear`` this took ~30% less time at batch 1 and ~25% less at batch 32.

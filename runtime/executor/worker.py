@@ -358,7 +358,7 @@ class ModelWorker:
 
 def _block_forms_in_words(weights: list[PackedWeight]) -> str:
     """Which packed float32 weights are also kept as quantized blocks, and up to how many rows
-    each form is taken: e.g. "; 120 of 121 weights also as q4_1 blocks (up to 5 rows), 1 as
+    each form is taken: e.g. "; 120 of 121 weights also as q4_1 blocks (up to 8 rows), 1 as
     q8_0 blocks (up to 8 rows)"; empty when none is."""
     counts = [(form, n) for form in BLOCK_FORMS if (n := sum(p.blocks == form for p in weights))]
     words = [f"{n}{f' of {len(weights)} weights also' if i == 0 else ''} as {form} blocks "
