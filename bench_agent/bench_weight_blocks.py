@@ -10,9 +10,9 @@ sides: every product on the float32 panels ("panels"); the layers' blocks
 ``linear_blocks.Q4_1.few_rows()`` rows) as the worker built the layer table ("layers"); and
 the output layer's blocks too (8-bit, up to ``linear_blocks.Q8_0.few_rows()`` rows), as the
 server runs ("all"). ``--model`` takes another model, e.g. a Q8_0 copy of the default one
-(``python -m bench_agent.requantize_gguf``). Each round decodes 24 tokens for each of ``--batch`` requests of ``--context``
-random tokens; the figure is the mean decode step. Needs a CPU with AVX2 and FMA (the
-float32 GEMM's).
+(``python -m bench_agent.requantize_gguf``). Each round decodes 24 tokens for each of
+``--batch`` requests of ``--context`` random tokens; the figure is the mean decode step.
+Needs a CPU with AVX2 and FMA (the float32 GEMM's).
 """
 
 from __future__ import annotations

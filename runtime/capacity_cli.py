@@ -100,14 +100,14 @@ def capacity_report(ns: argparse.Namespace, args: Any) -> dict[str, Any]:
     dtype = args.resolved_dtype
     kv = kv_bytes_per_token(cfg, dtype)
     params = num_parameters(cfg)
-    tied_copy = packs_on_cpu(args) and cfg.tie_word_embeddings
-    plan = Plan(kv, weight_bytes(cfg, dtype, tied_copy), pool_tokens(kv, ns.max_total_tokens, ns.kv_cache_memory),
+    packed = packs_on_cpu(args)
+    plan = Plan(kv, weight_bytes(cfg, dtype, packed), pool_tokens(kv, ns.max_total_tokens, ns.kv_cache_memory),
                 ns.context_tokens, ns.shared_prefix_tokens)
     device = ns.device_memory * _GIB if ns.device_memory is not None else _device_bytes(args.resolved_device)
     return {
         "model": str(folder), "dtype": dtype, "layers": cfg.num_layers, "kv_heads": cfg.num_kv_heads,
         "head_dim": cfg.head_dim, "parameters": params, "weight_bytes": plan.weight_bytes,
-        "packed_output_layer_copy": tied_copy,
+        "packed_output_layer_copy": packed and cfg.tie_word_embeddings,
         "kv_bytes_per_token": kv, "pool_tokens": plan.pool_tokens, "pool_bytes": plan.pool_bytes,
         "context_tokens": ns.context_tokens, "shared_prefix_tokens": ns.shared_prefix_tokens,
         "programs_per_replica": plan.programs_per_replica,

@@ -12,11 +12,10 @@ dequantizes to. Two such forms, each a ``BlockForm``:
 A form's ``blocks_of`` finds whether a weight is such blocks, checked bit for bit (in
 PyTorch: the reference); ``pack`` finds and lays them out for the kernel in one compiled
 pass (``linear_blocks_pack``; ``None`` for any other weight), ``pack_reference`` does the
-same from ``blocks_of``; ``linear`` multiplies. The
-product is the same bits as ``linear_f32``'s on the float32 weight (the same float32
-values, summed in the same order), so a layer may take either kernel for any product;
-``few_rows`` says up to how many rows this one is the faster (``packed_linear.py`` keeps both
-forms of such weights).
+same from ``blocks_of``; ``linear`` multiplies. The product is the same bits as
+``linear_f32``'s on the float32 weight (the same float32 values, summed in the same order),
+so a layer may take either kernel for any product; ``few_rows`` says up to how many rows
+this one is the faster (``packed_linear.py`` keeps both forms of such weights).
 """
 
 from __future__ import annotations
@@ -67,7 +66,7 @@ class BlockForm:
         out_features, in_features = weight.shape
         if weight.dtype != torch.float32 or in_features % BLOCK or weight.numel() == 0:
             return None
-        # Other weights fail on their first row already: the load skips checking the whole
+        # Other weights fail on their first row already: checking it first skips the whole
         # tensor (~0.6 s for the default model's embedding against the 4-bit form).
         if out_features > 1 and self._checked(weight[:1]) is None:
             return None
@@ -79,8 +78,8 @@ class BlockForm:
     def pack(self, weight: torch.Tensor) -> torch.Tensor | None:
         """``weight`` (float32 ``[out, in]``) in the kernel's layout (``linear_blocks.cpp``) as a
         flat float32 tensor of its bytes, or None when it is not blocks of this form. One
-        compiled pass (the default model's weights: ~0.1 s against ~1.9 s for
-        ``pack_reference``), or ``pack_reference`` where the library cannot pack."""
+        compiled pass (the default model's weights, both forms tried: ~0.3 s against ~1.9 s
+        for ``pack_reference``), or ``pack_reference`` where the library cannot pack."""
         weight = weight.detach()
         if weight.dtype != torch.float32 or weight.dim() != 2 or weight.device.type != "cpu":
             raise ValueError(f"{self.name} pack takes a 2-D float32 CPU tensor, got {weight.dtype} "
