@@ -63,18 +63,13 @@ def build_revision(rev: str, out_dir: Path) -> ctypes.CDLL:
 
 def check_layer_table(base: ctypes.CDLL, rev: str) -> None:
     """Exit unless ``base``'s decoder layers read the layer table this checkout builds (its
-    entries grew with the weights' block pointers and their formats): a library reading it
-    with another stride would crash or read garbage."""
-    from runtime.models.cpu_decoder_layers import _Layer
+    entries grew with the weights' block pointers and their formats)."""
+    from runtime.models.cpu_decoder_layers import layer_table_mismatch
 
-    ours = ctypes.sizeof(_Layer)
-    if not hasattr(base, "decoder_layer_bytes"):
-        raise SystemExit(f"{rev}'s kernels cannot say their layer table's layout (no decoder_layer_bytes): pick a "
-                         "base from the commit that added it on, or compare whole servers instead")
-    base.decoder_layer_bytes.restype = ctypes.c_int64
-    if base.decoder_layer_bytes() != ours:
-        raise SystemExit(f"{rev}'s layer table has {base.decoder_layer_bytes()}-byte entries, this checkout's {ours}: "
-                         "its decoder layers cannot run this checkout's table")
+    reason = layer_table_mismatch(base)
+    if reason is not None:
+        raise SystemExit(f"{rev}: {reason}; pick a base whose kernels read this checkout's layer table, or compare "
+                         "whole servers instead")
 
 
 # The kernel choices this process measured at start-up (kernels/cpu/gemm_choice.py,

@@ -55,6 +55,20 @@ class _Step(ctypes.Structure):  # DecoderStep
                 ("max_keys", _I64)]
 
 
+def layer_table_mismatch(lib: object) -> str | None:
+    """Why the decoder layers of the kernel library ``lib`` (this build's, or another
+    revision's in ``bench_agent/bench_kernel_ab.py``) cannot read the table ``_Layer`` lays
+    out; None when they can. A library reading it with another entry size would crash or
+    read garbage."""
+    size = getattr(lib, "decoder_layer_bytes", None)
+    if size is None:
+        return "its kernels cannot say their layer table's layout (no decoder_layer_bytes)"
+    size.restype = ctypes.c_int64
+    if size() != ctypes.sizeof(_Layer):
+        return f"its layer table has {size()}-byte entries, this checkout's _Layer {ctypes.sizeof(_Layer)}"
+    return None
+
+
 _STATUS = {
     1: "a position is outside the rotary tables",
     2: "a KV slot is outside the pool",
@@ -98,9 +112,7 @@ class CpuDecoderLayers:
             lib = load_kernels()
         except CpuKernelsUnavailable as exc:
             return str(exc)
-        if lib.decoder_layer_bytes() != ctypes.sizeof(_Layer):  # this file and the C++ drifted apart
-            return f"the library's layer table has {lib.decoder_layer_bytes()}-byte entries, _Layer {ctypes.sizeof(_Layer)}"
-        return None
+        return layer_table_mismatch(lib)  # this file and the C++ drifted apart
 
     def __init__(self, model: LlamaForCausalLM, kv_pool: KVPool) -> None:
         reason = self._why_unsupported(model, kv_pool)
