@@ -179,7 +179,8 @@ static int decoder_layers(const DecoderShape *shape, const DecoderLayer<T> *laye
         // On AMX tiles the activation comes straight from the gate-up product's tiles
         // (linear_amx_silu_mul); elsewhere the product, then silu_and_mul. Same bits.
         if (K::gate_up_silu(h, t, s.hidden, s.hidden, w.gate_up, s.intermediate, act, s.intermediate, threads) != 0) {
-            layer_linear(w.gate_up, w.gate_up_blocks, w.gate_up_format, h, t, s.hidden, no_bias, gate_up, 2 * s.intermediate, threads);
+            layer_linear(w.gate_up, w.gate_up_blocks, w.gate_up_format, h, t, s.hidden, no_bias, gate_up,
+                         2 * s.intermediate, threads);
             K::silu_and_mul(gate_up, act, t, s.intermediate, threads);
         }
         layer_linear(w.down, w.down_blocks, w.down_format, act, t, s.intermediate, no_bias, x_out, s.hidden, threads);

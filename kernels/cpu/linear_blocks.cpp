@@ -101,7 +101,8 @@ struct FourBitBlocks {
         // then column j's q is the low nibble (masked) and column j + 8's the high one
         // (shifted: the bits above it are zero), converted, one FMA.
         void widen(int64_t i, __m256 (&w)[VECS]) const {
-            const __m256i both = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(q + i * kCols / 2)));
+            const auto *bytes = reinterpret_cast<const __m128i *>(q + i * kCols / 2);
+            const __m256i both = _mm256_cvtepu8_epi32(_mm_loadl_epi64(bytes));
             for (int v = 0; v < VECS; v++) {
                 const __m256i nibble = half + v == 0 ? _mm256_and_si256(both, _mm256_set1_epi32(0x0F))
                                                      : _mm256_srli_epi32(both, 4);
@@ -237,7 +238,8 @@ bool block_integers(const float *w, float d, float m, int (&q)[kBlock]) {
         int n = static_cast<int>(__builtin_lrintf(steps));
         if (FORMAT == kFourBitBlocks) n = n < 0 ? 0 : n > 15 ? 15 : n;
         else n = n < -128 ? -128 : n > 127 ? 127 : n;
-        const float again = FORMAT == kFourBitBlocks ? __builtin_fmaf(d, static_cast<float>(n), m) : d * static_cast<float>(n);
+        const float steps_back = static_cast<float>(n);
+        const float again = FORMAT == kFourBitBlocks ? __builtin_fmaf(d, steps_back, m) : d * steps_back;
         if (!same_bits(again, w[i])) return false;
         q[i] = n;
     }
@@ -275,7 +277,8 @@ bool pack_panel(const float *weight, int64_t out_features, int64_t in_features, 
             scales[c] = d;
             if (FORMAT == kFourBitBlocks) {
                 scales[kCols + c] = m;
-                for (int i = 0; i < kBlock; i++)  // byte c % 8 of each k: column c in the low nibble or c + 8 in the high
+                // byte c % 8 of each k: column c in the low nibble, or c (8..15) in the high one
+                for (int i = 0; i < kBlock; i++)
                     ints[i * kCols / 2 + c % 8] |= static_cast<uint8_t>(q[i] << (c < 8 ? 0 : 4));
             } else {
                 for (int i = 0; i < kBlock; i++) ints[i * kCols + c] = static_cast<uint8_t>(static_cast<int8_t>(q[i]));
@@ -337,8 +340,9 @@ int linear_blocks_pack([[maybe_unused]] int format, [[maybe_unused]] const float
     if (!known(format) || out_features < 1 || in_features < kBlock || in_features % kBlock) return 2;
 #if defined(__F16C__)
     auto *bytes = static_cast<uint8_t *>(packed);
-    const bool found = format == kFourBitBlocks ? pack<kFourBitBlocks>(weight, out_features, in_features, bytes, threads)
-                                                : pack<kEightBitBlocks>(weight, out_features, in_features, bytes, threads);
+    const bool found = format == kFourBitBlocks
+                           ? pack<kFourBitBlocks>(weight, out_features, in_features, bytes, threads)
+                           : pack<kEightBitBlocks>(weight, out_features, in_features, bytes, threads);
     return found ? 1 : 0;
 #else
     return 3;

@@ -18,11 +18,11 @@
 // The rows go in passes whose inputs fit in 128 KiB (L2), each pass over every panel of the
 // thread's range; the threads split the panels into contiguous ranges and take over the ends
 // of each other's ranges when done (row_passes.h). The tiles of a panel prefetch the next
-// panel, each its share of the lines (panel_prefetch.h), so its weights arrive from memory while these are
-// multiplied: without a prefetch, 17-row products ran ~1.6x as long (the weights from L3);
-// with the first tile alone prefetching the whole panel, a 600-token prefill took 1.12x and
-// a 32-row decode step 1.09x as long on a Zen 3 (python -m bench_agent.bench_kernel_ab
-// --dtype float32).
+// panel, each its share of the lines (panel_prefetch.h), so its weights arrive from memory
+// while these are multiplied: without a prefetch, 17-row products ran ~1.6x as long (the
+// weights from L3); with the first tile alone prefetching the whole panel, a 600-token
+// prefill took 1.12x and a 32-row decode step 1.09x as long on a Zen 3 (python -m
+// bench_agent.bench_kernel_ab --dtype float32).
 #include <algorithm>
 #include <cstdint>
 #include <vector>
