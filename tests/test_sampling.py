@@ -30,6 +30,7 @@ import torch
 from runtime.request_options import RequestOptions
 from runtime.sampling.params import SamplingParams
 from runtime.sampling.sampler import apply_penalties, filter_probs, sample
+from runtime.sampling.seed_stream import SeedStream
 
 N_DRAWS = 20_000
 
@@ -41,7 +42,7 @@ class FakeReq:
     params: SamplingParams
     input_ids: list[int] = field(default_factory=lambda: [0])
     output_ids: list[int] = field(default_factory=list)
-    generator: torch.Generator | None = None
+    generator: SeedStream | None = None
     allowed: torch.Tensor | None = None
     top_logprobs_num: dataclasses.InitVar[int] = 0
     return_logprob: dataclasses.InitVar[bool] = False
@@ -194,10 +195,12 @@ def test_ties_keep_exactly_k_and_smallest_nucleus():
 LOGITS = [2.0, 1.5, 1.1, 0.6, 0.3, -0.2, -0.9, -1.7]
 
 
-def _draw(logits: list[float], params: SamplingParams, seed: int, n: int = N_DRAWS) -> torch.Tensor:
-    req = FakeReq(params, generator=_gen(seed))
+def _draw(logits: list[float], params: SamplingParams, seed: int, n: int = N_DRAWS, seeded: bool = True) -> torch.Tensor:
+    """Frequencies of ``n`` draws from a seeded request's stream, or (``seeded`` False) from
+    the default generator that unseeded requests share."""
+    req = FakeReq(params, generator=SeedStream(seed) if seeded else None)
     out = sample(
-        torch.tensor([logits], dtype=torch.float32).repeat(n, 1), [req] * n, [[]] * n, _gen(999)
+        torch.tensor([logits], dtype=torch.float32).repeat(n, 1), [req] * n, [[]] * n, _gen(seed + 999)
     )
     return torch.bincount(torch.tensor(out.next_ids), minlength=len(logits)).double() / n
 
@@ -216,10 +219,11 @@ def _draw(logits: list[float], params: SamplingParams, seed: int, n: int = N_DRA
     ],
     ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()),
 )
-def test_sample_frequencies_match_reference(opts):
+@pytest.mark.parametrize("seeded", [True, False], ids=["seed stream", "default generator"])
+def test_sample_frequencies_match_reference(opts, seeded):
     ref = torch.tensor(ref_dist(LOGITS, **opts), dtype=torch.float64)
     tol = 5 * torch.sqrt(ref * (1 - ref) / N_DRAWS)
-    freq = _draw(LOGITS, _params(**opts), seed=7)
+    freq = _draw(LOGITS, _params(**opts), seed=7, seeded=seeded)
     assert torch.all(freq[ref == 0] == 0), (freq, ref)
     assert torch.all((freq - ref).abs() <= tol + 1e-12), (freq, ref, tol)
     # Power: a sampler that ignored the filters, or the temperature, would fail the checks
@@ -258,7 +262,7 @@ def test_mixed_batch_rows_use_their_own_params():
     base = torch.tensor([LOGITS], dtype=torch.float32)
     n = 4000
     greedy = FakeReq(_params(temperature=0.0))
-    top2 = FakeReq(_params(temperature=1.0, top_k=2), generator=_gen(1))
+    top2 = FakeReq(_params(temperature=1.0, top_k=2), generator=SeedStream(1))
     reqs = [greedy, top2] * n
     out = sample(base.repeat(2 * n, 1), reqs, [[]] * (2 * n), _gen(2))
     ids = torch.tensor(out.next_ids)
@@ -343,7 +347,7 @@ def test_banned_ids_get_minus_inf_and_are_never_drawn():
     greedy = FakeReq(_params(temperature=0.0))
     assert sample(base.clone(), [greedy], [[1]], _gen(0)).next_ids == [3]
     n = 2000
-    req = FakeReq(_params(temperature=1.0), generator=_gen(8))
+    req = FakeReq(_params(temperature=1.0), generator=SeedStream(8))
     out = sample(base.repeat(n, 1), [req] * n, [[1, 3]] * n, _gen(0))
     counts = torch.bincount(torch.tensor(out.next_ids), minlength=4)
     assert counts[1] == 0 and counts[3] == 0 and counts[0] > 0 and counts[2] > 0
@@ -354,7 +358,7 @@ def test_banned_ids_get_minus_inf_and_are_never_drawn():
 
 def _seeded_draws(seed: int | None, default_gen: torch.Generator, n: int = 200) -> list[int]:
     p = _params(temperature=1.0, seed=seed)
-    req = FakeReq(p, generator=None if seed is None else _gen(seed))
+    req = FakeReq(p, generator=None if seed is None else SeedStream(seed))
     logits = torch.zeros(n, 16)  # uniform: 16**-200 chance that two streams agree
     return sample(logits, [req] * n, [[]] * n, default_gen).next_ids
 
@@ -365,6 +369,45 @@ def test_same_seed_same_draws_different_seed_different_draws():
     c = _seeded_draws(43, _gen(0))
     assert a == b
     assert a != c
+
+
+@pytest.mark.parametrize("seed, other", [
+    (0, 2**32), (12345, 12345 + 2**32), (1, 2**63 + 1), (-1, 2**63 - 1), (0, -(2**63)), (2**32 - 1, 2**33 - 1),
+])
+def test_seeds_differing_above_their_low_32_bits_draw_differently(seed, other):
+    # torch's CPU generator keeps a seed's low 32 bits: each pair here would draw alike there
+    assert torch.Generator().manual_seed(seed % 2**64).initial_seed() % 2**32 == other % 2**32
+    assert _seeded_draws(seed, _gen(0)) != _seeded_draws(other, _gen(0))
+
+
+def test_a_seed_is_taken_modulo_2_to_the_64():
+    assert _seeded_draws(-1, _gen(0)) == _seeded_draws(2**64 - 1, _gen(0))
+    assert _seeded_draws(-(2**63), _gen(0)) == _seeded_draws(2**63, _gen(0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_seed_stream_numbers_are_uniform_in_the_unit_interval(dtype):
+    stream, n = SeedStream(2024), 20_000
+    u = torch.stack([stream.uniform(dtype) for _ in range(n)]).double()
+    assert u.min() >= 0 and u.max() < 1
+    # each of 20 equal bins holds Binomial(n, 1/20): 5 standard deviations (~154) of slack
+    counts = torch.histc(u, bins=20, min=0, max=1)
+    assert (counts - n / 20).abs().max() <= 5 * math.sqrt(n * 0.05 * 0.95), counts
+    # consecutive numbers uncorrelated: the lag-1 correlation of n draws has sd 1/sqrt(n)
+    centred = u - u.mean()
+    assert abs(float((centred[1:] * centred[:-1]).mean() / centred.var())) < 5 / math.sqrt(n)
+
+
+def test_seed_stream_numbers_are_exact_below_one_in_their_type():
+    # as many bits as the type's significand: never rounded up to 1 (a zero target would
+    # draw the first token whatever its probability)
+    for dtype in (torch.float32, torch.float64):
+        stream = SeedStream(7)
+        for _ in range(1000):
+            u = stream.uniform(dtype)
+            assert u.dtype == dtype and 0 <= float(u) < 1
+            scaled = float(u) * 2 ** (1 - int(math.log2(torch.finfo(dtype).eps)))
+            assert scaled == int(scaled)
 
 
 def test_seeded_request_does_not_consume_the_default_generator():
@@ -391,7 +434,7 @@ def test_logprobs_are_of_the_raw_distribution():
             top_logprobs_num=3,
             return_logprob=True,
         ),
-        FakeReq(_params(temperature=0.5, top_k=2), generator=_gen(0), return_logprob=True),
+        FakeReq(_params(temperature=0.5, top_k=2), generator=SeedStream(0), return_logprob=True),
     ]
     out = sample(raw.clone(), reqs, [[], [3]], _gen(0))
     assert out.next_ids[0] == 1  # 3.0 / 3 = 1.0 < 2.0: the penalty moved the argmax

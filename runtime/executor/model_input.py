@@ -18,6 +18,7 @@ import torch
 
 from runtime.request_options import RequestOptions
 from runtime.sampling.params import SamplingParams
+from runtime.sampling.seed_stream import SeedStream
 
 
 @dataclass
@@ -42,7 +43,7 @@ class SamplingRow:
     params: SamplingParams
     input_ids: list[int]
     output_ids: list[int]
-    generator: torch.Generator | None
+    generator: SeedStream | None
     options: RequestOptions
     banned_ids: list[int]  # may not be drawn yet (stop tokens before min_new_tokens)
     # constrained decoding: the tokens the grammar allows next, as one bitmask row (int32,

@@ -15,11 +15,10 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from runtime.incremental_text import IncrementalText
 from runtime.request_options import RequestOptions
 from runtime.sampling.params import SamplingParams
+from runtime.sampling.seed_stream import SeedStream
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -41,7 +40,7 @@ class Req:
     finished_reason: dict[str, Any] | None = None
     stop_text: IncrementalText | None = None  # the output's text for unbounded stop regexes (stop.py)
     decode_context: tuple[int, ...] = ()  # the prompt's last tokens if it ends inside a character (incremental_text.py)
-    generator: torch.Generator | None = None
+    generator: SeedStream | None = None  # a seeded request's own numbers
     error: str | None = None  # the request failed alone (e.g. its grammar did not compile)
     error_param: str | None = None  # the request field the error is about, when there is one
 
@@ -78,7 +77,7 @@ class Req:
 
     def __post_init__(self) -> None:
         if self.params.seed is not None:
-            self.generator = torch.Generator().manual_seed(self.params.seed)
+            self.generator = SeedStream(self.params.seed)
 
     @property
     def fill_ids(self) -> list[int]:
