@@ -79,6 +79,28 @@ def test_continuous_usage_stats_put_usage_so_far_in_every_chunk(client):
     assert {c.usage.prompt_tokens for c in chunks} == {chunks[-1].usage.prompt_tokens}
 
 
+def test_continuous_usage_is_each_chunks_own_choice(client, engine):
+    """As vLLM counts it: a chunk's usage is its choice's prompt and that choice's tokens so
+    far, not every choice's; the last chunk has the totals."""
+    prompts = [PROMPTS[0], PROMPTS[3]]
+    lengths = [len(engine.tokenizer.encode(p)) for p in prompts]
+    assert lengths[0] != lengths[1]
+    chunks = list(client.completions.create(
+        model=MODEL, prompt=prompts, max_tokens=6, n=2, temperature=1, seed=3, stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    seen: dict[int, list[int]] = {}
+    for c in chunks[:-1]:
+        (choice,) = c.choices
+        assert c.usage.prompt_tokens == lengths[choice.index // 2]  # choices 0, 1: prompt 0; 2, 3: prompt 1
+        seen.setdefault(choice.index, []).append(c.usage.completion_tokens)
+    assert sorted(seen) == [0, 1, 2, 3]
+    for counts in seen.values():
+        assert counts == sorted(counts) and counts[-1] <= 6
+    total = chunks[-1].usage
+    assert chunks[-1].choices == [] and total.prompt_tokens == sum(lengths)
+    assert total.completion_tokens == sum(counts[-1] for counts in seen.values())
+
+
 def test_echo_with_logprobs_scores_the_prompt(client, engine):
     """What lm-evaluation-harness sends for log-likelihoods: the prompt's own tokens with
     their logprobs (the first has none), then the completion's, offsets across both."""

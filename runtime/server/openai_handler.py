@@ -35,6 +35,16 @@ OPENAI_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", 
 CONSTRAINT_FIELD = {"regex": "regex", "choice": "regex", "ebnf": "ebnf", "json": "json_schema", "json_object": "json_schema"}
 
 
+def usage_body(prompt: int, completion: int, cached: int) -> dict[str, Any]:
+    """OpenAI's ``usage`` object."""
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
 def finish_reason_of(state: ReqState) -> str | None:
     reason = state.finished_reason
     if reason is None:
@@ -309,13 +319,7 @@ class OpenAIHandler:
         groups = [states[i * n : (i + 1) * n] for i in range(len(states) // n)]
         prompt = sum(g[0].prompt_tokens for g in groups)
         cached = sum(min(s.cached_tokens for s in g) for g in groups)  # siblings reuse the first one's prefill
-        completion = sum(len(s.output_ids) for s in states)
-        return {
-            "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached},
-        }
+        return usage_body(prompt, sum(len(s.output_ids) for s in states), cached)
 
     async def respond(self, states: list[ReqState]) -> Response:
         if not self.req.stream:
@@ -387,7 +391,8 @@ class OpenAIHandler:
 
     @property
     def continuous_usage(self) -> bool:
-        """vLLM's ``stream_options.continuous_usage_stats``: usage so far in every chunk."""
+        """vLLM's ``stream_options.continuous_usage_stats``: usage so far in every chunk, that
+        of the chunk's own choice (its prompt, its tokens so far), as vLLM counts it."""
         opts = self.req.stream_options
         return self.include_usage and bool(opts and opts.continuous_usage_stats)
 
@@ -395,11 +400,16 @@ class OpenAIHandler:
         sent_text = [0] * len(states)
         sent_tokens = [0] * len(states)
         sent_ids = [0] * len(states)  # return_token_ids: each chunk carries the ids new since the last
-        def so_far() -> dict[str, Any] | None:
-            return self.usage(states) if self.continuous_usage else None
+        def so_far(i: int | None) -> dict[str, Any] | None:
+            """Choice ``i``'s usage so far (None: all choices') where every chunk carries one."""
+            if not self.continuous_usage:
+                return None
+            if i is None:
+                return self.usage(states)
+            return usage_body(states[i].prompt_tokens, len(states[i].output_ids), states[i].cached_tokens)
 
         for head in self.stream_start(len(states)):
-            yield self.chunk([head], so_far(), **self.opening_fields(head["index"]))
+            yield self.chunk([head], so_far(head["index"]), **self.opening_fields(head["index"]))
         async with contextlib.aclosing(merged_updates(self.ctx.client, states)) as updates:
             async for i, s in updates:
                 err = error_of(s, self.api_names)
@@ -420,9 +430,9 @@ class OpenAIHandler:
                     if self.req.return_token_ids:
                         choice["token_ids"] = list(s.output_ids[sent_ids[i]:])
                         sent_ids[i] = len(s.output_ids)
-                    yield self.chunk([choice], so_far())
+                    yield self.chunk([choice], so_far(i))
         if sglext := self.sglext(states):  # SGLang sends it in a chunk of its own, after the choices
-            yield self.chunk([], so_far(), sglext=sglext)
+            yield self.chunk([], so_far(None), sglext=sglext)
         if self.include_usage:
             yield self.chunk([], self.usage(states))
         yield SSE_DONE
