@@ -119,6 +119,37 @@ def test_queue_limit_returns_503_with_retry_after(guarded):
     assert too_many.status_code == 400 and "send fewer" in too_many.json()["error"]["message"], too_many.text
 
 
+def test_a_busy_server_is_healthy_while_its_queue_holds_the_probe(guarded):
+    """/health_generate on a server whose running slots are all taken: its probe waits in the
+    queue, but the others' tokens keep coming, so the answer is 200 at once (SGLang's rule),
+    not a 503 after the probe's 20 s, which would have an orchestrator restart a loaded
+    server; the probe left in the queue is aborted."""
+    body = {"text": "A long tale:", "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True}}
+
+    def long_request(rid: str) -> httpx.Response:
+        return httpx.post(guarded.url + "/generate", json={**body, "rid": rid}, headers=KEY, timeout=120)
+
+    def stats() -> dict:
+        return httpx.get(guarded.url + "/get_server_info", headers=KEY).json()["scheduler"]
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        running = [pool.submit(long_request, f"busy-{i}") for i in range(2)]  # --max-running-requests 2
+        deadline = time.monotonic() + 60
+        while stats()["num_running_reqs"] < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        started = time.monotonic()
+        probe = httpx.get(guarded.url + "/health_generate", timeout=30)
+        assert probe.status_code == 200 and time.monotonic() - started < 10
+        deadline = time.monotonic() + 10
+        while stats()["num_waiting_reqs"]:  # the probe does not stay behind
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        for i in range(2):
+            httpx.post(guarded.url + "/abort_request", json={"rid": f"busy-{i}"}, headers=KEY)
+        assert all(r.result(timeout=60).status_code == 200 for r in running)
+
+
 def test_scheduler_death_fails_requests_and_exits_nonzero(guarded):
     info = httpx.get(guarded.url + "/get_server_info", headers=KEY).json()
     pids = info["process_ids"]

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -231,17 +232,42 @@ async def scheduler_call(ctx: ServerContext, kind: str, arg: Any = None) -> Any:
         raise ApiError(500, f"the scheduler is unavailable: {err}") from err
 
 
-async def probe_generate(ctx: ServerContext, timeout: float = 20.0) -> bool:
-    """Run one token through the whole pipeline."""
+async def probe_generate(ctx: ServerContext, timeout: float = 20.0, poll: float = 0.5) -> bool:
+    """Whether the pipeline (scheduler, model, detokenizer) makes progress within ``timeout``:
+    a probe of one token comes back, or, while it waits in a busy server's queue, the
+    scheduler has run a forward step since it was sent (its ``stats`` answer, which passes
+    through the detokenizer, says so). A loaded server is healthy, not failing (SGLang
+    answers so too, from any output after the probe); the probe left queued is aborted."""
     if not ctx.is_ready or ctx.client.failure is not None or ctx.is_shutting_down:
+        return False
+    deadline = time.monotonic() + timeout
+
+    async def forward_steps() -> int | None:
+        try:
+            stats = await ctx.client.call("stats", timeout=max(0.0, deadline - time.monotonic()))
+        except Exception:  # no answer in time, or the server failed
+            return None
+        return stats["num_forward_steps"]
+
+    before = await forward_steps()
+    if before is None:
         return False
     ids = ctx.tokenizer.encode("ping") or [0]
     state = ctx.client.submit(f"health-{ctx.client.new_rid()}", ids, sampling_params({"max_new_tokens": 1}), log=False)
+    waiting = asyncio.ensure_future(ctx.client.wait(state))
     try:
-        await asyncio.wait_for(ctx.client.wait(state), timeout)
-    except asyncio.TimeoutError:
+        while time.monotonic() < deadline:
+            done, _ = await asyncio.wait({waiting}, timeout=min(poll, max(0.0, deadline - time.monotonic())))
+            if done:
+                return state.error is None
+            steps = await forward_steps()
+            if steps is None:
+                return False
+            if steps > before:
+                return True
         return False
-    return state.error is None
+    finally:
+        waiting.cancel()  # aborts the probe if it has not finished
 
 
 def load_report(stats: dict[str, Any]) -> dict[str, int]:

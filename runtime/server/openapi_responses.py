@@ -117,7 +117,8 @@ _GUARDED = (400, 401, 413, 503)  # what a route with a body can answer besides s
 # path -> method -> {status: {"description", "content"?}}; the same for every method unless listed
 RESPONSES: dict[str, dict[str, dict[str, Any]]] = {
     "/health": {"*": {"200": {"description": "Healthy (no body)"}, "503": {"description": "Not healthy (no body)"}}},
-    "/health_generate": {"*": {"200": {"description": "One token went through every process (no body)"},
+    "/health_generate": {"*": {"200": {"description": "One token went through every process, or the busy "
+                                                        "scheduler ran a step meanwhile (no body)"},
                                "503": {"description": "It did not (no body)"}}},
     "/get_model_info": {"*": {"200": {"description": "The served model", "content": _json(_OBJECT)},
                               **_errors(401)}},
