@@ -43,6 +43,20 @@ class RequestLimits:
         return min(self.max_context_len, self.max_total_tokens)
 
 
+class PartOfPrompt(list[int]):
+    """The token ids of only a part of a prompt's text, its first (or last) ``chars``
+    characters: the server tokenizes no more of a text too long for the context whatever its
+    tokens, so the whole text's count is not known, and errors must not state it as known."""
+
+    def __init__(self, ids: list[int], chars: int, end: bool) -> None:
+        super().__init__(ids)
+        self.chars, self.end = chars, end
+
+    def described(self) -> str:
+        """What the count is of: words for an error message."""
+        return f"{len(self):,} tokens in its {'last' if self.end else 'first'} {self.chars:,} characters alone"
+
+
 @dataclass
 class GenerateRequest:
     """One request as it enters, checked; ``n`` already expanded."""
@@ -100,7 +114,8 @@ def build_requests(prompts: list[list[int]], params: list[SamplingParams],
         room = limits.max_sequence_len - len(ids)
         if 0 < room < p.max_new_tokens and (limits.auto_truncate or p.max_new_tokens_unset):
             p = dataclasses.replace(p, max_new_tokens=room)  # it runs to the context (or the pool), no further
-        check_lengths(len(ids), p.max_new_tokens, limits, prompt_field)
+        check_lengths(len(ids), p.max_new_tokens, limits, prompt_field,
+                      ids.described() if isinstance(ids, PartOfPrompt) else None)
         requests += [GenerateRequest(ids, _nth_sample(p, k), opts) for k in range(p.n)]
     return requests
 
@@ -150,15 +165,18 @@ def check_token_ids(ids: list[int], vocab_size: int, field: str) -> None:
         raise InvalidField(field, f"{field}: token ids must be in [0, {vocab_size}) (the vocabulary)")
 
 
-def check_lengths(prompt_len: int, max_new: int, limits: RequestLimits, prompt_field: str = "prompt") -> None:
+def check_lengths(prompt_len: int, max_new: int, limits: RequestLimits, prompt_field: str = "prompt",
+                  partial: str | None = None) -> None:
     """Refuse a prompt that fills the context, and prompt + max_new beyond the context (as
-    OpenAI, vLLM and SGLang do) unless ``limits.auto_truncate``, or beyond the KV pool."""
+    OpenAI, vLLM and SGLang do) unless ``limits.auto_truncate``, or beyond the KV pool.
+    ``partial``: the count is of a part of the prompt only (``PartOfPrompt.described``)."""
     ctx, pool = limits.max_context_len, limits.max_total_tokens
+    has = f"has {prompt_len}" if partial is None else f"is longer than that ({partial})"
     if prompt_len >= ctx:
-        raise InvalidField(prompt_field, f"This model's maximum context length is {ctx} tokens, and the prompt alone has "
-                                     f"{prompt_len}: it must leave room for at least one generated token.")
+        raise InvalidField(prompt_field, f"This model's maximum context length is {ctx} tokens, and the prompt alone "
+                                         f"{has}: it must leave room for at least one generated token.")
     if prompt_len >= pool:
-        raise InvalidField(prompt_field, f"The KV cache holds {pool} tokens, and the prompt alone has {prompt_len}: it "
+        raise InvalidField(prompt_field, f"The KV cache holds {pool} tokens, and the prompt alone {has}: it "
                                          "must leave room for at least one generated token.")
     if not limits.auto_truncate and prompt_len + max_new > ctx:
         raise InvalidField(

@@ -9,6 +9,7 @@ import dataclasses
 import pytest
 
 from runtime.request_builder import (
+    PartOfPrompt,
     RequestLimits,
     build_requests,
     check_lengths,
@@ -72,6 +73,17 @@ def test_the_completion_must_fit_the_context_unless_auto_truncated():
     with pytest.raises(InvalidField, match="KV cache holds 80 tokens, and the prompt alone has 80") as err:
         check_lengths(80, 0, dataclasses.replace(LIMITS, max_context_len=100))  # not an empty answer
     assert err.value.field == "prompt"
+
+
+def test_a_count_of_part_of_the_prompt_is_not_given_as_the_whole_prompts():
+    part = PartOfPrompt([5] * 60, chars=300, end=False)
+    with pytest.raises(InvalidField) as err:
+        build_requests([part], [SamplingParams()], RequestOptions(), LIMITS, prompt_field="prompt")
+    assert "the prompt alone is longer than that (60 tokens in its first 300 characters alone)" in str(err.value)
+    assert "has 60" not in str(err.value)
+    tail = PartOfPrompt([5] * 60, chars=300, end=True)
+    with pytest.raises(InvalidField, match="in its last 300 characters alone"):
+        build_requests([tail], [SamplingParams()], RequestOptions(), LIMITS, prompt_field="prompt")
 
 
 def test_max_new_tokens_left_out_or_auto_truncated_is_cut_to_the_room_left():

@@ -175,6 +175,9 @@ def test_a_huge_prompt_is_refused_from_its_start_and_tokenized_whole_only_when_a
                        ("/generate", {"text": huge})):
         resp = call(server, path, body)
         assert resp.status_code == 400 and "context" in resp.text, resp.text
+        # the count it gives is said to be of the part it tokenized, not of the whole prompt
+        message = resp.json()["error"]["message"]
+        assert f"in its first {cap:,} characters alone" in message and "alone has" not in message, message
     counted = call(server, "/tokenize", {"model": MODEL, "prompt": huge}).json()["count"]
     assert counted == len(engine.tokenizer.encode(huge, add_special_tokens=True))  # /tokenize: all of it
 

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
 from runtime.config import ServerArgs
-from runtime.request_builder import GenerateRequest, RequestLimits
+from runtime.request_builder import GenerateRequest, PartOfPrompt, RequestLimits
 from runtime.sampling.params import InvalidField, SamplingParams
 from runtime.serve_args import HttpArgs
 from runtime.server.protocol import ApiError
@@ -140,12 +140,16 @@ class ServerContext:
         ``longest_useful_text`` characters first (its start, or with ``keep_end`` its end),
         still too long, so that a huge prompt costs no more than that to refuse or truncate
         (a 20 MB one took 1.7 GB to tokenize)."""
-        if for_generation:
-            cap = self.longest_useful_text
-            texts = [t if len(t) <= cap else (t[-cap:] if keep_end else t[:cap]) for t in texts]
+        cap = self.longest_useful_text if for_generation else None
+
+        def encode_one(text: str) -> list[int]:
+            if cap is None or len(text) <= cap:
+                return self.tokenizer.encode(text, add_special_tokens)
+            part = text[-cap:] if keep_end else text[:cap]
+            return PartOfPrompt(self.tokenizer.encode(part, add_special_tokens), cap, keep_end)
 
         def encode_all() -> list[list[int]]:
-            return [self.tokenizer.encode(t, add_special_tokens) for t in texts]
+            return [encode_one(t) for t in texts]
 
         if sum(len(t) for t in texts) < _INLINE_ENCODE_CHARS:
             return encode_all()
