@@ -5,10 +5,12 @@ that the machine's drift hits both sides alike):
     python -m bench_agent.bench_shared_decode
     python -m bench_agent.bench_shared_decode --prompt 3000 --forks 8 16 --rounds 4
     python -m bench_agent.bench_shared_decode --dtype float32 --prompt 800 --min-keys 512
+    python -m bench_agent.bench_shared_decode --dtype float32 --prompt 210 --own 400 --min-keys 128
 
 Each round prefills a fresh random prompt (cached), then decodes ``--forks`` requests that
 each add a few tokens of their own to it, as parallel samples or tree-of-thought branches
-do; the figure is the mean decode step. The setting is ``paged_attention_set_shared_min_keys``
+do (``--own``: more of their own, as chats that share only a system prompt); the figure is
+the mean decode step. The setting is ``paged_attention_set_shared_min_keys``
 (kernels/cpu/paged_attention.cpp): the engine's (its K/V type's default, or lowered where the
 GEMMs run on AMX tiles; or ``--min-keys``) against never; on a CPU with AMX tiles also the
 grouped keys on AVX-512 vectors instead of tiles (``paged_attention_set_shared_on_tiles``).
@@ -29,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompt", type=int, default=3000, help="shared prompt tokens (default: %(default)s)")
     ap.add_argument("--forks", type=int, nargs="*", default=[8, 16], help="requests decoding on one prompt")
+    ap.add_argument("--own", type=int, default=4,
+                    help="each fork's own prompt tokens after the shared ones (default: %(default)s)")
     ap.add_argument("--new-tokens", type=int, default=32, help="tokens each fork decodes (default: %(default)s)")
     ap.add_argument("--rounds", type=int, default=4, help="runs per side and case (default: %(default)s)")
     ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
@@ -53,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     def decode_step(forks: int) -> float:
         prompt = [rng.randrange(100, 40_000) for _ in range(ns.prompt)]
         engine.generate(input_ids=prompt, sampling_params={"max_new_tokens": 1, "temperature": 0})
-        return mean_decode_step(engine, [prompt + [rng.randrange(100, 40_000) for _ in range(4)] for _ in range(forks)],
+        return mean_decode_step(engine, [prompt + [rng.randrange(100, 40_000) for _ in range(ns.own)] for _ in range(forks)],
                                 ns.new_tokens)
 
     def setting(min_keys: int, tiles: bool = True) -> Callable[[], None]:

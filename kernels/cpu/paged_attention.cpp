@@ -289,7 +289,9 @@ void merge_parts(const PartialRows &partial, int64_t first, int64_t count, int64
 // grouping pays from shorter prompts there: measured on an AMD Zen 3 (AVX2, 2 cores,
 // python -m bench_agent.bench_shared_decode --dtype float32 --prompt P --min-keys K), 16 forks
 // of an 800-token prompt 62.2 -> 42.3 ms per step (K 512), 8 forks 47.1 -> 35.9 ms, 16 forks
-// of a 400-token prompt 60.4 -> 47.5 ms (K 256). Both settable
+// of a 400-token prompt 60.4 -> 47.5 ms (K 256); chats with 400 tokens of their own each
+// (--own 400), 8 sharing a 300-token prompt 25.8 -> 24.0 ms, but 8 sharing 210 tokens
+// 22.4 -> 24.2 ms with K lowered to 128 (slower). Both settable
 // (paged_attention_set_shared_min_keys / _rows): where the GEMMs run on AMX tiles attention
 // is a larger share of a decode step and smaller groups pay, so the worker lowers both there
 // (kernels/cpu/paged_attention.py).
