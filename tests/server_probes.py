@@ -10,6 +10,7 @@ import httpx
 import orjson
 
 ABORTED = "forkserve:requests_aborted_total"
+FINISHED = "forkserve:requests_finished_total"
 RECEIVED = "forkserve:requests_total"
 # /v1/responses fields of a response still running when a test acts on it: greedy, the
 # default model writes all 500 numbers (~2,000 tokens). ``ignore_eos`` would not do: it is

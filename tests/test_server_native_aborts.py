@@ -14,6 +14,7 @@ import pytest
 
 from tests.server_probes import (
     ABORTED,
+    FINISHED,
     LONG_RESPONSE,
     metric,
     post,
@@ -68,6 +69,7 @@ def test_abort_request_ends_a_request_by_its_rid_or_all_of_them(server):
     def generate(rid: str) -> dict:
         return post(server, "/generate", {"text": "A long story.", "rid": rid, "sampling_params": long}).json()
 
+    aborted, finished = metric(server, ABORTED), metric(server, FINISHED)
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
         one = pool.submit(generate, "abort-me")
         wait_for_running(server, 1)
@@ -79,6 +81,8 @@ def test_abort_request_ends_a_request_by_its_rid_or_all_of_them(server):
         assert meta["id"] == "abort-me" and meta["completion_tokens"] == len(out["output_ids"]) > 0
         detokenized = post(server, "/detokenize", {"tokens": out["output_ids"]}).json()
         assert out["text"] == detokenized["text"] != ""
+        # counted as aborted, not finished (/metrics)
+        assert (metric(server, ABORTED), metric(server, FINISHED)) == (aborted + 1, finished)
         assert post(server, "/abort_request", {"rid": "no-such-request"}).status_code == 200
         both = [pool.submit(generate, f"all-{i}") for i in range(2)]
         wait_for_running(server, 2)

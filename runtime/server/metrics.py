@@ -66,8 +66,13 @@ class ServerMetrics:
             self.inter_token.observe((state.last_token_at - last_at) / num_new, num_new)
 
     def on_finish(self, state: Any) -> None:
-        self.requests_finished += 1
+        """A request's last output: an abort (``/abort_request``, a shutdown) counts as one,
+        not as a finish, and its shortened latency stays out of the histogram."""
         self.cached_tokens += state.cached_tokens
+        if (state.finished_reason or {}).get("type") == "abort":
+            self.requests_aborted += 1
+            return
+        self.requests_finished += 1
         self.e2e.observe(state.finished_at - state.created_at)
 
     def render(self, stats: dict[str, int | float], model_name: str) -> str:
@@ -80,7 +85,7 @@ class ServerMetrics:
             ("counter", "generation_tokens_total", "Tokens generated.", self.generation_tokens),
             ("counter", "requests_total", "Requests received.", self.requests_total),
             ("counter", "requests_finished_total", "Requests finished.", self.requests_finished),
-            ("counter", "requests_aborted_total", "Requests aborted because their client went away.", self.requests_aborted),
+            ("counter", "requests_aborted_total", "Requests aborted: their client went away, or /abort_request or a shutdown ended them.", self.requests_aborted),
             ("gauge", "cache_hit_rate", "cached_tokens_total / prompt_tokens_total.", hit_rate),
             ("gauge", "num_running_reqs", "Requests admitted to the batch.", stats["num_running_reqs"]),
             ("gauge", "num_waiting_reqs", "Requests waiting to be scheduled.", stats["num_waiting_reqs"]),
