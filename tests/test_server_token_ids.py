@@ -83,15 +83,21 @@ def test_streamed_ids_held_back_with_text_go_with_the_next_chunk(server, engine)
     assert events[-1]["usage"]["completion_tokens"] == len(streamed)
 
 
-def test_a_request_id_can_be_aborted(server):
-    """vLLM's request_id is the request's id here: SGLang's /abort_request ends it by it."""
+@pytest.mark.parametrize("where", ["body", "header"])
+def test_a_request_id_can_be_aborted(server, where):
+    """vLLM's request_id (in the body, or its X-Request-Id header) is the request's id here:
+    SGLang's /abort_request ends it by it, and the answer's id carries it."""
     import threading
 
     out: dict = {}
+    body = {"prompt": "Count: 1, 2,", "max_tokens": 2000, "ignore_eos": True}
 
     def run() -> None:
-        out["body"] = post(server, "/v1/completions", {"prompt": "Count: 1, 2,", "max_tokens": 2000, "ignore_eos": True,
-                                                       "request_id": "abort-me"}).json()
+        if where == "body":
+            out["body"] = post(server, "/v1/completions", {**body, "request_id": "abort-me"}).json()
+        else:
+            out["body"] = httpx.post(server.url + "/v1/completions", json=body, headers={"X-Request-Id": "abort-me"},
+                                     timeout=120).json()
 
     worker = threading.Thread(target=run)
     worker.start()
@@ -100,6 +106,7 @@ def test_a_request_id_can_be_aborted(server):
         assert httpx.post(server.url + "/abort_request", json={"rid": "abort-me"}, timeout=10).status_code == 200
         worker.join(0.5)
     assert out["body"]["choices"][0]["finish_reason"] == "abort", out["body"]
+    assert out["body"]["id"] == "cmpl-abort-me"
 
 
 def test_chat_input_ids_are_the_prompt(server, engine):

@@ -60,7 +60,10 @@ class OpenAIHandler:
 
     def __init__(self, ctx: ServerContext, req: OpenAISampling, request: Request) -> None:
         self.ctx, self.req, self.request = ctx, req, request
-        self.id = f"{self.id_prefix}-{req.request_id or uuid.uuid4().hex}"
+        # vLLM's X-Request-Id header names the request where the body does not (rid, request_id)
+        header = request.headers.get("x-request-id") or None
+        self.given_id = req.rid if req.rid is not None else req.request_id if req.request_id is not None else header
+        self.id = f"{self.id_prefix}-{req.request_id or header or uuid.uuid4().hex}"
         self.created = int(time.time())
         self.prompts: list[list[int]] = []  # the submitted prompts' token ids
         self.rendered_prompt_logprobs: dict[int, list[dict[str, Any] | None]] = {}  # by prompt (vLLM's field)
@@ -260,7 +263,7 @@ class OpenAIHandler:
             requests += samples
         # the prompt scored once, not once per sample (n 128 of an 8k-token prompt took 19 minutes),
         # unless streamed or the samples have the client's ids (``score_each_prompt_once``)
-        rid = self.req.rid if self.req.rid is not None else self.req.request_id
+        rid = self.given_id
         requests, self.prompt_source = score_each_prompt_once(requests, each_own=bool(self.req.stream) or rid is not None)
         self.num_prompts, self.prompts = len(prompts), prompts
         self.states = ctx.submit_group(requests, request_ids(rid, [self.req.n] * len(prompts)), self.request)
