@@ -64,3 +64,23 @@ def test_tp_larger_than_kv_heads_is_refused_before_any_rank_starts(model_dir, mo
     monkeypatch.setattr(tp_worker.TPPeers, "__init__", no_spawn)
     with pytest.raises(ValueError, match="tp_size 4 exceeds the model's 3 KV heads"):
         Engine(str(model_dir), dtype="float32", max_total_tokens=1000, tp_size=4)
+
+
+@pytest.mark.slow
+def test_a_script_without_the_main_guard_fails_fast_and_says_why(tmp_path, model_dir):
+    """The other ranks start with multiprocessing's spawn, which imports the script again:
+    without the ``__main__`` guard a rank dies before it runs (multiprocessing's bootstrap
+    error), and rank 0 waited in the process group's rendezvous for it (120 s), silently.
+    Now the Engine raises, naming the guard, as soon as that rank has exited."""
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "no_guard.py"
+    script.write_text("from runtime import Engine\n"
+                      f"Engine({str(model_dir)!r}, dtype='float32', max_total_tokens=2000, tp_size=2)\n")
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=100, cwd=tmp_path)
+    assert done.returncode != 0
+    assert "tensor-parallel rank 1 exited" in done.stderr and '__name__ == "__main__"' in done.stderr, done.stderr[-2000:]
+    assert time.monotonic() - started < 90

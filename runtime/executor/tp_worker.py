@@ -12,9 +12,10 @@ import logging
 import multiprocessing
 import os
 import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from runtime.config import ServerArgs
 
 _STOP_TIMEOUT_S = 10.0
+_START_TIMEOUT_S = 120.0  # for every rank to run our code (spawn imports torch and the main module first)
 
 
 logger = logging.getLogger("forkserve")
@@ -61,10 +63,11 @@ class TPPeers:
         init_method = f"tcp://127.0.0.1:{ipc.free_tcp_port()}"
         endpoints = ipc.new_ipc_names(size - 1)
         mp = multiprocessing.get_context("spawn")
+        self.started = [mp.Event() for _ in range(1, size)]
         self.procs = [
             mp.Process(
                 target=run_tp_worker_process,
-                args=(args, str(model_dir), rank, init_method, endpoints[rank - 1], os.getpid()),
+                args=(args, str(model_dir), rank, init_method, endpoints[rank - 1], os.getpid(), self.started[rank - 1]),
                 name=f"forkserve-tp{rank}",
             )
             for rank in range(1, size)
@@ -74,7 +77,30 @@ class TPPeers:
         self.zmq = zmq.Context()
         self.socks = [ipc.connect(self.zmq, zmq.PUSH, ep) for ep in endpoints]
         self.endpoints = endpoints
+        self._wait_started()
         self.tp = init_tensor_parallel(0, size, init_method, args.resolved_device)
+
+    def _wait_started(self, timeout: float = _START_TIMEOUT_S) -> None:
+        """Wait until every rank runs our code; ``RuntimeError`` (the others stopped) if one
+        exits first or does not get there in ``timeout`` s, rather than wait in the process
+        group's rendezvous for a rank that will never come."""
+        deadline = time.monotonic() + timeout
+        while not all(e.is_set() for e in self.started):
+            dead = [(rank, p.exitcode) for rank, p in enumerate(self.procs, 1) if p.exitcode is not None]
+            if dead or time.monotonic() > deadline:
+                for p in self.procs:
+                    p.kill()
+                    p.join(1.0)
+                for sock in self.socks:
+                    sock.close()
+                ipc.remove_ipc_files(self.endpoints)
+                what = (f"tensor-parallel rank {dead[0][0]} exited (code {dead[0][1]}) before it started"
+                        if dead else f"tensor-parallel ranks did not start in {timeout:.0f} s")
+                raise RuntimeError(
+                    f"{what}. Its process is started with multiprocessing's 'spawn', which imports the "
+                    "main module again: a script that creates an Engine with tp_size > 1 needs its code "
+                    "under `if __name__ == \"__main__\":` (its log above says why it stopped).")
+            time.sleep(0.05)
 
     def send_step(self, fwd: ForwardInput, table: torch.Tensor) -> None:
         seq_lens = [p + e for p, e in zip(fwd.prefix_lens, fwd.extend_lens, strict=True)]
@@ -111,8 +137,9 @@ def start_tp_peers(args: ServerArgs, model_dir: Path) -> TPPeers:
 
 
 def run_tp_worker_process(
-    args: ServerArgs, model_dir: str, rank: int, init_method: str, endpoint: str, parent_pid: int
+    args: ServerArgs, model_dir: str, rank: int, init_method: str, endpoint: str, parent_pid: int, started: Any
 ) -> None:
+    started.set()  # we got here: rank 0 may join the process group (TPPeers._wait_started)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0's process decides when we stop
     ipc.exit_with_parent(parent_pid, endpoints=[endpoint])  # rank 0's process stops without removing it
     configure_logging(f"tp rank {rank}", args.log_level)
