@@ -301,7 +301,12 @@ class ServerArgs:
                 kwargs[name] = kwargs.pop(alias)
         unknown = sorted(set(kwargs) - names)
         if unknown:
-            raise TypeError(f"unknown server argument(s): {', '.join(unknown)}")
+            from runtime.cli_foreign_flags import hints
+
+            said = hints(["--" + name.replace("_", "-") for name in unknown])
+            raise TypeError(f"unknown server argument(s): {', '.join(unknown)}"
+                            + ("\nwhat SGLang's or vLLM's flags are here (keywords: the flags' names with _ for -):\n"
+                               + "\n".join(said) if said else ""))
         return cls(**kwargs)
 
 

@@ -78,6 +78,24 @@ class RequestStream(Iterator[dict[str, Any]]):
             self.close()
 
 
+# Keywords of SGLang's Engine.generate this engine has no use for, and their defaults.
+SGLANG_UNSET: dict[str, Any] = {
+    "image_data": None, "audio_data": None, "video_data": None, "lora_path": None, "custom_logit_processor": None,
+    "return_hidden_states": False, "return_routed_experts": False, "bootstrap_host": None, "bootstrap_port": None,
+    "bootstrap_room": None, "data_parallel_rank": None, "external_trace_header": None,
+}
+
+
+def check_unset_sglang_fields(given: dict[str, Any]) -> None:
+    """``TypeError`` for a keyword neither engine has (as Python's own), ``ValueError`` for
+    one of ``SGLANG_UNSET`` given a value other than its default."""
+    for name, value in given.items():
+        if name not in SGLANG_UNSET:
+            raise TypeError(f"Engine.generate() got an unexpected keyword argument '{name}'")
+        if value != SGLANG_UNSET[name]:
+            raise ValueError(f"{name} is not supported by this engine (leave it at {SGLANG_UNSET[name]!r})")
+
+
 class Engine:
     """``Engine(model_path=None, **server_args)``; see ``forkserve --help`` for the arguments.
 
@@ -124,6 +142,7 @@ class Engine:
         stream: bool = False,
         rid: str | list[str] | None = None,
         token_ids_logprob: Any = None,
+        **unset_sglang_fields: Any,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """Generate for one prompt (returns a dict) or a batch (returns a list of dicts),
         shaped like SGLang's ``/generate`` response. Invalid input raises ``ValueError``
@@ -132,10 +151,13 @@ class Engine:
         request), else ``req-N``. ``program_id`` keeps the prompt cached until
         ``end_program(program_id)``. ``stream``: an iterator of outputs instead (``_stream``),
         as SGLang's ``Engine.generate(stream=True)``; each output has every logprob so far
-        (use it in a ``with`` block: leaving it aborts what is unfinished)."""
+        (use it in a ``with`` block: leaving it aborts what is unfinished). SGLang's other
+        keywords (``image_data``, ``lora_path``, ...: ``SGLANG_UNSET``) are taken at their
+        defaults, as code written for its Engine passes them; set, a ``ValueError``."""
         self._check_open()
         if token_ids_logprob is not None:
             raise ValueError("token_ids_logprob is not supported by this engine (top_logprobs_num is)")
+        check_unset_sglang_fields(unset_sglang_fields)
         reqs, is_batch, prompt_source = self.build_requests(
             prompt, sampling_params, input_ids, return_logprob, logprob_start_len, top_logprobs_num, namespace,
             stream=stream, program_id=program_id,

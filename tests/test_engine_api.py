@@ -301,6 +301,15 @@ def test_sglang_engine_arguments(engine, chat_prompt):
     assert "input_token_logprobs" in outs[0]["meta_info"] and outs[0]["meta_info"]["input_token_logprobs"] == []
     with pytest.raises(ValueError, match="token_ids_logprob is not supported"):
         engine.generate(chat_prompt, GREEDY, token_ids_logprob=[1, 2])
+    # what code written for SGLang's Engine passes at their defaults (RL rollouts: image_data=None)
+    from runtime.engine import SGLANG_UNSET
+
+    same = engine.generate(chat_prompt, {**GREEDY, "max_new_tokens": 2}, **SGLANG_UNSET)
+    assert same["output_ids"] == outs[0]["output_ids"]
+    with pytest.raises(ValueError, match="lora_path is not supported by this engine"):
+        engine.generate(chat_prompt, GREEDY, lora_path="adapter")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'no_such_argument'"):
+        engine.generate(chat_prompt, GREEDY, no_such_argument=None)
     with pytest.raises(ValueError, match="got 1 values of return_logprob for 2 prompts"):
         engine.generate([chat_prompt, chat_prompt], GREEDY, return_logprob=[True])
     from runtime.config import ServerArgs

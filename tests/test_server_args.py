@@ -313,6 +313,19 @@ def test_foreign_flag_hints_cover_vllm_spellings_and_never_a_flag_of_ours():
     assert not ours & set(FOREIGN_FLAGS), "a hint names a flag serve takes"
 
 
+def test_engine_keywords_of_other_servers_get_the_same_hints():
+    from runtime.cli_foreign_flags import FOREIGN_FLAGS
+    from runtime.config import ServerArgs
+
+    with pytest.raises(TypeError) as err:
+        ServerArgs.from_kwargs(mem_fraction_static=0.8, no_such_thing=1)
+    assert "unknown server argument(s): mem_fraction_static, no_such_thing" in str(err.value)
+    assert FOREIGN_FLAGS["--mem-fraction-static"] in str(err.value)
+    with pytest.raises(TypeError) as err:
+        ServerArgs.from_kwargs(no_such_thing=1)
+    assert str(err.value) == "unknown server argument(s): no_such_thing"
+
+
 def test_generate_reads_a_prompt_from_standard_input():
     done = subprocess.run([sys.executable, "-m", "runtime.cli", "generate", "-", "--max-new-tokens", "2", "--json"],
                           input="The capital of France is", capture_output=True, text=True, timeout=180)
