@@ -15,7 +15,7 @@ import sys
 
 from bench_agent.compare import add_compare_args, check_compare_args, run_compared
 from bench_agent.drivers import DRIVERS
-from bench_agent.measure import finish, measure, open_driver, selected_workloads
+from bench_agent.measure import WarmupFailed, finish, measure, open_driver, selected_workloads
 from bench_agent.workloads import ALIASES, NAMES, SIZES
 from frontend_lang.backend.base import BackendError
 from runtime.cli_types import positive_float, positive_int
@@ -77,8 +77,30 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     add_compare_args(p)
 
 
+def check_flags_apply(ns: argparse.Namespace) -> None:
+    """``ValueError`` for a flag the run would ignore: a run measured without what was asked
+    for reads as a measurement of it."""
+    if ns.suite:
+        given = [flag for flag, used in (
+            ("--workload", ns.workload), ("--url", ns.url), ("--backend", ns.backend != "dsl"),
+            ("--in-process", ns.in_process), ("--server-args", ns.server_args), ("--num-programs", ns.num_programs),
+            ("--concurrency", ns.concurrency), ("--request-rate", ns.request_rate), ("--label", ns.label),
+            ("--api-key", ns.api_key), ("--size", ns.size != "quick")) if used]
+        if given:
+            raise ValueError(f"--suite quick runs its own workloads, sizes and backends (two local servers and "
+                             f"transformers); {', '.join(given)} do not apply to it")
+        return
+    if ns.url and ns.server_args:
+        raise ValueError("--server-args are the flags of the local server or in-process engine bench starts; "
+                         "the server at --url runs with its own: start it with them instead")
+    if ns.dtype != "auto" and ns.backend != "hf":
+        raise ValueError("--dtype is transformers' (--backend hf); forkserve's local server or engine takes "
+                         "it in --server-args, e.g. --server-args=\"--dtype float32\"")
+
+
 def run_bench_command(ns: argparse.Namespace) -> int:
     try:
+        check_flags_apply(ns)
         check_compare_args(ns)
         if ns.compare:
             return run_compared(ns)
@@ -104,12 +126,17 @@ def _run_single(ns: argparse.Namespace) -> int:
                          "dsl backend's local server or engine takes its model in --server-args, e.g. "
                          "--server-args=\"--model-path PATH\"")
     concurrency = ns.concurrency or (1 if ns.backend == "hf" else 8)
+    rows, failed = [], 0
     with open_driver(ns) as (backend, probe, label):
-        rows = [
-            measure(w, backend, ns, ns.backend, label, probe, ns.num_programs, concurrency)
-            for w in selected_workloads(ns)
-        ]
-    return finish(rows, ns, title=f"forkserve bench ({ns.size})")
+        for w in selected_workloads(ns):
+            try:
+                rows.append(measure(w, backend, ns, ns.backend, label, probe, ns.num_programs, concurrency))
+            except WarmupFailed as err:  # the others may still run (transformers cannot run react's tools)
+                print(f"forkserve bench: {err}", file=sys.stderr)
+                failed += 1
+    if not rows:
+        return 1
+    return max(finish(rows, ns, title=f"forkserve bench ({ns.size})"), int(failed > 0))
 
 
 def main(argv: list[str] | None = None) -> int:

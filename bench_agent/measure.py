@@ -21,7 +21,7 @@ from bench_agent.metrics import summarise
 from bench_agent.report import append_jsonl, markdown_table, plot
 from bench_agent.runner import run_workload
 from bench_agent.workloads import NAMES, Workload, get_workload
-from frontend_lang.backend.base import Backend
+from frontend_lang.backend.base import Backend, BackendError
 
 WARMUP_SEED_OFFSET = 1_000_003  # warm-up programs share no text with measured ones
 
@@ -96,6 +96,10 @@ def engine_kwargs(flags: str) -> dict[str, Any]:
     return dict(vars(args))
 
 
+class WarmupFailed(BackendError):
+    """A workload's warm-up program failed: its measured ones would too."""
+
+
 def measure(
     workload: Workload,
     backend: Backend,
@@ -109,7 +113,10 @@ def measure(
     """Warm up, flush the cache, run the workload once, and return its summary row."""
     if not ns.no_warmup:
         warm = workload.program_args(1, ns.seed + WARMUP_SEED_OFFSET, "tiny")
-        run_workload(workload, backend, warm, concurrency=1, progress=False)
+        warmed = run_workload(workload, backend, warm, concurrency=1, progress=False)
+        if warmed.errors:  # the measured programs would fail alike (a wrong --model, a server that refuses)
+            raise WarmupFailed(f"{workload.name} / {label}: the warm-up program failed, so it was not measured: "
+                               f"{warmed.errors[0]}")
     if not ns.no_flush and flush_cache(backend) is False:
         print(f"  {workload.name} / {label}: could not empty the server's prefix cache (it has no /flush_cache, "
               "nor /reset_prefix_cache as vLLM has with VLLM_SERVER_DEV_MODE=1): what earlier runs sent it "

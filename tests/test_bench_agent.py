@@ -226,6 +226,19 @@ def test_cli_writes_table_jsonl_and_plot(tmp_path, capsys):
     assert (tmp_path / "table.md").exists()
 
 
+def test_a_workload_whose_warm_up_fails_is_not_measured(server, tmp_path, capsys):
+    """A wrong --model: the warm-up's 404 said so, then every measured program failed the
+    same way and a table and plot of nothing were written. Now the workload is skipped with
+    the warm-up's error, and a run with nothing measured writes nothing and fails."""
+    code = bench_main(["--backend", "openai", "--url", server.url, "--model", "no-such-model", "--size", "tiny",
+                       "--workload", "critique", "--workload", "no_reuse", "--output-dir", str(tmp_path),
+                       "--no-progress"])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert err.count("the warm-up program failed, so it was not measured") == 2 and "no-such-model" in err, err
+    assert not (tmp_path / "results.jsonl").exists() and not (tmp_path / "bench.png").exists()
+
+
 def test_cli_rejects_contradictory_flags(capsys):
     assert bench_main(["--backend", "hf", "--url", "http://127.0.0.1:1"]) == 1
     assert "--url and --in-process do not apply" in capsys.readouterr().err

@@ -198,6 +198,22 @@ def test_compare_flags_that_do_not_combine_are_refused(capsys):
     assert "does not combine" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--suite", "quick", "--workload", "tot"], "--workload do not apply"),
+    (["--suite", "quick", "--url", "http://127.0.0.1:1", "--backend", "openai"], "--url, --backend do not apply"),
+    (["--suite", "quick", "--size", "tiny"], "--size do not apply"),
+    (["--url", "http://127.0.0.1:1", "--server-args=--disable-radix-cache"], "the server at --url runs with its own"),
+    (["--backend", "openai", "--url", "http://127.0.0.1:1", "--dtype", "bfloat16"], "--dtype is transformers'"),
+])
+def test_flags_a_run_would_ignore_are_refused_before_it_starts(argv, says, capsys):
+    """Each of these ran (minutes of work) with the flag silently ignored: a baseline 'without
+    the cache' measured with it, a suite that was not the workload asked for."""
+    from bench_agent.cli import main as bench_main
+
+    assert bench_main(argv) == 1
+    assert says in capsys.readouterr().err
+
+
 def test_the_compared_server_is_started_in_its_own_group_and_stopped_whole(tmp_path):
     """--compare-cmd's server: waited for on /v1/models, then SIGTERM to its whole process
     group (a child it started goes too); a command that exits early is an error with its output."""
