@@ -1,5 +1,5 @@
 """LLM as a judge: one branch per rubric dimension, each with a short judgement and a
-1-10 score, then a verdict.
+1-9 score, then a verdict.
 
     python -m examples.llm_judge [--url http://127.0.0.1:30000]
 """
@@ -9,7 +9,10 @@ from __future__ import annotations
 import frontend_lang as sgl
 
 DIMENSIONS = ["clarity", "accuracy", "completeness", "tone"]
-SCORES = [str(i) for i in range(1, 11)]
+# One token each: a two-token choice ("10") is scored by the mean of its tokens' logprobs
+# (select's token_length_normalized, as SGLang's), so "10" would win wherever "1" is the
+# model's top pick, since the "0" after "1" is nearly certain.
+SCORES = [str(i) for i in range(1, 10)]
 
 
 @sgl.function
@@ -21,13 +24,13 @@ def llm_judge(s, question: str, answer: str, dimensions: list[str] = DIMENSIONS)
         f"In one sentence, how good is this answer's {dimensions[i]}?"
         + sgl.user_end()
         + sgl.assistant(sgl.gen("judgement", max_tokens=40))
-        + sgl.user(f"Score its {dimensions[i]} from 1 to 10. Reply with the number only.")
+        + sgl.user(f"Score its {dimensions[i]} from 1 to 9. Reply with the number only.")
         + sgl.assistant(sgl.select("score", SCORES))
     )
     branches.join()
     scores = [int(x) for x in s["score"]]
     s += "Rate it." + sgl.user_end()
-    s += sgl.assistant(", ".join(f"{d}: {v}/10" for d, v in zip(dimensions, scores, strict=True)))
+    s += sgl.assistant(", ".join(f"{d}: {v}/9" for d, v in zip(dimensions, scores, strict=True)))
     s += sgl.user("Give a one-sentence verdict.")
     s += sgl.assistant(sgl.gen("verdict", max_tokens=40))
     return dict(zip(dimensions, scores, strict=True))
@@ -44,7 +47,7 @@ def main() -> None:
         backend=backend,
     )
     for dim, judgement, score in zip(DIMENSIONS, state["judgement"], state["score"], strict=True):
-        print(f"{dim:>12}: {score:>2}/10  {judgement}")
+        print(f"{dim:>12}: {score}/9  {judgement}")
     print(f"\nverdict: {state['verdict']}")
     backend.shutdown()
 

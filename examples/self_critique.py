@@ -1,4 +1,4 @@
-"""Self-critique: propose, critique with a 1-10 score, revise, until the score is high
+"""Self-critique: propose, critique with a 1-9 score, revise, until the score is high
 enough (a ``select`` over the scores) or the rounds run out.
 
     python -m examples.self_critique [--url http://127.0.0.1:30000]
@@ -8,21 +8,24 @@ from __future__ import annotations
 
 import frontend_lang as sgl
 
-SCORES = [str(i) for i in range(1, 11)]
+# One token each: a two-token choice ("10") is scored by the mean of its tokens' logprobs
+# (select's token_length_normalized, as SGLang's), so "10" would win wherever "1" is the
+# model's top pick, since the "0" after "1" is nearly certain.
+SCORES = [str(i) for i in range(1, 10)]
 
 
 @sgl.function
-def self_critique(s, task: str, max_rounds: int = 2, good_enough: int = 8):
+def self_critique(s, task: str, max_rounds: int = 2, good_enough: int = 7):
     s += sgl.system("You are a careful writer. You critique and improve your own drafts.")
     s += sgl.user(f"Task: {task}\nWrite a first draft in two sentences.")
     s += sgl.assistant(sgl.gen("draft_0", max_tokens=64))
     for r in range(max_rounds):
         s += sgl.user("Critique the draft in one sentence.")
         s += sgl.assistant(sgl.gen(f"critique_{r}", max_tokens=48))
-        s += sgl.user("Score the draft from 1 to 10. Reply with the number only.")
+        s += sgl.user("Score the draft from 1 to 9. Reply with the number only.")
         s += sgl.assistant(sgl.select(f"score_{r}", SCORES))
         if int(s[f"score_{r}"]) >= good_enough:
-            return r
+            return r + 1  # critique rounds run
         s += sgl.user("Rewrite the draft to fix that, in two sentences.")
         s += sgl.assistant(sgl.gen(f"draft_{r + 1}", max_tokens=64))
     return max_rounds

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import frontend_lang as sgl
 
-SCORES = [str(i) for i in range(1, 11)]
+# One token each: a two-token choice ("10") is scored by the mean of its tokens' logprobs
+# (select's token_length_normalized, as SGLang's), so "10" would win wherever "1" is the
+# model's top pick, since the "0" after "1" is nearly certain.
+SCORES = [str(i) for i in range(1, 10)]
 
 
 @sgl.function
@@ -27,7 +30,7 @@ def tree_of_thought(s, question: str, width: int = 2, depth: int = 2):
         leaves = grown
     for leaf in leaves:
         leaf += sgl.assistant(sgl.gen("conclusion", max_tokens=40, stop="\n"))
-        leaf += sgl.user("How good is this reasoning, from 1 to 10? Reply with the number only.")
+        leaf += sgl.user("How good is this reasoning, from 1 to 9? Reply with the number only.")
         leaf += sgl.assistant(sgl.select("score", SCORES))
     scores = [int(leaf["score"]) for leaf in leaves]
     best = max(range(len(leaves)), key=lambda i: scores[i])
