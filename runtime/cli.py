@@ -227,6 +227,21 @@ def _add_registered_commands(sub: argparse._SubParsersAction) -> None:
         entry.load()(sub)
 
 
+def one_setting_spelled_twice(command: argparse.ArgumentParser, words: list[str]) -> tuple[str, str] | None:
+    """Two different spellings in ``words`` of one of ``command``'s valued options (an alias
+    and its flag: --context-length and --max-model-len), of which argparse would silently
+    keep the last; None if there are none. Options that collect every value are left out."""
+    first: dict[str, str] = {}
+    for word in words:
+        action = command._option_string_actions.get(word.split("=", 1)[0]) if word.startswith("--") else None  # noqa: SLF001
+        if action is None or action.nargs == 0 or isinstance(action, argparse._AppendAction):  # noqa: SLF001
+            continue
+        flag = word.split("=", 1)[0]
+        if first.setdefault(action.dest, flag) != flag:
+            return first[action.dest], flag
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else argv
     try:
@@ -242,6 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     if unrecognized:  # the command's own usage, and what SGLang's or vLLM's flags are called here
         message = "\n".join([f"unrecognized arguments: {' '.join(unrecognized)}", *hints(unrecognized)])
         parser.commands[ns.command].error(message)
+    if twice := one_setting_spelled_twice(parser.commands[ns.command], words):
+        parser.commands[ns.command].error(f"{twice[0]} and {twice[1]} set the same thing (one is the other's alias, "
+                                          "as SGLang or vLLM spell it); give one")
     try:
         return ns.func(ns)
     except KeyboardInterrupt:  # Ctrl-C in generate or bench, or in serve before it runs its own handling

@@ -366,3 +366,26 @@ def test_a_built_in_command_does_not_import_the_registered_ones():
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
     listed = _forkserve("--help")
     assert listed.returncode == 0 and "bench" in listed.stdout and "capacity" in listed.stdout, listed.stdout
+
+
+@pytest.mark.parametrize(("argv", "first", "second"), [
+    (["serve", "--max-model-len", "1024", "--context-length", "2048"], "--max-model-len", "--context-length"),
+    (["serve", "--tp", "2", "--tensor-parallel-size=1"], "--tp", "--tensor-parallel-size"),
+    (["generate", "Hi", "--context-length", "64", "--max-model-len", "64"], "--context-length", "--max-model-len"),
+])
+def test_two_spellings_of_one_setting_are_refused(argv, first, second, capsys):
+    """argparse keeps the last of an option's aliases silently (a context of 2,048 where the
+    first flag said 1,024); as the model given both ways, a clear error instead."""
+    from runtime.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert done.value.code == 2
+    assert f"{first} and {second} set the same thing" in capsys.readouterr().err
+
+
+def test_an_option_repeated_in_one_spelling_is_left_to_argparse():
+    from runtime.cli import build_parser, one_setting_spelled_twice
+
+    generate = build_parser(registered=False).commands["generate"]
+    assert one_setting_spelled_twice(generate, ["Hi", "--stop", "a", "--stop", "b", "--max-new-tokens", "3"]) is None
