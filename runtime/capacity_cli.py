@@ -107,7 +107,7 @@ def capacity_report(ns: argparse.Namespace, args: Any) -> dict[str, Any]:
     return {
         "model": str(folder), "dtype": dtype, "layers": cfg.num_layers, "kv_heads": cfg.num_kv_heads,
         "head_dim": cfg.head_dim, "parameters": params, "weight_bytes": plan.weight_bytes,
-        "packed_output_layer_copy": packed and cfg.tie_word_embeddings,
+        "packed_on_cpu": packed, "packed_output_layer_copy": packed and cfg.tie_word_embeddings,
         "kv_bytes_per_token": kv, "pool_tokens": plan.pool_tokens, "pool_bytes": plan.pool_bytes,
         "context_tokens": ns.context_tokens, "shared_prefix_tokens": ns.shared_prefix_tokens,
         "programs_per_replica": plan.programs_per_replica,
@@ -140,6 +140,9 @@ def render(r: dict[str, Any]) -> str:
         f"                  {r['parameters'] / 1e6:,.1f}M parameters, {r['weight_bytes'] / _GIB:.2f} GiB of weights "
         f"in {r['dtype']}" + (" (the tied output layer also packed for the CPU GEMM)"
                               if r["packed_output_layer_copy"] else ""),
+        *(["                  on paper: a float32 CPU server also keeps weights that are exact 4- or 8-bit blocks "
+           "(GGUF Q4_1, Q8_0) in that form, ~0.1 GiB more for the default model; its ready line says what it holds"]
+          if r["packed_on_cpu"] and r["dtype"] == "float32" else []),
         f"KV per token      2 x {r['layers']} layers x {r['kv_heads']} KV heads x {r['head_dim']} x "
         f"{r['kv_bytes_per_token'] // (2 * r['layers'] * r['kv_heads'] * r['head_dim'])} bytes "
         f"= {r['kv_bytes_per_token']:,} bytes",
@@ -169,6 +172,9 @@ def render(r: dict[str, Any]) -> str:
                      f"{room}: the figures above assume memory this device lacks")
     elif r["available_bytes"] is not None and r["pool_bytes"] + r["weight_bytes"] > r["available_bytes"]:
         lines.append("note              serve would refuse this pool on this machine now (see 'available now')")
+    if r["programs_per_replica"] == 0:
+        lines.append(f"note              one program's {r['context_tokens']:,} tokens of context do not fit in this "
+                     f"pool of {r['pool_tokens']:,}: give a larger pool or fewer --context-tokens")
     if r["context_tokens"] > r["model_context_tokens"]:
         lines.append(f"note              {r['context_tokens']:,} tokens of context are beyond the model's "
                      f"{r['model_context_tokens']:,}")

@@ -70,6 +70,9 @@ def test_the_command_says_when_nothing_fits_and_when_a_context_is_beyond_the_mod
     # a pool the device cannot hold is planned with, but said to be so
     assert "this pool (1000.00 GiB) does not fit beside the weights" in run("--kv-cache-memory", "1000")
     assert "does not fit" not in run("--kv-cache-memory", "1", "--device-memory", "80")
+    # a pool too small for one program says so, not only "0 programs at once"
+    assert "one program's 4,096 tokens of context do not fit in this pool of 100" in run("--max-total-tokens", "100")
+    assert "do not fit in this pool" not in run("--max-total-tokens", "5000")
 
 
 def test_the_paper_weights_are_what_a_cpu_server_holds(model_dir):
