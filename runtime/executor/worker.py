@@ -189,7 +189,7 @@ class ModelWorker:
 
         enable_fused_elementwise(self.model, elementwise)
         if self.dtype == torch.float32:
-            logger.info("decode forks attend their shared keys together from %d keys (float32 K/V)",
+            logger.debug("decode forks attend their shared keys together from %d keys (float32 K/V)",
                         grouping_min_keys(torch.float32))
         try:
             pack_linear_weights(self.model, self.dtype)
@@ -232,7 +232,7 @@ class ModelWorker:
         prefetch = rows > 1 and gemm_choice.choose_small_prefetch(bf16)
         if rows < gemm_choice.NEVER:  # GEMMs on AMX tiles: attention is more of a decode step
             use_amx_grouping_thresholds()
-            logger.info("decode forks attend their shared keys together on AMX tiles from %d query rows and %d keys",
+            logger.debug("decode forks attend their shared keys together on AMX tiles from %d query rows and %d keys",
                         AMX_SHARED_MIN_ROWS, AMX_SHARED_MIN_KEYS)
         return gemm_choice.describe(rows, prefetch, widen_rows)
 
