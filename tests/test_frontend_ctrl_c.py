@@ -49,3 +49,17 @@ def test_ctrl_c_stops_a_program_and_nothing_more_is_sent(server, how, ctrl_c):
     assert backend.sent == sent  # the programs' threads send nothing more
     # ended, and a gen that finished after the end pinned nothing
     assert pinned_programs(server.url) == 0
+
+
+def test_programs_ending_after_their_endpoint_shut_down_end_quietly(server, caplog):
+    """After Ctrl-C a benchmark shuts its endpoint down while programs on worker threads are
+    still ending: each one's release of its cache pins went to a closed client and logged
+    'could not release the cache pins ... Bad file descriptor', one line per program. A shut
+    down endpoint sends nothing (the server lets the pins go after --program-pin-timeout)."""
+    backend = sgl.RuntimeEndpoint(server.url)
+    state = _many_gens.run(i=0, gens=1, backend=backend)
+    assert state.error() is None
+    backend.shutdown()
+    with caplog.at_level("WARNING"):
+        backend.end_program("a-program")  # raised on the closed client before
+    assert not caplog.records

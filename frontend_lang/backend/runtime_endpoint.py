@@ -47,6 +47,7 @@ class RuntimeEndpoint(Backend):
         self.model_info = self._get("/get_model_info")
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None  # sends a batch's texts one each (behind a gateway)
+        self.is_shut_down = False
         if chat_template_name is not None:
             logger.warning("RuntimeEndpoint(chat_template_name=%r) is not used: roles follow %s's own chat template",
                            chat_template_name, self.base_url)
@@ -163,6 +164,8 @@ class RuntimeEndpoint(Backend):
         return RenderedChat(out["text"], out.get("sampling_params") or {}, out.get("tool_call_parser"))
 
     def end_program(self, program_id: str) -> None:
+        if self.is_shut_down:  # (programs still ending after Ctrl-C) the server lets their pins go in time
+            return
         resp = self._post_response("/end_program", {"program_id": program_id})
         if resp.status_code == 404:  # a forkserve server knows the route for any program id
             # SGLang's model gateway (forkserve serve --dp-size) forwards neither the route
@@ -180,6 +183,7 @@ class RuntimeEndpoint(Backend):
         return self._get("/get_server_info")
 
     def shutdown(self) -> None:
+        self.is_shut_down = True
         if self._pool is not None:
             self._pool.shutdown(wait=False)
         self.client.close()
