@@ -95,8 +95,8 @@ def _run_generate(ns: argparse.Namespace) -> int:
     if ns.chat:
         prompts = [engine.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
     try:
-        if len(prompts) == 1 and not ns.json:  # one answer: shown as it is written
-            outs = [_print_streamed(ns.prompts[0], engine.generate(prompts[0], params, stream=True))]
+        if len(prompts) == 1 and not ns.json:  # one answer: shown as it is written, alone (for pipes and $(...))
+            outs = [_print_streamed(engine.generate(prompts[0], params, stream=True))]
         else:
             outs = engine.generate(prompts, params, progress=len(prompts) > 1 or sys.stderr.isatty())
     except ValueError as err:  # a prompt the engine refuses (empty, longer than the context)
@@ -118,9 +118,8 @@ def _run_generate(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _print_streamed(prompt: str, chunks: Iterator[dict[str, Any]]) -> dict[str, Any]:
-    """Print ``prompt``'s heading, then the answer's text as it grows; the last output."""
-    print(f"### {prompt}", flush=True)
+def _print_streamed(chunks: Iterator[dict[str, Any]]) -> dict[str, Any]:
+    """Print the answer's text as it grows; the last output."""
     shown, out = "", {}
     for out in chunks:
         if out["text"].startswith(shown):

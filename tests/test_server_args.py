@@ -335,6 +335,23 @@ def test_generate_reads_a_prompt_from_standard_input():
     assert json.loads(done.stdout.splitlines()[0])["meta_info"]["prompt_tokens"] >= 5  # not the one token of '-'
 
 
+@pytest.mark.slow
+def test_generate_prints_one_answer_alone_and_several_under_their_prompts(engine):
+    """One prompt: its answer and nothing else on stdout, as `$(forkserve generate ...)` and
+    pipes want it (a '### prompt' heading came first); several: each under its prompt."""
+    prompts = ["The capital of France is", "Two plus two is"]
+    want = [o["text"] for o in engine.generate(prompts, {"max_new_tokens": 4, "temperature": 0})]
+    flags = ["--dtype", "float32", "--max-new-tokens", "4", "--temperature", "0"]
+    one = subprocess.run([sys.executable, "-m", "runtime.cli", "generate", prompts[0], *flags],
+                         capture_output=True, text=True, timeout=180)
+    assert one.returncode == 0, one.stderr
+    assert one.stdout == want[0] + "\n"
+    both = subprocess.run([sys.executable, "-m", "runtime.cli", "generate", *prompts, *flags],
+                          capture_output=True, text=True, timeout=180)
+    assert both.returncode == 0, both.stderr
+    assert both.stdout == "".join(f"### {p}\n{w}\n" for p, w in zip(prompts, want, strict=True))
+
+
 
 def test_the_start_up_line_names_the_settings_that_change_what_to_expect():
     from runtime.server.launch import describe_engine
