@@ -73,6 +73,9 @@ def _run_generate(ns: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"forkserve: {fields_as_flags(str(err), list(params))}", file=sys.stderr)
         return 2
+    if ns.prompts.count("-") > 1:
+        print("forkserve: '-' (the prompt from standard input) is given more than once; give it once", file=sys.stderr)
+        return 2
     if "-" in ns.prompts:  # the prompt from standard input, less the newline that ends it
         if sys.stdin.isatty():
             print("forkserve: reading the prompt from standard input (end it with Ctrl-D)", file=sys.stderr)

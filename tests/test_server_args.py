@@ -82,6 +82,7 @@ def _forkserve(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
         (["generate", "--kv-cache-memory", "1e-9", "hi"], 1, "--kv-cache-memory 1e-09 GiB holds 0 tokens"),
         (["generate", "--temperature", "-1", "hi"], 2, "--temperature must be a number"),
         (["generate", ""], 2, "a prompt is empty"),  # before the model loads
+        (["generate", "-", "-"], 2, "given more than once"),  # stdin would be read for both
         (["serve", "--startup-timeout", "0"], 2, "--startup-timeout must be positive"),
         (["serve", "--grammar-compile-timeout", "-1"], 2, "--grammar-compile-timeout must be positive"),
         (["serve", "--log-stats-interval", "0"], 2, "--log-stats-interval must be positive"),
