@@ -234,20 +234,23 @@ async def scheduler_call(ctx: ServerContext, kind: str, arg: Any = None) -> Any:
 
 async def probe_generate(ctx: ServerContext, timeout: float = 20.0, poll: float = 0.5) -> bool:
     """Whether the pipeline (scheduler, model, detokenizer) makes progress within ``timeout``:
-    a probe of one token comes back, or, while it waits in a busy server's queue, the
-    scheduler has run a forward step since it was sent (its ``stats`` answer, which passes
-    through the detokenizer, says so). A loaded server is healthy, not failing (SGLang
-    answers so too, from any output after the probe); the probe left queued is aborted."""
+    a probe of one token comes back, or, while requests wait in a busy server's queue (the
+    probe among them), the scheduler has run a forward step since it was sent (its ``stats``
+    answer, which passes through the detokenizer, says so). A loaded server is healthy, not
+    failing (SGLang answers so too, from any output after the probe); the probe left queued
+    is aborted. An idle server's probe must come back itself (the check before "ready")."""
     if not ctx.is_ready or ctx.client.failure is not None or ctx.is_shutting_down:
         return False
     deadline = time.monotonic() + timeout
 
     async def forward_steps() -> int | None:
+        """The scheduler's forward steps so far while requests wait; -1 when none wait; None
+        when it does not answer in time (or the server failed)."""
         try:
             stats = await ctx.client.call("stats", timeout=max(0.0, deadline - time.monotonic()))
-        except Exception:  # no answer in time, or the server failed
+        except Exception:
             return None
-        return stats["num_forward_steps"]
+        return stats["num_forward_steps"] if stats["num_waiting_reqs"] else -1
 
     before = await forward_steps()
     if before is None:
@@ -263,8 +266,9 @@ async def probe_generate(ctx: ServerContext, timeout: float = 20.0, poll: float 
             steps = await forward_steps()
             if steps is None:
                 return False
-            if steps > before:
+            if steps > before >= 0:  # waiting before and now, and a step ran in between
                 return True
+            before = steps if before < 0 else before
         return False
     finally:
         waiting.cancel()  # aborts the probe if it has not finished
