@@ -66,8 +66,9 @@ class ServerMetrics:
             self.inter_token.observe((state.last_token_at - last_at) / num_new, num_new)
 
     def on_finish(self, state: Any) -> None:
-        """A request's last output: an abort (``/abort_request``, a shutdown) counts as one,
-        not as a finish, and its shortened latency stays out of the histogram."""
+        """A request's last output: one ended by an abort finish (``/abort_request``, or a
+        request the scheduler failed: its grammar, a stop regex past its time) counts as
+        aborted, not finished, and its shortened latency stays out of the histogram."""
         self.cached_tokens += state.cached_tokens
         if (state.finished_reason or {}).get("type") == "abort":
             self.requests_aborted += 1
@@ -85,7 +86,7 @@ class ServerMetrics:
             ("counter", "generation_tokens_total", "Tokens generated.", self.generation_tokens),
             ("counter", "requests_total", "Requests received.", self.requests_total),
             ("counter", "requests_finished_total", "Requests finished.", self.requests_finished),
-            ("counter", "requests_aborted_total", "Requests aborted: their client went away, or /abort_request or a shutdown ended them.", self.requests_aborted),
+            ("counter", "requests_aborted_total", "Requests that ended unfinished: their client went away, /abort_request ended them, or they failed.", self.requests_aborted),
             ("gauge", "cache_hit_rate", "cached_tokens_total / prompt_tokens_total.", hit_rate),
             ("gauge", "num_running_reqs", "Requests admitted to the batch.", stats["num_running_reqs"]),
             ("gauge", "num_waiting_reqs", "Requests waiting to be scheduled.", stats["num_waiting_reqs"]),
