@@ -312,3 +312,19 @@ def test_an_answer_cut_inside_a_character_ends_before_it(server):
     native = httpx.post(server.url + "/generate", json={"text": "Say it:", "sampling_params": {
         "max_new_tokens": 1, "temperature": 0, "regex": "日本"}}, timeout=120).json()
     assert native["text"] == ""
+
+
+def test_parallel_calls_with_one_x_request_id_both_run(server):
+    """A trace id sent as X-Request-Id with parallel calls names each answer; the second is
+    not refused for an id in use (its request gets one of the server's)."""
+    import concurrent.futures
+
+    body = {"prompt": "Count: 1, 2,", "max_tokens": 60, "ignore_eos": True}
+
+    def one(_: int) -> httpx.Response:
+        return httpx.post(server.url + "/v1/completions", json=body, headers={"X-Request-Id": "trace-7"}, timeout=120)
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(one, range(2)))
+    assert [a.status_code for a in answers] == [200, 200], [a.text for a in answers]
+    assert {a.json()["id"] for a in answers} == {"cmpl-trace-7"}

@@ -60,9 +60,11 @@ class OpenAIHandler:
 
     def __init__(self, ctx: ServerContext, req: OpenAISampling, request: Request) -> None:
         self.ctx, self.req, self.request = ctx, req, request
-        # vLLM's X-Request-Id header names the request where the body does not (rid, request_id)
+        # vLLM's X-Request-Id header names the request where the body does not (rid, request_id);
+        # one already in use (a trace id sent with parallel calls) names only the answer
         header = request.headers.get("x-request-id") or None
-        self.given_id = req.rid if req.rid is not None else req.request_id if req.request_id is not None else header
+        self.given_id = req.rid if req.rid is not None else req.request_id if req.request_id is not None else (
+            header if header not in ctx.client.states else None)
         self.id = f"{self.id_prefix}-{req.request_id or header or uuid.uuid4().hex}"
         self.created = int(time.time())
         self.prompts: list[list[int]] = []  # the submitted prompts' token ids
@@ -299,6 +301,8 @@ class OpenAIHandler:
         if n < 1:
             raise ApiError(400, f"truncate_prompt_tokens must be -1 (the context length) or >= 1, got {n}",
                            param="truncate_prompt_tokens")
+        if n >= len(ids):
+            return ids  # (a PartOfPrompt stays one: its count is not the whole prompt's)
         return ids[:n] if side == "right" else ids[-n:]
 
     @property
