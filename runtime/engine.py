@@ -88,12 +88,16 @@ SGLANG_UNSET: dict[str, Any] = {
 
 def check_unset_sglang_fields(given: dict[str, Any]) -> None:
     """``TypeError`` for a keyword neither engine has (as Python's own), ``ValueError`` for
-    one of ``SGLANG_UNSET`` given a value other than its default."""
+    one of ``SGLANG_UNSET`` set: anything but its default (None, or a list of Nones for a
+    batch; False)."""
     for name, value in given.items():
         if name not in SGLANG_UNSET:
             raise TypeError(f"Engine.generate() got an unexpected keyword argument '{name}'")
-        if value != SGLANG_UNSET[name]:
-            raise ValueError(f"{name} is not supported by this engine (leave it at {SGLANG_UNSET[name]!r})")
+        default = SGLANG_UNSET[name]
+        unset = (value is None or (isinstance(value, list) and all(v is None for v in value))) if default is None \
+            else value is False
+        if not unset:
+            raise ValueError(f"{name} is not supported by this engine (leave it at {default!r})")
 
 
 class Engine:

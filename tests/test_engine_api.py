@@ -306,6 +306,7 @@ def test_sglang_engine_arguments(engine, chat_prompt):
 
     same = engine.generate(chat_prompt, {**GREEDY, "max_new_tokens": 2}, **SGLANG_UNSET)
     assert same["output_ids"] == outs[0]["output_ids"]
+    engine.generate([chat_prompt] * 2, {**GREEDY, "max_new_tokens": 1}, image_data=[None, None])  # a batch's unset
     with pytest.raises(ValueError, match="lora_path is not supported by this engine"):
         engine.generate(chat_prompt, GREEDY, lora_path="adapter")
     with pytest.raises(TypeError, match="unexpected keyword argument 'no_such_argument'"):
