@@ -93,13 +93,15 @@ class TPPeers:
                     p.join(1.0)
                 for sock in self.socks:
                     sock.close()
+                self.zmq.term()
                 ipc.remove_ipc_files(self.endpoints)
-                what = (f"tensor-parallel rank {dead[0][0]} exited (code {dead[0][1]}) before it started"
-                        if dead else f"tensor-parallel ranks did not start in {timeout:.0f} s")
+                if not dead:
+                    raise RuntimeError(f"tensor-parallel ranks did not start in {timeout:.0f} s")
                 raise RuntimeError(
-                    f"{what}. Its process is started with multiprocessing's 'spawn', which imports the "
-                    "main module again: a script that creates an Engine with tp_size > 1 needs its code "
-                    "under `if __name__ == \"__main__\":` (its log above says why it stopped).")
+                    f"tensor-parallel rank {dead[0][0]} exited (code {dead[0][1]}) before it started (its log above "
+                    "says why). Ranks are processes started with multiprocessing's 'spawn', which imports the main "
+                    "module again: a script that creates an Engine with tp_size > 1 needs its code under "
+                    "`if __name__ == \"__main__\":`, the usual cause.")
             time.sleep(0.05)
 
     def send_step(self, fwd: ForwardInput, table: torch.Tensor) -> None:
