@@ -233,14 +233,31 @@ def one_setting_spelled_twice(command: argparse.ArgumentParser, words: list[str]
     """Two different spellings in ``words`` of one of ``command``'s valued options (an alias
     and its flag: --context-length and --max-model-len), of which argparse would silently
     keep the last; None if there are none. Options that collect every value are left out."""
-    first: dict[str, str] = {}
+    options = command._option_string_actions  # noqa: SLF001
+
+    def flag_of(typed: str) -> str | None:
+        """The flag ``typed`` names: itself, or the one flag it abbreviates (as argparse reads it)."""
+        if typed in options:
+            return typed
+        matches = [flag for flag in options if flag.startswith(typed)]
+        return matches[0] if len(matches) == 1 else None
+
+    first: dict[str, tuple[str, str]] = {}  # an option's dest -> (its flag, as typed) where first given
     for word in words:
-        action = command._option_string_actions.get(word.split("=", 1)[0]) if word.startswith("--") else None  # noqa: SLF001
-        if action is None or action.nargs == 0 or isinstance(action, argparse._AppendAction):  # noqa: SLF001
+        if word == "--":  # what follows are values
+            break
+        if not word.startswith("--"):
             continue
-        flag = word.split("=", 1)[0]
-        if first.setdefault(action.dest, flag) != flag:
-            return first[action.dest], flag
+        typed = word.split("=", 1)[0]
+        flag = flag_of(typed)
+        if flag is None:
+            continue
+        action = options[flag]
+        if action.nargs == 0 or isinstance(action, argparse._AppendAction):  # noqa: SLF001
+            continue
+        seen = first.setdefault(action.dest, (flag, typed))
+        if seen[0] != flag:
+            return seen[1], typed
     return None
 
 

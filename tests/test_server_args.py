@@ -390,6 +390,7 @@ def test_a_built_in_command_does_not_import_the_registered_ones():
     (["serve", "--max-model-len", "1024", "--context-length", "2048"], "--max-model-len", "--context-length"),
     (["serve", "--tp", "2", "--tensor-parallel-size=1"], "--tp", "--tensor-parallel-size"),
     (["generate", "Hi", "--context-length", "64", "--max-model-len", "64"], "--context-length", "--max-model-len"),
+    (["serve", "--max-model", "1024", "--context-length", "2048"], "--max-model", "--context-length"),  # abbreviated
 ])
 def test_two_spellings_of_one_setting_are_refused(argv, first, second, capsys):
     """argparse keeps the last of an option's aliases silently (a context of 2,048 where the
@@ -407,3 +408,4 @@ def test_an_option_repeated_in_one_spelling_is_left_to_argparse():
 
     generate = build_parser(registered=False).commands["generate"]
     assert one_setting_spelled_twice(generate, ["Hi", "--stop", "a", "--stop", "b", "--max-new-tokens", "3"]) is None
+    assert one_setting_spelled_twice(generate, ["--max-model-len", "32", "--", "--context-length"]) is None  # a value
