@@ -86,11 +86,15 @@ def check_flags_apply(ns: argparse.Namespace) -> None:
             ("--workload", ns.workload), ("--url", ns.url), ("--backend", ns.backend != "dsl"),
             ("--in-process", ns.in_process), ("--server-args", ns.server_args), ("--num-programs", ns.num_programs),
             ("--concurrency", ns.concurrency), ("--request-rate", ns.request_rate), ("--label", ns.label),
-            ("--api-key", ns.api_key), ("--size", ns.size != "quick")) if used]
+            ("--api-key", ns.api_key), ("--size", ns.size != "quick"),
+            ("--model", ns.model)) if used]  # (its servers run the default model: transformers must too)
         if given:
             raise ValueError(f"--suite quick runs its own workloads, sizes and backends (two local servers and "
                              f"transformers); {', '.join(given)} do not apply to it")
         return
+    if ns.backend == "hf" and ns.server_args:
+        raise ValueError("--server-args are forkserve's flags; --backend hf runs transformers (its model is --model, "
+                         "its dtype --dtype)")
     if ns.url and ns.server_args:
         raise ValueError("--server-args are the flags of the local server or in-process engine bench starts; "
                          "the server at --url runs with its own: start it with them instead")

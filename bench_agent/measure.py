@@ -97,7 +97,8 @@ def engine_kwargs(flags: str) -> dict[str, Any]:
 
 
 class WarmupFailed(BackendError):
-    """A workload's warm-up program failed: its measured ones would too."""
+    """A workload's warm-up program failed: its measured ones would too. A single run skips
+    that workload; --compare and --suite stop there (their ratios need both sides)."""
 
 
 def measure(

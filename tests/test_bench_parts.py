@@ -202,6 +202,8 @@ def test_compare_flags_that_do_not_combine_are_refused(capsys):
     (["--suite", "quick", "--workload", "tot"], "--workload do not apply"),
     (["--suite", "quick", "--url", "http://127.0.0.1:1", "--backend", "openai"], "--url, --backend do not apply"),
     (["--suite", "quick", "--size", "tiny"], "--size do not apply"),
+    (["--suite", "quick", "--model", "/some/model"], "--model do not apply"),
+    (["--backend", "hf", "--server-args=--disable-radix-cache"], "--backend hf runs transformers"),
     (["--url", "http://127.0.0.1:1", "--server-args=--disable-radix-cache"], "the server at --url runs with its own"),
     (["--backend", "openai", "--url", "http://127.0.0.1:1", "--dtype", "bfloat16"], "--dtype is transformers'"),
 ])
