@@ -26,7 +26,7 @@ from runtime.capacity import (
     weight_bytes,
 )
 from runtime.cli_types import fraction, int_at_least, nonnegative_int, positive_float, positive_int
-from runtime.config import MIN_KV_TOKENS
+from runtime.config import MIN_KV_TOKENS, cpu_flags
 
 _GIB = 2**30
 
@@ -107,7 +107,9 @@ def capacity_report(ns: argparse.Namespace, args: Any) -> dict[str, Any]:
     return {
         "model": str(folder), "dtype": dtype, "layers": cfg.num_layers, "kv_heads": cfg.num_kv_heads,
         "head_dim": cfg.head_dim, "parameters": params, "weight_bytes": plan.weight_bytes,
-        "packed_on_cpu": packed, "packed_output_layer_copy": packed and cfg.tie_word_embeddings,
+        # float32 on our AVX2 GEMM (no AVX-512): weights that are exact 4/8-bit blocks are kept so too
+        "blocks_too": packed and dtype == "float32" and {"avx2", "fma"} <= cpu_flags() and "avx512f" not in cpu_flags(),
+        "packed_output_layer_copy": packed and cfg.tie_word_embeddings,
         "kv_bytes_per_token": kv, "pool_tokens": plan.pool_tokens, "pool_bytes": plan.pool_bytes,
         "context_tokens": ns.context_tokens, "shared_prefix_tokens": ns.shared_prefix_tokens,
         "programs_per_replica": plan.programs_per_replica,
@@ -140,9 +142,9 @@ def render(r: dict[str, Any]) -> str:
         f"                  {r['parameters'] / 1e6:,.1f}M parameters, {r['weight_bytes'] / _GIB:.2f} GiB of weights "
         f"in {r['dtype']}" + (" (the tied output layer also packed for the CPU GEMM)"
                               if r["packed_output_layer_copy"] else ""),
-        *(["                  on paper: a float32 CPU server also keeps weights that are exact 4- or 8-bit blocks "
-           "(GGUF Q4_1, Q8_0) in that form, ~0.1 GiB more for the default model; its ready line says what it holds"]
-          if r["packed_on_cpu"] and r["dtype"] == "float32" else []),
+        *(["                  on paper: a float32 server on this CPU (AVX2, no AVX-512) also keeps weights that are "
+           "exact 4- or 8-bit blocks (GGUF Q4_1, Q8_0) in that form, ~0.1 GiB more for the default model; its ready "
+           "line says what it holds"] if r["blocks_too"] else []),
         f"KV per token      2 x {r['layers']} layers x {r['kv_heads']} KV heads x {r['head_dim']} x "
         f"{r['kv_bytes_per_token'] // (2 * r['layers'] * r['kv_heads'] * r['head_dim'])} bytes "
         f"= {r['kv_bytes_per_token']:,} bytes",
