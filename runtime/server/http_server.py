@@ -262,7 +262,7 @@ async def probe_generate(ctx: ServerContext, timeout: float = 20.0, poll: float 
         while time.monotonic() < deadline:
             done, _ = await asyncio.wait({waiting}, timeout=min(poll, max(0.0, deadline - time.monotonic())))
             if done:
-                return state.error is None
+                return waiting.exception() is None and state.error is None
             steps = await forward_steps()
             if steps is None:
                 return False
