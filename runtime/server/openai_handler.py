@@ -60,12 +60,9 @@ class OpenAIHandler:
 
     def __init__(self, ctx: ServerContext, req: OpenAISampling, request: Request) -> None:
         self.ctx, self.req, self.request = ctx, req, request
-        # vLLM's X-Request-Id header names the request where the body does not (rid, request_id);
-        # one already in use (a trace id sent with parallel calls) names only the answer
-        header = request.headers.get("x-request-id") or None
-        self.given_id = req.rid if req.rid is not None else req.request_id if req.request_id is not None else (
-            header if header not in ctx.client.states else None)
-        self.id = f"{self.id_prefix}-{req.request_id or header or uuid.uuid4().hex}"
+        # vLLM's X-Request-Id header names the request where the body does not (rid, request_id)
+        self.header_id = request.headers.get("x-request-id") or None
+        self.id = f"{self.id_prefix}-{req.request_id or self.header_id or uuid.uuid4().hex}"
         self.created = int(time.time())
         self.prompts: list[list[int]] = []  # the submitted prompts' token ids
         self.rendered_prompt_logprobs: dict[int, list[dict[str, Any] | None]] = {}  # by prompt (vLLM's field)
@@ -265,11 +262,22 @@ class OpenAIHandler:
             requests += samples
         # the prompt scored once, not once per sample (n 128 of an 8k-token prompt took 19 minutes),
         # unless streamed or the samples have the client's ids (``score_each_prompt_once``)
-        rid = self.given_id
-        requests, self.prompt_source = score_each_prompt_once(requests, each_own=bool(self.req.stream) or rid is not None)
+        samples_per_prompt = [self.req.n] * len(prompts)
+        rid = self.req.rid if self.req.rid is not None else self.req.request_id
+        ids = request_ids(rid, samples_per_prompt) if rid is not None else self.header_ids(samples_per_prompt)
+        requests, self.prompt_source = score_each_prompt_once(requests, each_own=bool(self.req.stream) or ids is not None)
         self.num_prompts, self.prompts = len(prompts), prompts
-        self.states = ctx.submit_group(requests, request_ids(rid, [self.req.n] * len(prompts)), self.request)
+        self.states = ctx.submit_group(requests, ids, self.request)
         return self.states
+
+    def header_ids(self, samples_per_prompt: list[int]) -> list[tuple[str, str]] | None:
+        """The requests' ids from the X-Request-Id header; None (ids of the server's) where
+        there is none or one of them is in use (a trace id sent with parallel calls: the
+        header then names only the answer). Read right before submitting, with no wait between."""
+        ids = request_ids(self.header_id, samples_per_prompt)
+        if ids is None or any(rid in self.ctx.client.states for rid, _ in ids):
+            return None
+        return ids
 
     def prompt_state(self, index: int) -> ReqState:
         """The request whose prompt logprobs choice ``index`` reports: the first
