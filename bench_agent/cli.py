@@ -92,6 +92,16 @@ def check_flags_apply(ns: argparse.Namespace) -> None:
             raise ValueError(f"--suite quick runs its own workloads, sizes and backends (two local servers and "
                              f"transformers); {', '.join(given)} do not apply to it")
         return
+    if ns.backend == "hf" and (ns.url or ns.in_process):
+        raise ValueError("--backend hf runs transformers in this process; --url and --in-process do not apply")
+    if ns.in_process and ns.backend != "dsl":
+        raise ValueError("--in-process applies to --backend dsl only")
+    if ns.in_process and ns.url:
+        raise ValueError("--in-process loads the model in this process; --url names a server: give one of them")
+    if ns.backend == "dsl" and ns.model is not None:  # else the default model would be measured under its name
+        raise ValueError("--model applies to --backend openai (the model to request) and hf (a model path); the "
+                         "dsl backend's local server or engine takes its model in --server-args, e.g. "
+                         "--server-args=\"--model-path PATH\"")
     if ns.backend == "hf" and ns.server_args:
         raise ValueError("--server-args are forkserve's flags; --backend hf runs transformers (its model is --model, "
                          "its dtype --dtype)")
@@ -120,16 +130,6 @@ def run_bench_command(ns: argparse.Namespace) -> int:
 
 
 def _run_single(ns: argparse.Namespace) -> int:
-    if ns.backend == "hf" and (ns.url or ns.in_process):
-        raise ValueError("--backend hf runs transformers in this process; --url and --in-process do not apply")
-    if ns.in_process and ns.backend != "dsl":
-        raise ValueError("--in-process applies to --backend dsl only")
-    if ns.in_process and ns.url:
-        raise ValueError("--in-process loads the model in this process; --url names a server: give one of them")
-    if ns.backend == "dsl" and ns.model is not None:  # else the default model would be measured under its name
-        raise ValueError("--model applies to --backend openai (the model to request) and hf (a model path); the "
-                         "dsl backend's local server or engine takes its model in --server-args, e.g. "
-                         "--server-args=\"--model-path PATH\"")
     concurrency = ns.concurrency or (1 if ns.backend == "hf" else 8)
     rows, failed = [], 0
     with open_driver(ns) as (backend, probe, label):
