@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime.config import ServerArgs
+from runtime.config import ServerArgs, cpu_flags
 from runtime.models.config import ModelConfig
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -84,6 +84,15 @@ def weight_bytes(cfg: ModelConfig, dtype: str, packed_on_cpu: bool = False) -> i
 def packs_on_cpu(args: ServerArgs) -> bool:
     """Whether a server with ``args`` packs its linear weights for the CPU GEMMs."""
     return args.resolved_device == "cpu" and args.resolved_attention_backend == "cpu"
+
+
+def keeps_weight_blocks(args: ServerArgs) -> bool:
+    """Whether a server with ``args`` also keeps weights whose values are exact 4- or 8-bit
+    blocks in that form: float32 on our AVX2 GEMM, CPUs with AVX2 and FMA but no AVX-512
+    (kernels/cpu/packed_linear.py); how much depends on the weights' values."""
+    flags = cpu_flags()
+    return (packs_on_cpu(args) and args.resolved_dtype == "float32" and {"avx2", "fma"} <= flags
+            and "avx512f" not in flags)
 
 
 def pool_tokens(kv_per_token: int, max_total_tokens: int | None, kv_cache_memory_gib: float) -> int:

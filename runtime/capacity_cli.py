@@ -16,6 +16,7 @@ from typing import Any
 from runtime.capacity import (
     Plan,
     available_memory_bytes,
+    keeps_weight_blocks,
     kv_bytes_per_token,
     largest_pool,
     meminfo_bytes,
@@ -26,7 +27,7 @@ from runtime.capacity import (
     weight_bytes,
 )
 from runtime.cli_types import fraction, int_at_least, nonnegative_int, positive_float, positive_int
-from runtime.config import MIN_KV_TOKENS, cpu_flags
+from runtime.config import MIN_KV_TOKENS
 
 _GIB = 2**30
 
@@ -107,8 +108,7 @@ def capacity_report(ns: argparse.Namespace, args: Any) -> dict[str, Any]:
     return {
         "model": str(folder), "dtype": dtype, "layers": cfg.num_layers, "kv_heads": cfg.num_kv_heads,
         "head_dim": cfg.head_dim, "parameters": params, "weight_bytes": plan.weight_bytes,
-        # float32 on our AVX2 GEMM (no AVX-512): weights that are exact 4/8-bit blocks are kept so too
-        "blocks_too": packed and dtype == "float32" and {"avx2", "fma"} <= cpu_flags() and "avx512f" not in cpu_flags(),
+        "blocks_too": keeps_weight_blocks(args),
         "packed_output_layer_copy": packed and cfg.tie_word_embeddings,
         "kv_bytes_per_token": kv, "pool_tokens": plan.pool_tokens, "pool_bytes": plan.pool_bytes,
         "context_tokens": ns.context_tokens, "shared_prefix_tokens": ns.shared_prefix_tokens,
