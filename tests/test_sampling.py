@@ -388,31 +388,6 @@ def test_a_seed_is_taken_modulo_2_to_the_64():
     assert _seeded_draws(-(2**63), _gen(0)) == _seeded_draws(2**63, _gen(0))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_seed_stream_numbers_are_uniform_in_the_unit_interval(dtype):
-    stream, n = SeedStream(2024), 20_000
-    u = torch.stack([stream.uniform(dtype) for _ in range(n)]).double()
-    assert u.min() >= 0 and u.max() < 1
-    # each of 20 equal bins holds Binomial(n, 1/20): 5 standard deviations (~154) of slack
-    counts = torch.histc(u, bins=20, min=0, max=1)
-    assert (counts - n / 20).abs().max() <= 5 * math.sqrt(n * 0.05 * 0.95), counts
-    # consecutive numbers uncorrelated: the lag-1 correlation of n draws has sd 1/sqrt(n)
-    centred = u - u.mean()
-    assert abs(float((centred[1:] * centred[:-1]).mean() / centred.var())) < 5 / math.sqrt(n)
-
-
-def test_seed_stream_numbers_are_exact_below_one_in_their_type():
-    # as many bits as the type's significand: never rounded up to 1 (a zero target would
-    # draw the first token whatever its probability)
-    for dtype in (torch.float32, torch.float64):
-        stream = SeedStream(7)
-        for _ in range(1000):
-            u = stream.uniform(dtype)
-            assert u.dtype == dtype and 0 <= float(u) < 1
-            scaled = float(u) * 2 ** (1 - int(math.log2(torch.finfo(dtype).eps)))
-            assert scaled == int(scaled)
-
-
 def test_seeded_request_does_not_consume_the_default_generator():
     default = _gen(0)
     state = default.get_state()
