@@ -10,14 +10,12 @@ Where things happen: a request enters in ``Engine.generate`` (tokenized here, ch
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import dataclasses
 import gc
 import itertools
-import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, KeysView
+from collections.abc import Callable, Iterator, KeysView
 from typing import Any, TypeVar
 
 from tqdm import tqdm
@@ -25,6 +23,7 @@ from tqdm import tqdm
 from runtime.config import ServerArgs
 from runtime.core_stepper import CoreStepper, Progress
 from runtime.detokenizer import shown_text
+from runtime.engine_streams import CancellableCall, RequestStream, async_outputs, on_own_thread
 from runtime.executor.worker import ModelWorker
 from runtime.incremental_text import IncrementalText
 from runtime.model_loader import resolve_model_path
@@ -46,36 +45,6 @@ from runtime.tokenizer import Tokenizer
 T = TypeVar("T")
 # what a non-streamed ``generate`` tells its requests to once they are queued (``async_generate``)
 _ON_QUEUED: contextvars.ContextVar[Callable[[list[Req]], None] | None] = contextvars.ContextVar("on_queued", default=None)
-
-
-class RequestStream(Iterator[dict[str, Any]]):
-    """What ``Engine.generate(stream=True)`` returns: its outputs, one at a time. Closing it
-    (or dropping it) before its end aborts its requests, also before the first output, where
-    a bare generator would skip its cleanup and leave them for later calls to compute."""
-
-    def __init__(self, engine: Engine, reqs: list[Req], outputs: Iterator[dict[str, Any]]) -> None:
-        self._engine, self._reqs, self._outputs = engine, reqs, outputs
-
-    def __next__(self) -> dict[str, Any]:
-        return next(self._outputs)
-
-    def close(self) -> None:
-        self._engine.abort_unfinished(self._reqs)  # first: another thread may be reading it
-        with contextlib.suppress(ValueError):  # "generator already executing" (that thread's)
-            self._outputs.close()  # type: ignore[attr-defined]  # a generator
-
-    def __enter__(self) -> RequestStream:
-        """``with engine.generate(..., stream=True) as stream:``: leaving the block any way
-        (Ctrl-C in the loop's body too) aborts what is unfinished; without it that waits
-        until the stream is dropped, which a traceback kept for debugging delays."""
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # at interpreter exit the engine may be gone
-            self.close()
 
 
 # Keywords of SGLang's Engine.generate this engine has no use for, and their defaults.
@@ -188,15 +157,15 @@ class Engine:
         the engine); with ``stream=True``, an async iterator of the outputs (closing it early
         aborts their requests). Cancelling the call aborts its requests."""
         if kwargs.get("stream"):
-            return _async_outputs(await asyncio.to_thread(self.generate, *args, **kwargs))
-        call = _CancellableCall(self)
+            return async_outputs(await asyncio.to_thread(self.generate, *args, **kwargs))
+        call = CancellableCall(self)
         hook = _ON_QUEUED.set(call.queued)  # in this task's context, which ``to_thread`` copies
         try:
             return await asyncio.to_thread(self.generate, *args, **kwargs)
         except asyncio.CancelledError:
             # on a thread of its own: the default pool's may all be held by calls waiting for
             # their requests; shielded: a second cancel does not stop the abort
-            await asyncio.shield(_on_own_thread(call.cancel))
+            await asyncio.shield(on_own_thread(call.cancel))
             raise
         finally:
             _ON_QUEUED.reset(hook)
@@ -424,52 +393,3 @@ class Engine:
                 )
             )
         return meta
-
-
-class _CancellableCall:
-    """A non-streamed ``async_generate`` running on a worker thread: when its task is
-    cancelled, its requests are aborted, whether or not they were queued yet."""
-
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-        self._lock = threading.Lock()
-        self._reqs: list[Req] = []
-        self._cancelled = False
-
-    def queued(self, reqs: list[Req]) -> None:
-        with self._lock:
-            self._reqs = reqs
-            cancelled = self._cancelled
-        if cancelled:  # cancelled while they were being queued
-            self._engine.abort_unfinished(reqs)
-
-    def cancel(self) -> None:
-        with self._lock:
-            self._cancelled = True
-            reqs = self._reqs
-        self._engine.abort_unfinished(reqs)
-
-
-def _on_own_thread(fn: Callable[[], None]) -> asyncio.Future[None]:
-    """``fn()`` on a new thread; the future is done when it returns."""
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[None] = loop.create_future()
-
-    def run() -> None:
-        try:
-            fn()
-        finally:
-            loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
-
-    threading.Thread(target=run, daemon=True, name="forkserve-abort").start()
-    return done
-
-
-async def _async_outputs(stream: RequestStream) -> AsyncIterator[dict[str, Any]]:
-    """A stream's outputs for asyncio, each read on a worker thread."""
-    done = object()
-    try:
-        while (chunk := await asyncio.to_thread(next, stream, done)) is not done:
-            yield chunk  # type: ignore[misc]
-    finally:
-        stream.close()
