@@ -261,7 +261,7 @@ def test_a_huge_prompt_does_not_stall_other_clients(server):
 def test_a_request_failed_by_the_scheduler_names_its_field_in_the_route_s_words():
     """A failure the scheduler reports with a field (a grammar that did not compile in time)
     is a 400 whose param is that field: SGLang's name on /generate, OpenAI's on /v1."""
-    from runtime.server.openai_handler import OPENAI_NAMES as _OPENAI_NAMES
+    from runtime.server.openai_constraint import OPENAI_NAMES as _OPENAI_NAMES
     from runtime.server.responses import error_of
     from runtime.server.scheduler_client import ReqState
 

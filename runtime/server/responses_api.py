@@ -24,7 +24,8 @@ from fastapi.responses import Response, StreamingResponse
 from runtime.server.chat_completion import ChatCompletion
 from runtime.server.context import ServerContext
 from runtime.server.conversation_hold import ConversationHold
-from runtime.server.openai_handler import OPENAI_NAMES, finish_reason_of
+from runtime.server.openai_constraint import OPENAI_NAMES
+from runtime.server.openai_handler import finish_reason_of
 from runtime.server.protocol import ApiError, reject_unsupported
 from runtime.server.protocol_responses import ResponsesRequest
 from runtime.server.response_store import ConversationStore, ResponseStore, check_new_ids
