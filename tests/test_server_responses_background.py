@@ -5,6 +5,7 @@ with the same events, cancelling, and a stopping server storing the unfinished o
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import httpx
@@ -122,3 +123,39 @@ def test_a_stopping_server_stores_its_unfinished_background_responses_as_failed(
     assert store.response(finished.id)["output"][0]["content"][0]["text"] == finished.output_text
     left = store.response(running.id)
     assert left["status"] == "failed" and "stopped" in left["error"]["message"], left
+
+
+def test_a_stored_stream_can_be_read_while_it_runs_and_is_stored_cancelled_when_its_client_leaves(server, client):
+    """Its id comes in its first event: a GET then says in progress (not 404), and once the
+    client has gone the response is there as cancelled, its cut item incomplete, its
+    requests aborted; only background responses are cancelled through the API."""
+    body = dict(model=MODEL, input="Count from 1 to 400, separated by commas.", temperature=0,
+                max_output_tokens=1500, stream=True)
+    with httpx.stream("POST", str(client.base_url.join("responses")), json=body, timeout=60) as resp:
+        lines = (line for line in resp.iter_lines() if line.startswith("data: "))
+        response_id = json.loads(next(lines)[6:])["response"]["id"]
+        assert client.responses.retrieve(response_id).status == "in_progress"
+        with pytest.raises(openai.BadRequestError, match="only background responses"):
+            client.responses.cancel(response_id)
+        next(line for line in lines if "output_text.delta" in line)
+    ended = _until_ended(client, response_id)
+    assert ended.status == "cancelled" and not ended.background
+    assert ended.output and ended.output[-1].status == "incomplete" and ended.output_text
+    deadline = time.monotonic() + 30
+    while not _nothing_running(server):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+
+
+def test_an_answer_ended_by_abort_request_has_its_cut_item_incomplete(server, client):
+    def abort_soon() -> None:
+        time.sleep(1.5)
+        httpx.post(server.url + "/abort_request", json={"abort_all": True}, timeout=30)
+
+    aborter = threading.Thread(target=abort_soon)
+    aborter.start()
+    ended = client.responses.create(model=MODEL, input="Count from 1 to 400, separated by commas.", temperature=0,
+                                    max_output_tokens=1500)
+    aborter.join()
+    assert ended.status == "cancelled" and ended.output_text
+    assert ended.output[-1].status == "incomplete"

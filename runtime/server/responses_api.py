@@ -5,8 +5,9 @@ a chat request (``responses_input.py``); the assistant's answer comes back as ou
 streaming events (``response.created`` ... ``response.output_text.delta`` ...
 ``response.completed``). With ``store`` (the default) the response and its conversation are
 kept (``response_store.py``) for ``previous_response_id`` and ``GET /v1/responses/{id}``, which
-can also send a stored response again as events; ``background`` responses run on in
-``responses_background.py``; a response given ``conversation`` continues from that
+can also send a stored response again as events; ``background`` responses, and stored ones
+that are streamed, run as tasks of their own (``responses_background.py``: readable while
+they run); a response given ``conversation`` continues from that
 conversation's items and, once finished (completed or incomplete; stored or not), adds its
 input and output items to it (``conversations_api.py``)."""
 
@@ -30,7 +31,7 @@ from runtime.server.protocol import ApiError, reject_unsupported
 from runtime.server.protocol_responses import ResponsesRequest
 from runtime.server.response_store import ConversationStore, ResponseStore, check_new_ids
 from runtime.server.responses import JsonResponse, error_of, merged_updates, wait_all
-from runtime.server.responses_events import OutputItems, StreamedOutput, whole_arguments
+from runtime.server.responses_events import CUT_OFF, OutputItems, StreamedOutput, whole_arguments
 from runtime.server.responses_input import (
     chat_request,
     input_messages,
@@ -139,7 +140,7 @@ class ResponseCreation(OutputItems, ChatCompletion):
             states = await self.start()
             if self.hold:
                 self.hold.watch(states)
-            if self.create.background:
+            if self.create.background or self.req.stream and self.create.store:  # (stored: readable as it runs)
                 response = background.start(self, states)
             elif self.req.stream:
                 response = StreamingResponse(self.events(states), media_type="text/event-stream")
@@ -242,7 +243,7 @@ class ResponseCreation(OutputItems, ChatCompletion):
                                   *out.text("message", delta.get("content"), logprobs["content"] if logprobs else None),
                                   *out.calls(delta.get("tool_calls") or [])):
                         yield chunk
-            for chunk in out.close(incomplete=finish == "length", logprobs=self.all_logprobs(states[0])):
+            for chunk in out.close(incomplete=finish in CUT_OFF, logprobs=self.all_logprobs(states[0])):
                 yield chunk
             body = self.finish(out.items, finish, states)
         except Exception as err:  # the stream ends with a terminal event, whatever happened

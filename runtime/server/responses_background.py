@@ -15,7 +15,13 @@ events are the running server's own: elsewhere, a stream follows what the runnin
 writes to the store every few seconds (its events numbered as they come there, so a
 ``starting_after`` is good only on the server that sent those numbers). A cancel sent
 elsewhere marks it in the store; the running server looks for marks every ``POLL_S`` and
-cancels it, and the cancel is answered once it is stored so."""
+cancels it, and the cancel is answered once it is stored so.
+
+A stored response streamed without ``background`` runs the same way, so that its id, sent in
+its first event, can be read (in progress) and followed from elsewhere as it runs; its
+client's stream is the run's one follower that matters: when that client leaves, the run is
+cancelled (its requests aborted) and stored ``cancelled`` with the output so far, as
+``/abort_request`` leaves it. Only background responses can be cancelled through the API."""
 
 from __future__ import annotations
 
@@ -49,7 +55,7 @@ class BackgroundRun:
     def __init__(self, creation: ResponseCreation, states: list[ReqState]) -> None:
         self.creation, self.out = creation, StreamedOutput(creation)
         self.events: list[bytes] = []
-        self.done = self.cancel_asked = False
+        self.done = self.cancel_asked = self.client_left = False
         self._wake = asyncio.Event()
         self.task = asyncio.get_running_loop().create_task(self._run(states))
 
@@ -72,7 +78,7 @@ class BackgroundRun:
             ended = self.out.failed_body  # set when events() ended with response.failed
         except asyncio.CancelledError:  # closing the events aborted the requests
             self._add(self.out.close(incomplete=True))
-            if self.cancel_asked:  # POST .../cancel
+            if self.cancel_asked or self.client_left:  # POST .../cancel; a streaming client gone
                 ended = self.snapshot("cancelled")
             else:  # the server is stopping
                 ended = self.failed("the server stopped before this response was finished")
@@ -104,6 +110,17 @@ class BackgroundRun:
             if self.done:
                 return
             await wake.wait()
+
+    async def follow_as_client(self) -> AsyncIterator[bytes]:
+        """The events of a response streamed to the client that created it: leaving before
+        the end cancels the run."""
+        try:
+            async for chunk in self.follow(None):
+                yield chunk
+        finally:
+            if not self.done:
+                self.client_left = True
+                self.task.cancel()
 
 
 class BackgroundRuns:
@@ -148,7 +165,8 @@ class BackgroundRuns:
         for rid in finished[:max(0, len(finished) - KEEP_FINISHED)]:
             del self.runs[rid]
         if c.create.stream:
-            return StreamingResponse(run.follow(None), media_type="text/event-stream")
+            events = run.follow(None) if c.create.background else run.follow_as_client()
+            return StreamingResponse(events, media_type="text/event-stream")
         return JsonResponse(run.snapshot())
 
     def response(self, response_id: str) -> dict[str, Any]:
@@ -188,28 +206,33 @@ class BackgroundRuns:
 
     async def cancel(self, response_id: str) -> dict[str, Any]:
         run = self.runs.get(response_id)
-        if run is None or run.done:
-            body = self.store.response(response_id)
-            if not body.get("background"):
-                raise ApiError(400, f"response '{response_id}' was not created with background true: only background "
-                                    "responses can be cancelled", param="response_id")
-            if body["status"] in RUNNING:  # on another server sharing the store: it looks for the mark
-                self.store.ask_cancel(response_id)
-                while body is not None and body["status"] in RUNNING:  # (stale, i.e. failed, within 30 s)
-                    await asyncio.sleep(POLL_S / 5)
-                    body = self.store.peek(response_id)
-                if body is None:
-                    raise ApiError(404, f"response '{response_id}' was deleted while being cancelled",
-                                   param="response_id")
-            if body["status"] != "cancelled":
-                raise ApiError(400, f"response '{response_id}' has already ended ({body['status']}): it cannot be "
-                                    "cancelled", param="response_id")
-            return body
-        run.cancel_asked = True
-        run.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await run.task
-        return self.store.response(response_id)
+        if run is not None and not run.done:
+            if not run.creation.create.background:
+                raise _not_background(response_id)
+            run.cancel_asked = True
+            run.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await run.task
+            return self.store.response(response_id)
+        body = self.store.response(response_id)
+        if not body.get("background"):
+            raise _not_background(response_id)
+        if body["status"] in RUNNING:  # on another server sharing the store
+            body = await self._cancelled_elsewhere(response_id)
+        if body["status"] != "cancelled":
+            raise ApiError(400, f"response '{response_id}' has already ended ({body['status']}): it cannot be "
+                                "cancelled", param="response_id")
+        return body
+
+    async def _cancelled_elsewhere(self, response_id: str) -> dict[str, Any]:
+        """Mark a response running on another server for it to cancel; the response once it
+        has ended (stale, i.e. failed, within 30 s if that server is gone)."""
+        self.store.ask_cancel(response_id)
+        while (body := self.store.peek(response_id)) is not None and body["status"] in RUNNING:
+            await asyncio.sleep(POLL_S / 5)
+        if body is None:
+            raise ApiError(404, f"response '{response_id}' was deleted while being cancelled", param="response_id")
+        return body
 
     def forget(self, response_id: str) -> None:
         """Before ``DELETE``: a running response (here or on another server sharing the store)
@@ -219,3 +242,8 @@ class BackgroundRuns:
         if run is not None and not run.done or run is None and stored is not None and stored["status"] in RUNNING:
             raise ApiError(400, f"response '{response_id}' is still in progress: cancel it first", param="response_id")
         self.runs.pop(response_id, None)
+
+
+def _not_background(response_id: str) -> ApiError:
+    return ApiError(400, f"response '{response_id}' was not created with background true: only background responses "
+                         "can be cancelled", param="response_id")

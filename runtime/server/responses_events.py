@@ -12,6 +12,8 @@ from runtime.server.responses import sse
 
 # The two kinds of text item: their part type, and the prefix of their delta / done events.
 TEXT_ITEMS = {"message": ("output_text", "response.output_text"), "reasoning": ("reasoning_text", "response.reasoning_text")}
+# Finish reasons of an answer cut off before its end: its last item is incomplete.
+CUT_OFF = ("length", "abort")
 
 
 class OutputItems:
@@ -34,8 +36,8 @@ class OutputItems:
     def whole_items(self, message: dict[str, Any], logprobs: list[dict[str, Any]] | None,
                     finish: str | None) -> list[dict[str, Any]]:
         """A whole chat answer's items: its reasoning, its text, its calls; under
-        ``max_output_tokens`` the item the limit cut is incomplete (a text, or a call cut
-        inside its arguments), as the stream ends them."""
+        ``max_output_tokens`` (or ended by ``/abort_request``) the item that was cut is
+        incomplete (a text, or a call cut inside its arguments), as the stream ends them."""
         output = []
         if message.get("reasoning_content"):
             output.append(self.text_item("reasoning", message["reasoning_content"]))
@@ -43,7 +45,7 @@ class OutputItems:
             output.append(self.text_item("message", message["content"], logprobs or []))
         for k, call in enumerate(message.get("tool_calls") or []):
             output.append(self.call_item(k, call["id"], call["function"]["name"], call["function"]["arguments"]))
-        if finish == "length" and output and (output[-1]["type"] != "function_call"
+        if finish in CUT_OFF and output and (output[-1]["type"] != "function_call"
                                               or not whole_arguments(output[-1]["arguments"])):
             output[-1]["status"] = "incomplete"
         return output
