@@ -4,7 +4,9 @@
    token count ``n``.
 2. One batched request scores ``prefix + choice`` for every choice, with prompt logprobs
    from position ``n - 2`` (the choice's first token may merge with the prefix's last) and
-   the tokens' text. The choice's tokens are those whose text reaches past the prefix.
+   the tokens' text. The choice's tokens are those whose text reaches past the prefix
+   (where a token holds part of a character, so that texts do not line up: those from the
+   first that differs from the prefix's own tokens, which one more request then scores).
 3. A choices method (SGLang's three) turns those logprobs into a decision:
    ``token_length_normalized`` (the default) takes the highest mean logprob;
    ``greedy_token_selection`` compares the choices token by token, keeping those with the
@@ -17,6 +19,8 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 from frontend_lang.backend.base import Backend
@@ -24,8 +28,14 @@ from frontend_lang.backend.base import Backend
 _LOOKBACK = 2
 
 
-def choice_token_logprobs(prefix: str, choice: str, triples: list[list[Any]], start: int, prefix_tokens: int) -> list[float]:
-    """Logprobs of the tokens of ``prefix + choice`` that cover part of ``choice``."""
+def choice_token_logprobs(prefix: str, choice: str, triples: list[list[Any]],
+                          prefix_tail: Callable[[], list[int]]) -> list[float]:
+    """Logprobs of the tokens of ``prefix + choice`` that cover part of ``choice``, from its
+    scored ``triples``. Where their texts do not line up with it (a token holding part of a
+    character reads as U+FFFD), the tokens from the first that differs from the prefix's own
+    at the same position (``prefix_tail``: the prefix's token ids from the first scored one):
+    the token that a space ending the prefix merged into stays counted, as it does for text
+    that lines up."""
     texts = [t[2] or "" for t in triples]
     full = prefix + choice
     tail = "".join(texts)
@@ -36,8 +46,10 @@ def choice_token_logprobs(prefix: str, choice: str, triples: list[list[Any]], st
             offset += len(text)
             if offset > len(prefix) and lp is not None:
                 picked.append(lp)
-    if not picked:  # token texts did not line up (partial UTF-8): positions past the prefix
-        picked = [t[0] for t in triples[max(prefix_tokens - start, 0) :] if t[0] is not None]
+    if not picked:
+        own = prefix_tail()
+        first = next((i for i, (t, tid) in enumerate(zip(triples, own, strict=False)) if t[1] != tid), len(own))
+        picked = [t[0] for t in triples[first:] if t[0] is not None]
     return picked
 
 
@@ -121,10 +133,17 @@ def select_choice(
         return_text_in_logprobs=True, program_id=program_id,
     )
     assert isinstance(outs, list)
-    per_choice = [
-        choice_token_logprobs(prefix, c, o["meta_info"]["input_token_logprobs"], start, n)
-        for c, o in zip(choices, outs, strict=True)
-    ]
+
+    @functools.cache
+    def prefix_tail() -> list[int]:
+        """The prefix's token ids from ``start`` (asked for only where a choice needs them)."""
+        if not prefix:
+            return []
+        own = backend.generate(prefix, greedy, return_logprob=True, logprob_start_len=start, program_id=program_id)
+        return [t[1] for t in own["meta_info"]["input_token_logprobs"]]  # type: ignore[call-overload,index]
+
+    per_choice = [choice_token_logprobs(prefix, c, o["meta_info"]["input_token_logprobs"], prefix_tail)
+                  for c, o in zip(choices, outs, strict=True)]
     unscored = next((c for c, lps in zip(choices, per_choice, strict=True) if c and not lps), None)
     if unscored is not None:  # the choice is all in the prompt's first token, which has no logprob
         where = ("with no text before it" if not prefix else

@@ -191,11 +191,13 @@ def test_var_scope_captures_the_text_appended_inside(local):
     assert state.text() == "Q: Name a colour.\n" + state["answer"] + "\nDone."
 
 
-def test_select_matches_transformers(local, engine, model_dir):
+@pytest.mark.parametrize(("prefix", "choices"), [
+    ("Q: Is the sun a star? Answer yes or no.\nA:", [" yes", " no", " maybe not"]),
+    # the prefix's space merges into the choices' first tokens, which hold parts of characters
+    ("Is the sky blue? Answer: ", ["yes", "是", "🎉", "水"]),
+])
+def test_select_matches_transformers(local, engine, model_dir, prefix, choices):
     from transformers import AutoModelForCausalLM
-
-    prefix = "Q: Is the sun a star? Answer yes or no.\nA:"
-    choices = [" yes", " no", " maybe not"]
 
     @sgl.function
     def pick(s):
@@ -220,7 +222,7 @@ def test_select_matches_transformers(local, engine, model_dir):
     assert meta["normalized_prompt_logprobs"] == pytest.approx(expected, abs=1e-3)
     assert state["answer"] == choices[max(range(len(choices)), key=lambda i: expected[i])]
     # SGLang's raw lists too: each choice's prompt logprobs as /generate returns them
-    assert [len(x) for x in meta["output_token_logprobs"]] == [0, 0, 0]
+    assert [len(x) for x in meta["output_token_logprobs"]] == [0] * len(choices)
     for lps, per in zip(meta["input_token_logprobs"], meta["choice_token_logprobs"], strict=True):
         assert [t[0] for t in lps[-len(per):]] == per and all(len(t) == 3 for t in lps)
 
