@@ -168,9 +168,12 @@ class SglFunction:
         return self._run(args, kwargs, backend, False, True, batch)
 
     def _run(self, args: tuple[Any, ...], kwargs: dict[str, Any], backend: Any, stream: bool, pin_cache: bool,
-             batch: ProgramBatch | None, sampling: dict[str, Any] | None = None) -> ProgramState:
+             batch: ProgramBatch | None, sampling: dict[str, Any] | None = None,
+             keep_own_error: bool = False) -> ProgramState:
         """``sampling``: the run's sampling defaults, with every key of ``kwargs`` the program's
-        (``run_batch``); None takes those among ``kwargs`` that name one (``run``, as SGLang's)."""
+        (``run_batch``); None takes those among ``kwargs`` that name one (``run``, as SGLang's).
+        An exception of the program's own code is raised, or with ``keep_own_error``
+        (``run_batch``) kept in the state beside what the program made until then."""
         kwargs = {**kwargs, **self.bind_arguments}  # bound arguments win, as in SGLang
         if sampling is None:
             sampling = {k: kwargs.pop(k) for k in list(kwargs) if k in _SAMPLING_DEFAULTS}
@@ -211,7 +214,7 @@ class SglFunction:
             program.body_thread.start()
             return state
         body()
-        if own_error:
+        if own_error and not keep_own_error:
             raise own_error[0]
         return state
 
@@ -260,9 +263,9 @@ class SglFunction:
         def one(args: dict[str, Any] | tuple[Any, ...] | list[Any]) -> ProgramState:
             try:
                 if isinstance(args, (tuple, list)):
-                    return self._run(tuple(args), {}, backend, False, pin_cache, batch, defaults)
-                return self._run((), dict(args), backend, False, pin_cache, batch, defaults)
-            except Exception as err:  # kept in the state; the caller inspects error()
+                    return self._run(tuple(args), {}, backend, False, pin_cache, batch, defaults, keep_own_error=True)
+                return self._run((), dict(args), backend, False, pin_cache, batch, defaults, keep_own_error=True)
+            except Exception as err:  # before it ran (its arguments): kept in a state of its own
                 return _failed_state(err, backend)
 
         pool = concurrent.futures.ThreadPoolExecutor(workers)

@@ -324,6 +324,22 @@ def test_run_batch_reports_errors_per_program(local):
     assert states[1].text() == "Count to -1:"  # the text so far, as SGLang gives it
 
 
+def test_run_batch_keeps_what_a_program_that_raised_had_made(local):
+    @sgl.function
+    def raises_after_a_gen(s, fail):
+        s += "Say hi:" + sgl.gen("a", max_tokens=2, ignore_eos=True)
+        if fail and s["a"] is not None:
+            raise RuntimeError("the program's own bug")
+        s += "!"
+
+    states = raises_after_a_gen.run_batch([{"fail": False}, {"fail": True}], temperature=0, backend=local)
+    assert states[0].error() is None and states[0].text() == "Say hi:" + states[0]["a"] + "!"
+    assert isinstance(states[1].error(), RuntimeError)
+    assert states[1]["a"] == states[0]["a"] and states[1].text() == "Say hi:" + states[1]["a"]
+    with pytest.raises(RuntimeError, match="own bug"):  # run() raises it
+        raises_after_a_gen.run(fail=True, temperature=0, backend=local)
+
+
 def test_program_pins_survive_memory_pressure(model_dir):
     """With pinning, a program's prefix survives other traffic filling the cache."""
     # ~190 context tokens, then three ~425-token documents: more than the pool holds beside
