@@ -140,8 +140,9 @@ class DataParallelArgs:
     )
     router_health_check_interval: int = flag_field(
         5,
-        "Seconds between the gateway's health checks of each replica (GET /health); after 2 failures in a row "
-        "a replica is marked unhealthy and gets no more requests until it answers again.",
+        "Seconds between the gateway's health checks of each replica (GET /health_generate: a token through its "
+        "scheduler, or a step seen while busy); after 2 failures in a row a replica is marked unhealthy and gets "
+        "no more requests until it answers again.",
     )
     router_args: str = flag_field(
         "",

@@ -98,6 +98,21 @@ def test_gateway_command_puts_the_users_router_args_last():
     assert local_url("0.0.0.0", 8000) == "http://127.0.0.1:8000" and local_url("::", 1) == "http://[::1]:1"
 
 
+def test_the_gateway_checks_that_replicas_generate_and_waits_longer_than_that_check():
+    """/health alone stayed 200 on a replica whose scheduler hung; /health_generate answers
+    within its probe's limit, which the gateway's timeout must exceed (else a busy replica,
+    answering late but well, is marked unhealthy)."""
+    import inspect
+
+    from runtime.server.http_server import probe_generate
+
+    replicas = plan_replicas(ServerArgs(), HttpArgs(), DataParallelArgs(dp_size=2), [5001, 5002])
+    cmd = gateway_command(replicas, HttpArgs(), DataParallelArgs(dp_size=2), 9100, parent_pid=1)
+    assert cmd[cmd.index("--health-check-endpoint") + 1] == "/health_generate"
+    probe_limit = inspect.signature(probe_generate).parameters["timeout"].default
+    assert float(cmd[cmd.index("--health-check-timeout-secs") + 1]) > probe_limit
+
+
 def test_bad_values_name_the_flag():
     with pytest.raises(ValueError, match="dp_size"):
         DataParallelArgs(dp_size=0)

@@ -265,3 +265,13 @@ def test_metrics_count_tokens_and_latency(server):
                  "inter_token_latency_seconds_count", "prefill_steps_total", "prefill_computed_tokens_total",
                  "prefill_seconds_total", "decode_steps_total", "decode_seconds_total", "scheduler_seconds_total"):
         assert f"forkserve:{name}" in text, name
+
+
+
+def test_health_probes_are_in_no_metric(server):
+    """A gateway probing /health_generate every few seconds adds no requests of its own."""
+    names = ("requests_total", "requests_finished_total", "prompt_tokens_total", "generation_tokens_total")
+    before = [metric(server, f"forkserve:{name}") for name in names]
+    for _ in range(3):
+        assert httpx.get(server.url + "/health_generate", timeout=60).status_code == 200
+    assert [metric(server, f"forkserve:{name}") for name in names] == before

@@ -41,6 +41,13 @@ GATEWAY_GRACE_S = 5
 # low relative threshold instead split a fork's branches over replicas that lack their
 # prefix. Chosen with python -m bench_agent.bench_routing (docs/scale.md).
 GATEWAY_BALANCE = (4, 6.0)
+# The gateway checks each replica's /health_generate, which puts a token through the
+# scheduler (or sees it step while busy): /health only says the processes are up, and a
+# replica whose scheduler hung stayed healthy while requests routed to it hung. That probe
+# answers within 20 s (``probe_generate``), so the gateway's own timeout (5 s by default,
+# which a long prefill step on a busy CPU can exceed) is set above it.
+HEALTH_CHECK_ENDPOINT = "/health_generate"
+HEALTH_CHECK_TIMEOUT_S = 25
 
 
 class PlanError(ValueError):
@@ -125,6 +132,8 @@ def gateway_command(
         "--prometheus-host", http.host, "--prometheus-port", str(metrics_port),
         "--health-check-interval-secs", str(dp.router_health_check_interval),
         "--health-failure-threshold", "2",
+        "--health-check-endpoint", HEALTH_CHECK_ENDPOINT,
+        "--health-check-timeout-secs", str(HEALTH_CHECK_TIMEOUT_S),
         "--shutdown-grace-period-secs", str(GATEWAY_GRACE_S),
         "--log-level", "warn",
     ]

@@ -48,6 +48,8 @@ from runtime.server.data_parallel import (
     plan_replicas,
 )
 from runtime.server.launch import (
+    DEAD_PROCESS_LINE,
+    FAILURE_NOTICE_ENV,
     StartupError,
     bind_port,
     stopped_by_signal,
@@ -60,6 +62,11 @@ _GRPC_PROBE_LINE = "Invalid HTTP request received."
 # The colours of the gateway's log lines, dropped: the lines go to our stderr, often a file.
 _ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 _MODEL_IN_READY_LINE = re.compile(r"\(model (.+?);")
+_DEAD_PROCESS = re.compile(re.escape(DEAD_PROCESS_LINE).replace(re.escape("{}"), ".+"))
+# How long a replica that lost a process waits before failing its open requests: time for
+# ``_watch`` (every 0.1 s) to take it out of the gateway, so that the gateway retries them
+# on another replica, not on it again.
+_FAILURE_NOTICE_S = 1.0
 _REPLICA_STOP_S = 12.0  # a replica's own shutdown: 1.5 s grace, 3 s to answer, 3 s for its children
 _GATEWAY_READY_S = 60.0
 
@@ -72,6 +79,9 @@ class Child:
     registered: threading.Event = field(default_factory=threading.Event)
     reported: bool = False
     model: str | None = None  # the model its ready line names
+    # it printed that one of its processes died (``DEAD_PROCESS_LINE``): it fails its open
+    # requests after the notice, and is to leave the gateway before then
+    lost_process: threading.Event = field(default_factory=threading.Event)
 
     def forward_output(self, stream: IO[str]) -> None:
         """Copy the child's output to our stderr, each line tagged with its name but the JSON
@@ -81,6 +91,8 @@ class Child:
                 named = _MODEL_IN_READY_LINE.search(line)
                 self.model = named.group(1) if named else None
                 self.ready.set()
+            if _DEAD_PROCESS.match(line):
+                self.lost_process.set()
             if _GRPC_PROBE_LINE in line and not self.registered.is_set():
                 continue
             line = _ANSI_ESCAPE.sub("", line)
@@ -140,8 +152,9 @@ class DataParallelLauncher:
             self.stop()
 
     def _spawn(self, name: str, command: list[str]) -> Child:
+        env = {**os.environ, FAILURE_NOTICE_ENV: str(_FAILURE_NOTICE_S)}
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                text=True, errors="replace", bufsize=1, start_new_session=True)
+                                text=True, errors="replace", bufsize=1, start_new_session=True, env=env)
         child = Child(name, proc)
         assert proc.stdout is not None
         threading.Thread(target=child.forward_output, args=(proc.stdout,), daemon=True, name=f"{name} output").start()
@@ -194,19 +207,22 @@ class DataParallelLauncher:
     def _watch(self) -> int:
         assert self.gateway is not None
         while True:
-            time.sleep(0.25)
+            time.sleep(0.1)
             if self.gateway.proc.poll() is not None:
                 print(f"forkserve: the gateway exited with code {self.gateway.proc.returncode}; stopping the replicas",
                       file=sys.stderr, flush=True)
                 return 1
             for r, c in zip(self.replicas, self.children, strict=True):
-                if c.proc.poll() is not None and not c.reported:
+                if (c.proc.poll() is not None or c.lost_process.is_set()) and not c.reported:
                     c.reported = True
                     how = ("taken out of the gateway" if self._remove_workers([r.url]) else
                            f"the gateway's health checks take it out of rotation (every "
                            f"{self.dp.router_health_check_interval} s)")
-                    print(f"forkserve: replica {r.index} ({r.url}) exited with code {c.proc.returncode}; {how}; "
-                          "the other replicas keep serving", file=sys.stderr, flush=True)
+                    what = (f"exited with code {c.proc.returncode}" if c.proc.poll() is not None else
+                            "lost one of its processes and is stopping")
+                    others = any(o.proc.poll() is None and not o.lost_process.is_set() for o in self.children)
+                    print(f"forkserve: replica {r.index} ({r.url}) {what}; {how}"
+                          f"{'; the other replicas keep serving' if others else ''}", file=sys.stderr, flush=True)
             if all(c.proc.poll() is not None for c in self.children):
                 print("forkserve: every replica has exited; stopping the gateway", file=sys.stderr, flush=True)
                 return 1

@@ -5,7 +5,9 @@ Startup order: bind the port (fail fast if taken), find the model (fail fast if 
 spawn the processes, wait for the scheduler's ready message (or its load error), start
 HTTP, push one token through the pipeline, then print the URL. If a child process dies,
 every open request gets a 500, ``/health`` turns 503 and the server exits with code 1 so a
-supervisor can restart it. SIGINT/SIGTERM stop everything within a few seconds.
+supervisor can restart it (a replica of ``--dp-size`` first says so and waits
+``FAILURE_NOTICE_ENV`` seconds, so that its launcher takes it out of the gateway and the
+gateway retries those requests elsewhere). SIGINT/SIGTERM stop everything within a few seconds.
 """
 
 from __future__ import annotations
@@ -45,6 +47,11 @@ _GRACE_S = 1.5
 _ANSWER_S = 3.0
 # After a second Ctrl-C, seconds the open requests' 503s may take before the server quits.
 _HURRY_S = 1.0
+# Set (to seconds) in a replica's environment by ``forkserve serve --dp-size``: when a child
+# process dies, the server prints ``DEAD_PROCESS_LINE`` and waits that long before failing
+# its open requests, so that they are not retried on it (the launcher watches for the line).
+FAILURE_NOTICE_ENV = "FORKSERVE_FAILURE_NOTICE_S"
+DEAD_PROCESS_LINE = "forkserve: the {} process died; failing open requests and exiting"
 
 
 class StartupError(Exception):
@@ -240,9 +247,9 @@ class Launcher:
                 return
             dead = self.dead_child()
             if dead:
-                msg = f"the {dead} process died"
-                print(f"forkserve: {msg}; failing open requests and exiting", file=sys.stderr, flush=True)
-                ctx.client.fail_all(msg)
+                print(DEAD_PROCESS_LINE.format(dead), file=sys.stderr, flush=True)
+                await asyncio.sleep(float(os.environ.get(FAILURE_NOTICE_ENV) or 0))
+                ctx.client.fail_all(f"the {dead} process died")
                 ctx.grace_over.set()  # bodies still arriving: answered too, not left to the shutdown's cancel
                 self.exit_code = 1
                 await asyncio.sleep(0.2)  # let handlers answer before the server stops

@@ -77,6 +77,7 @@ class ReqState:
     client_rid: str | None = None  # the ``rid`` the client gave (``rid`` for ``rid_0``, ``rid_1``, ...)
     log_end: bool = False  # its arrival was logged (--log-requests) and its end is not yet
     stream: bool = False  # its tokens come as they are made (else all at its end)
+    probe: bool = False  # the server's own health probe: in no log and no metric
 
     @property
     def is_finished(self) -> bool:
@@ -182,7 +183,7 @@ class SchedulerClient:
         log: bool = True,
     ) -> ReqState:
         """Send a request to the scheduler. ``log``: false for the server's own health probes,
-        which --log-requests leaves out."""
+        which --log-requests and /metrics leave out."""
         return self.submit_many([(rid, input_ids, params, options or RequestOptions())], log)[0]
 
     def submit_many(self, requests: list[tuple[str, list[int], SamplingParams, RequestOptions]],
@@ -203,12 +204,12 @@ class SchedulerClient:
             group = None  # the scheduler orders one call's requests fairly against other calls'
             for rid, input_ids, params, options in requests:
                 state = ReqState(rid, len(input_ids), options.return_logprob, input_ids[0],
-                                 f"{rid}#{next(self._wire_ids)}", stream=options.stream)
+                                 f"{rid}#{next(self._wire_ids)}", stream=options.stream, probe=not log)
                 if group is None and len(requests) > 1:
                     group = state.wire_id
                 self.states[rid] = self.by_wire_id[state.wire_id] = state
-                self.metrics.on_submit(len(input_ids))
                 if log:
+                    self.metrics.on_submit(len(input_ids))
                     self.request_log.received(state, input_ids, params)
                 states.append(state)
                 msgs.append(TokenizedGenerateReq(state.wire_id, np.asarray(input_ids, dtype=np.int32), params, options,
@@ -226,7 +227,8 @@ class SchedulerClient:
         for state in states:
             if self._forget(state) and self.failure is None:
                 aborts.append(AbortReq(state.wire_id))
-                self.metrics.on_abort()
+                if not state.probe:
+                    self.metrics.on_abort()
                 self.request_log.ended(state, "aborted: the client went away")
         self.outbox.put_many(aborts)
 
@@ -350,10 +352,12 @@ class SchedulerClient:
                     first = state.first_token_at is None
                     last_at = state.last_token_at
                     state.apply(u, new_ids)
-                    self.metrics.on_tokens(state, len(new_ids), first, last_at)
+                    if not state.probe:
+                        self.metrics.on_tokens(state, len(new_ids), first, last_at)
                     if state.is_finished:
                         self._forget(state)
-                        self.metrics.on_finish(state)
+                        if not state.probe:
+                            self.metrics.on_finish(state)
                         self.request_log.ended(state)
             elif isinstance(msg, ControlOut):
                 fut = self.calls.get(msg.call_id)
