@@ -38,13 +38,13 @@ def assert_error(resp: httpx.Response, status: int, *words: str, param: str | No
     [
         ("/v1/chat/completions", {**CHAT, "temperature": -1}, 400, ["temperature"], None),
         ("/v1/chat/completions", {**CHAT, "messages": []}, 400, ["messages"], "messages"),
-        ("/v1/chat/completions", {**CHAT, "messages": [{"role": "robot", "content": "x"}]}, 400, ["role"], "messages.0.role"),
+        ("/v1/chat/completions", {**CHAT, "messages": [{"role": "robot", "content": "x"}]}, 400, ["role"], "messages[0].role"),
         ("/v1/chat/completions", {**CHAT, "model": "gpt-9"}, 404, ["gpt-9"], "model"),
         ("/v1/chat/completions", {**CHAT, "max_tokens": 100_000}, 400, ["8192", "100", "maximum context length"], "max_tokens"),
         ("/v1/chat/completions", {**CHAT, "top_logprobs": 2}, 400, ["logprobs"], "top_logprobs"),
-        ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function"}]}, 400, ["tools.0.function"], "tools.0.function"),
+        ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function"}]}, 400, ["tools[0].function"], "tools[0].function"),
         ("/v1/chat/completions", {**CHAT, "tools": [GOOD_TOOL, {"type": "custom", "custom": {"name": "x"}}]}, 400,
-         ["only function tools", "'custom'"], "tools.1.type"),
+         ["only function tools", "'custom'"], "tools[1].type"),
         ("/v1/chat/completions", {**CHAT, "response_format": {"type": "structural_tag"}}, 400,
          ["structural_tag is not supported"], "response_format"),
         ("/v1/completions", {"model": MODEL, "prompt": "x", "top_p": 0}, 400, ["top_p"], None),
@@ -311,7 +311,7 @@ def test_sglang_parse_routes_use_the_chat_routes_parsers(server):
     assert_error(call(server, "/parse_function_call", {"text": "x", "tool_call_parser": "nope"}), 400, "nope",
                  param="tool_call_parser")
     assert_error(call(server, "/parse_function_call", {"text": text, "tools": [{"function": "str"}]}), 400,
-                 param="tools.0.function")
+                 param="tools[0].function")
     out = call(server, "/separate_reasoning", {"text": "I think so.</think>Yes.", "reasoning_parser": "deepseek-r1",
                                                "return_blocks": True}).json()
     assert (out["reasoning_text"], out["text"]) == ("I think so.", "Yes.")

@@ -348,6 +348,12 @@ def test_running_out_of_tokens_is_an_incomplete_response(client):
                                                       "tools": [{"type": "function", "name": "nope"}]}},
      "tool_choice", "not one of the given tools"),
     ({"input": []}, "input", "at least one item"),
+    ({"input": "hi", "tools": [{**TOOL, "parameters": "x"}]}, "tools[0].parameters", "valid dictionary"),
+    ({"input": "hi", "tools": [TOOL], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice",
+     "names 'nope', which is not one of the given tools"),
+    ({"input": "hi", "include": ["bogus.value"]}, "include[0]", "message.output_text.logprobs"),  # OpenAI's values
+    ({"input": "hi", "text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format", "needs its 'schema'"),
+    ({"input": "hi", "previous_response_id": ""}, "previous_response_id", "at least 1 character"),
     ({"input": [{"role": "user", "content": "hi"},  # an output that answers no call (as OpenAI refuses it)
                 {"type": "function_call_output", "call_id": "nope", "output": "3"}]},
      "input", "no function call with call_id 'nope'"),

@@ -243,7 +243,7 @@ def test_auto_over_no_tools_is_a_plain_answer(server, tools):
         ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
         ({"tools": TOOLS, "tool_choice": {"type": "allowed_tools", "allowed_tools": {
             "mode": "auto", "tools": [{"type": "function", "function": {"name": "nope"}}]}}}, "tool_choice"),
-        ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools.0.function.name"),
+        ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools[0].function.name"),
         ({"tools": TOOLS, "regex": "[a-z]+"}, "tools"),
     ],
 )

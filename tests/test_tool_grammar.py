@@ -154,7 +154,7 @@ def test_allowed_tools_limits_the_calls_to_those_tools(fmt, tool_grammar, accept
     [
         (None, "required", "needs 'tools'"),
         (TOOLS, "sometimes", "must be one of"),
-        (TOOLS, {"type": "function", "function": {"name": "nope"}}, "must name one of the given tools"),
+        (TOOLS, {"type": "function", "function": {"name": "nope"}}, "names 'nope', which is not one of the given tools"),
         (TOOLS, {"type": "allowed_tools", "allowed_tools": {"mode": "sometimes", "tools": [
             {"type": "function", "function": {"name": "add"}}]}}, 'needs "mode"'),
         (TOOLS, {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": []}}, "non-empty"),

@@ -88,11 +88,11 @@ class ChatCompletion(OpenAIHandler):
         self.check_common()
         for i, tool in enumerate(r.tools or []):  # paths written as the body's validation errors write them
             if tool.type != "function":
-                raise ApiError(400, f"tools.{i}.type: only function tools are supported by this server, got "
-                                    f"'{tool.type}'", param=f"tools.{i}.type")
+                raise ApiError(400, f"tools[{i}].type: only function tools are supported by this server, got "
+                                    f"'{tool.type}'", param=f"tools[{i}].type")
             if tool.function is None:
-                raise ApiError(400, f"tools.{i}.function: a function tool needs its 'function' object",
-                               param=f"tools.{i}.function")
+                raise ApiError(400, f"tools[{i}].function: a function tool needs its 'function' object",
+                               param=f"tools[{i}].function")
         with bad_input_as_400("tool_choice"):
             self.named_function = call_rule([t.model_dump() for t in r.tools] if r.tools else None, r.tool_choice).single
         if r.web_search_options is not None:  # even {} asks for a search

@@ -281,12 +281,16 @@ def validation_400(err: ValidationError | RequestValidationError) -> ApiError:
 
 
 def field_path(loc: Sequence[Any]) -> str:
-    """A validation error's location as the client's field path: ``guided_json``, not
-    pydantic's ``guided_json.str`` (the member of a union that was tried), nor ``body.x``."""
-    parts = [str(x) for x in loc if not _is_union_member(x)]
+    """A validation error's location as the client's field path, as OpenAI writes it:
+    ``guided_json``, not pydantic's ``guided_json.str`` (the member of a union that was
+    tried), nor ``body.x``; list positions in brackets (``messages[0].role``)."""
+    parts = [x for x in loc if not _is_union_member(x)]
     if parts and parts[0] == "body" and len(parts) > 1:
         parts = parts[1:]
-    return ".".join(parts)
+    path = ""
+    for part in parts:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}" if path else str(part)
+    return path
 
 
 def _is_union_member(part: Any) -> bool:

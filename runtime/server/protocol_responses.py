@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from runtime.server.protocol import NeutralOnly, _Body
 from runtime.server.protocol_openai import SharedSampling
@@ -34,6 +34,21 @@ class ResponseTextFormat(_Body):
     schema_: dict[str, Any] | bool | None = Field(default=None, alias="schema")  # JSON Schema's true / false too
     strict: bool | None = None
 
+    @model_validator(mode="after")
+    def _json_schema_has_its_schema(self) -> ResponseTextFormat:
+        """As OpenAI's: a ``json_schema`` format gives its ``schema`` (the chat route's
+        ``response_format`` may leave it out: any JSON value)."""
+        if self.type == "json_schema" and self.schema_ is None:
+            raise ValueError("a format of type json_schema needs its 'schema'")
+        return self
+
+
+# What ``include`` may ask for: OpenAI's values. Only the output text's logprobs change
+# anything here; the others are about tools and inputs this server does not have.
+Includable = Literal["file_search_call.results", "web_search_call.results", "web_search_call.action.sources",
+                     "message.input_image.image_url", "computer_call_output.output.image_url",
+                     "code_interpreter_call.outputs", "reasoning.encrypted_content", "message.output_text.logprobs"]
+
 
 class ResponseText(_Body):
     format: ResponseTextFormat | None = None
@@ -49,7 +64,7 @@ class ResponsesRequest(SharedSampling):
     input: str | list[dict[str, Any]] = Field(default_factory=list)  # may be left out after a conversation
     instructions: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # SGLang's, as on the chat route
-    previous_response_id: str | None = None
+    previous_response_id: str | None = Field(default=None, min_length=1)
     tools: list[dict[str, Any]] | None = None
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
@@ -60,7 +75,7 @@ class ResponsesRequest(SharedSampling):
     stream: bool = False
     text: ResponseText | None = None
     store: bool = True
-    include: list[str] | None = None
+    include: list[Includable] | None = None
     truncation: Literal["auto", "disabled"] | None = None  # auto: drop turns from the start to fit
     request_id: str | None = None  # accepted and ignored
     # accepted and ignored: they change nothing here

@@ -237,5 +237,14 @@ def chat_request(req: ResponsesRequest, history: list[dict[str, Any]]) -> tuple[
     try:
         chat = ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
     except ValidationError as err:  # a field the chat request checks (e.g. a tool's name)
-        raise validation_400(err) from err
+        raise _in_responses_words(validation_400(err)) from err
     return chat, conversation
+
+
+def _in_responses_words(err: ApiError) -> ApiError:
+    """A chat request's error about a tool, as the Responses request has it: a tool's fields
+    are the tool's own here, not its ``function`` object's (``tools[0].parameters``)."""
+    if err.param is not None and (flat := re.sub(r"^(tools\[\d+\])\.function\b", r"\1", err.param)) != err.param:
+        err.message = err.message.replace(err.param, flat, 1)
+        err.param = flat
+    return err

@@ -76,6 +76,5 @@ def call_rule(tools: list[dict[str, Any]] | None, choice: Any) -> CallRule:
     if name is None:
         raise InvalidField("tool_choice", f"tool_choice must be one of {_FORMS}, got {choice!r}")
     if name not in given:
-        raise InvalidField("tool_choice", "tool_choice must name one of the given tools: "
-                                          '{"type": "function", "function": {"name": ...}}')
+        raise InvalidField("tool_choice", f"tool_choice names '{name}', which is not one of the given tools")
     return CallRule("required", (name,), single=True)
