@@ -140,6 +140,11 @@ def test_logit_bias_keys_are_token_ids_and_values_within_openais_range():
         assert err.value.field == "logit_bias", bad
     with pytest.raises(InvalidField, match="vocabulary"):
         SamplingParams.from_dict({"logit_bias": {"100": 1}}).check_vocab(100)
+    # the message names the entry at fault: the key, or the value
+    with pytest.raises(InvalidField, match=r"keys must be token ids .*got '-1'"):
+        SamplingParams.from_dict({"logit_bias": {"-1": 5}})
+    with pytest.raises(InvalidField, match=r"logit_bias\[5\] must be a number in \[-100, 100\], got 100.5"):
+        SamplingParams.from_dict({"logit_bias": {"5": 100.5}})
 
 
 def test_whole_floats_for_integer_fields_are_those_integers():

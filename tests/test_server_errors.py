@@ -282,6 +282,7 @@ def test_a_request_failed_by_the_scheduler_names_its_field_in_the_route_s_words(
     ("POST", "/load_lora_adapter", "LoRA"),
     ("POST", "/update_weights_from_disk", "restart it"),
     ("POST", "/open_session", "sessions"),
+    ("POST", "/concate_and_append_request", "gather_variable"),
 ])
 def test_routes_other_servers_have_say_what_to_use(server, method, path, words):
     resp = httpx.request(method, server.url + path, json={})

@@ -188,9 +188,14 @@ class SamplingParams:
         need(_is_int(self.n) and 1 <= self.n <= MAX_N, "n", f"must be an integer in [1, {MAX_N}]")
         need(self.stream_interval is None or (_is_int(self.stream_interval) and self.stream_interval >= 1),
              "stream_interval", "must be an integer >= 1")
-        need(self.logit_bias is None or (isinstance(self.logit_bias, dict) and all(
-            _is_int(t) and t >= 0 and is_num(b) and abs(b) <= LOGIT_BIAS_RANGE for t, b in self.logit_bias.items())),
-            "logit_bias", f"must map token ids to numbers in [-{LOGIT_BIAS_RANGE:g}, {LOGIT_BIAS_RANGE:g}]")
+        need(self.logit_bias is None or isinstance(self.logit_bias, dict), "logit_bias",
+             f"must map token ids to numbers in [-{LOGIT_BIAS_RANGE:g}, {LOGIT_BIAS_RANGE:g}]")
+        for t, b in (self.logit_bias or {}).items():  # the entry at fault, named
+            if not (_is_int(t) and t >= 0):
+                raise InvalidField("logit_bias", f"logit_bias keys must be token ids (integers >= 0), got {t!r}")
+            if not (is_num(b) and abs(b) <= LOGIT_BIAS_RANGE):
+                raise InvalidField("logit_bias", f"logit_bias[{t}] must be a number in [-{LOGIT_BIAS_RANGE:g}, "
+                                                 f"{LOGIT_BIAS_RANGE:g}], got {b!r}")
         for name in ("regex", "json_schema", "ebnf"):
             need(getattr(self, name) is None or (isinstance(getattr(self, name), str) and getattr(self, name) != ""),
                  name, "must be a non-empty string")

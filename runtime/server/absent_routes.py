@@ -29,6 +29,9 @@ _ABSENT: tuple[tuple[str, str], ...] = (
      r"|init_weights_send_group_for_remote_instance|release_memory_occupation|resume_memory_occupation"
      r"|pause_generation|continue_generation|weights_checker)",
      "updating or swapping the weights of a running server is not supported; restart it with the new model"),
+    (r"/concate_and_append_request", "SGLang's join(mode='concate_and_append') (merging the forks' KV caches) is "
+     "not supported by this server; join forks with mode 'gather_variable' (the default): the branches already "
+     "share their prefix in the cache"),
     (r"/(open_session|close_session)", "SGLang's sessions are not supported; a prefix shared by requests is "
      "cached without one (and a DSL program's pinned with program_id)"),
     (r"/(start_profile|stop_profile|start_expert_distribution_record|stop_expert_distribution_record"
