@@ -19,7 +19,7 @@ TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {
         ({"tools": []}, "non-empty list"),
         ({"tools": [{"name": "lookup"}]}, 'each tool must be {"type": "function"'),
         ({"tools": [TOOL], "tool_choice": "sometimes"}, "tool_choice must be one of"),
-        ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "other"}}}, "must name one of"),
+        ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "other"}}}, "names 'other', which is not one of the given tools"),
         ({"tool_choice": "required"}, "need tools"),
         ({"tools": [TOOL], "tool_choice": {"type": "allowed_tools", "allowed_tools": {
             "mode": "auto", "tools": [{"type": "function", "function": {"name": "other"}}]}}}, "not one of the given"),
