@@ -137,6 +137,8 @@ def test_a_stored_stream_can_be_read_while_it_runs_and_is_stored_cancelled_when_
         assert client.responses.retrieve(response_id).status == "in_progress"
         with pytest.raises(openai.BadRequestError, match="only background responses"):
             client.responses.cancel(response_id)
+        with pytest.raises(openai.BadRequestError, match="delete it once it has ended"):
+            client.responses.delete(response_id)
         next(line for line in lines if "output_text.delta" in line)
     ended = _until_ended(client, response_id)
     assert ended.status == "cancelled" and not ended.background

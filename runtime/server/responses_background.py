@@ -240,7 +240,9 @@ class BackgroundRuns:
         run = self.runs.get(response_id)
         stored = self.store.peek(response_id)
         if run is not None and not run.done or run is None and stored is not None and stored["status"] in RUNNING:
-            raise ApiError(400, f"response '{response_id}' is still in progress: cancel it first", param="response_id")
+            background = run.creation.create.background if run is not None else bool(stored and stored.get("background"))
+            then = "cancel it first" if background else "delete it once it has ended"
+            raise ApiError(400, f"response '{response_id}' is still in progress: {then}", param="response_id")
         self.runs.pop(response_id, None)
 
 
