@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Literal
 
+from runtime.constrained.finite_output import unending_rules
 from runtime.constrained.schema_support import enforceable_part, invalid_keyword
 from runtime.sampling.params import InvalidField
 
@@ -137,15 +138,21 @@ def import_grammar_engine() -> None:
 
 
 def _xgrammar_error(kind: Kind, text: str) -> str | None:
-    """What xgrammar says against compiling ``text`` as ``kind``, or None."""
+    """What xgrammar says against compiling ``text`` as ``kind``, or None; also where the
+    grammar has a reachable rule that can never end (``finite_output.unending_rules``)."""
     import xgrammar as xgr  # imported on first use: it takes a second or two
 
     build = {"regex": xgr.Grammar.from_regex, "json_schema": xgr.Grammar.from_json_schema,
              "ebnf": xgr.Grammar.from_ebnf}[kind]
     try:
-        build(text)
+        grammar = build(text)
     except Exception as err:  # the engine's parse errors are RuntimeErrors with a C++ location
         return engine_message(err)
+    unending = unending_rules(str(grammar)) if kind != "regex" else []
+    if unending:  # (its jump-forward string would be endless: finite_output.py)
+        what = "a required property that contains itself" if kind == "json_schema" else "a rule that only recurses"
+        return (f"it allows no output that ends (rules that can never end: {', '.join(unending[:5])}; "
+                f"e.g. {what})")
     return None
 
 
