@@ -65,6 +65,13 @@ REFUSED = [
     ({"type": "string", "format": "uri-reference", "minLength": 1}, '""', ["format", "minLength"]),
     ({"type": "object", "properties": {"xs": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}},
       "required": ["xs"]}, '{"xs": [2, 2]}', ["uniqueItems", "properties.xs"]),
+    # beside a combinator or a reference, xgrammar keeps only that: "b" is not required
+    ({"type": "object", "properties": {"b": {"type": "boolean"}}, "required": ["b"],
+      "allOf": [{"properties": {"a": {"type": "integer"}}, "required": ["a"]}]}, '{"a": 1}', ["beside 'allOf'", "required"]),
+    ({"type": "object", "properties": {"b": {"type": "boolean"}}, "required": ["b"],
+      "anyOf": [{"properties": {"a": {"type": "integer"}}, "required": ["a"]}]}, '{"a": 1}', ["beside 'anyOf'"]),
+    ({"$defs": {"p": {"type": "object", "properties": {"a": {"type": "integer"}}}}, "$ref": "#/$defs/p",
+      "properties": {"b": {"type": "boolean"}}, "required": ["b"]}, '{"a": 1}', ["beside '$ref'", "required"]),
 ]
 
 # (schema, a text that breaks it): the engine refuses the text
@@ -99,7 +106,8 @@ def test_a_part_xgrammar_would_let_through_is_found(schema, violation, words):
 
 # What llguidance, the engine such schemas go to, refuses in turn: these are 400s.
 LLGUIDANCE_REFUSES = ("uniqueItems", "contains", "dependentRequired", "dependentSchemas", "'not'", "'if'",
-                      "look-around", "another document", "is not in 'properties'", "'uri-reference'")
+                      "look-around", "another document", "is not in 'properties'", "'uri-reference'",
+                      "beside 'anyOf'", "beside '$ref'")
 
 
 @pytest.mark.parametrize(("schema", "violation", "words"), REFUSED)

@@ -23,6 +23,12 @@ except ImportError:  # pragma: no cover - Python 3.10
 IGNORED_KEYWORDS = ("uniqueItems", "contains", "minContains", "maxContains", "dependentRequired",
                     "dependentSchemas", "dependencies", "not", "if", "then", "else")
 
+# Keywords that constrain nothing (annotations, definitions): beside anything.
+ANNOTATIONS = frozenset(["title", "description", "default", "examples", "example", "$schema", "$id", "$comment",
+                         "$defs", "definitions", "deprecated", "readOnly", "writeOnly", "$anchor", "discriminator"])
+# Keywords beside which xgrammar drops every other constraint of the same schema.
+EXCLUSIVE = ("allOf", "anyOf", "oneOf", "$ref")
+
 # Subschemas by keyword: a schema, a list of schemas, or a mapping of names to schemas.
 SUBSCHEMA = ("items", "additionalProperties", "propertyNames", "unevaluatedProperties", "unevaluatedItems")
 SUBSCHEMA_LISTS = ("prefixItems", "anyOf", "oneOf", "allOf")
@@ -61,12 +67,16 @@ def enforceable_part(schema: Any, path: str = "") -> tuple[Any, list[str]]:
     while found := _string_problems(kept):  # one at a time: a pattern with a length, then its look-around
         for keys, why in found:
             drop(keys, why)
+    exclusive = next((key for key in EXCLUSIVE if key in kept), None)
+    beside = sorted(k for k in kept if k not in ANNOTATIONS and k != exclusive) if exclusive else []
+    if beside:  # (dropped: what xgrammar enforces is the combinator alone)
+        drop(tuple(beside), f"keywords beside '{exclusive}' ({', '.join(beside)}) are not supported")
     if isinstance(schema.get("allOf"), list) and len(schema["allOf"]) > 1:
         drop(("allOf",), "'allOf' with more than one schema is not supported")
     ref = schema.get("$ref")
     if isinstance(ref, str) and not ref.startswith("#"):
         drop(("$ref",), f"'$ref' to another document ({ref!r}) is not supported, only '#/...' within the schema")
-    if isinstance(schema.get("required"), list):  # names the engine cannot make are left out
+    if isinstance(kept.get("required"), list):  # names the engine cannot make are left out
         properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
         kept["required"] = [name for name in schema["required"] if isinstance(name, str) and name in properties]
     prefix = f"{path}." if path else ""
