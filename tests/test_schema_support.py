@@ -255,3 +255,15 @@ def test_a_tool_with_such_a_value_is_refused_naming_the_tool():
     with pytest.raises(InvalidField, match="parameters of tool 'pick' are not a valid JSON Schema: 'multipleOf'") as err:
         tool_grammar([tool], "auto", "hermes")
     assert err.value.field == "tools"
+
+
+@pytest.mark.parametrize("kind", ["array", "string", ["integer", "null"]])
+def test_a_tool_whose_arguments_would_not_be_an_object_is_refused(kind):
+    """Its call markup came back as the answer's text, even with tool_choice required."""
+    from runtime.server.tools.constraint import tool_grammar
+
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": kind}}}
+    with pytest.raises(InvalidField, match="parameters of tool 'f' must be a JSON Schema of type 'object'") as err:
+        tool_grammar([tool], "required", "hermes")
+    assert err.value.field == "tools"
+

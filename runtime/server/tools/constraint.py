@@ -74,6 +74,10 @@ def _functions(tools: list[dict[str, Any]]) -> list[Function]:
         invalid = invalid_keyword(params)
         if invalid is not None:
             raise InvalidField("tools", f"the parameters of tool '{fn['name']}' are not a valid JSON Schema: {invalid}")
+        kinds = params.get("type", "object") if isinstance(params, dict) else "object"
+        if "object" not in (kinds if isinstance(kinds, list) else [kinds]):  # as OpenAI answers it
+            raise InvalidField("tools", f"the parameters of tool '{fn['name']}' must be a JSON Schema of type 'object' "
+                                        f"(a call's arguments are a JSON object), got type {kinds!r}")
         strict = bool(fn.get("strict"))
         out.append((fn["name"], params if strict else enforceable_part(params)[0], strict))
     return out
