@@ -19,7 +19,6 @@ OPENAI_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", 
 CONSTRAINT_FIELD = {"regex": "regex", "choice": "regex", "ebnf": "ebnf", "json": "json_schema", "json_object": "json_schema"}
 
 
-
 class OutputConstraint:
     """What ``OpenAIHandler`` (and so each OpenAI route) knows of its request's constraint."""
 
